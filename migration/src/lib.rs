@@ -1,0 +1,20 @@
+//! Stockguard's schema, as ordered SeaORM migrations.
+//!
+//! Every constraint that guards money or stock lives in the database as well as
+//! in the code (`CHECK (stock >= 0)`, `CHECK (quantity > 0)`, one idempotency key
+//! per user), so that a bug in the server can fail a statement but never store
+//! an impossible row.
+
+pub use sea_orm_migration::prelude::*;
+
+mod m20261130_140000_create_inventory_tables;
+
+/// The migrations in the order they are applied.
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261130_140000_create_inventory_tables::Migration)]
+    }
+}

@@ -1,0 +1,32 @@
+//! The state every request shares: the pool, the token keys, the limits and
+//! the collision policy. Cheap to clone; each server process has one.
+
+use sea_orm::DatabaseConnection;
+
+use crate::{auth::Keys, config::Limits, db::Collisions};
+
+/// Shared state of one server process.
+#[derive(Clone)]
+pub struct AppState {
+    /// The connection pool.
+    pub db: DatabaseConnection,
+    /// Signs and verifies bearer tokens.
+    pub keys: Keys,
+    /// The API's limits.
+    pub limits: Limits,
+    /// Re-runs collided statements.
+    pub collisions: Collisions,
+}
+
+impl AppState {
+    /// State over `db` with `keys` and `limits`.
+    pub fn new(db: DatabaseConnection, keys: Keys, limits: Limits) -> Self {
+        let collisions = Collisions::new(limits.collision_attempts);
+        Self { db, keys, limits, collisions }
+    }
+}
+
+/// The shared state from a resolver's context; the schema is always built with it.
+pub fn state<'a>(ctx: &async_graphql::Context<'a>) -> &'a AppState {
+    ctx.data_unchecked::<AppState>()
+}

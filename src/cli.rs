@@ -1,0 +1,231 @@
+//! The command line. `stockguard` alone serves; the other commands share the
+//! database settings.
+
+use std::{net::SocketAddr, process::ExitCode, time::Duration};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use sea_orm::DatabaseConnection;
+
+use crate::{
+    app::AppState,
+    auth::{Keys, Role},
+    config::{DEFAULT_DATABASE_URL, DatabaseConfig, LogFormat, ServeConfig},
+    db,
+    embedded::EmbeddedPostgres,
+    http, invariant, schema, seed, telemetry,
+};
+
+/// The port of the private PostgreSQL, away from the usual 5432 and 5433.
+const EMBEDDED_PORT: u16 = 54329;
+
+/// Stockguard: reserve stock and change orders under heavy concurrency.
+#[derive(Parser, Debug)]
+#[command(name = "stockguard", version, about, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    #[command(flatten)]
+    database: DatabaseConfig,
+
+    /// Log format.
+    #[arg(long, env = "STOCKGUARD_LOG_FORMAT", value_enum, default_value = "text", global = true)]
+    log_format: LogFormat,
+
+    #[command(flatten)]
+    serve: ServeConfig,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve GraphQL and GraphiQL (the default).
+    Serve(ServeConfig),
+    /// Create the database if missing and apply pending migrations.
+    Migrate,
+    /// Print the GraphQL schema (SDL).
+    Schema,
+    /// Print a bearer token signed with STOCKGUARD_JWT_SECRET.
+    Token {
+        /// The user id.
+        #[arg(long)]
+        sub: String,
+        /// The role.
+        #[arg(long, value_enum, default_value = "customer")]
+        role: Role,
+        /// Hours until the token expires.
+        #[arg(long, default_value_t = 24)]
+        ttl_hours: i64,
+        /// The server's secret.
+        #[arg(long, env = "STOCKGUARD_JWT_SECRET", hide_env_values = true)]
+        jwt_secret: String,
+    },
+    /// Add the demo inventory (SKUs already present are left alone).
+    Seed,
+    /// Check the stock invariant of every inventory; exit 1 on drift.
+    Check,
+}
+
+/// Runs the command line.
+pub async fn run() -> anyhow::Result<ExitCode> {
+    let cli = Cli::parse();
+    telemetry::init(cli.log_format);
+    match cli.command {
+        None => serve(cli.database, cli.serve).await.map(|()| ExitCode::SUCCESS),
+        Some(Command::Serve(config)) => serve(cli.database, config).await.map(|()| ExitCode::SUCCESS),
+        Some(Command::Schema) => {
+            print!("{}", schema::sdl());
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Token { sub, role, ttl_hours, jwt_secret }) => {
+            let token = Keys::new(jwt_secret.as_bytes()).mint(&sub, role, chrono::Duration::hours(ttl_hours))?;
+            println!("{token}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Migrate) => {
+            let database = Database::open(&cli.database).await?;
+            database.close().await?;
+            println!("migrations applied");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Seed) => {
+            let database = Database::open(&cli.database).await?;
+            let added = seed::seed(&database.conn).await.map_err(|e| anyhow::anyhow!("seeding failed: {e}"));
+            database.close().await?;
+            println!("added {} demo inventories", added?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Check) => {
+            let database = Database::open(&cli.database).await?;
+            let drifts = invariant::check(&database.conn).await;
+            database.close().await?;
+            let drifts = drifts?;
+            for drift in &drifts {
+                println!("DRIFT {drift}");
+            }
+            if drifts.is_empty() {
+                println!("invariant holds for every inventory");
+                Ok(ExitCode::SUCCESS)
+            } else {
+                Ok(ExitCode::FAILURE)
+            }
+        }
+    }
+}
+
+/// An open, migrated database, and the private cluster behind it if this
+/// process started one.
+struct Database {
+    conn: DatabaseConnection,
+    embedded: Option<EmbeddedPostgres>,
+}
+
+impl Database {
+    /// Finds the database (DATABASE_URL, the local server, or a private
+    /// cluster), creates it if missing, connects and migrates.
+    async fn open(config: &DatabaseConfig) -> anyhow::Result<Self> {
+        let (url, embedded) = match &config.database_url {
+            Some(url) => (url.clone(), None),
+            None if listens(DEFAULT_DATABASE_URL_ADDR).await => (DEFAULT_DATABASE_URL.to_owned(), None),
+            None => {
+                let cluster = EmbeddedPostgres::new(&config.data_dir, EMBEDDED_PORT)?;
+                let started = cluster.start().await?;
+                tracing::info!(
+                    data_dir = %config.data_dir.display(),
+                    port = EMBEDDED_PORT,
+                    "no DATABASE_URL and nothing on 127.0.0.1:5432: {} a private PostgreSQL",
+                    if started { "started" } else { "using the already running" }
+                );
+                (cluster.url("stockguard"), started.then_some(cluster))
+            }
+        };
+        db::ensure_database(&url).await.with_context(|| format!("cannot reach or create the database at {}", redact(&url)))?;
+        let conn = db::connect(&url, config).await.with_context(|| format!("cannot connect to {}", redact(&url)))?;
+        db::migrate(&conn).await.context("migrations failed")?;
+        Ok(Self { conn, embedded })
+    }
+
+    /// Closes the pool and stops a private cluster this process started.
+    async fn close(self) -> anyhow::Result<()> {
+        self.conn.close().await?;
+        if let Some(cluster) = self.embedded {
+            cluster.stop().await?;
+        }
+        Ok(())
+    }
+}
+
+/// 127.0.0.1:5432, where `DEFAULT_DATABASE_URL` points.
+const DEFAULT_DATABASE_URL_ADDR: &str = "127.0.0.1:5432";
+
+async fn listens(addr: &str) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{}{}@{}", &url[..scheme + 3], user, &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::Result<()> {
+    let database = Database::open(&database_config).await?;
+    if !config.no_seed {
+        let added = seed::seed_if_empty(&database.conn).await.map_err(|e| anyhow::anyhow!("seeding failed: {e}"))?;
+        if added > 0 {
+            tracing::info!(added, "empty database: added demo inventory");
+        }
+    }
+    let (keys, dev_tokens) = match &config.jwt_secret {
+        Some(secret) => (Keys::new(secret.as_bytes()), None),
+        None => {
+            let keys = Keys::new(Keys::random_secret().as_bytes());
+            let ttl = chrono::Duration::hours(24);
+            let operator = keys.mint("operator", Role::Operator, ttl)?;
+            let customer = keys.mint("alice", Role::Customer, ttl)?;
+            (keys, Some((operator, customer)))
+        }
+    };
+    let state = AppState::new(database.conn.clone(), keys, config.limits.clone());
+    let router = http::router(state.clone(), schema::build(state), dev_tokens.as_ref().map(|(op, _)| op.as_str()));
+    let listener = tokio::net::TcpListener::bind(config.addr).await.with_context(|| format!("cannot listen on {}", config.addr))?;
+    announce(listener.local_addr()?, dev_tokens.as_ref());
+    http::serve(listener, router, http::shutdown_signal()).await?;
+    database.close().await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn announce(addr: SocketAddr, dev_tokens: Option<&(String, String)>) {
+    println!("Stockguard is serving GraphiQL on http://{addr}/ (GraphQL: POST http://{addr}/graphql)");
+    if let Some((operator, customer)) = dev_tokens {
+        println!(
+            "No STOCKGUARD_JWT_SECRET set: using a random secret for this run. GraphiQL sends the operator token.\n\
+             Operator token (sub=operator): {operator}\n\
+             Customer token (sub=alice):    {customer}\n\
+             Use them as the header  Authorization: Bearer <token>"
+        );
+    } else {
+        println!("Mint a token with: stockguard token --sub alice --role customer");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_left_out_of_messages() {
+        assert_eq!(redact("postgres://u:secret@h:5432/db"), "postgres://u@h:5432/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+    }
+}

@@ -1,0 +1,123 @@
+//! Configuration: every setting is a flag and an environment variable, with
+//! defaults that give a working server on a developer's machine.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Args, ValueEnum};
+
+/// The default database when `DATABASE_URL` is not set: the local server, if one listens.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/stockguard";
+
+/// How the server connects to PostgreSQL.
+#[derive(Args, Debug, Clone)]
+pub struct DatabaseConfig {
+    /// PostgreSQL URL. Without it: the server on 127.0.0.1:5432 if one listens,
+    /// otherwise a private PostgreSQL started from the installed binaries.
+    #[arg(long, env = "DATABASE_URL", global = true)]
+    pub database_url: Option<String>,
+
+    /// Where the private PostgreSQL keeps its data between runs.
+    #[arg(long, env = "STOCKGUARD_DATA_DIR", default_value = ".stockguard/postgres", global = true)]
+    pub data_dir: PathBuf,
+
+    /// Connections in the pool of each server process.
+    #[arg(long, env = "STOCKGUARD_POOL_SIZE", default_value_t = 16, global = true)]
+    pub pool_size: u32,
+
+    /// How long a request waits for a pooled connection before it fails with
+    /// `DATABASE_UNAVAILABLE` (milliseconds).
+    #[arg(long, env = "STOCKGUARD_ACQUIRE_TIMEOUT_MS", default_value_t = 3000, global = true)]
+    pub acquire_timeout_ms: u64,
+
+    /// `statement_timeout` set on every connection (milliseconds).
+    #[arg(long, env = "STOCKGUARD_STATEMENT_TIMEOUT_MS", default_value_t = 5000, global = true)]
+    pub statement_timeout_ms: u64,
+}
+
+impl DatabaseConfig {
+    /// The acquire timeout as a duration.
+    pub fn acquire_timeout(&self) -> Duration {
+        Duration::from_millis(self.acquire_timeout_ms)
+    }
+
+    /// The statement timeout as a duration.
+    pub fn statement_timeout(&self) -> Duration {
+        Duration::from_millis(self.statement_timeout_ms)
+    }
+}
+
+/// The API's limits (API.md "Limits") and the collision policy.
+#[derive(Args, Debug, Clone)]
+pub struct Limits {
+    /// Largest quantity on one reservation line.
+    #[arg(long, env = "STOCKGUARD_MAX_QUANTITY", default_value_t = 1000)]
+    pub max_quantity: i32,
+
+    /// Largest `first` of a connection.
+    #[arg(long, env = "STOCKGUARD_MAX_PAGE_SIZE", default_value_t = 100)]
+    pub max_page_size: i32,
+
+    /// Deepest query accepted.
+    #[arg(long, env = "STOCKGUARD_MAX_DEPTH", default_value_t = 12)]
+    pub max_depth: usize,
+
+    /// Most complex query accepted (one point per field).
+    #[arg(long, env = "STOCKGUARD_MAX_COMPLEXITY", default_value_t = 2000)]
+    pub max_complexity: usize,
+
+    /// Largest request body in bytes; larger bodies get HTTP 413.
+    #[arg(long, env = "STOCKGUARD_BODY_LIMIT", default_value_t = 64 * 1024)]
+    pub body_limit: usize,
+
+    /// Most operations in one batched request.
+    #[arg(long, env = "STOCKGUARD_MAX_BATCH", default_value_t = 10)]
+    pub max_batch: usize,
+
+    /// How often a statement is run when it collides (SQLSTATE 40001 or 40P01)
+    /// before the collision is reported as `Conflict`.
+    #[arg(long, env = "STOCKGUARD_COLLISION_ATTEMPTS", default_value_t = 20)]
+    pub collision_attempts: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_quantity: 1000,
+            max_page_size: 100,
+            max_depth: 12,
+            max_complexity: 2000,
+            body_limit: 64 * 1024,
+            max_batch: 10,
+            collision_attempts: 20,
+        }
+    }
+}
+
+/// Log line format.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Settings of the `serve` command.
+#[derive(Args, Debug, Clone)]
+pub struct ServeConfig {
+    /// Address to listen on.
+    #[arg(long, env = "STOCKGUARD_ADDR", default_value = "127.0.0.1:8000")]
+    pub addr: SocketAddr,
+
+    /// HS256 secret for bearer tokens. Without it a random one is made at start
+    /// and ready-made tokens are printed.
+    #[arg(long, env = "STOCKGUARD_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+
+    /// Do not add demo inventory to an empty database.
+    #[arg(long, env = "STOCKGUARD_NO_SEED")]
+    pub no_seed: bool,
+
+    #[command(flatten)]
+    pub limits: Limits,
+}

@@ -1,0 +1,256 @@
+//! The database: connecting (creating the database when it is missing),
+//! migrating, and the one place where database errors are classified.
+//!
+//! Every write path in Stockguard is safe to re-run, because its conditions
+//! are checked again by the statement itself. So a collision (SQLSTATE 40001
+//! serialization failure, 40P01 deadlock) is re-run a bounded number of times
+//! by [`Collisions::run`] instead of being reported as a crash.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use migration::{Migrator, MigratorTrait};
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr, RuntimeErr,
+    Statement, sqlx,
+};
+use tokio::sync::Mutex;
+use uuid::Uuid;
+
+use crate::config::DatabaseConfig;
+
+/// What a database error means to Stockguard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DbFailure {
+    /// 23505: a unique index refused the row; names the constraint.
+    UniqueViolation(Option<String>),
+    /// 23514: a CHECK constraint refused the row.
+    CheckViolation(Option<String>),
+    /// 22003: a number left its column's range (e.g. stock past `i32::MAX`).
+    OutOfRange,
+    /// 40001: serialization failure; the statement or transaction may be re-run.
+    SerializationFailure,
+    /// 40P01: deadlock detected; may be re-run.
+    Deadlock,
+    /// 55P03: `lock_timeout` ran out (or NOWAIT found the row locked).
+    LockNotAvailable,
+    /// 57014: `statement_timeout` ran out or the statement was cancelled.
+    StatementTimeout,
+    /// The server could not be reached, the connection was lost, or no pooled
+    /// connection was free in time.
+    Unavailable,
+    /// Anything else: a bug or a broken database.
+    Other,
+}
+
+impl DbFailure {
+    /// Whether re-running the same statement or transaction may succeed.
+    pub fn is_collision(&self) -> bool {
+        matches!(self, Self::SerializationFailure | Self::Deadlock)
+    }
+}
+
+/// Classifies a SeaORM error; the one place that knows SQLSTATEs.
+pub fn classify(err: &DbErr) -> DbFailure {
+    let runtime = match err {
+        DbErr::ConnectionAcquire(_) => return DbFailure::Unavailable,
+        DbErr::Conn(e) | DbErr::Exec(e) | DbErr::Query(e) => e,
+        _ => return DbFailure::Other,
+    };
+    let sqlx_err = match runtime {
+        RuntimeErr::SqlxError(e) => e.as_ref(),
+        _ => return DbFailure::Other,
+    };
+    match sqlx_err {
+        sqlx::Error::Database(db) => {
+            let constraint = db.constraint().map(str::to_owned);
+            match db.code().as_deref() {
+                Some("23505") => DbFailure::UniqueViolation(constraint),
+                Some("23514") => DbFailure::CheckViolation(constraint),
+                Some("22003") => DbFailure::OutOfRange,
+                Some("40001") => DbFailure::SerializationFailure,
+                Some("40P01") => DbFailure::Deadlock,
+                Some("55P03") => DbFailure::LockNotAvailable,
+                Some("57014") => DbFailure::StatementTimeout,
+                // 08xxx connection exceptions; 57P01..57P03: the backend was
+                // terminated, the server is shutting down or not yet accepting.
+                Some(code) if code.starts_with("08") || code.starts_with("57P") => {
+                    DbFailure::Unavailable
+                }
+                _ => DbFailure::Other,
+            }
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => DbFailure::Unavailable,
+        _ => DbFailure::Other,
+    }
+}
+
+/// Re-runs statements that collided, a bounded number of times.
+///
+/// After a first collision the re-runs on one key (an inventory id) queue on an
+/// in-process lock: under REPEATABLE READ and SERIALIZABLE every writer that
+/// waited for a hot row fails together when the holder commits, and if they all
+/// came back at once they would collide again. In the queue each re-run starts
+/// with a fresh snapshot and meets only newcomers, so the herd drains.
+#[derive(Clone)]
+pub struct Collisions {
+    /// Lock stripes: a key maps to one stripe, so memory stays fixed however
+    /// many inventories there are. A tokio mutex, because the statement is
+    /// awaited while it is held.
+    stripes: Arc<[Mutex<()>]>,
+    /// Runs of one statement before the collision is reported.
+    max_attempts: u32,
+}
+
+/// How a collision-guarded run ended.
+pub enum Attempted<T> {
+    /// The statement ran (after `attempts` runs).
+    Done(T),
+    /// Every attempt collided.
+    Exhausted {
+        /// How many runs were made.
+        attempts: u32,
+    },
+}
+
+impl Collisions {
+    const STRIPES: usize = 256;
+
+    /// A policy of at most `max_attempts` runs per statement.
+    pub fn new(max_attempts: u32) -> Self {
+        let stripes = (0..Self::STRIPES).map(|_| Mutex::new(())).collect::<Vec<_>>();
+        Self { stripes: stripes.into(), max_attempts: max_attempts.max(1) }
+    }
+
+    /// Runs `statement` until it does not collide or the attempts are used up.
+    /// Errors that are not collisions are returned at once.
+    pub async fn run<T, F, Fut>(&self, key: Uuid, mut statement: F) -> Result<Attempted<T>, DbErr>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, DbErr>>,
+    {
+        let stripe = &self.stripes[(key.as_u128() % Self::STRIPES as u128) as usize];
+        for attempt in 1..=self.max_attempts {
+            let _queued = if attempt > 1 { Some(stripe.lock().await) } else { None };
+            match statement().await {
+                Ok(value) => return Ok(Attempted::Done(value)),
+                Err(err) if classify(&err).is_collision() => {
+                    tracing::debug!(attempt, error = %err, "collision, re-running");
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(Attempted::Exhausted { attempts: self.max_attempts })
+    }
+}
+
+/// Splits `postgres://.../name?x` into the URL of the `postgres` maintenance
+/// database and `name`.
+fn split_database_name(url: &str) -> Option<(String, String)> {
+    let (before_query, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let (server, name) = before_query.rsplit_once('/')?;
+    if name.is_empty() || server.ends_with('/') {
+        return None;
+    }
+    let mut admin = format!("{server}/postgres");
+    if let Some(q) = query {
+        admin.push('?');
+        admin.push_str(q);
+    }
+    Some((admin, name.to_owned()))
+}
+
+/// Creates the database named in `url` when it does not exist yet.
+pub async fn ensure_database(url: &str) -> Result<(), DbErr> {
+    let Some((admin_url, name)) = split_database_name(url) else {
+        return Ok(());
+    };
+    let mut opts = ConnectOptions::new(admin_url);
+    opts.max_connections(1).sqlx_logging(false).connect_timeout(Duration::from_secs(5));
+    let admin = Database::connect(opts).await?;
+    let exists = admin
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT 1 FROM pg_database WHERE datname = $1",
+            [name.clone().into()],
+        ))
+        .await?
+        .is_some();
+    if !exists {
+        let quoted = name.replace('"', "\"\"");
+        match admin.execute_unprepared(&format!("CREATE DATABASE \"{quoted}\"")).await {
+            Ok(_) => tracing::info!(database = %name, "created database"),
+            // Another process created it between our look and our CREATE.
+            Err(err) if is_duplicate_database(&err) => {}
+            Err(err) => return Err(err),
+        }
+    }
+    admin.close().await
+}
+
+fn is_duplicate_database(err: &DbErr) -> bool {
+    matches!(err, DbErr::Exec(RuntimeErr::SqlxError(e))
+        if matches!(e.as_ref(), sqlx::Error::Database(d) if d.code().as_deref() == Some("42P04")))
+}
+
+/// Opens the pool. Every connection gets the `statement_timeout`, so no
+/// statement can hold a connection (and its locks) for longer.
+pub async fn connect(url: &str, config: &DatabaseConfig) -> Result<DatabaseConnection, DbErr> {
+    let mut opts = ConnectOptions::new(url);
+    opts.max_connections(config.pool_size)
+        .min_connections(1)
+        .acquire_timeout(config.acquire_timeout())
+        .connect_timeout(config.acquire_timeout())
+        .statement_timeout(config.statement_timeout())
+        .set_application_name("stockguard")
+        .sqlx_logging(false);
+    Database::connect(opts).await
+}
+
+/// Applies pending migrations. An advisory lock makes server processes that
+/// start together take turns instead of racing on the same DDL.
+pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
+    const MIGRATION_LOCK: i64 = 0x5354_4f43_4b47; // "STOCKG"
+    // A session-level lock is held by one connection, so take one connection
+    // for the lock, the migration and the unlock.
+    let conn = db.get_postgres_connection_pool();
+    let mut lock_conn = conn.acquire().await.map_err(|e| DbErr::Conn(RuntimeErr::SqlxError(e.into())))?;
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *lock_conn)
+        .await
+        .map_err(|e| DbErr::Exec(RuntimeErr::SqlxError(e.into())))?;
+    let result = Migrator::up(db, None).await;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *lock_conn)
+        .await
+        .map_err(|e| DbErr::Exec(RuntimeErr::SqlxError(e.into())))?;
+    result
+}
+
+/// Whether a `SELECT 1` answers within `timeout`.
+pub async fn is_ready(db: &DatabaseConnection, timeout: Duration) -> bool {
+    matches!(tokio::time::timeout(timeout, db.execute_unprepared("SELECT 1")).await, Ok(Ok(_)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_name_is_split_from_the_url() {
+        assert_eq!(
+            split_database_name("postgres://u@h:5432/shop?sslmode=disable"),
+            Some(("postgres://u@h:5432/postgres?sslmode=disable".into(), "shop".into()))
+        );
+        assert_eq!(split_database_name("postgres://u@h:5432/"), None);
+    }
+}

@@ -1,0 +1,110 @@
+//! `AppError`: the one error type of the service layer and the GraphQL boundary.
+//!
+//! Business outcomes (sold out, conflict, not found) are not errors: they are
+//! enums returned by the services and union members in the API. What is left
+//! here is really an error, and each variant maps to one `extensions.code`.
+//! Internal details are logged where the error is made and never sent.
+
+use async_graphql::ErrorExtensions;
+use sea_orm::DbErr;
+
+use crate::db::{DbFailure, classify};
+
+/// An error a request can end in.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// Input that can never succeed; nothing was written.
+    #[error("{message}")]
+    BadInput {
+        /// The input field at fault, as the client named it (e.g. `input.quantity`).
+        field: String,
+        /// What is wrong, in words for the client.
+        message: String,
+    },
+    /// The idempotency key was used before by this user for a different request.
+    #[error("idempotency key was already used for a different request")]
+    IdempotencyKeyReused,
+    /// No valid token on a field that needs one.
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    /// A valid token whose role may not call this field.
+    #[error("this operation needs the operator role")]
+    Forbidden,
+    /// The database could not be reached in time; the client may retry.
+    #[error("the database is unavailable, try again")]
+    DatabaseUnavailable,
+    /// Anything else; the cause was logged.
+    #[error("internal error")]
+    Internal,
+}
+
+impl AppError {
+    /// Bad input on `field`.
+    pub fn bad_input(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::BadInput { field: field.into(), message: message.into() }
+    }
+
+    /// The `extensions.code` of this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::BadInput { .. } => "BAD_USER_INPUT",
+            Self::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
+            Self::Unauthenticated(_) => "UNAUTHENTICATED",
+            Self::Forbidden => "FORBIDDEN",
+            Self::DatabaseUnavailable => "DATABASE_UNAVAILABLE",
+            Self::Internal => "INTERNAL",
+        }
+    }
+}
+
+impl From<DbErr> for AppError {
+    fn from(err: DbErr) -> Self {
+        match classify(&err) {
+            DbFailure::Unavailable => {
+                tracing::warn!(error = %err, "database unavailable");
+                Self::DatabaseUnavailable
+            }
+            failure => {
+                tracing::error!(error = %err, ?failure, "database error");
+                Self::Internal
+            }
+        }
+    }
+}
+
+impl ErrorExtensions for AppError {
+    fn extend(&self) -> async_graphql::Error {
+        async_graphql::Error::new(self.to_string()).extend_with(|_, ext| {
+            ext.set("code", self.code());
+            match self {
+                Self::BadInput { field, .. } => ext.set("field", field.as_str()),
+                Self::DatabaseUnavailable => ext.set("retryable", true),
+                _ => {}
+            }
+        })
+    }
+}
+
+/// The result of a resolver.
+pub type GqlResult<T> = async_graphql::Result<T>;
+
+/// Turns a service result into a resolver result, keeping the error's code.
+///
+/// A bare `?` would go through async-graphql's blanket `From<Display>` and drop
+/// `extensions.code`, so every resolver converts through here.
+pub trait IntoGql<T> {
+    /// Convert, keeping `extensions`.
+    fn gql(self) -> GqlResult<T>;
+}
+
+impl<T> IntoGql<T> for Result<T, AppError> {
+    fn gql(self) -> GqlResult<T> {
+        self.map_err(|err| err.extend())
+    }
+}
+
+impl<T> IntoGql<T> for Result<T, DbErr> {
+    fn gql(self) -> GqlResult<T> {
+        self.map_err(|err| AppError::from(err).extend())
+    }
+}

@@ -1,0 +1,128 @@
+//! HTTP: `POST /graphql`, GraphiQL at `/`, `/healthz`, `/readyz`, the body
+//! limit, and serving until SIGINT/SIGTERM.
+
+use std::{future::Future, time::Duration};
+
+use async_graphql::{BatchRequest, dataloader::DataLoader, http::GraphiQLSource};
+use async_graphql_axum::GraphQLResponse;
+use axum::{
+    Router,
+    body::Bytes,
+    extract::{DefaultBodyLimit, State},
+    http::{HeaderMap, StatusCode, header::AUTHORIZATION},
+    response::{Html, IntoResponse, Response},
+    routing::get,
+};
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use crate::{app::AppState, inventory::loader::InventoryLoader, schema::AppSchema};
+
+/// What the handlers share.
+#[derive(Clone)]
+struct Http {
+    /// The executable schema (it holds the `AppState` too).
+    schema: AppSchema,
+    /// The shared state, for auth and readiness.
+    app: AppState,
+    /// The rendered GraphiQL page.
+    graphiql: String,
+}
+
+/// The router over `app`. `graphiql_token`, when given, is prefilled as the
+/// `Authorization` header of GraphiQL (only for a server with a throw-away secret).
+pub fn router(app: AppState, schema: AppSchema, graphiql_token: Option<&str>) -> Router {
+    let bearer = graphiql_token.map(|token| format!("Bearer {token}"));
+    let mut graphiql = GraphiQLSource::build().endpoint("/graphql").title("Stockguard");
+    if let Some(bearer) = bearer.as_deref() {
+        graphiql = graphiql.header("Authorization", bearer);
+    }
+    let body_limit = app.limits.body_limit;
+    let state = Http { schema, app, graphiql: graphiql.finish() };
+    Router::new()
+        .route("/", get(graphiql_page))
+        .route("/graphql", get(graphiql_page).post(graphql))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+async fn graphiql_page(State(http): State<Http>) -> Html<String> {
+    Html(http.graphiql)
+}
+
+/// A plain error response for a body that never became a GraphQL request.
+fn bad_request(message: String) -> Response {
+    let body = json!({ "errors": [{ "message": message, "extensions": { "code": "BAD_REQUEST" } }] });
+    (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+}
+
+/// Runs a GraphQL request or batch. The body is read as bytes so the body
+/// limit answers 413, and JSON that is not a GraphQL request answers 400.
+async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Response {
+    let batch: BatchRequest = match serde_json::from_slice(&body) {
+        Ok(batch) => batch,
+        Err(err) => return bad_request(format!("the body is not a GraphQL request: {err}")),
+    };
+    let viewer = http.app.keys.viewer(headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()));
+    // Each operation gets its own DataLoader, so nothing is cached past it.
+    let prepare = |request: async_graphql::Request| {
+        let loader = DataLoader::new(InventoryLoader { db: http.app.db.clone() }, tokio::spawn);
+        request.data(viewer.clone()).data(loader)
+    };
+    let batch = match batch {
+        BatchRequest::Single(request) => BatchRequest::Single(prepare(request)),
+        BatchRequest::Batch(requests) if requests.len() > http.app.limits.max_batch => {
+            return bad_request(format!("a batch may hold at most {} operations", http.app.limits.max_batch));
+        }
+        BatchRequest::Batch(requests) => BatchRequest::Batch(requests.into_iter().map(prepare).collect()),
+    };
+    GraphQLResponse::from(http.schema.execute_batch(batch).await).into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Ready when the database answers within a second.
+async fn readyz(State(http): State<Http>) -> Response {
+    if crate::db::is_ready(&http.app.db, Duration::from_secs(1)).await {
+        "ready".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "database unreachable").into_response()
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then lets the
+/// requests in flight finish.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(signal) => signal,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot listen for SIGTERM");
+                let _ = interrupt.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = interrupt => {},
+            _ = terminate.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = interrupt.await;
+    tracing::info!("shutting down: finishing requests in flight");
+}

@@ -1,0 +1,33 @@
+//! The `inventories` table.
+
+use chrono::{DateTime, Utc};
+use sea_orm::entity::prelude::*;
+
+/// One stocked item. `version` is 1 when created and grows by exactly one with
+/// every committed change of the row.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "inventories")]
+pub struct Model {
+    /// Primary key.
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    /// Stock keeping unit, unique.
+    #[sea_orm(unique)]
+    pub sku: String,
+    /// Display name.
+    pub name: String,
+    /// Units on hand; `CHECK (stock >= 0)`.
+    pub stock: i32,
+    /// Optimistic-lock version.
+    pub version: i32,
+    /// When the row was created.
+    pub created_at: DateTime<Utc>,
+    /// When the row last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// No relations are navigated through the ORM; joins are written where needed.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,203 @@
+//! GraphQL types and resolvers for inventories. Resolvers check the caller,
+//! parse the input and call one store function; no SQL here.
+
+use async_graphql::{
+    Context, ErrorExtensions, InputObject, Object, SimpleObject, Union,
+    connection::Connection,
+    dataloader::DataLoader,
+};
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{
+    InventoryRow,
+    loader::InventoryLoader,
+    store::{self, RestockOutcome},
+};
+use crate::{
+    app::state,
+    auth,
+    error::{AppError, GqlResult, IntoGql},
+    pagination::{Cursor, Page, connection},
+    validate,
+};
+
+/// Largest `stock` of a new inventory and largest single restock.
+const MAX_STOCK_CHANGE: i32 = 1_000_000_000;
+
+/// An inventory row as the API shows it.
+pub struct Inventory(pub InventoryRow);
+
+/// A stocked item. `version` grows by exactly 1 for every change of the row:
+/// each reservation, release, expiry and restock counts as one.
+#[Object]
+impl Inventory {
+    /// The inventory's id.
+    async fn id(&self) -> Uuid {
+        self.0.id
+    }
+
+    /// Stock keeping unit, unique across inventories.
+    async fn sku(&self) -> &str {
+        &self.0.sku
+    }
+
+    /// Display name.
+    async fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// Units available to reserve.
+    async fn stock(&self) -> i32 {
+        self.0.stock
+    }
+
+    /// 1 when created, +1 with every committed change. Send it back as
+    /// `expectedVersion` to change the row only if nobody changed it since.
+    async fn version(&self) -> i32 {
+        self.0.version
+    }
+
+    /// When the row last changed.
+    async fn updated_at(&self) -> DateTime<Utc> {
+        self.0.updated_at
+    }
+}
+
+impl From<InventoryRow> for Inventory {
+    fn from(row: InventoryRow) -> Self {
+        Self(row)
+    }
+}
+
+/// Loads one inventory through the request's DataLoader, so that all the
+/// `inventory` fields of one response cost one statement.
+pub async fn load(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Inventory>> {
+    let loader = ctx.data_unchecked::<DataLoader<InventoryLoader>>();
+    let row = loader.load_one(id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
+    Ok(row.map(Inventory))
+}
+
+/// The version the client expected is no longer the latest: nothing was
+/// written. Shows the latest committed state beside what the client sent.
+#[derive(SimpleObject)]
+pub struct Conflict {
+    /// The version the request expected (for a request without one whose
+    /// collision retries ran out: the version the server last saw).
+    pub expected_version: i32,
+    /// The latest committed state.
+    pub inventory: Inventory,
+}
+
+/// No inventory has this id.
+#[derive(SimpleObject)]
+pub struct InventoryNotFound {
+    /// The id that was asked for.
+    pub inventory_id: Uuid,
+}
+
+/// Stock was added.
+#[derive(SimpleObject)]
+pub struct Restocked {
+    /// The inventory as the restock left it.
+    pub inventory: Inventory,
+}
+
+/// How a restock ended.
+#[derive(Union)]
+pub enum RestockResult {
+    /// Stock was added.
+    Restocked(Restocked),
+    /// `expectedVersion` was stale; nothing was written.
+    Conflict(Conflict),
+    /// No such inventory.
+    InventoryNotFound(InventoryNotFound),
+}
+
+/// A new inventory.
+#[derive(InputObject)]
+pub struct CreateInventoryInput {
+    /// Stock keeping unit: 1 to 64 characters, unique.
+    pub sku: String,
+    /// Display name: 1 to 200 characters.
+    pub name: String,
+    /// Units on hand at creation, 0 or more.
+    pub stock: i32,
+}
+
+/// Stock to add to an inventory.
+#[derive(InputObject)]
+pub struct RestockInput {
+    /// The inventory to restock.
+    pub inventory_id: Uuid,
+    /// Units to add, 1 or more.
+    pub quantity: i32,
+    /// The version the operator saw; given, the restock happens only if the row
+    /// is still at that version.
+    pub expected_version: Option<i32>,
+}
+
+/// Inventory queries; readable without a token.
+#[derive(Default)]
+pub struct InventoryQuery;
+
+#[Object]
+impl InventoryQuery {
+    /// One inventory by id.
+    async fn inventory(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Inventory>> {
+        load(ctx, id).await
+    }
+
+    /// One inventory by SKU.
+    async fn inventory_by_sku(&self, ctx: &Context<'_>, sku: String) -> GqlResult<Option<Inventory>> {
+        Ok(store::find_by_sku(&state(ctx).db, &sku).await.gql()?.map(Inventory))
+    }
+
+    /// All inventories, oldest first.
+    async fn inventories(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 20, desc = "Page size, 1 to the configured maximum (100).")] first: Option<i32>,
+        #[graphql(desc = "The `endCursor` of the previous page.")] after: Option<String>,
+    ) -> GqlResult<Connection<Cursor, Inventory>> {
+        let app = state(ctx);
+        let page = Page::parse(first, after.as_deref(), app.limits.max_page_size).gql()?;
+        let rows = store::page(&app.db, page).await.gql()?;
+        Ok(connection(page, rows, |row| Cursor { created_at: row.created_at, id: row.id }, Inventory))
+    }
+}
+
+/// Inventory mutations; operators only.
+#[derive(Default)]
+pub struct InventoryMutation;
+
+#[Object]
+impl InventoryMutation {
+    /// Creates an inventory at version 1 (operators).
+    async fn create_inventory(&self, ctx: &Context<'_>, input: CreateInventoryInput) -> GqlResult<Inventory> {
+        auth::operator(ctx).gql()?;
+        let sku = validate::text("input.sku", &input.sku, 64).gql()?;
+        let name = validate::text("input.name", &input.name, 200).gql()?;
+        let stock = validate::within("input.stock", input.stock, 0..=MAX_STOCK_CHANGE).gql()?;
+        Ok(Inventory(store::create(&state(ctx).db, &sku, &name, stock).await.gql()?))
+    }
+
+    /// Adds stock (operators). With `expectedVersion`, only if the row is
+    /// still at that version.
+    async fn restock(&self, ctx: &Context<'_>, input: RestockInput) -> GqlResult<RestockResult> {
+        auth::operator(ctx).gql()?;
+        let quantity = validate::within("input.quantity", input.quantity, 1..=MAX_STOCK_CHANGE).gql()?;
+        let app = state(ctx);
+        let outcome =
+            store::restock(&app.db, &app.collisions, input.inventory_id, quantity, input.expected_version).await;
+        Ok(match outcome.gql()? {
+            RestockOutcome::Restocked(row) => RestockResult::Restocked(Restocked { inventory: Inventory(row) }),
+            RestockOutcome::Conflict { expected_version, inventory } => {
+                RestockResult::Conflict(Conflict { expected_version, inventory: Inventory(inventory) })
+            }
+            RestockOutcome::NotFound => {
+                RestockResult::InventoryNotFound(InventoryNotFound { inventory_id: input.inventory_id })
+            }
+        })
+    }
+}

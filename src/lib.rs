@@ -1,0 +1,37 @@
+//! Stockguard: a GraphQL API that reserves stock and changes orders under heavy
+//! concurrency on PostgreSQL, and never oversells or silently loses an update.
+//!
+//! `DESIGN.md`'s reasoning lives in the modules' own docs; the tour:
+
+/// The state every request shares.
+pub mod app;
+/// The HS256 bearer tokens, the caller's identity and the role checks.
+pub mod auth;
+/// The command line: `serve` (default), `migrate`, `schema`, `token`, `seed`, `check`.
+pub mod cli;
+/// Every setting, from flags or the environment, with the API's limits.
+pub mod config;
+/// Connecting, creating and migrating the database; the one place that classifies database errors.
+pub mod db;
+/// A private PostgreSQL started from the local binaries when no database is given.
+pub mod embedded;
+/// `AppError`: what is really an error (bad input, auth, database), and its GraphQL code.
+pub mod error;
+/// The axum router: `/graphql`, GraphiQL, health and readiness, limits, shutdown.
+pub mod http;
+/// Inventories: reading, creating, restocking, and the per-request DataLoader.
+pub mod inventory;
+/// The DESIGN.md invariant, checked from the tables and the stock ledger.
+pub mod invariant;
+/// Relay cursor pagination shared by every connection.
+pub mod pagination;
+/// Reservations: the one-statement `reserve`, idempotency keys, reading them back.
+pub mod reservations;
+/// The GraphQL schema assembled from the feature modules.
+pub mod schema;
+/// Demo inventory for an empty database.
+pub mod seed;
+/// Logging set-up (text or JSON).
+pub mod telemetry;
+/// Input checks that turn bad input into `BAD_USER_INPUT` before anything runs.
+pub mod validate;

@@ -1,0 +1,15 @@
+//! The `stockguard` binary: everything lives in the library; this only hands
+//! the command line to it and turns a failure into exit code 1.
+
+use std::process::ExitCode;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match stockguard::cli::run().await {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("stockguard: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

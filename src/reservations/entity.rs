@@ -1,0 +1,57 @@
+//! The `reservations` table. An order's lines are reservations too (status
+//! ORDERED with `order_id` set), so stock held by carts and by orders is
+//! counted in one place.
+
+use chrono::{DateTime, Utc};
+use sea_orm::entity::prelude::*;
+
+/// Where a reservation is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+pub enum ReservationStatus {
+    /// Holds stock for the user.
+    #[sea_orm(string_value = "ACTIVE")]
+    Active,
+    /// Given back by the user or an operator; its stock was returned.
+    #[sea_orm(string_value = "RELEASED")]
+    Released,
+    /// Ran past `expiresAt`; its stock was returned.
+    #[sea_orm(string_value = "EXPIRED")]
+    Expired,
+    /// A line of an order; holds stock until the order is cancelled.
+    #[sea_orm(string_value = "ORDERED")]
+    Ordered,
+}
+
+/// One reservation of `quantity` units of one inventory for one user.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "reservations")]
+pub struct Model {
+    /// Primary key.
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    /// The inventory the stock was taken from.
+    pub inventory_id: Uuid,
+    /// The order this is a line of, when it is one.
+    pub order_id: Option<Uuid>,
+    /// The owner (the token's `sub`).
+    pub user_id: String,
+    /// Units held; `CHECK (quantity > 0)`.
+    pub quantity: i32,
+    /// Life-cycle state.
+    pub status: ReservationStatus,
+    /// The client's idempotency key, unique per user.
+    pub idempotency_key: Option<String>,
+    /// Hash of the request that used the key, to tell a replay from a reuse.
+    pub request_fingerprint: Option<String>,
+    /// When the stock was taken.
+    pub created_at: DateTime<Utc>,
+    /// When the reservation lapses; `None` = never.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+/// No relations are navigated through the ORM; joins are written where needed.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,197 @@
+//! SQL for reservations, above all the one-statement `reserve`.
+
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
+    FromQueryResult, QueryFilter, Statement,
+};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::entity::{Column, Entity, Model};
+use crate::{
+    db::{Attempted, Collisions, DbFailure, classify},
+    error::AppError,
+    inventory::{InventoryRow, store as inventory_store},
+    pagination::{self, Page},
+};
+
+/// The unique index that holds one idempotency key per user.
+const IDEMPOTENCY_INDEX: &str = "reservations_user_idempotency_key";
+
+/// A checked reservation request.
+#[derive(Debug, Clone)]
+pub struct ReserveRequest {
+    /// The inventory to take from.
+    pub inventory_id: Uuid,
+    /// Units, already checked against the limits.
+    pub quantity: i32,
+    /// The version the client saw, for the optimistic check.
+    pub expected_version: Option<i32>,
+    /// The client's idempotency key.
+    pub idempotency_key: Option<String>,
+}
+
+impl ReserveRequest {
+    /// A hash of everything that makes two requests "the same request", so a
+    /// key replayed with other content can be told from a true replay.
+    fn fingerprint(&self) -> String {
+        let canonical = format!(
+            "reserve\n{}\n{}\n{:?}",
+            self.inventory_id, self.quantity, self.expected_version
+        );
+        hex::encode(Sha256::digest(canonical.as_bytes()))
+    }
+}
+
+/// How a reservation request ended.
+#[derive(Debug)]
+pub enum ReserveOutcome {
+    /// Stock was taken (now, or by the first request with this idempotency key).
+    Reserved {
+        /// The reservation.
+        reservation: Model,
+        /// The inventory as the reserving statement left it (for a replay: the latest row).
+        inventory: InventoryRow,
+    },
+    /// The row is no longer at the expected version; nothing was taken.
+    Conflict {
+        /// The version the request expected (or, without one, the last seen).
+        expected_version: i32,
+        /// The latest committed row.
+        inventory: InventoryRow,
+    },
+    /// Not enough stock; nothing was taken.
+    SoldOut {
+        /// Units asked for.
+        requested: i32,
+        /// The latest committed row.
+        inventory: InventoryRow,
+    },
+    /// No inventory has that id.
+    InventoryNotFound,
+}
+
+/// Takes `quantity` units for `user_id`, in one statement.
+///
+/// The decision is the UPDATE's own WHERE (`stock >= qty`, and `version =
+/// expected` when given), never an earlier SELECT, so two requests can never
+/// both see the last unit. The reservation and its ledger entry are written by
+/// the same statement, so a reservation exists exactly when stock was taken.
+pub async fn reserve(
+    db: &DatabaseConnection,
+    collisions: &Collisions,
+    user_id: &str,
+    request: &ReserveRequest,
+) -> Result<ReserveOutcome, AppError> {
+    // 0 rows from `taken` means: no such row, too little stock, or the version
+    // moved; one read afterwards tells which. A second request with the same
+    // idempotency key fails on the unique index and the whole statement is
+    // rolled back, so the stock its UPDATE took is given back.
+    const SQL: &str = r#"
+WITH taken AS (
+    UPDATE inventories
+       SET stock = stock - $2, version = version + 1, updated_at = now()
+     WHERE id = $1 AND stock >= $2 AND ($3::integer IS NULL OR version = $3)
+ RETURNING id, sku, name, stock, version, created_at, updated_at
+), reservation AS (
+    INSERT INTO reservations
+           (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint)
+    SELECT $4, id, $5, $2, 'ACTIVE', $6, $7 FROM taken
+ RETURNING *
+), movement AS (
+    INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id)
+    SELECT id, -$2, 'RESERVED', stock, version, $4 FROM taken
+)
+SELECT taken.*,
+       r.id AS r_id, r.inventory_id AS r_inventory_id, r.order_id AS r_order_id,
+       r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status,
+       r.idempotency_key AS r_idempotency_key, r.request_fingerprint AS r_request_fingerprint,
+       r.created_at AS r_created_at, r.expires_at AS r_expires_at
+  FROM taken, reservation r"#;
+
+    let fingerprint = request.idempotency_key.as_ref().map(|_| request.fingerprint());
+    let values = [
+        request.inventory_id.into(),
+        request.quantity.into(),
+        request.expected_version.into(),
+        Uuid::new_v4().into(),
+        user_id.into(),
+        request.idempotency_key.clone().into(),
+        fingerprint.clone().into(),
+    ];
+    let run = || db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values.clone()));
+    let attempted = match collisions.run(request.inventory_id, run).await {
+        Ok(attempted) => attempted,
+        Err(err) if classify(&err) == DbFailure::UniqueViolation(Some(IDEMPOTENCY_INDEX.into())) => {
+            // The key was used first by a request that has committed.
+            return replay(db, user_id, request, fingerprint.as_deref()).await?.ok_or(AppError::Internal);
+        }
+        Err(err) => return Err(err.into()),
+    };
+
+    if let Attempted::Done(Some(row)) = &attempted {
+        return Ok(ReserveOutcome::Reserved {
+            reservation: Model::from_query_result(row, "r_")?,
+            inventory: InventoryRow::from_query_result(row, "")?,
+        });
+    }
+    // Nothing taken. A replay of a request that did take stock must return
+    // that first outcome, not a `Conflict` with its own old version.
+    if let Some(outcome) = replay(db, user_id, request, fingerprint.as_deref()).await? {
+        return Ok(outcome);
+    }
+    let Some(inventory) = inventory_store::find(db, request.inventory_id).await? else {
+        return Ok(ReserveOutcome::InventoryNotFound);
+    };
+    Ok(match (attempted, request.expected_version) {
+        (Attempted::Done(_), _) if inventory.stock < request.quantity => {
+            ReserveOutcome::SoldOut { requested: request.quantity, inventory }
+        }
+        (Attempted::Done(_), Some(expected_version)) => ReserveOutcome::Conflict { expected_version, inventory },
+        // Enough stock and no version asked for, yet nothing taken: only a
+        // change between the statement and this read can do that, so the
+        // reservation is decided as of the statement: sold out.
+        (Attempted::Done(_), None) => ReserveOutcome::SoldOut { requested: request.quantity, inventory },
+        (Attempted::Exhausted { attempts }, expected) => {
+            tracing::warn!(attempts, inventory_id = %request.inventory_id, "reserve collisions exhausted");
+            ReserveOutcome::Conflict { expected_version: expected.unwrap_or(inventory.version), inventory }
+        }
+    })
+}
+
+/// The first outcome of a request with this user's idempotency key, if one
+/// took stock; `IDEMPOTENCY_KEY_REUSED` when that request was a different one.
+async fn replay(
+    db: &DatabaseConnection,
+    user_id: &str,
+    request: &ReserveRequest,
+    fingerprint: Option<&str>,
+) -> Result<Option<ReserveOutcome>, AppError> {
+    let (Some(key), Some(fingerprint)) = (&request.idempotency_key, fingerprint) else {
+        return Ok(None);
+    };
+    let Some(first) = Entity::find()
+        .filter(Column::UserId.eq(user_id))
+        .filter(Column::IdempotencyKey.eq(key.as_str()))
+        .one(db)
+        .await?
+    else {
+        return Ok(None);
+    };
+    if first.request_fingerprint.as_deref() != Some(fingerprint) {
+        return Err(AppError::IdempotencyKeyReused);
+    }
+    let inventory = inventory_store::find(db, first.inventory_id).await?.ok_or(AppError::Internal)?;
+    Ok(Some(ReserveOutcome::Reserved { reservation: first, inventory }))
+}
+
+/// One reservation by id.
+pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Model>, DbErr> {
+    Entity::find_by_id(id).one(db).await
+}
+
+/// One page of a user's reservations in `(created_at, id)` order, with one
+/// extra row when more follow.
+pub async fn page_for_user(db: &DatabaseConnection, user_id: &str, page: Page) -> Result<Vec<Model>, DbErr> {
+    pagination::keyset(Entity::find().filter(Column::UserId.eq(user_id)), Column::CreatedAt, Column::Id, page).all(db).await
+}

@@ -1,0 +1,39 @@
+//! The GraphQL schema, merged from the feature modules. It does not know about
+//! HTTP: `http.rs` puts the caller and a fresh DataLoader into each request.
+
+use async_graphql::{EmptySubscription, MergedObject, Schema};
+
+use crate::{
+    app::AppState,
+    config::Limits,
+    inventory::graphql::{InventoryMutation, InventoryQuery},
+    reservations::graphql::{ReservationMutation, ReservationQuery},
+};
+
+/// The root query type.
+#[derive(MergedObject, Default)]
+pub struct Query(InventoryQuery, ReservationQuery);
+
+/// The root mutation type.
+#[derive(MergedObject, Default)]
+pub struct Mutation(InventoryMutation, ReservationMutation);
+
+/// The schema Stockguard serves.
+pub type AppSchema = Schema<Query, Mutation, EmptySubscription>;
+
+fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, EmptySubscription> {
+    Schema::build(Query::default(), Mutation::default(), EmptySubscription)
+        .limit_depth(limits.max_depth)
+        .limit_complexity(limits.max_complexity)
+}
+
+/// The schema over `state`, with the configured depth and complexity limits.
+pub fn build(state: AppState) -> AppSchema {
+    let limits = state.limits.clone();
+    builder(&limits).data(state).finish()
+}
+
+/// The schema as SDL: what `stockguard schema` prints and `schema.graphql` holds.
+pub fn sdl() -> String {
+    builder(&Limits::default()).finish().sdl()
+}
