@@ -81,11 +81,7 @@ impl Keys {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.leeway = 30;
         validation.set_required_spec_claims(&["exp", "sub"]);
-        Self {
-            encoding: EncodingKey::from_secret(secret),
-            decoding: DecodingKey::from_secret(secret),
-            validation,
-        }
+        Self { encoding: EncodingKey::from_secret(secret), decoding: DecodingKey::from_secret(secret), validation }
     }
 
     /// A fresh random secret, for a server started without one.

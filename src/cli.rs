@@ -139,7 +139,9 @@ impl Database {
                 (cluster.url("stockguard"), started.then_some(cluster))
             }
         };
-        db::ensure_database(&url).await.with_context(|| format!("cannot reach or create the database at {}", redact(&url)))?;
+        db::ensure_database(&url)
+            .await
+            .with_context(|| format!("cannot reach or create the database at {}", redact(&url)))?;
         let conn = db::connect(&url, config).await.with_context(|| format!("cannot connect to {}", redact(&url)))?;
         db::migrate(&conn).await.context("migrations failed")?;
         Ok(Self { conn, embedded })
@@ -159,10 +161,7 @@ impl Database {
 const DEFAULT_DATABASE_URL_ADDR: &str = "127.0.0.1:5432";
 
 async fn listens(addr: &str) -> bool {
-    matches!(
-        tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(addr)).await,
-        Ok(Ok(_))
-    )
+    matches!(tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(addr)).await, Ok(Ok(_)))
 }
 
 /// The URL without its password, for messages.
@@ -197,7 +196,9 @@ async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::
     };
     let state = AppState::new(database.conn.clone(), keys, config.limits.clone());
     let router = http::router(state.clone(), schema::build(state), dev_tokens.as_ref().map(|(op, _)| op.as_str()));
-    let listener = tokio::net::TcpListener::bind(config.addr).await.with_context(|| format!("cannot listen on {}", config.addr))?;
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.addr))?;
     announce(listener.local_addr()?, dev_tokens.as_ref());
     http::serve(listener, router, http::shutdown_signal()).await?;
     database.close().await?;

@@ -115,7 +115,7 @@ pub struct ServeConfig {
     pub jwt_secret: Option<String>,
 
     /// Do not add demo inventory to an empty database.
-    #[arg(long, env = "STOCKGUARD_NO_SEED")]
+    #[arg(long, env = "STOCKGUARD_NO_SEED", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_seed: bool,
 
     #[command(flatten)]

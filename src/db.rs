@@ -10,8 +10,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 
 use migration::{Migrator, MigratorTrait};
 use sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr, RuntimeErr,
-    Statement, sqlx,
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr, RuntimeErr, Statement, sqlx,
 };
 use tokio::sync::Mutex;
 use uuid::Uuid;
@@ -73,9 +72,7 @@ pub fn classify(err: &DbErr) -> DbFailure {
                 Some("57014") => DbFailure::StatementTimeout,
                 // 08xxx connection exceptions; 57P01..57P03: the backend was
                 // terminated, the server is shutting down or not yet accepting.
-                Some(code) if code.starts_with("08") || code.starts_with("57P") => {
-                    DbFailure::Unavailable
-                }
+                Some(code) if code.starts_with("08") || code.starts_with("57P") => DbFailure::Unavailable,
                 _ => DbFailure::Other,
             }
         }

@@ -60,7 +60,8 @@ impl AppError {
 impl From<DbErr> for AppError {
     fn from(err: DbErr) -> Self {
         match classify(&err) {
-            DbFailure::Unavailable => {
+            // Not reached in time, whatever the cause: the client may retry.
+            DbFailure::Unavailable | DbFailure::StatementTimeout | DbFailure::LockNotAvailable => {
                 tracing::warn!(error = %err, "database unavailable");
                 Self::DatabaseUnavailable
             }

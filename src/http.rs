@@ -65,6 +65,15 @@ async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> R
         Ok(batch) => batch,
         Err(err) => return bad_request(format!("the body is not a GraphQL request: {err}")),
     };
+    // A JSON object without a query parses as an empty request; it is not one.
+    let empty = |r: &async_graphql::Request| r.query.trim().is_empty();
+    let has_empty = match &batch {
+        BatchRequest::Single(request) => empty(request),
+        BatchRequest::Batch(requests) => requests.is_empty() || requests.iter().any(empty),
+    };
+    if has_empty {
+        return bad_request("the body is not a GraphQL request: it has no query".to_owned());
+    }
     let viewer = http.app.keys.viewer(headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()));
     // Each operation gets its own DataLoader, so nothing is cached past it.
     let prepare = |request: async_graphql::Request| {

@@ -19,10 +19,10 @@ pub mod embedded;
 pub mod error;
 /// The axum router: `/graphql`, GraphiQL, health and readiness, limits, shutdown.
 pub mod http;
-/// Inventories: reading, creating, restocking, and the per-request DataLoader.
-pub mod inventory;
 /// The DESIGN.md invariant, checked from the tables and the stock ledger.
 pub mod invariant;
+/// Inventories: reading, creating, restocking, and the per-request DataLoader.
+pub mod inventory;
 /// Relay cursor pagination shared by every connection.
 pub mod pagination;
 /// Reservations: the one-statement `reserve`, idempotency keys, reading them back.

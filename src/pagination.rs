@@ -90,7 +90,10 @@ mod tests {
 
     #[test]
     fn a_cursor_survives_encoding() {
-        let cursor = Cursor { created_at: DateTime::from_timestamp_micros(1_700_000_000_123_456).expect("time"), id: Uuid::new_v4() };
+        let cursor = Cursor {
+            created_at: DateTime::from_timestamp_micros(1_700_000_000_123_456).expect("time"),
+            id: Uuid::new_v4(),
+        };
         assert_eq!(Cursor::decode_cursor(&cursor.encode_cursor()), Ok(cursor));
         assert!(Cursor::decode_cursor("nonsense").is_err());
     }

@@ -2,7 +2,10 @@
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait};
 
-use crate::{error::AppError, inventory::{entity::Entity as Inventories, store}};
+use crate::{
+    error::AppError,
+    inventory::{entity::Entity as Inventories, store},
+};
 
 /// SKU, name and stock of the demo items.
 const DEMO: &[(&str, &str, i32)] = &[

@@ -2,9 +2,7 @@
 //! parse the input and call one store function; no SQL here.
 
 use async_graphql::{
-    Context, ErrorExtensions, InputObject, Object, SimpleObject, Union,
-    connection::Connection,
-    dataloader::DataLoader,
+    Context, ErrorExtensions, InputObject, Object, SimpleObject, Union, connection::Connection, dataloader::DataLoader,
 };
 use chrono::{DateTime, Utc};
 use uuid::Uuid;

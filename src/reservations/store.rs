@@ -1,8 +1,8 @@
 //! SQL for reservations, above all the one-statement `reserve`.
 
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait,
-    FromQueryResult, QueryFilter, Statement,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
+    Statement,
 };
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -35,10 +35,7 @@ impl ReserveRequest {
     /// A hash of everything that makes two requests "the same request", so a
     /// key replayed with other content can be told from a true replay.
     fn fingerprint(&self) -> String {
-        let canonical = format!(
-            "reserve\n{}\n{}\n{:?}",
-            self.inventory_id, self.quantity, self.expected_version
-        );
+        let canonical = format!("reserve\n{}\n{}\n{:?}", self.inventory_id, self.quantity, self.expected_version);
         hex::encode(Sha256::digest(canonical.as_bytes()))
     }
 }
@@ -193,5 +190,7 @@ pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Model>, 
 /// One page of a user's reservations in `(created_at, id)` order, with one
 /// extra row when more follow.
 pub async fn page_for_user(db: &DatabaseConnection, user_id: &str, page: Page) -> Result<Vec<Model>, DbErr> {
-    pagination::keyset(Entity::find().filter(Column::UserId.eq(user_id)), Column::CreatedAt, Column::Id, page).all(db).await
+    pagination::keyset(Entity::find().filter(Column::UserId.eq(user_id)), Column::CreatedAt, Column::Id, page)
+        .all(db)
+        .await
 }

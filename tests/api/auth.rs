@@ -1,0 +1,133 @@
+//! Who may do what (API.md "Transport"), each check followed by a look at the
+//! database to see that a refused request wrote nothing.
+
+use jsonwebtoken::{EncodingKey, Header};
+use serde_json::json;
+use stockguard::auth::Role;
+
+use crate::helpers::{SECRET, TestApp, error_code};
+
+const CREATE: &str = "mutation($input: CreateInventoryInput!) { createInventory(input: $input) { id } }";
+const RESTOCK: &str = "mutation($input: RestockInput!) { restock(input: $input) { __typename } }";
+
+/// Signs arbitrary claims with the test secret.
+fn signed(claims: serde_json::Value) -> String {
+    jsonwebtoken::encode(&Header::default(), &claims, &EncodingKey::from_secret(SECRET.as_bytes())).expect("sign")
+}
+
+fn in_an_hour() -> i64 {
+    chrono::Utc::now().timestamp() + 3600
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn anyone_may_read_inventory_but_reserving_needs_a_token() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("PUBLIC-1", 5).await;
+    let read = app.graphql(None, "query($id: UUID!) { inventory(id: $id) { sku stock } }", json!({ "id": id })).await;
+    assert_eq!(read["data"]["inventory"]["stock"], 5);
+    let by_sku = app.graphql(None, r#"{ inventoryBySku(sku: "PUBLIC-1") { stock } }"#, json!({})).await;
+    assert_eq!(by_sku["data"]["inventoryBySku"]["stock"], 5);
+
+    let before = app.snapshot().await;
+    let body =
+        app.graphql(None, crate::helpers::RESERVE, json!({ "input": { "inventoryId": id, "quantity": 1 } })).await;
+    assert_eq!(error_code(&body), Some("UNAUTHENTICATED"), "{body}");
+    let mine = app.graphql(None, "{ myReservations { nodes { id } } }", json!({})).await;
+    assert_eq!(error_code(&mine), Some("UNAUTHENTICATED"), "{mine}");
+    assert_eq!(app.snapshot().await, before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn customers_may_not_create_or_restock_inventory() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("OPS-1", 5).await;
+    let alice = app.token("alice", Role::Customer);
+    let before = app.snapshot().await;
+
+    let create = json!({ "input": { "sku": "NEW-1", "name": "New", "stock": 1 } });
+    assert_eq!(error_code(&app.graphql(Some(&alice), CREATE, create.clone()).await), Some("FORBIDDEN"));
+    assert_eq!(error_code(&app.graphql(None, CREATE, create).await), Some("UNAUTHENTICATED"));
+    let restock = json!({ "input": { "inventoryId": id, "quantity": 5 } });
+    assert_eq!(error_code(&app.graphql(Some(&alice), RESTOCK, restock).await), Some("FORBIDDEN"));
+    assert_eq!(app.snapshot().await, before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_tokens_are_unauthenticated_and_write_nothing() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("TOKENS-1", 5).await;
+    let valid = app.token("alice", Role::Customer);
+    let expired_long_ago =
+        signed(json!({ "sub": "alice", "role": "customer", "exp": chrono::Utc::now().timestamp() - 120 }));
+    let other_secret = jsonwebtoken::encode(
+        &Header::default(),
+        &json!({ "sub": "alice", "role": "operator", "exp": in_an_hour() }),
+        &EncodingKey::from_secret(b"not the secret"),
+    )
+    .expect("sign");
+    let alg_none =
+        "eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.eyJzdWIiOiJtYWxsb3J5Iiwicm9sZSI6Im9wZXJhdG9yIiwiZXhwIjo0MTAyNDQ0ODAwfQ.";
+    // An RS256 header over an HMAC signature made with the shared secret.
+    let rs256 = {
+        let hs = signed(json!({ "sub": "mallory", "role": "operator", "exp": in_an_hour() }));
+        let (_, rest) = hs.split_once('.').expect("jwt");
+        format!("eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCJ9.{rest}")
+    };
+    let no_exp = signed(json!({ "sub": "alice", "role": "customer" }));
+    let no_sub = signed(json!({ "role": "customer", "exp": in_an_hour() }));
+    let empty_sub = signed(json!({ "sub": "", "role": "customer", "exp": in_an_hour() }));
+    let bad_role = signed(json!({ "sub": "alice", "role": "admin", "exp": in_an_hour() }));
+    let no_role = signed(json!({ "sub": "alice", "exp": in_an_hour() }));
+    let before = app.snapshot().await;
+
+    let bad = [
+        expired_long_ago,
+        other_secret,
+        alg_none.to_owned(),
+        rs256,
+        no_exp,
+        no_sub,
+        empty_sub,
+        bad_role,
+        no_role,
+        "not-a-jwt".to_owned(),
+    ];
+    for token in &bad {
+        let body = app.reserve(token, json!({ "inventoryId": id, "quantity": 1 })).await;
+        assert_eq!(error_code(&body), Some("UNAUTHENTICATED"), "token {token}: {body}");
+    }
+    // Not `Bearer`: also refused.
+    let response = app
+        .client
+        .post(format!("{}/graphql", app.address))
+        .header("Authorization", format!("Token {valid}"))
+        .json(&json!({ "query": crate::helpers::RESERVE, "variables": { "input": { "inventoryId": id } } }))
+        .send()
+        .await
+        .expect("send");
+    let body: serde_json::Value = response.json().await.expect("json");
+    assert_eq!(error_code(&body), Some("UNAUTHENTICATED"), "{body}");
+    assert_eq!(app.snapshot().await, before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn someone_elses_reservation_reads_as_absent_but_operators_see_it() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("MINE-1", 5).await;
+    let (alice, bob) = (app.token("alice", Role::Customer), app.token("bob", Role::Customer));
+    let reserved = app.reserve(&alice, json!({ "inventoryId": id, "quantity": 2 })).await;
+    let reservation_id = reserved["reservation"]["id"].as_str().expect("reserved").to_owned();
+    let query = "query($id: UUID!) { reservation(id: $id) { id userId quantity } }";
+
+    let as_bob = app.graphql(Some(&bob), query, json!({ "id": reservation_id })).await;
+    assert_eq!(as_bob["data"]["reservation"], serde_json::Value::Null, "{as_bob}");
+    let as_alice = app.graphql(Some(&alice), query, json!({ "id": reservation_id })).await;
+    assert_eq!(as_alice["data"]["reservation"]["userId"], "alice");
+    let as_operator = app.graphql(Some(&app.operator()), query, json!({ "id": reservation_id })).await;
+    assert_eq!(as_operator["data"]["reservation"]["quantity"], 2);
+
+    let bobs = app.graphql(Some(&bob), "{ myReservations { nodes { id } } }", json!({})).await;
+    assert_eq!(bobs["data"]["myReservations"]["nodes"], json!([]));
+    let alices = app.graphql(Some(&alice), "{ myReservations { nodes { id } } }", json!({})).await;
+    assert_eq!(alices["data"]["myReservations"]["nodes"][0]["id"], reservation_id.as_str());
+}

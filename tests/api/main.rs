@@ -1,0 +1,10 @@
+//! Stockguard's integration tests: one binary, each test with its own fresh
+//! database and a real server on port 0, talked to over real HTTP.
+
+mod auth;
+mod bad_input;
+mod cli;
+mod concurrency;
+mod helpers;
+mod http;
+mod queries;

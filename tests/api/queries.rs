@@ -1,0 +1,110 @@
+//! Reading: single-request outcomes, pagination, the DataLoader's statement
+//! count, and the schema file against the served schema.
+
+use std::sync::atomic::Ordering;
+
+use serde_json::json;
+use stockguard::auth::Role;
+use uuid::Uuid;
+
+use crate::helpers::TestApp;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_reserve_outcome_carries_the_state_a_screen_needs() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("ONE-1", 3).await;
+    let alice = app.token("alice", Role::Customer);
+
+    let reserved = app.reserve(&alice, json!({ "inventoryId": id, "quantity": 2, "expectedVersion": 1 })).await;
+    assert_eq!(reserved["__typename"], "Reserved", "{reserved}");
+    assert_eq!(reserved["inventory"]["stock"], 1, "the row as the statement left it");
+    assert_eq!(reserved["inventory"]["version"], 2);
+    assert_eq!(reserved["reservation"]["status"], "ACTIVE");
+    assert_eq!(reserved["reservation"]["userId"], "alice");
+
+    let conflict = app.reserve(&alice, json!({ "inventoryId": id, "quantity": 1, "expectedVersion": 1 })).await;
+    assert_eq!(conflict["__typename"], "Conflict", "{conflict}");
+    assert_eq!(conflict["expectedVersion"], 1);
+    assert_eq!(conflict["inventory"]["version"], 2);
+
+    let sold_out = app.reserve(&alice, json!({ "inventoryId": id, "quantity": 2 })).await;
+    assert_eq!(sold_out["__typename"], "SoldOut", "{sold_out}");
+    assert_eq!(sold_out["requested"], 2);
+    assert_eq!(sold_out["inventory"]["stock"], 1);
+
+    let missing = Uuid::new_v4();
+    let not_found = app.reserve(&alice, json!({ "inventoryId": missing })).await;
+    assert_eq!(not_found["__typename"], "InventoryNotFound");
+    assert_eq!(not_found["inventoryId"], missing.to_string());
+
+    assert_eq!(app.stock_and_version(id).await, (1, 2));
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pages_of_inventories_cover_every_row_once() {
+    let app = TestApp::spawn().await;
+    for i in 0..7 {
+        app.create_inventory(&format!("PAGE-{i}"), i).await;
+    }
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let body = app
+            .graphql(
+                None,
+                "query($after: String) { inventories(first: 3, after: $after) { nodes { sku } pageInfo { hasNextPage endCursor } } }",
+                json!({ "after": after }),
+            )
+            .await;
+        let connection = &body["data"]["inventories"];
+        seen.extend(
+            connection["nodes"].as_array().expect("nodes").iter().map(|n| n["sku"].as_str().expect("sku").to_owned()),
+        );
+        if connection["pageInfo"]["hasNextPage"] != true {
+            break;
+        }
+        after = connection["pageInfo"]["endCursor"].as_str().map(str::to_owned);
+    }
+    assert_eq!(seen, (0..7).map(|i| format!("PAGE-{i}")).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_page_of_fifty_reservations_loads_their_inventories_in_one_batch() {
+    let app = TestApp::spawn().await;
+    let alice = app.token("alice", Role::Customer);
+    for i in 0..50 {
+        let id = app.create_inventory(&format!("N1-{i}"), 1).await;
+        let reserved = app.reserve(&alice, json!({ "inventoryId": id })).await;
+        assert_eq!(reserved["__typename"], "Reserved");
+    }
+    let before = app.statements.load(Ordering::SeqCst);
+    let body = app
+        .graphql(Some(&alice), "{ myReservations(first: 50) { nodes { id inventory { sku stock } } } }", json!({}))
+        .await;
+    let statements = app.statements.load(Ordering::SeqCst) - before;
+    let nodes = body["data"]["myReservations"]["nodes"].as_array().expect("nodes");
+    assert_eq!(nodes.len(), 50);
+    assert!(nodes.iter().all(|n| n["inventory"]["stock"] == 0), "{body}");
+    // One for the page and one batch for the fifty inventories; the loader's
+    // 1 ms window may close early on a loaded machine and split the batch once.
+    assert!((2..=3).contains(&statements), "{statements} statements for a page of 50: the loader does not batch");
+}
+
+#[test]
+fn the_committed_schema_file_is_the_served_schema() {
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/schema.graphql")).expect("schema.graphql");
+    assert!(
+        committed == stockguard::schema::sdl(),
+        "schema.graphql is stale: run `cargo run -- schema > schema.graphql` and commit it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_server_serves_the_schema_in_the_file() {
+    let app = TestApp::spawn().await;
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/schema.graphql")).expect("schema.graphql");
+    assert!(committed == app.schema.sdl(), "the served schema differs from schema.graphql");
+}
