@@ -73,6 +73,14 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_MAX_BATCH", default_value_t = 10)]
     pub max_batch: usize,
 
+    /// How order transitions guard against concurrent writers.
+    #[arg(long, env = "STOCKGUARD_ORDER_LOCKING", value_enum, default_value = "optimistic")]
+    pub order_locking: OrderLocking,
+
+    /// `lock_timeout` of the pessimistic order path (milliseconds).
+    #[arg(long, env = "STOCKGUARD_LOCK_TIMEOUT_MS", default_value_t = 2000)]
+    pub lock_timeout_ms: u64,
+
     /// How often a statement is run when it collides (SQLSTATE 40001 or 40P01)
     /// before the collision is reported as `Conflict`.
     #[arg(long, env = "STOCKGUARD_COLLISION_ATTEMPTS", default_value_t = 20)]
@@ -88,9 +96,22 @@ impl Default for Limits {
             max_complexity: 2000,
             body_limit: 64 * 1024,
             max_batch: 10,
+            order_locking: OrderLocking::Optimistic,
+            lock_timeout_ms: 2000,
             collision_attempts: 20,
         }
     }
+}
+
+/// How order transitions (confirm, cancel) guard against concurrent writers.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderLocking {
+    /// Read, decide, save with `WHERE version = $seen`; re-read and retry on a
+    /// lost race (at most 3 attempts). Best when writers on one order are rare.
+    Optimistic,
+    /// `SELECT ... FOR UPDATE` with a short `lock_timeout`: later writers wait
+    /// instead of failing. Best when many writers hit one order at once.
+    Pessimistic,
 }
 
 /// Log line format.

@@ -15,8 +15,9 @@ use axum::{
 };
 use serde_json::json;
 use tokio::net::TcpListener;
+use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::{app::AppState, inventory::loader::InventoryLoader, schema::AppSchema};
+use crate::{app::AppState, inventory::loader::InventoryLoader, orders::loader::OrderLinesLoader, schema::AppSchema};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -45,6 +46,13 @@ pub fn router(app: AppState, schema: AppSchema, graphiql_token: Option<&str>) ->
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .layer(DefaultBodyLimit::max(body_limit))
+        // A bug must not drop the connection without an answer: a panic in a
+        // handler becomes a 500 with a GraphQL-shaped INTERNAL error.
+        .layer(CatchPanicLayer::custom(|_| {
+            tracing::error!("request handler panicked");
+            let body = json!({ "errors": [{ "message": "internal error", "extensions": { "code": "INTERNAL" } }] });
+            (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(body)).into_response()
+        }))
         .with_state(state)
 }
 
@@ -75,10 +83,11 @@ async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> R
         return bad_request("the body is not a GraphQL request: it has no query".to_owned());
     }
     let viewer = http.app.keys.viewer(headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()));
-    // Each operation gets its own DataLoader, so nothing is cached past it.
+    // Each operation gets its own DataLoaders, so nothing is cached past it.
     let prepare = |request: async_graphql::Request| {
-        let loader = DataLoader::new(InventoryLoader { db: http.app.db.clone() }, tokio::spawn);
-        request.data(viewer.clone()).data(loader)
+        let inventories = DataLoader::new(InventoryLoader { db: http.app.db.clone() }, tokio::spawn);
+        let order_lines = DataLoader::new(OrderLinesLoader { db: http.app.db.clone() }, tokio::spawn);
+        request.data(viewer.clone()).data(inventories).data(order_lines)
     };
     let batch = match batch {
         BatchRequest::Single(request) => BatchRequest::Single(prepare(request)),

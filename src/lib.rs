@@ -23,6 +23,8 @@ pub mod http;
 pub mod invariant;
 /// Inventories: reading, creating, restocking, and the per-request DataLoader.
 pub mod inventory;
+/// Orders: the version-checked aggregate, confirm/cancel with retry or report, the pessimistic path.
+pub mod orders;
 /// Relay cursor pagination shared by every connection.
 pub mod pagination;
 /// Reservations: the one-statement `reserve`, idempotency keys, reading them back.

@@ -7,16 +7,17 @@ use crate::{
     app::AppState,
     config::Limits,
     inventory::graphql::{InventoryMutation, InventoryQuery},
+    orders::graphql::{OrderMutation, OrderQuery},
     reservations::graphql::{ReservationMutation, ReservationQuery},
 };
 
 /// The root query type.
 #[derive(MergedObject, Default)]
-pub struct Query(InventoryQuery, ReservationQuery);
+pub struct Query(InventoryQuery, ReservationQuery, OrderQuery);
 
 /// The root mutation type.
 #[derive(MergedObject, Default)]
-pub struct Mutation(InventoryMutation, ReservationMutation);
+pub struct Mutation(InventoryMutation, ReservationMutation, OrderMutation);
 
 /// The schema Stockguard serves.
 pub type AppSchema = Schema<Query, Mutation, EmptySubscription>;

@@ -8,6 +8,7 @@
 pub use sea_orm_migration::prelude::*;
 
 mod m20261130_140000_create_inventory_tables;
+mod m20261130_150000_create_orders;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -15,6 +16,9 @@ pub struct Migrator;
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261130_140000_create_inventory_tables::Migration)]
+        vec![
+            Box::new(m20261130_140000_create_inventory_tables::Migration),
+            Box::new(m20261130_150000_create_orders::Migration),
+        ]
     }
 }

@@ -7,10 +7,10 @@
 use std::{collections::HashMap, sync::Arc};
 
 use async_graphql::dataloader::Loader;
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter};
+use sea_orm::{DatabaseConnection, DbErr};
 use uuid::Uuid;
 
-use super::entity::{Column, Entity, Model};
+use super::entity::Model;
 
 /// Loads inventories by id in batches.
 pub struct InventoryLoader {
@@ -23,7 +23,7 @@ impl Loader<Uuid> for InventoryLoader {
     type Error = Arc<DbErr>;
 
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Model>, Self::Error> {
-        let rows = Entity::find().filter(Column::Id.is_in(keys.iter().copied())).all(&self.db).await?;
+        let rows = super::store::find_many(&self.db, keys.iter().copied()).await?;
         Ok(rows.into_iter().map(|row| (row.id, row)).collect())
     }
 }

@@ -19,6 +19,11 @@ pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Model>, 
     Entity::find_by_id(id).one(db).await
 }
 
+/// The inventories with these ids (missing ones are left out).
+pub async fn find_many(db: &impl ConnectionTrait, ids: impl IntoIterator<Item = Uuid>) -> Result<Vec<Model>, DbErr> {
+    Entity::find().filter(Column::Id.is_in(ids)).all(db).await
+}
+
 /// One inventory by SKU.
 pub async fn find_by_sku(db: &DatabaseConnection, sku: &str) -> Result<Option<Model>, DbErr> {
     Entity::find().filter(Column::Sku.eq(sku)).one(db).await

@@ -48,6 +48,9 @@ pub struct Model {
     pub created_at: DateTime<Utc>,
     /// When the reservation lapses; `None` = never.
     pub expires_at: Option<DateTime<Utc>>,
+    /// Shared by the reservations of one multi-item request (`reserveMany`,
+    /// `placeOrder`); the first line carries the idempotency key for all.
+    pub batch_id: Option<Uuid>,
 }
 
 /// No relations are navigated through the ORM; joins are written where needed.

@@ -6,7 +6,8 @@ use uuid::Uuid;
 
 use super::{
     ReservationRow, ReservationStatus,
-    store::{self, ReserveOutcome, ReserveRequest},
+    batch::{self, Line, LineInput, Unavailable, UnavailableReason},
+    store::{self, ReleaseOutcome, ReserveManyOutcome, ReserveOutcome, ReserveRequest},
 };
 use crate::{
     app::state,
@@ -171,4 +172,161 @@ impl ReservationMutation {
         let outcome = store::reserve(&app.db, &app.collisions, &user.id, &request).await.gql()?;
         Ok(ReserveResult::from_outcome(outcome, request.inventory_id))
     }
+
+    /// Reserves several inventories at once: all or nothing. Rows are taken in
+    /// one fixed order, so opposite requests never deadlock.
+    async fn reserve_many(&self, ctx: &Context<'_>, input: ReserveManyInput) -> GqlResult<ReserveManyResult> {
+        let user = auth::user(ctx).gql()?;
+        let app = state(ctx);
+        let lines = ReserveItemInput::merge(&input.items, app.limits.max_quantity).gql()?;
+        let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
+        Ok(match store::reserve_many(&app.db, &app.collisions, &user.id, &lines, key).await.gql()? {
+            ReserveManyOutcome::ReservedAll(rows) => ReserveManyResult::ReservedAll(ReservedAll {
+                reservations: rows.into_iter().map(Reservation).collect(),
+            }),
+            ReserveManyOutcome::ItemsUnavailable(items) => {
+                ReserveManyResult::ItemsUnavailable(ItemsUnavailable::new(items))
+            }
+        })
+    }
+
+    /// Gives an ACTIVE reservation's stock back (the owner or an operator).
+    /// Releasing twice returns the stock once.
+    async fn release_reservation(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<ReleaseResult> {
+        let user = auth::user(ctx).gql()?;
+        let app = state(ctx);
+        let owner = (!user.is_operator()).then_some(user.id.as_str());
+        Ok(match store::release(&app.db, &app.collisions, id, owner).await.gql()? {
+            ReleaseOutcome::Released { reservation, inventory } => {
+                ReleaseResult::ReservationReleased(ReservationReleased {
+                    reservation: Reservation(reservation),
+                    inventory: Inventory(inventory),
+                })
+            }
+            ReleaseOutcome::NotFound => ReleaseResult::ReservationNotFound(ReservationNotFound { reservation_id: id }),
+            ReleaseOutcome::NotActive(reservation) => {
+                ReleaseResult::ReservationNotActive(ReservationNotActive { reservation: Reservation(reservation) })
+            }
+        })
+    }
+}
+
+/// One line of a multi-item request.
+#[derive(InputObject)]
+pub struct ReserveItemInput {
+    /// The inventory.
+    pub inventory_id: Uuid,
+    /// Units, 1 to the configured maximum (1000). Lines naming the same
+    /// inventory are merged and their quantities summed.
+    #[graphql(default = 1)]
+    pub quantity: i32,
+    /// The version the client saw, checked like `ReserveInput.expectedVersion`.
+    pub expected_version: Option<i32>,
+}
+
+impl ReserveItemInput {
+    /// Checks and merges a request's lines.
+    pub fn merge(items: &[Self], max_quantity: i32) -> Result<Vec<Line>, AppError> {
+        let lines: Vec<LineInput> = items
+            .iter()
+            .map(|item| LineInput {
+                inventory_id: item.inventory_id,
+                quantity: item.quantity,
+                expected_version: item.expected_version,
+            })
+            .collect();
+        batch::merge(&lines, max_quantity)
+    }
+}
+
+/// Several inventories at once: all or nothing.
+#[derive(InputObject)]
+pub struct ReserveManyInput {
+    /// The lines (at most 100 inventories).
+    pub items: Vec<ReserveItemInput>,
+    /// Same key from the same user = same outcome, stock taken at most once.
+    pub idempotency_key: Option<String>,
+}
+
+/// Every line was reserved.
+#[derive(SimpleObject)]
+pub struct ReservedAll {
+    /// One reservation per inventory, ordered by inventory id.
+    pub reservations: Vec<Reservation>,
+}
+
+/// A line that could not be served.
+#[derive(SimpleObject)]
+pub struct UnavailableItem {
+    /// The inventory the line named.
+    pub inventory_id: Uuid,
+    /// Why it could not be served.
+    pub reason: UnavailableReason,
+    /// The latest committed state (null when not found).
+    pub inventory: Option<Inventory>,
+}
+
+/// Nothing was reserved; every line that could not be served, and why.
+#[derive(SimpleObject)]
+pub struct ItemsUnavailable {
+    /// Only the failing lines.
+    pub items: Vec<UnavailableItem>,
+}
+
+impl ItemsUnavailable {
+    /// The GraphQL view of the lines a store call refused.
+    pub fn new(unavailable: Vec<Unavailable>) -> Self {
+        let items = unavailable
+            .into_iter()
+            .map(|u| UnavailableItem {
+                inventory_id: u.inventory_id,
+                reason: u.reason,
+                inventory: u.inventory.map(Inventory),
+            })
+            .collect();
+        Self { items }
+    }
+}
+
+/// How a multi-item reservation ended.
+#[derive(Union)]
+pub enum ReserveManyResult {
+    /// Every line was reserved.
+    ReservedAll(ReservedAll),
+    /// Nothing was reserved.
+    ItemsUnavailable(ItemsUnavailable),
+}
+
+/// The stock went back.
+#[derive(SimpleObject)]
+pub struct ReservationReleased {
+    /// The reservation, now RELEASED.
+    pub reservation: Reservation,
+    /// The inventory after the stock came back.
+    pub inventory: Inventory,
+}
+
+/// No reservation with this id is visible to the caller.
+#[derive(SimpleObject)]
+pub struct ReservationNotFound {
+    /// The id that was asked for.
+    pub reservation_id: Uuid,
+}
+
+/// The reservation is no longer ACTIVE (released, expired, or an order line).
+#[derive(SimpleObject)]
+pub struct ReservationNotActive {
+    /// The reservation as it is.
+    pub reservation: Reservation,
+}
+
+/// How a release ended.
+#[derive(Union)]
+pub enum ReleaseResult {
+    /// The stock went back.
+    ReservationReleased(ReservationReleased),
+    /// Not found (or not the caller's).
+    ReservationNotFound(ReservationNotFound),
+    /// Not ACTIVE any more; nothing changed.
+    ReservationNotActive(ReservationNotActive),
 }

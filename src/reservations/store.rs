@@ -2,7 +2,7 @@
 
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
-    Statement,
+    QueryOrder, Statement, TransactionTrait,
 };
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -13,6 +13,7 @@ use crate::{
     error::AppError,
     inventory::{InventoryRow, store as inventory_store},
     pagination::{self, Page},
+    reservations::batch::{self, Keyed, Line, Purpose, Unavailable, UnavailableReason},
 };
 
 /// The unique index that holds one idempotency key per user.
@@ -103,7 +104,7 @@ SELECT taken.*,
        r.id AS r_id, r.inventory_id AS r_inventory_id, r.order_id AS r_order_id,
        r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status,
        r.idempotency_key AS r_idempotency_key, r.request_fingerprint AS r_request_fingerprint,
-       r.created_at AS r_created_at, r.expires_at AS r_expires_at
+       r.created_at AS r_created_at, r.expires_at AS r_expires_at, r.batch_id AS r_batch_id
   FROM taken, reservation r"#;
 
     let fingerprint = request.idempotency_key.as_ref().map(|_| request.fingerprint());
@@ -119,7 +120,7 @@ SELECT taken.*,
     let run = || db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values.clone()));
     let attempted = match collisions.run(request.inventory_id, run).await {
         Ok(attempted) => attempted,
-        Err(err) if classify(&err) == DbFailure::UniqueViolation(Some(IDEMPOTENCY_INDEX.into())) => {
+        Err(err) if is_key_taken(&err) => {
             // The key was used first by a request that has committed.
             return replay(db, user_id, request, fingerprint.as_deref()).await?.ok_or(AppError::Internal);
         }
@@ -156,8 +157,8 @@ SELECT taken.*,
     })
 }
 
-/// The first outcome of a request with this user's idempotency key, if one
-/// took stock; `IDEMPOTENCY_KEY_REUSED` when that request was a different one.
+/// The first outcome of a single `reserve` with this user's idempotency key,
+/// if one took stock; `IDEMPOTENCY_KEY_REUSED` when that was a different request.
 async fn replay(
     db: &DatabaseConnection,
     user_id: &str,
@@ -167,19 +168,33 @@ async fn replay(
     let (Some(key), Some(fingerprint)) = (&request.idempotency_key, fingerprint) else {
         return Ok(None);
     };
-    let Some(first) = Entity::find()
-        .filter(Column::UserId.eq(user_id))
-        .filter(Column::IdempotencyKey.eq(key.as_str()))
-        .one(db)
-        .await?
-    else {
+    let Some(first) = first_with_key(db, user_id, key, fingerprint).await? else {
         return Ok(None);
     };
-    if first.request_fingerprint.as_deref() != Some(fingerprint) {
-        return Err(AppError::IdempotencyKeyReused);
-    }
     let inventory = inventory_store::find(db, first.inventory_id).await?.ok_or(AppError::Internal)?;
     Ok(Some(ReserveOutcome::Reserved { reservation: first, inventory }))
+}
+
+/// The reservation that first used this user's idempotency key, if any.
+/// Reservations, batches and orders share one key space per user, so a key
+/// reused with anything but the same request is `IDEMPOTENCY_KEY_REUSED`.
+pub async fn first_with_key(
+    db: &DatabaseConnection,
+    user_id: &str,
+    key: &str,
+    fingerprint: &str,
+) -> Result<Option<Model>, AppError> {
+    let first =
+        Entity::find().filter(Column::UserId.eq(user_id)).filter(Column::IdempotencyKey.eq(key)).one(db).await?;
+    match first {
+        Some(first) if first.request_fingerprint.as_deref() != Some(fingerprint) => Err(AppError::IdempotencyKeyReused),
+        first => Ok(first),
+    }
+}
+
+/// Whether `err` is the idempotency index refusing a second use of a key.
+pub fn is_key_taken(err: &DbErr) -> bool {
+    classify(err) == DbFailure::UniqueViolation(Some(IDEMPOTENCY_INDEX.into()))
 }
 
 /// One reservation by id.
@@ -193,4 +208,137 @@ pub async fn page_for_user(db: &DatabaseConnection, user_id: &str, page: Page) -
     pagination::keyset(Entity::find().filter(Column::UserId.eq(user_id)), Column::CreatedAt, Column::Id, page)
         .all(db)
         .await
+}
+
+/// How a multi-item reservation ended.
+#[derive(Debug)]
+pub enum ReserveManyOutcome {
+    /// Every line was reserved (now, or by the first request with this key).
+    ReservedAll(Vec<Model>),
+    /// Nothing was reserved; the lines that could not be served.
+    ItemsUnavailable(Vec<Unavailable>),
+}
+
+/// Reserves every line or none (see [`batch`]).
+pub async fn reserve_many(
+    db: &DatabaseConnection,
+    collisions: &Collisions,
+    user_id: &str,
+    lines: &[Line],
+    idempotency_key: Option<String>,
+) -> Result<ReserveManyOutcome, AppError> {
+    let keyed = idempotency_key.map(|key| Keyed { fingerprint: batch::fingerprint("reserveMany", lines, ""), key });
+    if let Some(first) = replay_batch(db, user_id, keyed.as_ref()).await? {
+        return Ok(ReserveManyOutcome::ReservedAll(first));
+    }
+    let run = || async {
+        let txn = db.begin().await?;
+        let taken = batch::take(&txn, user_id, lines, Purpose::Reservations, keyed.as_ref()).await?;
+        if taken.is_ok() {
+            txn.commit().await?;
+        }
+        Ok(taken)
+    };
+    match collisions.run(lines[0].inventory_id, run).await {
+        Ok(Attempted::Done(Ok(rows))) => Ok(ReserveManyOutcome::ReservedAll(rows)),
+        Ok(Attempted::Done(Err(unavailable))) => Ok(ReserveManyOutcome::ItemsUnavailable(unavailable)),
+        Ok(Attempted::Exhausted { .. }) => Ok(ReserveManyOutcome::ItemsUnavailable(all_in_conflict(db, lines).await?)),
+        // The key's first request committed while this one waited.
+        Err(err) if is_key_taken(&err) => replay_batch(db, user_id, keyed.as_ref())
+            .await?
+            .map(ReserveManyOutcome::ReservedAll)
+            .ok_or(AppError::Internal),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The reservations of the batch that first used this key, if any.
+async fn replay_batch(
+    db: &DatabaseConnection,
+    user_id: &str,
+    keyed: Option<&Keyed>,
+) -> Result<Option<Vec<Model>>, AppError> {
+    let Some(keyed) = keyed else { return Ok(None) };
+    let Some(first) = first_with_key(db, user_id, &keyed.key, &keyed.fingerprint).await? else {
+        return Ok(None);
+    };
+    let batch = first.batch_id.ok_or(AppError::Internal)?;
+    Ok(Some(Entity::find().filter(Column::BatchId.eq(batch)).order_by_asc(Column::InventoryId).all(db).await?))
+}
+
+/// Every line as a conflict, with the latest rows: what a request reports
+/// when each of its runs collided.
+pub async fn all_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
+    tracing::warn!(lines = lines.len(), "multi-item collisions exhausted");
+    let rows = inventory_store::find_many(db, lines.iter().map(|l| l.inventory_id)).await?;
+    Ok(lines
+        .iter()
+        .map(|line| {
+            let inventory = rows.iter().find(|row| row.id == line.inventory_id).cloned();
+            let reason = if inventory.is_some() { UnavailableReason::Conflict } else { UnavailableReason::NotFound };
+            Unavailable { inventory_id: line.inventory_id, reason, inventory }
+        })
+        .collect())
+}
+
+/// How a release ended.
+#[derive(Debug)]
+pub enum ReleaseOutcome {
+    /// The stock went back; the reservation and inventory as the statement left them.
+    Released {
+        /// The reservation, now RELEASED.
+        reservation: Model,
+        /// The inventory after the stock came back.
+        inventory: InventoryRow,
+    },
+    /// No such reservation visible to the caller.
+    NotFound,
+    /// Visible, but no longer ACTIVE (released, expired or an order line).
+    NotActive(Model),
+}
+
+/// Gives an ACTIVE reservation's stock back, once: the status condition is
+/// in the UPDATE's WHERE, so of many concurrent releases exactly one matches.
+/// `owner` limits it to that user's reservations (`None` for operators).
+pub async fn release(
+    db: &DatabaseConnection,
+    collisions: &Collisions,
+    id: Uuid,
+    owner: Option<&str>,
+) -> Result<ReleaseOutcome, AppError> {
+    // 0 rows: not there, not the caller's, or not ACTIVE any more (a
+    // concurrent release won); one read afterwards tells which.
+    const SQL: &str = r#"
+WITH released AS (
+    UPDATE reservations SET status = 'RELEASED'
+     WHERE id = $1 AND status = 'ACTIVE' AND ($2::text IS NULL OR user_id = $2)
+ RETURNING *
+), returned AS (
+    UPDATE inventories i
+       SET stock = i.stock + r.quantity, version = i.version + 1, updated_at = now()
+      FROM released r
+     WHERE i.id = r.inventory_id
+ RETURNING i.id, i.sku, i.name, i.stock, i.version, i.created_at, i.updated_at, r.quantity
+), movement AS (
+    INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id)
+    SELECT id, quantity, 'RELEASED', stock, version, $1 FROM returned
+)
+SELECT returned.*,
+       r.id AS r_id, r.inventory_id AS r_inventory_id, r.order_id AS r_order_id,
+       r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status,
+       r.idempotency_key AS r_idempotency_key, r.request_fingerprint AS r_request_fingerprint,
+       r.created_at AS r_created_at, r.expires_at AS r_expires_at, r.batch_id AS r_batch_id
+  FROM returned, released r"#;
+    let values = [id.into(), owner.map(str::to_owned).into()];
+    let run = || db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values.clone()));
+    if let Attempted::Done(Some(row)) = collisions.run(id, run).await? {
+        return Ok(ReleaseOutcome::Released {
+            reservation: Model::from_query_result(&row, "r_")?,
+            inventory: InventoryRow::from_query_result(&row, "")?,
+        });
+    }
+    Ok(match find(db, id).await?.filter(|r| owner.is_none_or(|owner| owner == r.user_id)) {
+        None => ReleaseOutcome::NotFound,
+        Some(reservation) => ReleaseOutcome::NotActive(reservation),
+    })
 }

@@ -71,6 +71,12 @@ impl TestApp {
 
     /// A server whose database defaults to `isolation`.
     pub async fn spawn_with(isolation: Isolation) -> Self {
+        Self::spawn_configured(isolation, Limits::default()).await
+    }
+
+    /// A server whose database defaults to `isolation`, with `limits` (which
+    /// also hold the order locking mode and lock timeout).
+    pub async fn spawn_configured(isolation: Isolation, limits: Limits) -> Self {
         let name = format!("sg_test_{}", Uuid::new_v4().simple());
         let database_url = format!("{}/{name}", server_url());
         db::ensure_database(&database_url).await.expect("create the test database");
@@ -101,7 +107,7 @@ impl TestApp {
         });
 
         let keys = Keys::new(SECRET.as_bytes());
-        let state = AppState::new(pool, keys.clone(), Limits::default());
+        let state = AppState::new(pool, keys.clone(), limits);
         let schema = schema::build(state.clone());
         let router = http::router(state, schema.clone(), None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

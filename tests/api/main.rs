@@ -7,4 +7,5 @@ mod cli;
 mod concurrency;
 mod helpers;
 mod http;
+mod orders;
 mod queries;

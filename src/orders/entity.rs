@@ -1,0 +1,59 @@
+//! The `orders` table. Rows are turned into the domain type by
+//! `domain::Order::reconstitute`, which refuses an inconsistent row.
+
+use chrono::{DateTime, Utc};
+use sea_orm::entity::prelude::*;
+
+/// Where an order is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+pub enum OrderStatus {
+    /// Placed; may be confirmed, cancelled or edited.
+    #[sea_orm(string_value = "PENDING")]
+    Pending,
+    /// Confirmed by an operator; final.
+    #[sea_orm(string_value = "CONFIRMED")]
+    Confirmed,
+    /// Cancelled; its stock went back. Final.
+    #[sea_orm(string_value = "CANCELLED")]
+    Cancelled,
+}
+
+/// One order row.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "orders")]
+pub struct Model {
+    /// Primary key.
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Uuid,
+    /// The customer who placed it.
+    pub user_id: String,
+    /// Life-cycle state.
+    pub status: OrderStatus,
+    /// Recipient.
+    pub ship_name: String,
+    /// Street address.
+    pub ship_line1: String,
+    /// More of the address.
+    pub ship_line2: Option<String>,
+    /// City.
+    pub ship_city: String,
+    /// Postal code.
+    pub ship_postal_code: String,
+    /// Country.
+    pub ship_country: String,
+    /// When it was confirmed (exactly when CONFIRMED).
+    pub confirmed_at: Option<DateTime<Utc>>,
+    /// Who confirmed it (exactly when CONFIRMED).
+    pub confirmed_by: Option<String>,
+    /// Optimistic-lock version: 1 when placed, +1 with every save.
+    pub version: i32,
+    /// When it was placed.
+    pub created_at: DateTime<Utc>,
+}
+
+/// No relations are navigated through the ORM; joins are written where needed.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,443 @@
+//! GraphQL types and resolvers for orders.
+
+use async_graphql::{
+    Context, ErrorExtensions, InputObject, Object, SimpleObject, Union, connection::Connection, dataloader::DataLoader,
+};
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::{
+    domain::{self, Order as OrderValue},
+    entity::OrderStatus,
+    loader::OrderLinesLoader,
+    service::{self, AddressOutcome, PlaceOutcome, Transition, TransitionOutcome},
+};
+use crate::{
+    app::state,
+    auth,
+    error::{AppError, GqlResult, IntoGql},
+    inventory::graphql::{Inventory, load as load_inventory},
+    pagination::{Cursor, Page, connection},
+    reservations::{
+        ReservationRow,
+        graphql::{ItemsUnavailable, ReserveItemInput},
+    },
+    validate,
+};
+
+/// An order as the API shows it.
+pub struct Order(pub OrderValue);
+
+/// An order: its lines hold stock until it is cancelled.
+#[Object]
+impl Order {
+    /// The order's id.
+    async fn id(&self) -> Uuid {
+        self.0.id
+    }
+
+    /// Life-cycle state.
+    async fn status(&self) -> OrderStatus {
+        self.0.status()
+    }
+
+    /// The customer who placed it.
+    async fn user_id(&self) -> &str {
+        &self.0.user_id
+    }
+
+    /// The lines, one per inventory (batched per request).
+    async fn items(&self, ctx: &Context<'_>) -> GqlResult<Vec<OrderItem>> {
+        let loader = ctx.data_unchecked::<DataLoader<OrderLinesLoader>>();
+        let lines = loader.load_one(self.0.id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
+        Ok(lines.unwrap_or_default().into_iter().map(OrderItem).collect())
+    }
+
+    /// Where it goes.
+    async fn shipping_address(&self) -> ShippingAddress {
+        ShippingAddress::from(self.0.address())
+    }
+
+    /// When it was confirmed; set exactly when CONFIRMED.
+    async fn confirmed_at(&self) -> Option<DateTime<Utc>> {
+        self.0.confirmation().map(|c| c.at)
+    }
+
+    /// The operator who confirmed it; set exactly when CONFIRMED.
+    async fn confirmed_by(&self) -> Option<&str> {
+        self.0.confirmation().map(|c| c.by.as_str())
+    }
+
+    /// 1 when placed, +1 with every change. Send it back as
+    /// `expectedVersion` to change the address only if nobody changed the order since.
+    async fn version(&self) -> i32 {
+        self.0.version
+    }
+
+    /// When it was placed.
+    async fn created_at(&self) -> DateTime<Utc> {
+        self.0.created_at
+    }
+}
+
+/// A line of an order as the API shows it.
+pub struct OrderItem(ReservationRow);
+
+/// One line of an order.
+#[Object]
+impl OrderItem {
+    /// The inventory (batched per request).
+    async fn inventory(&self, ctx: &Context<'_>) -> GqlResult<Inventory> {
+        load_inventory(ctx, self.0.inventory_id).await?.ok_or_else(|| AppError::Internal.extend())
+    }
+
+    /// Units.
+    async fn quantity(&self) -> i32 {
+        self.0.quantity
+    }
+}
+
+/// Where an order goes.
+#[derive(SimpleObject, Clone)]
+pub struct ShippingAddress {
+    /// Recipient.
+    pub name: String,
+    /// Street address.
+    pub line1: String,
+    /// More of the address.
+    pub line2: Option<String>,
+    /// City.
+    pub city: String,
+    /// Postal code.
+    pub postal_code: String,
+    /// Country.
+    pub country: String,
+}
+
+impl From<&domain::ShippingAddress> for ShippingAddress {
+    fn from(a: &domain::ShippingAddress) -> Self {
+        Self {
+            name: a.name.clone(),
+            line1: a.line1.clone(),
+            line2: a.line2.clone(),
+            city: a.city.clone(),
+            postal_code: a.postal_code.clone(),
+            country: a.country.clone(),
+        }
+    }
+}
+
+/// Where an order should go.
+#[derive(InputObject)]
+pub struct ShippingAddressInput {
+    /// Recipient, 1 to 200 characters.
+    pub name: String,
+    /// Street address, 1 to 200 characters.
+    pub line1: String,
+    /// More of the address, up to 200 characters (blank = none).
+    pub line2: Option<String>,
+    /// City, 1 to 100 characters.
+    pub city: String,
+    /// Postal code, 1 to 20 characters.
+    pub postal_code: String,
+    /// Country, 1 to 56 characters.
+    pub country: String,
+}
+
+impl ShippingAddressInput {
+    /// Checks every field; `field` is where the address sits in the input.
+    fn parse(&self, field: &str) -> Result<domain::ShippingAddress, AppError> {
+        let f = |name: &str| format!("{field}.{name}");
+        let line2 = match self.line2.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(line2) => Some(validate::text(&f("line2"), line2, 200)?),
+        };
+        Ok(domain::ShippingAddress {
+            name: validate::text(&f("name"), &self.name, 200)?,
+            line1: validate::text(&f("line1"), &self.line1, 200)?,
+            line2,
+            city: validate::text(&f("city"), &self.city, 100)?,
+            postal_code: validate::text(&f("postalCode"), &self.postal_code, 20)?,
+            country: validate::text(&f("country"), &self.country, 56)?,
+        })
+    }
+}
+
+/// A new order.
+#[derive(InputObject)]
+pub struct PlaceOrderInput {
+    /// The lines (at most 100 inventories); same-inventory lines are merged.
+    pub items: Vec<ReserveItemInput>,
+    /// Where it goes.
+    pub shipping_address: ShippingAddressInput,
+    /// Same key from the same user = same order, stock taken at most once.
+    pub idempotency_key: Option<String>,
+}
+
+/// A new address for a PENDING order.
+#[derive(InputObject)]
+pub struct ChangeShippingAddressInput {
+    /// The order.
+    pub order_id: Uuid,
+    /// The version the client saw; the change is made only at that version.
+    pub expected_version: i32,
+    /// The new address.
+    pub shipping_address: ShippingAddressInput,
+}
+
+/// The order was placed: stock taken, lines ORDERED.
+#[derive(SimpleObject)]
+pub struct OrderPlaced {
+    /// The order.
+    pub order: Order,
+}
+
+/// How `placeOrder` ended.
+#[derive(Union)]
+pub enum PlaceOrderResult {
+    /// Placed.
+    OrderPlaced(OrderPlaced),
+    /// Nothing was written.
+    ItemsUnavailable(ItemsUnavailable),
+}
+
+/// The order was confirmed.
+#[derive(SimpleObject)]
+pub struct OrderConfirmed {
+    /// The order, CONFIRMED.
+    pub order: Order,
+}
+
+/// The order was cancelled and its stock returned.
+#[derive(SimpleObject)]
+pub struct OrderCancelled {
+    /// The order, CANCELLED.
+    pub order: Order,
+}
+
+/// The order is not PENDING (e.g. already cancelled); nothing changed.
+#[derive(SimpleObject)]
+pub struct OrderCannotBeConfirmed {
+    /// The order as it is.
+    pub order: Order,
+}
+
+/// The order is not PENDING (e.g. already confirmed); nothing changed.
+#[derive(SimpleObject)]
+pub struct OrderCannotBeCancelled {
+    /// The order as it is.
+    pub order: Order,
+}
+
+/// No order with this id is visible to the caller.
+#[derive(SimpleObject)]
+pub struct OrderNotFound {
+    /// The id that was asked for.
+    pub order_id: Uuid,
+}
+
+/// Every attempt lost a race with another writer, or the lock wait ran out;
+/// nothing changed. Safe to retry.
+#[derive(SimpleObject)]
+pub struct OrderModifiedConcurrently {
+    /// The order.
+    pub order_id: Uuid,
+    /// Attempts made.
+    pub attempts: i32,
+}
+
+/// How `confirmOrder` ended.
+#[derive(Union)]
+pub enum ConfirmOrderResult {
+    /// Confirmed.
+    OrderConfirmed(OrderConfirmed),
+    /// Not PENDING.
+    OrderCannotBeConfirmed(OrderCannotBeConfirmed),
+    /// Not found.
+    OrderNotFound(OrderNotFound),
+    /// Retries or lock wait exhausted.
+    OrderModifiedConcurrently(OrderModifiedConcurrently),
+}
+
+/// How `cancelOrder` ended.
+#[derive(Union)]
+pub enum CancelOrderResult {
+    /// Cancelled; stock returned.
+    OrderCancelled(OrderCancelled),
+    /// Not PENDING.
+    OrderCannotBeCancelled(OrderCannotBeCancelled),
+    /// Not found (or not the caller's).
+    OrderNotFound(OrderNotFound),
+    /// Retries or lock wait exhausted.
+    OrderModifiedConcurrently(OrderModifiedConcurrently),
+}
+
+/// The address was changed.
+#[derive(SimpleObject)]
+pub struct ShippingAddressChanged {
+    /// The order as saved.
+    pub order: Order,
+}
+
+/// The order changed since the client saw it; nothing was written.
+#[derive(SimpleObject)]
+pub struct OrderVersionConflict {
+    /// The version the client sent.
+    pub expected_version: i32,
+    /// The order as it is now.
+    pub current: Order,
+    /// The address the client submitted, to show beside the current one.
+    pub submitted: ShippingAddress,
+}
+
+/// The order is no longer PENDING; nothing was written.
+#[derive(SimpleObject)]
+pub struct OrderNotEditable {
+    /// The order as it is.
+    pub order: Order,
+}
+
+/// How `changeShippingAddress` ended.
+#[derive(Union)]
+pub enum ChangeShippingAddressResult {
+    /// Changed.
+    ShippingAddressChanged(ShippingAddressChanged),
+    /// Stale `expectedVersion`.
+    OrderVersionConflict(OrderVersionConflict),
+    /// Not PENDING.
+    OrderNotEditable(OrderNotEditable),
+    /// Not found (or not the caller's).
+    OrderNotFound(OrderNotFound),
+}
+
+/// Order queries; signed-in users.
+#[derive(Default)]
+pub struct OrderQuery;
+
+#[Object]
+impl OrderQuery {
+    /// One order: the caller's own, or any for operators; others read as null.
+    async fn order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Order>> {
+        let user = auth::user(ctx).gql()?;
+        Ok(service::find_visible(&state(ctx).db, user, id).await.gql()?.map(Order))
+    }
+
+    /// Orders, oldest first: the caller's own, or all for operators.
+    async fn orders(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 20, desc = "Page size, 1 to the configured maximum (100).")] first: Option<i32>,
+        #[graphql(desc = "The `endCursor` of the previous page.")] after: Option<String>,
+        #[graphql(desc = "Only orders in this status.")] status: Option<OrderStatus>,
+    ) -> GqlResult<Connection<Cursor, Order>> {
+        let user = auth::user(ctx).gql()?;
+        let app = state(ctx);
+        let page = Page::parse(first, after.as_deref(), app.limits.max_page_size).gql()?;
+        let owner = (!user.is_operator()).then_some(user.id.as_str());
+        let orders = super::store::page(&app.db, owner, status, page).await.gql()?;
+        Ok(connection(page, orders, |o| Cursor { created_at: o.created_at, id: o.id }, Order))
+    }
+}
+
+/// Order mutations.
+#[derive(Default)]
+pub struct OrderMutation;
+
+#[Object]
+impl OrderMutation {
+    /// Takes the stock of every line and creates the order: all or nothing.
+    async fn place_order(&self, ctx: &Context<'_>, input: PlaceOrderInput) -> GqlResult<PlaceOrderResult> {
+        let user = auth::user(ctx).gql()?;
+        let app = state(ctx);
+        let lines = ReserveItemInput::merge(&input.items, app.limits.max_quantity).gql()?;
+        let address = input.shipping_address.parse("input.shippingAddress").gql()?;
+        let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
+        let outcome = service::place_order(&app.db, &app.collisions, &user.id, &lines, address, key).await.gql()?;
+        Ok(match outcome {
+            PlaceOutcome::Placed(order) => PlaceOrderResult::OrderPlaced(OrderPlaced { order: Order(order) }),
+            PlaceOutcome::ItemsUnavailable(items) => PlaceOrderResult::ItemsUnavailable(ItemsUnavailable::new(items)),
+        })
+    }
+
+    /// Confirms a PENDING order (operators). Re-reads and retries a lost race.
+    async fn confirm_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<ConfirmOrderResult> {
+        let user = auth::operator(ctx).gql()?;
+        let app = state(ctx);
+        Ok(match service::transition(&app.db, &app.limits, user, id, Transition::Confirm).await.gql()? {
+            TransitionOutcome::Done(order) => {
+                ConfirmOrderResult::OrderConfirmed(OrderConfirmed { order: Order(order) })
+            }
+            TransitionOutcome::NotAllowed(order) => {
+                ConfirmOrderResult::OrderCannotBeConfirmed(OrderCannotBeConfirmed { order: Order(order) })
+            }
+            TransitionOutcome::NotFound => ConfirmOrderResult::OrderNotFound(OrderNotFound { order_id: id }),
+            TransitionOutcome::ModifiedConcurrently { attempts } => {
+                ConfirmOrderResult::OrderModifiedConcurrently(OrderModifiedConcurrently {
+                    order_id: id,
+                    attempts: attempts as i32,
+                })
+            }
+        })
+    }
+
+    /// Cancels a PENDING order and returns its stock (the owner or an
+    /// operator). Re-reads and retries a lost race.
+    async fn cancel_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<CancelOrderResult> {
+        let user = auth::user(ctx).gql()?;
+        let app = state(ctx);
+        Ok(match service::transition(&app.db, &app.limits, user, id, Transition::Cancel).await.gql()? {
+            TransitionOutcome::Done(order) => CancelOrderResult::OrderCancelled(OrderCancelled { order: Order(order) }),
+            TransitionOutcome::NotAllowed(order) => {
+                CancelOrderResult::OrderCannotBeCancelled(OrderCannotBeCancelled { order: Order(order) })
+            }
+            TransitionOutcome::NotFound => CancelOrderResult::OrderNotFound(OrderNotFound { order_id: id }),
+            TransitionOutcome::ModifiedConcurrently { attempts } => {
+                CancelOrderResult::OrderModifiedConcurrently(OrderModifiedConcurrently {
+                    order_id: id,
+                    attempts: attempts as i32,
+                })
+            }
+        })
+    }
+
+    /// Changes the address of a PENDING order at the version the client saw.
+    /// Never retried: a stale version returns the current order.
+    async fn change_shipping_address(
+        &self,
+        ctx: &Context<'_>,
+        input: ChangeShippingAddressInput,
+    ) -> GqlResult<ChangeShippingAddressResult> {
+        let user = auth::user(ctx).gql()?;
+        let app = state(ctx);
+        let address = input.shipping_address.parse("input.shippingAddress").gql()?;
+        let submitted = ShippingAddress::from(&address);
+        let outcome = service::change_shipping_address(
+            &app.db,
+            &app.collisions,
+            user,
+            input.order_id,
+            input.expected_version,
+            address,
+        )
+        .await
+        .gql()?;
+        Ok(match outcome {
+            AddressOutcome::Changed(order) => {
+                ChangeShippingAddressResult::ShippingAddressChanged(ShippingAddressChanged { order: Order(order) })
+            }
+            AddressOutcome::VersionConflict(current) => {
+                ChangeShippingAddressResult::OrderVersionConflict(OrderVersionConflict {
+                    expected_version: input.expected_version,
+                    current: Order(current),
+                    submitted,
+                })
+            }
+            AddressOutcome::NotEditable(order) => {
+                ChangeShippingAddressResult::OrderNotEditable(OrderNotEditable { order: Order(order) })
+            }
+            AddressOutcome::NotFound => {
+                ChangeShippingAddressResult::OrderNotFound(OrderNotFound { order_id: input.order_id })
+            }
+        })
+    }
+}

@@ -1,0 +1,34 @@
+//! The per-request loader of order lines: the `items` of every order in one
+//! response are fetched with one statement.
+
+use std::{collections::HashMap, sync::Arc};
+
+use async_graphql::dataloader::Loader;
+use sea_orm::{DatabaseConnection, DbErr};
+use uuid::Uuid;
+
+use crate::reservations::ReservationRow;
+
+/// Loads order lines by order id in batches.
+pub struct OrderLinesLoader {
+    /// The pool the batch statement runs on.
+    pub db: DatabaseConnection,
+}
+
+impl Loader<Uuid> for OrderLinesLoader {
+    type Value = Vec<ReservationRow>;
+    type Error = Arc<DbErr>;
+
+    async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Self::Value>, Self::Error> {
+        let mut lines: HashMap<Uuid, Self::Value> = HashMap::new();
+        for line in super::store::lines(&self.db, keys).await? {
+            if let Some(order_id) = line.order_id {
+                lines.entry(order_id).or_default().push(line);
+            }
+        }
+        for order_lines in lines.values_mut() {
+            order_lines.sort_by_key(|line| line.inventory_id);
+        }
+        Ok(lines)
+    }
+}

@@ -1,0 +1,235 @@
+//! Order use cases: place, confirm, cancel, change the address.
+//!
+//! Confirm and cancel depend only on the current state, so they re-read and
+//! retry the whole transaction (at most [`MAX_ATTEMPTS`], never inside an
+//! outer transaction). Changing the address is based on what a person saw, so
+//! it is never retried: a stale version is reported with the current order.
+
+use chrono::Utc;
+use sea_orm::{DatabaseConnection, DbErr, TransactionTrait};
+use uuid::Uuid;
+
+use super::{
+    domain::{Order, ShippingAddress},
+    store,
+};
+use crate::{
+    auth::User,
+    config::{Limits, OrderLocking},
+    db::{Attempted, Collisions, DbFailure, classify},
+    error::AppError,
+    reservations::{
+        batch::{self, Keyed, Line, Purpose, Unavailable},
+        store::{all_in_conflict, first_with_key, is_key_taken},
+    },
+};
+
+/// Attempts of a confirm or cancel before `OrderModifiedConcurrently`.
+pub const MAX_ATTEMPTS: u32 = 3;
+
+/// The order, if `user` may see it (their own, or any for operators).
+pub async fn find_visible(db: &DatabaseConnection, user: &User, id: Uuid) -> Result<Option<Order>, AppError> {
+    Ok(store::find(db, id).await?.filter(|order| user.may_see(&order.user_id)))
+}
+
+/// How `placeOrder` ended.
+#[derive(Debug)]
+pub enum PlaceOutcome {
+    /// The order and its lines exist (now, or from the first request with this key).
+    Placed(Order),
+    /// Nothing was written; the lines that could not be served.
+    ItemsUnavailable(Vec<Unavailable>),
+}
+
+/// Takes the stock of every line, creates the order and its ORDERED
+/// reservations, all in one short transaction: all or nothing.
+pub async fn place_order(
+    db: &DatabaseConnection,
+    collisions: &Collisions,
+    user_id: &str,
+    lines: &[Line],
+    address: ShippingAddress,
+    idempotency_key: Option<String>,
+) -> Result<PlaceOutcome, AppError> {
+    let keyed = idempotency_key
+        .map(|key| Keyed { fingerprint: batch::fingerprint("placeOrder", lines, &format!("{address:?}")), key });
+    if let Some(order) = replay(db, user_id, keyed.as_ref()).await? {
+        return Ok(PlaceOutcome::Placed(order));
+    }
+    let run = || async {
+        let order = Order::place(Uuid::new_v4(), user_id.to_owned(), address.clone(), Utc::now());
+        let txn = db.begin().await?;
+        store::insert(&txn, &order).await?;
+        let taken = batch::take(&txn, user_id, lines, Purpose::Order(order.id), keyed.as_ref()).await?;
+        if taken.is_ok() {
+            txn.commit().await?;
+        }
+        Ok(taken.map(|_| order))
+    };
+    match collisions.run(lines[0].inventory_id, run).await {
+        Ok(Attempted::Done(Ok(order))) => Ok(PlaceOutcome::Placed(order)),
+        Ok(Attempted::Done(Err(unavailable))) => Ok(PlaceOutcome::ItemsUnavailable(unavailable)),
+        Ok(Attempted::Exhausted { .. }) => Ok(PlaceOutcome::ItemsUnavailable(all_in_conflict(db, lines).await?)),
+        Err(err) if is_key_taken(&err) => {
+            replay(db, user_id, keyed.as_ref()).await?.map(PlaceOutcome::Placed).ok_or(AppError::Internal)
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// The order placed first with this key, if any.
+async fn replay(db: &DatabaseConnection, user_id: &str, keyed: Option<&Keyed>) -> Result<Option<Order>, AppError> {
+    let Some(keyed) = keyed else { return Ok(None) };
+    let Some(first) = first_with_key(db, user_id, &keyed.key, &keyed.fingerprint).await? else {
+        return Ok(None);
+    };
+    let order_id = first.order_id.ok_or(AppError::Internal)?;
+    Ok(Some(store::find(db, order_id).await?.ok_or(AppError::Internal)?))
+}
+
+/// A change of status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// PENDING → CONFIRMED (operators).
+    Confirm,
+    /// PENDING → CANCELLED, stock back.
+    Cancel,
+}
+
+/// How a confirm or cancel ended.
+#[derive(Debug)]
+pub enum TransitionOutcome {
+    /// Done; the order as saved.
+    Done(Order),
+    /// The order is not PENDING any more; as it is now.
+    NotAllowed(Order),
+    /// No such order visible to the caller.
+    NotFound,
+    /// Every attempt lost a race, or the lock wait ran out.
+    ModifiedConcurrently {
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+/// One attempt's result: finished, or lost the race to another writer.
+enum Step {
+    Finished(TransitionOutcome),
+    LostRace,
+}
+
+/// Confirms or cancels, re-reading and retrying on a lost race.
+pub async fn transition(
+    db: &DatabaseConnection,
+    limits: &Limits,
+    user: &User,
+    id: Uuid,
+    transition: Transition,
+) -> Result<TransitionOutcome, AppError> {
+    for attempt in 1..=MAX_ATTEMPTS {
+        match attempt_transition(db, limits, user, id, transition).await {
+            Ok(Step::Finished(outcome)) => return Ok(outcome),
+            Ok(Step::LostRace) => tracing::debug!(attempt, %id, "order modified concurrently, retrying"),
+            Err(err) => match classify(&err) {
+                failure if failure.is_collision() => tracing::debug!(attempt, %id, ?failure, "collision, retrying"),
+                // The lock wait ran out: someone holds the order; report, do not queue.
+                DbFailure::LockNotAvailable | DbFailure::StatementTimeout
+                    if limits.order_locking == OrderLocking::Pessimistic =>
+                {
+                    return Ok(TransitionOutcome::ModifiedConcurrently { attempts: attempt });
+                }
+                _ => return Err(err.into()),
+            },
+        }
+    }
+    Ok(TransitionOutcome::ModifiedConcurrently { attempts: MAX_ATTEMPTS })
+}
+
+async fn attempt_transition(
+    db: &DatabaseConnection,
+    limits: &Limits,
+    user: &User,
+    id: Uuid,
+    transition: Transition,
+) -> Result<Step, DbErr> {
+    let txn = db.begin().await?;
+    let order = match limits.order_locking {
+        OrderLocking::Optimistic => store::find(&txn, id).await?,
+        OrderLocking::Pessimistic => {
+            store::find_for_update(&txn, id, std::time::Duration::from_millis(limits.lock_timeout_ms)).await?
+        }
+    };
+    let Some(mut order) = order.filter(|order| user.may_see(&order.user_id)) else {
+        return Ok(Step::Finished(TransitionOutcome::NotFound));
+    };
+    let seen = order.version;
+    let applied = match transition {
+        Transition::Confirm => order.confirm(&user.id, Utc::now()),
+        Transition::Cancel => order.cancel(),
+    };
+    if applied.is_err() {
+        return Ok(Step::Finished(TransitionOutcome::NotAllowed(order)));
+    }
+    // The order is saved first: whoever loses the race on the order row learns
+    // it here, before touching any stock.
+    if !store::save(&txn, &order, seen).await? {
+        return Ok(Step::LostRace);
+    }
+    if transition == Transition::Cancel {
+        store::return_stock(&txn, order.id).await?;
+    }
+    txn.commit().await?;
+    order.version = seen + 1;
+    Ok(Step::Finished(TransitionOutcome::Done(order)))
+}
+
+/// How `changeShippingAddress` ended.
+#[derive(Debug)]
+pub enum AddressOutcome {
+    /// Saved; the order as it is now.
+    Changed(Order),
+    /// The order is no longer at the expected version; nothing was written.
+    VersionConflict(Order),
+    /// The order is not PENDING; nothing was written.
+    NotEditable(Order),
+    /// No such order visible to the caller.
+    NotFound,
+}
+
+/// Changes the address only if the order is still at `expected_version`.
+/// Never retried: a stale screen must be shown the current order.
+pub async fn change_shipping_address(
+    db: &DatabaseConnection,
+    collisions: &Collisions,
+    user: &User,
+    id: Uuid,
+    expected_version: i32,
+    address: ShippingAddress,
+) -> Result<AddressOutcome, AppError> {
+    let Some(current) = find_visible(db, user, id).await? else {
+        return Ok(AddressOutcome::NotFound);
+    };
+    if current.version != expected_version {
+        return Ok(AddressOutcome::VersionConflict(current));
+    }
+    let mut changed = current.clone();
+    if changed.change_shipping_address(address).is_err() {
+        return Ok(AddressOutcome::NotEditable(current));
+    }
+    // Re-running `save` after a collision is safe: the version condition
+    // still guards what the user saw.
+    let saved = match collisions.run(id, || store::save(db, &changed, expected_version)).await? {
+        Attempted::Done(saved) => saved,
+        Attempted::Exhausted { .. } => false,
+    };
+    if saved {
+        changed.version = expected_version + 1;
+        return Ok(AddressOutcome::Changed(changed));
+    }
+    let latest = store::find(db, id).await?.ok_or(AppError::Internal)?;
+    Ok(if latest.status() == super::entity::OrderStatus::Pending {
+        AddressOutcome::VersionConflict(latest)
+    } else {
+        AddressOutcome::NotEditable(latest)
+    })
+}
