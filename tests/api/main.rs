@@ -5,6 +5,7 @@ mod auth;
 mod bad_input;
 mod cli;
 mod concurrency;
+mod db_errors;
 mod helpers;
 mod http;
 mod orders;

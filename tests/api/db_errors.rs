@@ -1,0 +1,123 @@
+//! `db::classify` against real PostgreSQL errors: each SQLSTATE Stockguard
+//! acts on is produced for real and must land in its class.
+
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, TransactionTrait};
+use stockguard::{
+    config::DatabaseConfig,
+    db::{self, DbFailure, classify},
+};
+
+use crate::helpers::TestApp;
+
+async fn pool(app: &TestApp, size: u32) -> DatabaseConnection {
+    let config = DatabaseConfig {
+        database_url: None,
+        data_dir: ".stockguard/postgres".into(),
+        pool_size: size,
+        acquire_timeout_ms: 10_000,
+        statement_timeout_ms: 10_000,
+    };
+    db::connect(&app.database_url, &config).await.expect("connect")
+}
+
+fn failure(result: Result<sea_orm::ExecResult, DbErr>) -> DbFailure {
+    classify(&result.expect_err("the statement must fail"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn constraint_and_range_errors_are_classified() {
+    let app = TestApp::spawn().await;
+    app.create_inventory("DUP-1", 1).await;
+    let insert = "INSERT INTO inventories (id, sku, name, stock) VALUES (gen_random_uuid(), 'DUP-1', 'x', 1)";
+    assert_eq!(
+        failure(app.db.execute_unprepared(insert).await),
+        DbFailure::UniqueViolation(Some("inventories_sku_key".into()))
+    );
+    let negative = "UPDATE inventories SET stock = -1";
+    assert_eq!(
+        failure(app.db.execute_unprepared(negative).await),
+        DbFailure::CheckViolation(Some("inventories_stock_check".into()))
+    );
+    let overflow = "UPDATE inventories SET stock = stock + 2147483647";
+    assert_eq!(failure(app.db.execute_unprepared(overflow).await), DbFailure::OutOfRange);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_serialization_failure_and_a_deadlock_are_collisions() {
+    let app = TestApp::spawn().await;
+    let a = app.create_inventory("RACE-A", 10).await;
+    let b = app.create_inventory("RACE-B", 10).await;
+    let db = pool(&app, 4).await;
+
+    // 40001: a REPEATABLE READ transaction updates a row changed after its snapshot.
+    let txn = db.begin().await.expect("begin");
+    txn.execute_unprepared("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.expect("isolation");
+    txn.execute_unprepared("SELECT 1 FROM inventories").await.expect("snapshot");
+    db.execute_unprepared(&format!("UPDATE inventories SET stock = 9 WHERE id = '{a}'")).await.expect("concurrent");
+    let err = failure(txn.execute_unprepared(&format!("UPDATE inventories SET stock = 8 WHERE id = '{a}'")).await);
+    assert_eq!(err, DbFailure::SerializationFailure);
+    assert!(err.is_collision());
+    drop(txn);
+
+    // 40P01: two transactions lock A and B in opposite orders.
+    let first = db.begin().await.expect("begin");
+    let second = db.begin().await.expect("begin");
+    first.execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{a}' FOR UPDATE")).await.expect("lock a");
+    second.execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{b}' FOR UPDATE")).await.expect("lock b");
+    let (sql_b, sql_a) = (
+        format!("SELECT 1 FROM inventories WHERE id = '{b}' FOR UPDATE"),
+        format!("SELECT 1 FROM inventories WHERE id = '{a}' FOR UPDATE"),
+    );
+    let (lock_b, lock_a) = (first.execute_unprepared(&sql_b), second.execute_unprepared(&sql_a));
+    let (one, other) = tokio::join!(lock_b, lock_a);
+    let deadlocked: Vec<DbFailure> = [one, other].into_iter().filter_map(Result::err).map(|e| classify(&e)).collect();
+    assert_eq!(deadlocked, vec![DbFailure::Deadlock], "PostgreSQL breaks the cycle by failing one side");
+    assert!(deadlocked[0].is_collision());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lock_and_statement_timeouts_are_classified() {
+    let app = TestApp::spawn().await;
+    let a = app.create_inventory("WAIT-A", 10).await;
+    let db = pool(&app, 4).await;
+    let holder = db.begin().await.expect("begin");
+    holder.execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{a}' FOR UPDATE")).await.expect("hold");
+    let waiter = db.begin().await.expect("begin");
+    waiter.execute_unprepared("SET LOCAL lock_timeout = '50ms'").await.expect("lock_timeout");
+    let err =
+        failure(waiter.execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{a}' FOR UPDATE")).await);
+    assert_eq!(err, DbFailure::LockNotAvailable);
+    drop(waiter);
+    drop(holder);
+
+    let slow = db.begin().await.expect("begin");
+    slow.execute_unprepared("SET LOCAL statement_timeout = '50ms'").await.expect("statement_timeout");
+    assert_eq!(failure(slow.execute_unprepared("SELECT pg_sleep(2)").await), DbFailure::StatementTimeout);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_lost_mid_statement_is_unavailable_and_the_pool_recovers() {
+    let app = TestApp::spawn().await;
+    let db = pool(&app, 1).await;
+    let running = tokio::spawn({
+        let db = db.clone();
+        async move { db.execute_unprepared("SELECT pg_sleep(30) /* to be terminated */").await }
+    });
+    // Terminate the backend as soon as the statement shows up as running.
+    let terminate = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE query LIKE 'SELECT pg_sleep(30) /* to be terminated */%' AND pid <> pg_backend_pid()";
+    for tries in 0.. {
+        assert!(tries < 500, "the statement never showed up in pg_stat_activity");
+        let row =
+            app.db.query_one_raw(Statement::from_string(DbBackend::Postgres, terminate)).await.expect("terminate");
+        if row.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(failure(running.await.expect("task")), DbFailure::Unavailable);
+    // The broken connection is dropped and the next statement gets a new one.
+    db.execute_unprepared("SELECT 1").await.expect("the pool reconnects by itself");
+}
