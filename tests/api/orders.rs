@@ -557,9 +557,8 @@ async fn reserve_many_lists_only_the_lines_it_cannot_serve_and_takes_nothing() {
 
 // ---------- 3. changing the shipping address ----------
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_stale_address_change_returns_the_current_order_and_writes_nothing() {
-    let app = TestApp::spawn().await;
+async fn a_stale_address_change_returns_the_current_order_and_writes_nothing(isolation: Isolation) {
+    let app = TestApp::spawn_with(isolation).await;
     let item = app.create_inventory("ADDR-1", 10).await;
     let alice = app.token("alice", Role::Customer);
     let id = new_order(&app, &alice, item, 1).await;
@@ -591,6 +590,21 @@ async fn a_stale_address_change_returns_the_current_order_and_writes_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_stale_address_change_returns_the_current_order_and_writes_nothing_at_read_committed() {
+    a_stale_address_change_returns_the_current_order_and_writes_nothing(Isolation::ReadCommitted).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_address_change_returns_the_current_order_and_writes_nothing_at_repeatable_read() {
+    a_stale_address_change_returns_the_current_order_and_writes_nothing(Isolation::RepeatableRead).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stale_address_change_returns_the_current_order_and_writes_nothing_at_serializable() {
+    a_stale_address_change_returns_the_current_order_and_writes_nothing(Isolation::Serializable).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn cancelled_and_confirmed_orders_are_not_editable() {
     let app = TestApp::spawn().await;
     let item = app.create_inventory("EDIT-1", 10).await;
@@ -617,9 +631,8 @@ async fn cancelled_and_confirmed_orders_are_not_editable() {
 
 // ---------- 4. retries run out ----------
 
-#[tokio::test(flavor = "multi_thread")]
-async fn confirm_and_cancel_report_modified_concurrently_after_three_lost_races() {
-    let app = TestApp::spawn_configured(Isolation::ReadCommitted, limits(OrderLocking::Optimistic)).await;
+async fn confirm_and_cancel_report_modified_concurrently_after_three_lost_races(isolation: Isolation) {
+    let app = TestApp::spawn_configured(isolation, limits(OrderLocking::Optimistic)).await;
     let item = app.create_inventory("LOSE-1", 10).await;
     let alice = app.token("alice", Role::Customer);
     let id = new_order(&app, &alice, item, 2).await;
@@ -656,12 +669,26 @@ async fn confirm_and_cancel_report_modified_concurrently_after_three_lost_races(
     app.assert_invariant().await;
 }
 
-// ---------- 5. lock timeout ----------
+#[tokio::test(flavor = "multi_thread")]
+async fn confirm_and_cancel_report_modified_concurrently_after_three_lost_races_at_read_committed() {
+    confirm_and_cancel_report_modified_concurrently_after_three_lost_races(Isolation::ReadCommitted).await;
+}
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode() {
+async fn confirm_and_cancel_report_modified_concurrently_after_three_lost_races_at_repeatable_read() {
+    confirm_and_cancel_report_modified_concurrently_after_three_lost_races(Isolation::RepeatableRead).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn confirm_and_cancel_report_modified_concurrently_after_three_lost_races_at_serializable() {
+    confirm_and_cancel_report_modified_concurrently_after_three_lost_races(Isolation::Serializable).await;
+}
+
+// ---------- 5. lock timeout ----------
+
+async fn a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode(isolation: Isolation) {
     let limits = Limits { order_locking: OrderLocking::Pessimistic, lock_timeout_ms: 300, ..Limits::default() };
-    let app = TestApp::spawn_configured(Isolation::ReadCommitted, limits).await;
+    let app = TestApp::spawn_configured(isolation, limits).await;
     let item = app.create_inventory("LOCK-1", 10).await;
     let alice = app.token("alice", Role::Customer);
     let id = new_order(&app, &alice, item, 1).await;
@@ -690,6 +717,21 @@ async fn a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mo
     assert_eq!(name, "OrderConfirmed", "{result}");
     assert_eq!(order_row(&app, id).await["status"], "CONFIRMED");
     app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode_at_read_committed() {
+    a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode(Isolation::ReadCommitted).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode_at_repeatable_read() {
+    a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode(Isolation::RepeatableRead).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode_at_serializable() {
+    a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode(Isolation::Serializable).await;
 }
 
 // ---------- 6. releasing reservations ----------
