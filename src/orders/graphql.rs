@@ -400,8 +400,8 @@ impl OrderMutation {
         })
     }
 
-    /// Changes the address of a PENDING order at the version the client saw.
-    /// Never retried: a stale version returns the current order.
+    /// Changes the address of the caller's PENDING order at the version the
+    /// client saw. Never retried: a stale version returns the current order.
     async fn change_shipping_address(
         &self,
         ctx: &Context<'_>,

@@ -206,7 +206,8 @@ pub async fn change_shipping_address(
     expected_version: i32,
     address: ShippingAddress,
 ) -> Result<AddressOutcome, AppError> {
-    let Some(current) = find_visible(db, user, id).await? else {
+    // Only the customer edits their order's address; to anyone else it is absent.
+    let Some(current) = store::find(db, id).await?.filter(|order| order.user_id == user.id) else {
         return Ok(AddressOutcome::NotFound);
     };
     if current.version != expected_version {

@@ -220,8 +220,9 @@ fn judge(lines: &[Line], locked: &[InventoryRow]) -> Vec<Unavailable> {
             let row = locked.iter().find(|row| row.id == line.inventory_id);
             let reason = match row {
                 None => UnavailableReason::NotFound,
-                Some(row) if line.expected_version.is_some_and(|v| v != row.version) => UnavailableReason::Conflict,
+                // The same order of reasons as a single `reserve`: stock first.
                 Some(row) if row.stock < line.quantity => UnavailableReason::SoldOut,
+                Some(row) if line.expected_version.is_some_and(|v| v != row.version) => UnavailableReason::Conflict,
                 Some(_) => return None,
             };
             Some(Unavailable { inventory_id: line.inventory_id, reason, inventory: row.cloned() })

@@ -190,13 +190,12 @@ impl ReservationMutation {
         })
     }
 
-    /// Gives an ACTIVE reservation's stock back (the owner or an operator).
-    /// Releasing twice returns the stock once.
+    /// Gives one of the caller's ACTIVE reservations back. Releasing twice
+    /// returns the stock once.
     async fn release_reservation(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<ReleaseResult> {
         let user = auth::user(ctx).gql()?;
         let app = state(ctx);
-        let owner = (!user.is_operator()).then_some(user.id.as_str());
-        Ok(match store::release(&app.db, &app.collisions, id, owner).await.gql()? {
+        Ok(match store::release(&app.db, &app.collisions, id, &user.id).await.gql()? {
             ReleaseOutcome::Released { reservation, inventory } => {
                 ReleaseResult::ReservationReleased(ReservationReleased {
                     reservation: Reservation(reservation),

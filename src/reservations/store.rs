@@ -16,6 +16,18 @@ use crate::{
     reservations::batch::{self, Keyed, Line, Purpose, Unavailable, UnavailableReason},
 };
 
+/// Every reservation column of `r` as `r_<column>`, so a statement can return
+/// an inventory row and a reservation row side by side (read back with the
+/// prefix `"r_"`). A macro, because `concat!` takes only literals.
+macro_rules! reservation_columns_as_r {
+    () => {
+        "r.id AS r_id, r.inventory_id AS r_inventory_id, r.order_id AS r_order_id, \
+         r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status, \
+         r.idempotency_key AS r_idempotency_key, r.request_fingerprint AS r_request_fingerprint, \
+         r.created_at AS r_created_at, r.expires_at AS r_expires_at, r.batch_id AS r_batch_id"
+    };
+}
+
 /// The unique index that holds one idempotency key per user.
 const IDEMPOTENCY_INDEX: &str = "reservations_user_idempotency_key";
 
@@ -85,7 +97,8 @@ pub async fn reserve(
     // moved; one read afterwards tells which. A second request with the same
     // idempotency key fails on the unique index and the whole statement is
     // rolled back, so the stock its UPDATE took is given back.
-    const SQL: &str = r#"
+    const SQL: &str = concat!(
+        r#"
 WITH taken AS (
     UPDATE inventories
        SET stock = stock - $2, version = version + 1, updated_at = now()
@@ -100,12 +113,10 @@ WITH taken AS (
     INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id)
     SELECT id, -$2, 'RESERVED', stock, version, $4 FROM taken
 )
-SELECT taken.*,
-       r.id AS r_id, r.inventory_id AS r_inventory_id, r.order_id AS r_order_id,
-       r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status,
-       r.idempotency_key AS r_idempotency_key, r.request_fingerprint AS r_request_fingerprint,
-       r.created_at AS r_created_at, r.expires_at AS r_expires_at, r.batch_id AS r_batch_id
-  FROM taken, reservation r"#;
+SELECT taken.*, "#,
+        reservation_columns_as_r!(),
+        " FROM taken, reservation r"
+    );
 
     let fingerprint = request.idempotency_key.as_ref().map(|_| request.fingerprint());
     let values = [
@@ -297,21 +308,22 @@ pub enum ReleaseOutcome {
     NotActive(Model),
 }
 
-/// Gives an ACTIVE reservation's stock back, once: the status condition is
-/// in the UPDATE's WHERE, so of many concurrent releases exactly one matches.
-/// `owner` limits it to that user's reservations (`None` for operators).
+/// Gives an ACTIVE reservation of `owner`'s stock back, once: the status
+/// condition is in the UPDATE's WHERE, so of many concurrent releases exactly
+/// one matches.
 pub async fn release(
     db: &DatabaseConnection,
     collisions: &Collisions,
     id: Uuid,
-    owner: Option<&str>,
+    owner: &str,
 ) -> Result<ReleaseOutcome, AppError> {
     // 0 rows: not there, not the caller's, or not ACTIVE any more (a
     // concurrent release won); one read afterwards tells which.
-    const SQL: &str = r#"
+    const SQL: &str = concat!(
+        r#"
 WITH released AS (
     UPDATE reservations SET status = 'RELEASED'
-     WHERE id = $1 AND status = 'ACTIVE' AND ($2::text IS NULL OR user_id = $2)
+     WHERE id = $1 AND status = 'ACTIVE' AND user_id = $2
  RETURNING *
 ), returned AS (
     UPDATE inventories i
@@ -323,13 +335,11 @@ WITH released AS (
     INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id)
     SELECT id, quantity, 'RELEASED', stock, version, $1 FROM returned
 )
-SELECT returned.*,
-       r.id AS r_id, r.inventory_id AS r_inventory_id, r.order_id AS r_order_id,
-       r.user_id AS r_user_id, r.quantity AS r_quantity, r.status AS r_status,
-       r.idempotency_key AS r_idempotency_key, r.request_fingerprint AS r_request_fingerprint,
-       r.created_at AS r_created_at, r.expires_at AS r_expires_at, r.batch_id AS r_batch_id
-  FROM returned, released r"#;
-    let values = [id.into(), owner.map(str::to_owned).into()];
+SELECT returned.*, "#,
+        reservation_columns_as_r!(),
+        " FROM returned, released r"
+    );
+    let values = [id.into(), owner.into()];
     let run = || db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values.clone()));
     if let Attempted::Done(Some(row)) = collisions.run(id, run).await? {
         return Ok(ReleaseOutcome::Released {
@@ -337,7 +347,7 @@ SELECT returned.*,
             inventory: InventoryRow::from_query_result(&row, "")?,
         });
     }
-    Ok(match find(db, id).await?.filter(|r| owner.is_none_or(|owner| owner == r.user_id)) {
+    Ok(match find(db, id).await?.filter(|r| r.user_id == owner) {
         None => ReleaseOutcome::NotFound,
         Some(reservation) => ReleaseOutcome::NotActive(reservation),
     })

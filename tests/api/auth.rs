@@ -131,3 +131,41 @@ async fn someone_elses_reservation_reads_as_absent_but_operators_see_it() {
     let alices = app.graphql(Some(&alice), "{ myReservations { nodes { id } } }", json!({})).await;
     assert_eq!(alices["data"]["myReservations"]["nodes"][0]["id"], reservation_id.as_str());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_owner_releases_a_reservation_or_moves_an_order() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("OWNER-1", 5).await;
+    let alice = app.token("alice", Role::Customer);
+    let reserved = app.reserve(&alice, json!({ "inventoryId": id })).await;
+    let reservation_id = reserved["reservation"]["id"].as_str().expect("reserved").to_owned();
+    let placed = app
+        .graphql(
+            Some(&alice),
+            "mutation($i: PlaceOrderInput!) { placeOrder(input: $i) { ... on OrderPlaced { order { id } } } }",
+            json!({ "i": { "items": [{ "inventoryId": id }], "shippingAddress": {
+                "name": "Alice", "line1": "1 Main St", "city": "Osaka", "postalCode": "530-0001", "country": "JP" } } }),
+        )
+        .await;
+    let order_id = placed["data"]["placeOrder"]["order"]["id"].as_str().expect("placed").to_owned();
+    let before = app.snapshot().await;
+
+    let release = app
+        .graphql(
+            Some(&app.operator()),
+            "mutation($id: UUID!) { releaseReservation(id: $id) { __typename } }",
+            json!({ "id": reservation_id }),
+        )
+        .await;
+    assert_eq!(release["data"]["releaseReservation"]["__typename"], "ReservationNotFound", "{release}");
+    let mv = app
+        .graphql(
+            Some(&app.operator()),
+            "mutation($i: ChangeShippingAddressInput!) { changeShippingAddress(input: $i) { __typename } }",
+            json!({ "i": { "orderId": order_id, "expectedVersion": 1, "shippingAddress": {
+                "name": "Mallory", "line1": "6 Elsewhere", "city": "Kyoto", "postalCode": "600-0000", "country": "JP" } } }),
+        )
+        .await;
+    assert_eq!(mv["data"]["changeShippingAddress"]["__typename"], "OrderNotFound", "{mv}");
+    assert_eq!(app.snapshot().await, before);
+}
