@@ -174,8 +174,9 @@ async fn main() -> anyhow::Result<()> {
                     while Instant::now() < deadline {
                         n += 1;
                         let order = current.read().await.clone();
-                        // Mostly address changes from screens, now and then a confirm or a cancel.
-                        let op = match (i + n) % 10 {
+                        // Mostly address changes from screens, now and then a
+                        // confirm or a cancel, so the order stays contested.
+                        let op = match (i + n) % 50 {
                             0 => "confirmOrder",
                             1 => "cancelOrder",
                             _ => "changeShippingAddress",

@@ -1,9 +1,12 @@
 //! The state every request shares: the pool, the token keys, the limits and
 //! the collision policy. Cheap to clone; each server process has one.
 
-use sea_orm::DatabaseConnection;
+use std::time::Duration;
 
-use crate::{auth::Keys, config::Limits, db::Collisions};
+use sea_orm::DatabaseConnection;
+use tokio::{sync::watch, task::JoinHandle};
+
+use crate::{auth::Keys, config::Limits, db::Collisions, live::LiveStock, reservations::sweeper};
 
 /// Shared state of one server process.
 #[derive(Clone)]
@@ -16,13 +19,47 @@ pub struct AppState {
     pub limits: Limits,
     /// Re-runs collided statements.
     pub collisions: Collisions,
+    /// Committed inventory changes, for subscriptions.
+    pub live: LiveStock,
 }
 
 impl AppState {
     /// State over `db` with `keys` and `limits`.
     pub fn new(db: DatabaseConnection, keys: Keys, limits: Limits) -> Self {
         let collisions = Collisions::new(limits.collision_attempts);
-        Self { db, keys, limits, collisions }
+        Self { db, keys, limits, collisions, live: LiveStock::default() }
+    }
+
+    /// Starts the background work of a server process: the sweeper and the
+    /// live-stock listener.
+    pub fn spawn_workers(&self) -> Workers {
+        let (stop, stopped) = watch::channel(false);
+        let sweeper = sweeper::spawn(
+            self.db.clone(),
+            Duration::from_millis(self.limits.sweep_interval_ms),
+            self.limits.sweep_batch,
+            stopped.clone(),
+        );
+        let listener = self.live.spawn_listener(self.db.clone(), stopped);
+        Workers { stop, tasks: vec![sweeper, listener] }
+    }
+}
+
+/// The background tasks of a server process.
+pub struct Workers {
+    /// Turns true to ask the tasks to stop between steps.
+    stop: watch::Sender<bool>,
+    /// The tasks, awaited on shutdown.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Asks every task to stop and waits until they have.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
     }
 }
 

@@ -194,13 +194,16 @@ async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::
             (keys, Some((operator, customer)))
         }
     };
+    telemetry::install_metrics();
     let state = AppState::new(database.conn.clone(), keys, config.limits.clone());
+    let workers = state.spawn_workers();
     let router = http::router(state.clone(), schema::build(state), dev_tokens.as_ref().map(|(op, _)| op.as_str()));
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("cannot listen on {}", config.addr))?;
     announce(listener.local_addr()?, dev_tokens.as_ref());
     http::serve(listener, router, http::shutdown_signal()).await?;
+    workers.shutdown().await;
     database.close().await?;
     tracing::info!("stopped");
     Ok(())

@@ -46,7 +46,8 @@ impl DatabaseConfig {
     }
 }
 
-/// The API's limits (API.md "Limits") and the collision policy.
+/// The API's limits (API.md "Limits") and the write policies: order
+/// locking, reservation lifetimes, the sweeper, collision re-runs.
 #[derive(Args, Debug, Clone)]
 pub struct Limits {
     /// Largest quantity on one reservation line.
@@ -81,6 +82,22 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_LOCK_TIMEOUT_MS", default_value_t = 2000)]
     pub lock_timeout_ms: u64,
 
+    /// Lifetime of a new ACTIVE reservation in seconds; 0 = never expires.
+    #[arg(long, env = "STOCKGUARD_RESERVATION_TTL_SECS", default_value_t = 900)]
+    pub reservation_ttl_secs: i32,
+
+    /// Furthest into the future `extendReservation` may move an expiry (seconds from now).
+    #[arg(long, env = "STOCKGUARD_MAX_RESERVATION_TTL_SECS", default_value_t = 3600)]
+    pub max_reservation_ttl_secs: i32,
+
+    /// How often the sweeper returns the stock of expired reservations (milliseconds).
+    #[arg(long, env = "STOCKGUARD_SWEEP_INTERVAL_MS", default_value_t = 1000)]
+    pub sweep_interval_ms: u64,
+
+    /// Most reservations one sweep statement expires.
+    #[arg(long, env = "STOCKGUARD_SWEEP_BATCH", default_value_t = 500)]
+    pub sweep_batch: i64,
+
     /// How often a statement is run when it collides (SQLSTATE 40001 or 40P01)
     /// before the collision is reported as `Conflict`.
     #[arg(long, env = "STOCKGUARD_COLLISION_ATTEMPTS", default_value_t = 20)]
@@ -98,6 +115,10 @@ impl Default for Limits {
             max_batch: 10,
             order_locking: OrderLocking::Optimistic,
             lock_timeout_ms: 2000,
+            reservation_ttl_secs: 900,
+            max_reservation_ttl_secs: 3600,
+            sweep_interval_ms: 1000,
+            sweep_batch: 500,
             collision_attempts: 20,
         }
     }

@@ -42,6 +42,21 @@ pub enum DbFailure {
 }
 
 impl DbFailure {
+    /// A short name for logs and metric labels.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::UniqueViolation(_) => "unique_violation",
+            Self::CheckViolation(_) => "check_violation",
+            Self::OutOfRange => "out_of_range",
+            Self::SerializationFailure => "serialization_failure",
+            Self::Deadlock => "deadlock",
+            Self::LockNotAvailable => "lock_timeout",
+            Self::StatementTimeout => "statement_timeout",
+            Self::Unavailable => "unavailable",
+            Self::Other => "other",
+        }
+    }
+
     /// Whether re-running the same statement or transaction may succeed.
     pub fn is_collision(&self) -> bool {
         matches!(self, Self::SerializationFailure | Self::Deadlock)
@@ -137,6 +152,8 @@ impl Collisions {
                 Ok(value) => return Ok(Attempted::Done(value)),
                 Err(err) if classify(&err).is_collision() => {
                     tracing::debug!(attempt, error = %err, "collision, re-running");
+                    crate::telemetry::db_failure(classify(&err).label());
+                    crate::telemetry::collision_retry("statement");
                 }
                 Err(err) => return Err(err),
             }

@@ -59,7 +59,9 @@ impl AppError {
 
 impl From<DbErr> for AppError {
     fn from(err: DbErr) -> Self {
-        match classify(&err) {
+        let failure = classify(&err);
+        crate::telemetry::db_failure(failure.label());
+        match failure {
             // Not reached in time, whatever the cause: the client may retry.
             DbFailure::Unavailable | DbFailure::StatementTimeout | DbFailure::LockNotAvailable => {
                 tracing::warn!(error = %err, "database unavailable");

@@ -1,10 +1,11 @@
-//! HTTP: `POST /graphql`, GraphiQL at `/`, `/healthz`, `/readyz`, the body
-//! limit, and serving until SIGINT/SIGTERM.
+//! HTTP: `POST /graphql`, subscriptions at `/graphql/ws`, GraphiQL at `/`,
+//! `/healthz`, `/readyz`, `/metrics`, the body limit, and serving until
+//! SIGINT/SIGTERM.
 
 use std::{future::Future, time::Duration};
 
 use async_graphql::{BatchRequest, dataloader::DataLoader, http::GraphiQLSource};
-use async_graphql_axum::GraphQLResponse;
+use async_graphql_axum::{GraphQLResponse, GraphQLSubscription};
 use axum::{
     Router,
     body::Bytes,
@@ -34,17 +35,22 @@ struct Http {
 /// `Authorization` header of GraphiQL (only for a server with a throw-away secret).
 pub fn router(app: AppState, schema: AppSchema, graphiql_token: Option<&str>) -> Router {
     let bearer = graphiql_token.map(|token| format!("Bearer {token}"));
-    let mut graphiql = GraphiQLSource::build().endpoint("/graphql").title("Stockguard");
+    let mut graphiql =
+        GraphiQLSource::build().endpoint("/graphql").subscription_endpoint("/graphql/ws").title("Stockguard");
     if let Some(bearer) = bearer.as_deref() {
         graphiql = graphiql.header("Authorization", bearer);
     }
     let body_limit = app.limits.body_limit;
+    let subscriptions = GraphQLSubscription::new(schema.clone());
     let state = Http { schema, app, graphiql: graphiql.finish() };
     Router::new()
         .route("/", get(graphiql_page))
         .route("/graphql", get(graphiql_page).post(graphql))
+        // graphql-transport-ws and the legacy graphql-ws, by subprotocol.
+        .route_service("/graphql/ws", subscriptions)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(body_limit))
         // A bug must not drop the connection without an answer: a panic in a
         // handler becomes a 500 with a GraphQL-shaped INTERNAL error.
@@ -97,6 +103,12 @@ async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> R
         BatchRequest::Batch(requests) => BatchRequest::Batch(requests.into_iter().map(prepare).collect()),
     };
     GraphQLResponse::from(http.schema.execute_batch(batch).await).into_response()
+}
+
+/// Prometheus text format.
+async fn metrics(State(http): State<Http>) -> Response {
+    let body = crate::telemetry::render(&http.app.db);
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
 async fn healthz() -> &'static str {

@@ -17,23 +17,25 @@ pub mod db;
 pub mod embedded;
 /// `AppError`: what is really an error (bad input, auth, database), and its GraphQL code.
 pub mod error;
-/// The axum router: `/graphql`, GraphiQL, health and readiness, limits, shutdown.
+/// The axum router: `/graphql`, `/graphql/ws`, GraphiQL, health, readiness, metrics, limits, shutdown.
 pub mod http;
 /// The DESIGN.md invariant, checked from the tables and the stock ledger.
 pub mod invariant;
 /// Inventories: reading, creating, restocking, and the per-request DataLoader.
 pub mod inventory;
+/// Live stock: `inventoryChanged` subscriptions fed by LISTEN/NOTIFY.
+pub mod live;
 /// Orders: the version-checked aggregate, confirm/cancel with retry or report, the pessimistic path.
 pub mod orders;
 /// Relay cursor pagination shared by every connection.
 pub mod pagination;
-/// Reservations: the one-statement `reserve`, idempotency keys, reading them back.
+/// Reservations: the one-statement `reserve`, multi-item batches, idempotency keys, expiry and the sweeper.
 pub mod reservations;
 /// The GraphQL schema assembled from the feature modules.
 pub mod schema;
 /// Demo inventory for an empty database.
 pub mod seed;
-/// Logging set-up (text or JSON).
+/// Logs, spans per GraphQL operation, and Prometheus metrics.
 pub mod telemetry;
 /// Input checks that turn bad input into `BAD_USER_INPUT` before anything runs.
 pub mod validate;

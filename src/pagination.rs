@@ -37,22 +37,38 @@ impl CursorType for Cursor {
 
 /// A checked page request: how many rows, after which cursor.
 #[derive(Debug, Clone, Copy)]
-pub struct Page {
+pub struct Page<C = Cursor> {
     /// Rows wanted (one more is fetched to learn whether there is a next page).
     pub first: u64,
     /// Rows strictly after this position.
-    pub after: Option<Cursor>,
+    pub after: Option<C>,
 }
 
-impl Page {
+impl<C: CursorType> Page<C> {
     /// Checks `first` against `1..=max` and decodes `after`.
     pub fn parse(first: Option<i32>, after: Option<&str>, max: i32) -> Result<Self, AppError> {
         let first = validate::within("first", first.unwrap_or(20), 1..=max)?;
         let after = after
-            .map(Cursor::decode_cursor)
+            .map(C::decode_cursor)
             .transpose()
             .map_err(|_| AppError::bad_input("after", "after is not a cursor from this connection"))?;
         Ok(Self { first: first as u64, after })
+    }
+}
+
+/// A position in a list ordered by an inventory's version (its ledger).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VersionCursor(pub i32);
+
+impl CursorType for VersionCursor {
+    type Error = std::num::ParseIntError;
+
+    fn decode_cursor(s: &str) -> Result<Self, Self::Error> {
+        s.strip_prefix('v').unwrap_or("x").parse().map(Self)
+    }
+
+    fn encode_cursor(&self) -> String {
+        format!("v{}", self.0)
     }
 }
 
@@ -71,12 +87,12 @@ pub fn keyset<E: EntityTrait, C: ColumnTrait>(query: Select<E>, created_at: C, i
 }
 
 /// Builds a forward connection from rows fetched with one extra row.
-pub fn connection<Row, Node: async_graphql::OutputType>(
-    page: Page,
+pub fn connection<C: CursorType + Send + Sync, Row, Node: async_graphql::OutputType>(
+    page: Page<C>,
     mut rows: Vec<Row>,
-    cursor: impl Fn(&Row) -> Cursor,
+    cursor: impl Fn(&Row) -> C,
     node: impl Fn(Row) -> Node,
-) -> Connection<Cursor, Node> {
+) -> Connection<C, Node> {
     let has_next = rows.len() as u64 > page.first;
     rows.truncate(page.first as usize);
     let mut connection = Connection::new(page.after.is_some(), has_next);

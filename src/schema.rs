@@ -1,14 +1,15 @@
 //! The GraphQL schema, merged from the feature modules. It does not know about
 //! HTTP: `http.rs` puts the caller and a fresh DataLoader into each request.
 
-use async_graphql::{EmptySubscription, MergedObject, Schema};
+use async_graphql::{MergedObject, MergedSubscription, Schema};
 
 use crate::{
     app::AppState,
     config::Limits,
-    inventory::graphql::{InventoryMutation, InventoryQuery},
+    inventory::graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
     orders::graphql::{OrderMutation, OrderQuery},
     reservations::graphql::{ReservationMutation, ReservationQuery},
+    telemetry,
 };
 
 /// The root query type.
@@ -19,11 +20,15 @@ pub struct Query(InventoryQuery, ReservationQuery, OrderQuery);
 #[derive(MergedObject, Default)]
 pub struct Mutation(InventoryMutation, ReservationMutation, OrderMutation);
 
-/// The schema Stockguard serves.
-pub type AppSchema = Schema<Query, Mutation, EmptySubscription>;
+/// The root subscription type.
+#[derive(MergedSubscription, Default)]
+pub struct Subscription(InventorySubscription);
 
-fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, EmptySubscription> {
-    Schema::build(Query::default(), Mutation::default(), EmptySubscription)
+/// The schema Stockguard serves.
+pub type AppSchema = Schema<Query, Mutation, Subscription>;
+
+fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, Subscription> {
+    Schema::build(Query::default(), Mutation::default(), Subscription::default())
         .limit_depth(limits.max_depth)
         .limit_complexity(limits.max_complexity)
 }
@@ -31,7 +36,7 @@ fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, Emp
 /// The schema over `state`, with the configured depth and complexity limits.
 pub fn build(state: AppState) -> AppSchema {
     let limits = state.limits.clone();
-    builder(&limits).data(state).finish()
+    builder(&limits).data(state).extension(telemetry::Observe).finish()
 }
 
 /// The schema as SDL: what `stockguard schema` prints and `schema.graphql` holds.

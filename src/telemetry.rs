@@ -1,11 +1,30 @@
-//! Logging: `RUST_LOG` filters (default `info`, database notices muted), `STOCKGUARD_LOG_FORMAT`
-//! picks human-readable text or one JSON object per line.
+//! Logs, spans and metrics.
+//!
+//! Logging: `RUST_LOG` filters (default `info`, database notices muted),
+//! `STOCKGUARD_LOG_FORMAT` picks text or one JSON object per line. Every
+//! GraphQL operation runs in a `graphql` span with its name and outcome.
+//! Metrics are kept in-process and served at `/metrics` in Prometheus' text
+//! format; label values come from the schema and fixed lists only, never from
+//! client input, so their number stays bounded.
 
+use std::{
+    sync::{Arc, OnceLock},
+    time::Instant,
+};
+
+use async_graphql::{
+    OutputType, Response, ServerResult, Value,
+    extensions::{Extension, ExtensionContext, ExtensionFactory, NextExecute, NextResolve, ResolveInfo},
+};
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use sea_orm::DatabaseConnection;
+use tracing::Instrument;
 use tracing_subscriber::{EnvFilter, fmt};
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber; a second call is a no-op.
+/// Installs the global log subscriber; a second call is a no-op.
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
@@ -13,4 +32,124 @@ pub fn init(format: LogFormat) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// The process's metrics registry, installed on first use. One per process:
+/// several servers in one process (the tests) share it.
+fn registry() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        const BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
+            .map(PrometheusBuilder::build_recorder);
+        match recorder {
+            Ok(recorder) => {
+                let handle = recorder.handle();
+                if metrics::set_global_recorder(recorder).is_err() {
+                    tracing::warn!("a metrics recorder was already installed; /metrics stays empty");
+                }
+                handle
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot build the metrics recorder");
+                PrometheusBuilder::new().build_recorder().handle()
+            }
+        }
+    })
+}
+
+/// Makes sure the registry exists before the first request is counted.
+pub fn install_metrics() {
+    registry();
+}
+
+/// The metrics in Prometheus' text format, with the pool's gauges read now.
+pub fn render(db: &DatabaseConnection) -> String {
+    let pool = db.get_postgres_connection_pool();
+    let (size, idle) = (pool.size(), pool.num_idle() as u32);
+    gauge!("stockguard_db_pool_connections", "state" => "in_use").set(f64::from(size.saturating_sub(idle)));
+    gauge!("stockguard_db_pool_connections", "state" => "idle").set(f64::from(idle));
+    registry().render()
+}
+
+/// Counts how a mutation ended by its union member (`Reserved`, `SoldOut`,
+/// ...), and hands the result back.
+pub fn counted<T: OutputType>(field: &'static str, result: T) -> T {
+    let member = result.introspection_type_name().into_owned();
+    counter!("stockguard_outcomes_total", "field" => field, "outcome" => member).increment(1);
+    result
+}
+
+/// Counts a statement or transaction re-run after a collision.
+pub fn collision_retry(kind: &'static str) {
+    counter!("stockguard_collision_retries_total", "kind" => kind).increment(1);
+}
+
+/// Counts database failures by class (serialization_failure, deadlock, lock_timeout, unavailable, ...).
+pub fn db_failure(class: &'static str) {
+    counter!("stockguard_db_failures_total", "class" => class).increment(1);
+}
+
+/// Counts reservations whose stock the sweeper returned.
+pub fn sweeper_returned(expired: i64) {
+    counter!("stockguard_sweeper_expired_total").increment(expired.max(0) as u64);
+}
+
+/// The async-graphql extension that times root fields and wraps each
+/// operation in a span.
+pub struct Observe;
+
+impl ExtensionFactory for Observe {
+    fn create(&self) -> Arc<dyn Extension> {
+        Arc::new(ObserveExtension)
+    }
+}
+
+struct ObserveExtension;
+
+#[async_graphql::async_trait::async_trait]
+impl Extension for ObserveExtension {
+    async fn execute(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        operation_name: Option<&str>,
+        next: NextExecute<'_>,
+    ) -> Response {
+        let span = tracing::info_span!(
+            "graphql",
+            operation = operation_name.unwrap_or("anonymous"),
+            outcome = tracing::field::Empty
+        );
+        let response = next.run(ctx, operation_name).instrument(span.clone()).await;
+        let outcome = match response.errors.first() {
+            None => "ok".to_owned(),
+            Some(error) => match error.extensions.as_ref().and_then(|ext| ext.get("code")) {
+                Some(Value::String(code)) => code.clone(),
+                _ => "error".to_owned(),
+            },
+        };
+        span.record("outcome", outcome.as_str());
+        response
+    }
+
+    async fn resolve(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        info: ResolveInfo<'_>,
+        next: NextResolve<'_>,
+    ) -> ServerResult<Option<Value>> {
+        // Only root fields: their names come from the schema, a bounded set.
+        if info.path_node.parent.is_some() {
+            return next.run(ctx, info).await;
+        }
+        let field = info.path_node.field_name().to_owned();
+        let started = Instant::now();
+        let result = next.run(ctx, info).await;
+        let status = if result.is_ok() { "ok" } else { "error" };
+        counter!("stockguard_graphql_fields_total", "field" => field.clone(), "status" => status).increment(1);
+        histogram!("stockguard_graphql_field_duration_seconds", "field" => field)
+            .record(started.elapsed().as_secs_f64());
+        result
+    }
 }

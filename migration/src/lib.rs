@@ -9,6 +9,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261130_140000_create_inventory_tables;
 mod m20261130_150000_create_orders;
+mod m20261130_160000_create_live_stock;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -19,6 +20,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261130_140000_create_inventory_tables::Migration),
             Box::new(m20261130_150000_create_orders::Migration),
+            Box::new(m20261130_160000_create_live_stock::Migration),
         ]
     }
 }

@@ -2,22 +2,25 @@
 //! parse the input and call one store function; no SQL here.
 
 use async_graphql::{
-    Context, ErrorExtensions, InputObject, Object, SimpleObject, Union, connection::Connection, dataloader::DataLoader,
+    Context, ErrorExtensions, InputObject, Object, SimpleObject, Subscription, Union, connection::Connection,
+    dataloader::DataLoader,
 };
 use chrono::{DateTime, Utc};
+use futures::{StreamExt, stream::BoxStream};
 use uuid::Uuid;
 
 use super::{
     InventoryRow,
     loader::InventoryLoader,
+    movements::{self, MovementReason},
     store::{self, RestockOutcome},
 };
 use crate::{
     app::state,
     auth,
     error::{AppError, GqlResult, IntoGql},
-    pagination::{Cursor, Page, connection},
-    validate,
+    pagination::{Cursor, Page, VersionCursor, connection},
+    telemetry, validate,
 };
 
 /// Largest `stock` of a new inventory and largest single restock.
@@ -59,6 +62,67 @@ impl Inventory {
     /// When the row last changed.
     async fn updated_at(&self) -> DateTime<Utc> {
         self.0.updated_at
+    }
+
+    /// Every change of this inventory's stock, oldest first (operators only).
+    async fn movements(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 20, desc = "Page size, 1 to the configured maximum (100).")] first: Option<i32>,
+        #[graphql(desc = "The `endCursor` of the previous page.")] after: Option<String>,
+    ) -> GqlResult<Connection<VersionCursor, StockMovement>> {
+        auth::operator(ctx).gql()?;
+        let app = state(ctx);
+        let page = Page::parse(first, after.as_deref(), app.limits.max_page_size).gql()?;
+        let rows = movements::page(&app.db, self.0.id, page).await.gql()?;
+        Ok(connection(page, rows, |row| VersionCursor(row.version_after), StockMovement))
+    }
+}
+
+/// A ledger row as the API shows it.
+pub struct StockMovement(movements::Model);
+
+/// Every change of stock, written in the same statement as the change itself.
+#[Object]
+impl StockMovement {
+    /// The ledger row's id.
+    async fn id(&self) -> Uuid {
+        self.0.id
+    }
+
+    /// Units added; negative when stock was taken.
+    async fn delta(&self) -> i32 {
+        self.0.delta
+    }
+
+    /// Why the stock changed.
+    async fn reason(&self) -> MovementReason {
+        self.0.reason
+    }
+
+    /// Stock right after the change.
+    async fn stock_after(&self) -> i32 {
+        self.0.stock_after
+    }
+
+    /// The inventory's version right after the change.
+    async fn version_after(&self) -> i32 {
+        self.0.version_after
+    }
+
+    /// The reservation involved, if any.
+    async fn reservation_id(&self) -> Option<Uuid> {
+        self.0.reservation_id
+    }
+
+    /// The order involved, if any.
+    async fn order_id(&self) -> Option<Uuid> {
+        self.0.order_id
+    }
+
+    /// When the change was made.
+    async fn created_at(&self) -> DateTime<Utc> {
+        self.0.created_at
     }
 }
 
@@ -188,14 +252,37 @@ impl InventoryMutation {
         let app = state(ctx);
         let outcome =
             store::restock(&app.db, &app.collisions, input.inventory_id, quantity, input.expected_version).await;
-        Ok(match outcome.gql()? {
-            RestockOutcome::Restocked(row) => RestockResult::Restocked(Restocked { inventory: Inventory(row) }),
-            RestockOutcome::Conflict { expected_version, inventory } => {
-                RestockResult::Conflict(Conflict { expected_version, inventory: Inventory(inventory) })
-            }
-            RestockOutcome::NotFound => {
-                RestockResult::InventoryNotFound(InventoryNotFound { inventory_id: input.inventory_id })
-            }
-        })
+        Ok(telemetry::counted(
+            "restock",
+            match outcome.gql()? {
+                RestockOutcome::Restocked(row) => RestockResult::Restocked(Restocked { inventory: Inventory(row) }),
+                RestockOutcome::Conflict { expected_version, inventory } => {
+                    RestockResult::Conflict(Conflict { expected_version, inventory: Inventory(inventory) })
+                }
+                RestockOutcome::NotFound => {
+                    RestockResult::InventoryNotFound(InventoryNotFound { inventory_id: input.inventory_id })
+                }
+            },
+        ))
+    }
+}
+
+/// Live inventory; readable without a token.
+#[derive(Default)]
+pub struct InventorySubscription;
+
+#[Subscription]
+impl InventorySubscription {
+    /// Every committed change of one inventory from now on, in commit order
+    /// (graphql-transport-ws or graphql-ws at `/graphql/ws`). A subscriber
+    /// that falls far behind skips ahead to the latest state.
+    async fn inventory_changed(
+        &self,
+        ctx: &Context<'_>,
+        id: Uuid,
+    ) -> async_graphql::Result<BoxStream<'static, Inventory>> {
+        let app = state(ctx);
+        let changes = app.live.watch(app.db.clone(), id).await.gql()?;
+        Ok(changes.map(Inventory).boxed())
     }
 }

@@ -3,6 +3,7 @@
 pub mod entity;
 pub mod graphql;
 pub mod loader;
+pub mod movements;
 pub mod store;
 
 pub use entity::Model as InventoryRow;

@@ -22,7 +22,7 @@ use crate::{
         ReservationRow,
         graphql::{ItemsUnavailable, ReserveItemInput},
     },
-    validate,
+    telemetry, validate,
 };
 
 /// An order as the API shows it.
@@ -353,31 +353,39 @@ impl OrderMutation {
         let address = input.shipping_address.parse("input.shippingAddress").gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
         let outcome = service::place_order(&app.db, &app.collisions, &user.id, &lines, address, key).await.gql()?;
-        Ok(match outcome {
-            PlaceOutcome::Placed(order) => PlaceOrderResult::OrderPlaced(OrderPlaced { order: Order(order) }),
-            PlaceOutcome::ItemsUnavailable(items) => PlaceOrderResult::ItemsUnavailable(ItemsUnavailable::new(items)),
-        })
+        Ok(telemetry::counted(
+            "placeOrder",
+            match outcome {
+                PlaceOutcome::Placed(order) => PlaceOrderResult::OrderPlaced(OrderPlaced { order: Order(order) }),
+                PlaceOutcome::ItemsUnavailable(items) => {
+                    PlaceOrderResult::ItemsUnavailable(ItemsUnavailable::new(items))
+                }
+            },
+        ))
     }
 
     /// Confirms a PENDING order (operators). Re-reads and retries a lost race.
     async fn confirm_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<ConfirmOrderResult> {
         let user = auth::operator(ctx).gql()?;
         let app = state(ctx);
-        Ok(match service::transition(&app.db, &app.limits, user, id, Transition::Confirm).await.gql()? {
-            TransitionOutcome::Done(order) => {
-                ConfirmOrderResult::OrderConfirmed(OrderConfirmed { order: Order(order) })
-            }
-            TransitionOutcome::NotAllowed(order) => {
-                ConfirmOrderResult::OrderCannotBeConfirmed(OrderCannotBeConfirmed { order: Order(order) })
-            }
-            TransitionOutcome::NotFound => ConfirmOrderResult::OrderNotFound(OrderNotFound { order_id: id }),
-            TransitionOutcome::ModifiedConcurrently { attempts } => {
-                ConfirmOrderResult::OrderModifiedConcurrently(OrderModifiedConcurrently {
-                    order_id: id,
-                    attempts: attempts as i32,
-                })
-            }
-        })
+        Ok(telemetry::counted(
+            "confirmOrder",
+            match service::transition(&app.db, &app.limits, user, id, Transition::Confirm).await.gql()? {
+                TransitionOutcome::Done(order) => {
+                    ConfirmOrderResult::OrderConfirmed(OrderConfirmed { order: Order(order) })
+                }
+                TransitionOutcome::NotAllowed(order) => {
+                    ConfirmOrderResult::OrderCannotBeConfirmed(OrderCannotBeConfirmed { order: Order(order) })
+                }
+                TransitionOutcome::NotFound => ConfirmOrderResult::OrderNotFound(OrderNotFound { order_id: id }),
+                TransitionOutcome::ModifiedConcurrently { attempts } => {
+                    ConfirmOrderResult::OrderModifiedConcurrently(OrderModifiedConcurrently {
+                        order_id: id,
+                        attempts: attempts as i32,
+                    })
+                }
+            },
+        ))
     }
 
     /// Cancels a PENDING order and returns its stock (the owner or an
@@ -385,19 +393,24 @@ impl OrderMutation {
     async fn cancel_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<CancelOrderResult> {
         let user = auth::user(ctx).gql()?;
         let app = state(ctx);
-        Ok(match service::transition(&app.db, &app.limits, user, id, Transition::Cancel).await.gql()? {
-            TransitionOutcome::Done(order) => CancelOrderResult::OrderCancelled(OrderCancelled { order: Order(order) }),
-            TransitionOutcome::NotAllowed(order) => {
-                CancelOrderResult::OrderCannotBeCancelled(OrderCannotBeCancelled { order: Order(order) })
-            }
-            TransitionOutcome::NotFound => CancelOrderResult::OrderNotFound(OrderNotFound { order_id: id }),
-            TransitionOutcome::ModifiedConcurrently { attempts } => {
-                CancelOrderResult::OrderModifiedConcurrently(OrderModifiedConcurrently {
-                    order_id: id,
-                    attempts: attempts as i32,
-                })
-            }
-        })
+        Ok(telemetry::counted(
+            "cancelOrder",
+            match service::transition(&app.db, &app.limits, user, id, Transition::Cancel).await.gql()? {
+                TransitionOutcome::Done(order) => {
+                    CancelOrderResult::OrderCancelled(OrderCancelled { order: Order(order) })
+                }
+                TransitionOutcome::NotAllowed(order) => {
+                    CancelOrderResult::OrderCannotBeCancelled(OrderCannotBeCancelled { order: Order(order) })
+                }
+                TransitionOutcome::NotFound => CancelOrderResult::OrderNotFound(OrderNotFound { order_id: id }),
+                TransitionOutcome::ModifiedConcurrently { attempts } => {
+                    CancelOrderResult::OrderModifiedConcurrently(OrderModifiedConcurrently {
+                        order_id: id,
+                        attempts: attempts as i32,
+                    })
+                }
+            },
+        ))
     }
 
     /// Changes the address of the caller's PENDING order at the version the
@@ -421,23 +434,26 @@ impl OrderMutation {
         )
         .await
         .gql()?;
-        Ok(match outcome {
-            AddressOutcome::Changed(order) => {
-                ChangeShippingAddressResult::ShippingAddressChanged(ShippingAddressChanged { order: Order(order) })
-            }
-            AddressOutcome::VersionConflict(current) => {
-                ChangeShippingAddressResult::OrderVersionConflict(OrderVersionConflict {
-                    expected_version: input.expected_version,
-                    current: Order(current),
-                    submitted,
-                })
-            }
-            AddressOutcome::NotEditable(order) => {
-                ChangeShippingAddressResult::OrderNotEditable(OrderNotEditable { order: Order(order) })
-            }
-            AddressOutcome::NotFound => {
-                ChangeShippingAddressResult::OrderNotFound(OrderNotFound { order_id: input.order_id })
-            }
-        })
+        Ok(telemetry::counted(
+            "changeShippingAddress",
+            match outcome {
+                AddressOutcome::Changed(order) => {
+                    ChangeShippingAddressResult::ShippingAddressChanged(ShippingAddressChanged { order: Order(order) })
+                }
+                AddressOutcome::VersionConflict(current) => {
+                    ChangeShippingAddressResult::OrderVersionConflict(OrderVersionConflict {
+                        expected_version: input.expected_version,
+                        current: Order(current),
+                        submitted,
+                    })
+                }
+                AddressOutcome::NotEditable(order) => {
+                    ChangeShippingAddressResult::OrderNotEditable(OrderNotEditable { order: Order(order) })
+                }
+                AddressOutcome::NotFound => {
+                    ChangeShippingAddressResult::OrderNotFound(OrderNotFound { order_id: input.order_id })
+                }
+            },
+        ))
     }
 }

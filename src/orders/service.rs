@@ -22,6 +22,7 @@ use crate::{
         batch::{self, Keyed, Line, Purpose, Unavailable},
         store::{all_in_conflict, first_with_key, is_key_taken},
     },
+    telemetry,
 };
 
 /// Attempts of a confirm or cancel before `OrderModifiedConcurrently`.
@@ -129,13 +130,21 @@ pub async fn transition(
     for attempt in 1..=MAX_ATTEMPTS {
         match attempt_transition(db, limits, user, id, transition).await {
             Ok(Step::Finished(outcome)) => return Ok(outcome),
-            Ok(Step::LostRace) => tracing::debug!(attempt, %id, "order modified concurrently, retrying"),
+            Ok(Step::LostRace) => {
+                tracing::debug!(attempt, %id, "order modified concurrently, retrying");
+                telemetry::collision_retry("order_version");
+            }
             Err(err) => match classify(&err) {
-                failure if failure.is_collision() => tracing::debug!(attempt, %id, ?failure, "collision, retrying"),
+                failure if failure.is_collision() => {
+                    tracing::debug!(attempt, %id, ?failure, "collision, retrying");
+                    telemetry::db_failure(failure.label());
+                    telemetry::collision_retry("transaction");
+                }
                 // The lock wait ran out: someone holds the order; report, do not queue.
-                DbFailure::LockNotAvailable | DbFailure::StatementTimeout
+                failure @ (DbFailure::LockNotAvailable | DbFailure::StatementTimeout)
                     if limits.order_locking == OrderLocking::Pessimistic =>
                 {
+                    telemetry::db_failure(failure.label());
                     return Ok(TransitionOutcome::ModifiedConcurrently { attempts: attempt });
                 }
                 _ => return Err(err.into()),

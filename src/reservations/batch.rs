@@ -112,8 +112,12 @@ pub struct Unavailable {
 /// What the lines are taken for.
 #[derive(Debug, Clone, Copy)]
 pub enum Purpose {
-    /// Plain reservations (`reserveMany`): ACTIVE, ledger reason RESERVED.
-    Reservations,
+    /// Plain reservations (`reserveMany`): ACTIVE for `ttl_secs` (0 = never
+    /// expire), ledger reason RESERVED.
+    Reservations {
+        /// Seconds until they expire.
+        ttl_secs: i32,
+    },
     /// The lines of this order (`placeOrder`): ORDERED, ledger reason ORDERED.
     Order(Uuid),
 }
@@ -169,9 +173,10 @@ WITH line AS (
  RETURNING i.id, i.stock, i.version, line.quantity, line.n
 ), reservation AS (
     INSERT INTO reservations (id, inventory_id, order_id, user_id, quantity, status,
-                              idempotency_key, request_fingerprint, batch_id)
+                              idempotency_key, request_fingerprint, batch_id, expires_at)
     SELECT gen_random_uuid(), id, $4, $5, quantity, $6,
-           CASE WHEN n = 1 THEN $7 END, CASE WHEN n = 1 THEN $8 END, $9
+           CASE WHEN n = 1 THEN $7 END, CASE WHEN n = 1 THEN $8 END, $9,
+           CASE WHEN $12::integer > 0 THEN now() + $12::integer * interval '1 second' END
       FROM taken
  RETURNING *
 ), movement AS (
@@ -180,9 +185,10 @@ WITH line AS (
       FROM taken t JOIN reservation r ON r.inventory_id = t.id
 )
 SELECT * FROM reservation ORDER BY inventory_id"#;
-    let (order_id, status, reason) = match purpose {
-        Purpose::Reservations => (None, "ACTIVE", "RESERVED"),
-        Purpose::Order(id) => (Some(id), "ORDERED", "ORDERED"),
+    // Order lines never expire: they hold stock until the order is cancelled.
+    let (order_id, status, reason, ttl_secs) = match purpose {
+        Purpose::Reservations { ttl_secs } => (None, "ACTIVE", "RESERVED", ttl_secs),
+        Purpose::Order(id) => (Some(id), "ORDERED", "ORDERED", 0),
     };
     let values: Vec<Value> = vec![
         ids_value(&ids),
@@ -198,6 +204,7 @@ SELECT * FROM reservation ORDER BY inventory_id"#;
         Uuid::new_v4().into(),
         reason.into(),
         Value::from(lines.iter().map(|l| l.expected_version.is_some()).collect::<Vec<bool>>()),
+        ttl_secs.into(),
     ];
     let rows = ReservationRow::find_by_statement(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values))
         .all(txn)

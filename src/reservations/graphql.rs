@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::{
     ReservationRow, ReservationStatus,
     batch::{self, Line, LineInput, Unavailable, UnavailableReason},
-    store::{self, ReleaseOutcome, ReserveManyOutcome, ReserveOutcome, ReserveRequest},
+    store::{self, ExtendOutcome, ReleaseOutcome, ReserveManyOutcome, ReserveOutcome, ReserveRequest},
 };
 use crate::{
     app::state,
@@ -15,7 +15,7 @@ use crate::{
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Conflict, Inventory, InventoryNotFound, load as load_inventory},
     pagination::{Cursor, Page, connection},
-    validate,
+    telemetry, validate,
 };
 
 /// A reservation row as the API shows it.
@@ -44,9 +44,13 @@ impl Reservation {
         self.0.quantity
     }
 
-    /// Life-cycle state.
+    /// Life-cycle state. An ACTIVE reservation past its `expiresAt` reads as
+    /// EXPIRED at once, even before the sweeper has returned its stock.
     async fn status(&self) -> ReservationStatus {
-        self.0.status
+        match (self.0.status, self.0.expires_at) {
+            (ReservationStatus::Active, Some(at)) if at <= Utc::now() => ReservationStatus::Expired,
+            (status, _) => status,
+        }
     }
 
     /// When the stock was taken.
@@ -168,9 +172,10 @@ impl ReservationMutation {
             expected_version: input.expected_version,
             idempotency_key: validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref())
                 .gql()?,
+            ttl_secs: app.limits.reservation_ttl_secs,
         };
         let outcome = store::reserve(&app.db, &app.collisions, &user.id, &request).await.gql()?;
-        Ok(ReserveResult::from_outcome(outcome, request.inventory_id))
+        Ok(telemetry::counted("reserve", ReserveResult::from_outcome(outcome, request.inventory_id)))
     }
 
     /// Reserves several inventories at once: all or nothing. Rows are taken in
@@ -180,14 +185,19 @@ impl ReservationMutation {
         let app = state(ctx);
         let lines = ReserveItemInput::merge(&input.items, app.limits.max_quantity).gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
-        Ok(match store::reserve_many(&app.db, &app.collisions, &user.id, &lines, key).await.gql()? {
-            ReserveManyOutcome::ReservedAll(rows) => ReserveManyResult::ReservedAll(ReservedAll {
-                reservations: rows.into_iter().map(Reservation).collect(),
-            }),
-            ReserveManyOutcome::ItemsUnavailable(items) => {
-                ReserveManyResult::ItemsUnavailable(ItemsUnavailable::new(items))
-            }
-        })
+        let ttl = app.limits.reservation_ttl_secs;
+        let outcome = store::reserve_many(&app.db, &app.collisions, &user.id, &lines, key, ttl).await.gql()?;
+        Ok(telemetry::counted(
+            "reserveMany",
+            match outcome {
+                ReserveManyOutcome::ReservedAll(rows) => ReserveManyResult::ReservedAll(ReservedAll {
+                    reservations: rows.into_iter().map(Reservation).collect(),
+                }),
+                ReserveManyOutcome::ItemsUnavailable(items) => {
+                    ReserveManyResult::ItemsUnavailable(ItemsUnavailable::new(items))
+                }
+            },
+        ))
     }
 
     /// Gives one of the caller's ACTIVE reservations back. Releasing twice
@@ -195,18 +205,46 @@ impl ReservationMutation {
     async fn release_reservation(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<ReleaseResult> {
         let user = auth::user(ctx).gql()?;
         let app = state(ctx);
-        Ok(match store::release(&app.db, &app.collisions, id, &user.id).await.gql()? {
-            ReleaseOutcome::Released { reservation, inventory } => {
-                ReleaseResult::ReservationReleased(ReservationReleased {
-                    reservation: Reservation(reservation),
-                    inventory: Inventory(inventory),
-                })
-            }
-            ReleaseOutcome::NotFound => ReleaseResult::ReservationNotFound(ReservationNotFound { reservation_id: id }),
-            ReleaseOutcome::NotActive(reservation) => {
-                ReleaseResult::ReservationNotActive(ReservationNotActive { reservation: Reservation(reservation) })
-            }
-        })
+        Ok(telemetry::counted(
+            "releaseReservation",
+            match store::release(&app.db, &app.collisions, id, &user.id).await.gql()? {
+                ReleaseOutcome::Released { reservation, inventory } => {
+                    ReleaseResult::ReservationReleased(ReservationReleased {
+                        reservation: Reservation(reservation),
+                        inventory: Inventory(inventory),
+                    })
+                }
+                ReleaseOutcome::NotFound => {
+                    ReleaseResult::ReservationNotFound(ReservationNotFound { reservation_id: id })
+                }
+                ReleaseOutcome::NotActive(reservation) => {
+                    ReleaseResult::ReservationNotActive(ReservationNotActive { reservation: Reservation(reservation) })
+                }
+            },
+        ))
+    }
+
+    /// Moves one of the caller's ACTIVE reservations' expiry `seconds` later,
+    /// never further than the configured maximum (1 h) from now.
+    async fn extend_reservation(&self, ctx: &Context<'_>, id: Uuid, seconds: i32) -> GqlResult<ExtendResult> {
+        let user = auth::user(ctx).gql()?;
+        let app = state(ctx);
+        let max = app.limits.max_reservation_ttl_secs;
+        let seconds = validate::within("seconds", seconds, 1..=max).gql()?;
+        Ok(telemetry::counted(
+            "extendReservation",
+            match store::extend(&app.db, id, &user.id, seconds, max).await.gql()? {
+                ExtendOutcome::Extended(reservation) => {
+                    ExtendResult::ReservationExtended(ReservationExtended { reservation: Reservation(reservation) })
+                }
+                ExtendOutcome::NotFound => {
+                    ExtendResult::ReservationNotFound(ReservationNotFound { reservation_id: id })
+                }
+                ExtendOutcome::NotActive(reservation) => {
+                    ExtendResult::ReservationNotActive(ReservationNotActive { reservation: Reservation(reservation) })
+                }
+            },
+        ))
     }
 }
 
@@ -317,6 +355,24 @@ pub struct ReservationNotFound {
 pub struct ReservationNotActive {
     /// The reservation as it is.
     pub reservation: Reservation,
+}
+
+/// The reservation's expiry moved.
+#[derive(SimpleObject)]
+pub struct ReservationExtended {
+    /// The reservation with its new `expiresAt`.
+    pub reservation: Reservation,
+}
+
+/// How an extension ended.
+#[derive(Union)]
+pub enum ExtendResult {
+    /// The expiry moved.
+    ReservationExtended(ReservationExtended),
+    /// Not found (or not the caller's).
+    ReservationNotFound(ReservationNotFound),
+    /// Not ACTIVE any more, or already expired; nothing changed.
+    ReservationNotActive(ReservationNotActive),
 }
 
 /// How a release ended.

@@ -1,9 +1,10 @@
 //! Reservations: taking stock for a user with one statement, idempotency keys,
-//! and reading reservations back.
+//! expiry and the sweeper, and reading reservations back.
 
 pub mod batch;
 pub mod entity;
 pub mod graphql;
 pub mod store;
+pub mod sweeper;
 
 pub use entity::{Model as ReservationRow, ReservationStatus};

@@ -42,6 +42,8 @@ pub struct ReserveRequest {
     pub expected_version: Option<i32>,
     /// The client's idempotency key.
     pub idempotency_key: Option<String>,
+    /// Seconds until the reservation expires; 0 = never.
+    pub ttl_secs: i32,
 }
 
 impl ReserveRequest {
@@ -106,8 +108,10 @@ WITH taken AS (
  RETURNING id, sku, name, stock, version, created_at, updated_at
 ), reservation AS (
     INSERT INTO reservations
-           (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint)
-    SELECT $4, id, $5, $2, 'ACTIVE', $6, $7 FROM taken
+           (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
+    SELECT $4, id, $5, $2, 'ACTIVE', $6, $7,
+           CASE WHEN $8::integer > 0 THEN now() + $8::integer * interval '1 second' END
+      FROM taken
  RETURNING *
 ), movement AS (
     INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id)
@@ -127,6 +131,7 @@ SELECT taken.*, "#,
         user_id.into(),
         request.idempotency_key.clone().into(),
         fingerprint.clone().into(),
+        request.ttl_secs.into(),
     ];
     let run = || db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values.clone()));
     let attempted = match collisions.run(request.inventory_id, run).await {
@@ -237,6 +242,7 @@ pub async fn reserve_many(
     user_id: &str,
     lines: &[Line],
     idempotency_key: Option<String>,
+    ttl_secs: i32,
 ) -> Result<ReserveManyOutcome, AppError> {
     let keyed = idempotency_key.map(|key| Keyed { fingerprint: batch::fingerprint("reserveMany", lines, ""), key });
     if let Some(first) = replay_batch(db, user_id, keyed.as_ref()).await? {
@@ -244,7 +250,7 @@ pub async fn reserve_many(
     }
     let run = || async {
         let txn = db.begin().await?;
-        let taken = batch::take(&txn, user_id, lines, Purpose::Reservations, keyed.as_ref()).await?;
+        let taken = batch::take(&txn, user_id, lines, Purpose::Reservations { ttl_secs }, keyed.as_ref()).await?;
         if taken.is_ok() {
             txn.commit().await?;
         }
@@ -308,9 +314,9 @@ pub enum ReleaseOutcome {
     NotActive(Model),
 }
 
-/// Gives an ACTIVE reservation of `owner`'s stock back, once: the status
-/// condition is in the UPDATE's WHERE, so of many concurrent releases exactly
-/// one matches.
+/// Gives an ACTIVE, unexpired reservation of `owner`'s stock back, once: the
+/// conditions are in the UPDATE's WHERE, so of many concurrent releases exactly
+/// one matches, and an expired one is left to the sweeper.
 pub async fn release(
     db: &DatabaseConnection,
     collisions: &Collisions,
@@ -318,12 +324,12 @@ pub async fn release(
     owner: &str,
 ) -> Result<ReleaseOutcome, AppError> {
     // 0 rows: not there, not the caller's, or not ACTIVE any more (a
-    // concurrent release won); one read afterwards tells which.
+    // concurrent release won, or it expired); one read afterwards tells which.
     const SQL: &str = concat!(
         r#"
 WITH released AS (
     UPDATE reservations SET status = 'RELEASED'
-     WHERE id = $1 AND status = 'ACTIVE' AND user_id = $2
+     WHERE id = $1 AND status = 'ACTIVE' AND user_id = $2 AND (expires_at IS NULL OR expires_at > now())
  RETURNING *
 ), returned AS (
     UPDATE inventories i
@@ -350,5 +356,47 @@ SELECT returned.*, "#,
     Ok(match find(db, id).await?.filter(|r| r.user_id == owner) {
         None => ReleaseOutcome::NotFound,
         Some(reservation) => ReleaseOutcome::NotActive(reservation),
+    })
+}
+
+/// How an extension ended.
+#[derive(Debug)]
+pub enum ExtendOutcome {
+    /// The new expiry is saved.
+    Extended(Model),
+    /// No such reservation of the caller's.
+    NotFound,
+    /// Not ACTIVE any more (released, expired or an order line).
+    NotActive(Model),
+}
+
+/// Moves an ACTIVE, unexpired reservation's expiry `seconds` later, but never
+/// past `max_ttl_secs` from now. A reservation that never expires stays so.
+pub async fn extend(
+    db: &DatabaseConnection,
+    id: Uuid,
+    owner: &str,
+    seconds: i32,
+    max_ttl_secs: i32,
+) -> Result<ExtendOutcome, AppError> {
+    // The expiry condition is in the WHERE, so a reservation the sweeper has
+    // claimed (or that ran out a moment ago) is not revived.
+    const SQL: &str = r#"
+UPDATE reservations
+   SET expires_at = CASE WHEN expires_at IS NOT NULL
+       THEN least(expires_at + $3::integer * interval '1 second', now() + $4::integer * interval '1 second') END
+ WHERE id = $1 AND user_id = $2 AND status = 'ACTIVE' AND (expires_at IS NULL OR expires_at > now())
+RETURNING *"#;
+    let stmt = Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        SQL,
+        [id.into(), owner.into(), seconds.into(), max_ttl_secs.into()],
+    );
+    if let Some(extended) = Model::find_by_statement(stmt).one(db).await? {
+        return Ok(ExtendOutcome::Extended(extended));
+    }
+    Ok(match find(db, id).await?.filter(|r| r.user_id == owner) {
+        None => ExtendOutcome::NotFound,
+        Some(reservation) => ExtendOutcome::NotActive(reservation),
     })
 }

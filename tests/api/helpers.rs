@@ -12,7 +12,7 @@ use std::{
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::{
-    app::AppState,
+    app::{AppState, Workers},
     auth::{Keys, Role},
     config::{DatabaseConfig, Limits},
     db, http, invariant, schema,
@@ -61,6 +61,8 @@ pub struct TestApp {
     /// The database's URL.
     pub database_url: String,
     keys: Keys,
+    /// The sweeper and the live-stock listener, stopped with the test.
+    _workers: Workers,
 }
 
 impl TestApp {
@@ -108,6 +110,7 @@ impl TestApp {
 
         let keys = Keys::new(SECRET.as_bytes());
         let state = AppState::new(pool, keys.clone(), limits);
+        let workers = state.spawn_workers();
         let schema = schema::build(state.clone());
         let router = http::router(state, schema.clone(), None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -115,7 +118,7 @@ impl TestApp {
         tokio::spawn(http::serve(listener, router, std::future::pending()));
 
         let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("client");
-        Self { address, client, db: direct, schema, statements, database_url, keys }
+        Self { address, client, db: direct, schema, statements, database_url, keys, _workers: workers }
     }
 
     /// A token for `sub` with `role`.

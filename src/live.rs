@@ -1,0 +1,176 @@
+//! Live stock: `Subscription.inventoryChanged`, fed by PostgreSQL
+//! LISTEN/NOTIFY.
+//!
+//! A trigger NOTIFYs inside the changing transaction, so only committed states
+//! are announced, in commit order. Each server process keeps one listening
+//! connection and fans the announcements out in memory through a bounded
+//! broadcast channel: a subscriber that falls behind skips ahead (and is sent
+//! the latest row) instead of slowing the others or any writer. The listener
+//! reconnects by itself when the database goes away.
+//!
+//! The trigger only notifies for watched inventories (see the migration), so
+//! each subscription holds a row in `inventory_watchers` while it lives.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::{StreamExt, stream::BoxStream};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, sqlx::postgres::PgListener};
+use serde::Deserialize;
+use tokio::{
+    sync::{broadcast, watch},
+    task::JoinHandle,
+};
+use uuid::Uuid;
+
+use crate::inventory::{InventoryRow, store as inventory_store};
+
+/// The NOTIFY channel the trigger announces on.
+const CHANNEL: &str = "inventory_changed";
+
+/// Announcements buffered per process before slow subscribers skip ahead.
+const BUFFER: usize = 4096;
+
+/// The payload the trigger sends: the row as committed.
+#[derive(Debug, Deserialize)]
+struct Announcement {
+    id: Uuid,
+    sku: String,
+    name: String,
+    stock: i32,
+    version: i32,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+impl From<Announcement> for InventoryRow {
+    fn from(a: Announcement) -> Self {
+        Self {
+            id: a.id,
+            sku: a.sku,
+            name: a.name,
+            stock: a.stock,
+            version: a.version,
+            created_at: a.created_at,
+            updated_at: a.updated_at,
+        }
+    }
+}
+
+/// The in-process fan-out of committed inventory changes.
+#[derive(Clone)]
+pub struct LiveStock {
+    sender: broadcast::Sender<InventoryRow>,
+}
+
+impl Default for LiveStock {
+    fn default() -> Self {
+        Self { sender: broadcast::channel(BUFFER).0 }
+    }
+}
+
+impl LiveStock {
+    /// Listens on one connection until `stop` turns true, re-connecting after
+    /// failures, and broadcasts every announcement.
+    pub fn spawn_listener(&self, db: DatabaseConnection, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+        let sender = self.sender.clone();
+        tokio::spawn(async move {
+            loop {
+                let listened = tokio::select! {
+                    result = listen(&db, &sender) => result,
+                    _ = stop.changed() => return,
+                };
+                if let Err(err) = listened {
+                    tracing::warn!(error = %err, "live stock listener lost its connection; reconnecting");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+        })
+    }
+
+    /// The committed states of inventory `id` from now on.
+    pub async fn watch(&self, db: DatabaseConnection, id: Uuid) -> Result<BoxStream<'static, InventoryRow>, DbErr> {
+        // Subscribe before the watcher row exists, so nothing announced
+        // after the row commits can be missed.
+        let receiver = self.sender.subscribe();
+        let watcher = Watcher::register(db.clone(), id).await?;
+        let changes = futures::stream::unfold((receiver, watcher), move |(mut receiver, watcher)| {
+            let db = db.clone();
+            async move {
+                loop {
+                    match receiver.recv().await {
+                        Ok(row) if row.id == id => return Some((row, (receiver, watcher))),
+                        Ok(_) => {}
+                        // Fell behind: skip to the latest committed row.
+                        Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                            tracing::debug!(skipped, %id, "slow subscriber skipped ahead");
+                            if let Ok(Some(row)) = inventory_store::find(&db, id).await {
+                                return Some((row, (receiver, watcher)));
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            }
+        });
+        Ok(changes.boxed())
+    }
+}
+
+async fn listen(db: &DatabaseConnection, sender: &broadcast::Sender<InventoryRow>) -> Result<(), sea_orm::sqlx::Error> {
+    let mut listener = PgListener::connect_with(db.get_postgres_connection_pool()).await?;
+    listener.listen(CHANNEL).await?;
+    loop {
+        // `None`: the connection was lost; announcements may have been missed
+        // while it was, so start over with a fresh LISTEN.
+        let Some(notification) = listener.try_recv().await? else {
+            return Err(sea_orm::sqlx::Error::Protocol("the listening connection closed".into()));
+        };
+        match serde_json::from_str::<Announcement>(notification.payload()) {
+            // No receivers is fine: nobody in this process is watching.
+            Ok(announcement) => drop(sender.send(announcement.into())),
+            Err(err) => tracing::warn!(error = %err, "unreadable inventory announcement"),
+        }
+    }
+}
+
+/// A row in `inventory_watchers` for as long as a subscription lives.
+struct Watcher {
+    db: DatabaseConnection,
+    id: Uuid,
+}
+
+impl Watcher {
+    async fn register(db: DatabaseConnection, inventory_id: Uuid) -> Result<Self, DbErr> {
+        let id = Uuid::new_v4();
+        db.execute_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "INSERT INTO inventory_watchers (id, inventory_id) VALUES ($1, $2)",
+            [id.into(), inventory_id.into()],
+        ))
+        .await?;
+        Ok(Self { db, id })
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let (db, id) = (self.db.clone(), self.id);
+        // A row left behind (the process died first) only costs NOTIFYs.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let stmt = Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    "DELETE FROM inventory_watchers WHERE id = $1",
+                    [id.into()],
+                );
+                if let Err(err) = db.execute_raw(stmt).await {
+                    tracing::debug!(error = %err, "could not remove an inventory watcher");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! The sweeper: returns the stock of expired ACTIVE reservations.
+//!
+//! Every server process runs one. Each sweep claims a batch with `FOR UPDATE
+//! SKIP LOCKED`, so processes sweeping together take disjoint batches and no
+//! reservation's stock comes back twice; the same statement marks the
+//! reservations EXPIRED, returns their stock and writes the ledger.
+
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
+use tokio::{sync::watch, task::JoinHandle};
+
+/// Expires at most `batch` due reservations; returns how many it expired.
+pub async fn sweep_once(db: &impl ConnectionTrait, batch: i64) -> Result<i64, DbErr> {
+    // Rows another sweeper (or a release, or an extension) holds are skipped,
+    // not waited for: they are either being handled or no longer due.
+    // Each expiry is its own change of its inventory: the version grows by
+    // the number of expired reservations, and each gets its ledger row with
+    // the running stock and version.
+    const SQL: &str = r#"
+WITH due AS (
+    SELECT id FROM reservations
+     WHERE status = 'ACTIVE' AND expires_at <= now()
+     ORDER BY expires_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE reservations r SET status = 'EXPIRED'
+      FROM due WHERE r.id = due.id
+ RETURNING r.id, r.inventory_id, r.quantity
+), totals AS (
+    SELECT inventory_id, sum(quantity)::integer AS quantity, count(*)::integer AS n
+      FROM expired GROUP BY inventory_id
+), returned AS (
+    UPDATE inventories i
+       SET stock = i.stock + t.quantity, version = i.version + t.n, updated_at = now()
+      FROM totals t
+     WHERE i.id = t.inventory_id
+ RETURNING i.id, i.stock, i.version, t.quantity, t.n
+), movement AS (
+    INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id)
+    SELECT e.inventory_id, e.quantity, 'EXPIRED',
+           (r.stock - r.quantity + sum(e.quantity) OVER w)::integer,
+           (r.version - r.n + row_number() OVER w)::integer,
+           e.id
+      FROM expired e JOIN returned r ON r.id = e.inventory_id
+    WINDOW w AS (PARTITION BY e.inventory_id ORDER BY e.id)
+)
+SELECT count(*) FROM expired"#;
+    let row = db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, [batch.into()])).await?;
+    row.map_or(Ok(0), |row| row.try_get_by_index::<i64>(0))
+}
+
+/// Sweeps every `interval` until `stop` turns true. A failed sweep (a lost
+/// connection, a collision with a writer) is logged and tried again next time.
+pub fn spawn(
+    db: DatabaseConnection,
+    interval: Duration,
+    batch: i64,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = stop.changed() => break,
+            }
+            // A full batch means more may be due: sweep again at once.
+            loop {
+                match sweep_once(&db, batch).await {
+                    Ok(expired) => {
+                        if expired > 0 {
+                            tracing::info!(expired, "returned the stock of expired reservations");
+                            crate::telemetry::sweeper_returned(expired);
+                        }
+                        if expired < batch {
+                            break;
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "sweep failed; trying again next interval");
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}
