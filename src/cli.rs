@@ -194,7 +194,6 @@ async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::
             (keys, Some((operator, customer)))
         }
     };
-    telemetry::install_metrics();
     let state = AppState::new(database.conn.clone(), keys, config.limits.clone());
     let workers = state.spawn_workers();
     let router = http::router(state.clone(), schema::build(state), dev_tokens.as_ref().map(|(op, _)| op.as_str()));

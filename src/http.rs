@@ -34,6 +34,7 @@ struct Http {
 /// The router over `app`. `graphiql_token`, when given, is prefilled as the
 /// `Authorization` header of GraphiQL (only for a server with a throw-away secret).
 pub fn router(app: AppState, schema: AppSchema, graphiql_token: Option<&str>) -> Router {
+    crate::telemetry::install_metrics();
     let bearer = graphiql_token.map(|token| format!("Bearer {token}"));
     let mut graphiql =
         GraphiQLSource::build().endpoint("/graphql").subscription_endpoint("/graphql/ws").title("Stockguard");

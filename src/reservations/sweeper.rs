@@ -10,7 +10,14 @@ use std::time::Duration;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
 use tokio::{sync::watch, task::JoinHandle};
 
+use crate::db::classify;
+
+/// Sweeps one tick may run back to back (full batches, collisions).
+const MAX_SWEEPS_PER_TICK: usize = 100;
+
 /// Expires at most `batch` due reservations; returns how many it expired.
+/// Two sweeps touching the same inventories may collide (40001, 40P01); that
+/// is safe to run again.
 pub async fn sweep_once(db: &impl ConnectionTrait, batch: i64) -> Result<i64, DbErr> {
     // Rows another sweeper (or a release, or an extension) holds are skipped,
     // not waited for: they are either being handled or no longer due.
@@ -67,8 +74,10 @@ pub fn spawn(
                 _ = ticks.tick() => {}
                 _ = stop.changed() => break,
             }
-            // A full batch means more may be due: sweep again at once.
-            loop {
+            // A full batch means more may be due, and a collision with another
+            // sweeper or a writer means it made progress: sweep again at once,
+            // a bounded number of times per tick.
+            for _ in 0..MAX_SWEEPS_PER_TICK {
                 match sweep_once(&db, batch).await {
                     Ok(expired) => {
                         if expired > 0 {
@@ -78,6 +87,10 @@ pub fn spawn(
                         if expired < batch {
                             break;
                         }
+                    }
+                    Err(err) if classify(&err).is_collision() => {
+                        tracing::debug!(error = %err, "sweep collided; sweeping again");
+                        crate::telemetry::collision_retry("sweep");
                     }
                     Err(err) => {
                         tracing::warn!(error = %err, "sweep failed; trying again next interval");

@@ -8,5 +8,7 @@ mod concurrency;
 mod db_errors;
 mod helpers;
 mod http;
+mod lifecycle;
+mod live;
 mod orders;
 mod queries;

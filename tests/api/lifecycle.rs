@@ -1,0 +1,270 @@
+//! Reservation lifecycle: expiry, the sweeper (also two at once), extension,
+//! and the stock ledger read back through the API.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::future::join_all;
+use sea_orm::ConnectionTrait;
+use serde_json::json;
+use stockguard::{
+    app::AppState,
+    auth::{Keys, Role},
+    config::{DatabaseConfig, Limits},
+    db::{self, classify},
+    reservations::sweeper,
+};
+use tokio::sync::Barrier;
+use uuid::Uuid;
+
+use crate::helpers::{Isolation, TestApp, error_code};
+
+const STATUS: &str = "query($id: UUID!) { reservation(id: $id) { status expiresAt } }";
+const RELEASE: &str = "mutation($id: UUID!) { releaseReservation(id: $id) { __typename } }";
+const EXTEND: &str = "mutation($id: UUID!, $s: Int!) { extendReservation(id: $id, seconds: $s) { __typename
+    ... on ReservationExtended { reservation { expiresAt } }
+    ... on ReservationNotActive { reservation { status } } } }";
+
+/// A server whose sweeper stays out of the way: the tests sweep by hand.
+async fn app_without_sweeper(isolation: Isolation) -> TestApp {
+    TestApp::spawn_configured(isolation, Limits { sweep_interval_ms: 3_600_000, ..Limits::default() }).await
+}
+
+/// Moves the expiry of these reservations into the past.
+async fn expire(app: &TestApp, ids: &str) {
+    app.db
+        .execute_unprepared(&format!(
+            "UPDATE reservations SET expires_at = now() - interval '1 second' WHERE id IN ({ids})"
+        ))
+        .await
+        .expect("expire");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_reservation_expires_after_the_configured_ttl() {
+    let app = app_without_sweeper(Isolation::ReadCommitted).await;
+    let id = app.create_inventory("TTL-1", 5).await;
+    let alice = app.token("alice", Role::Customer);
+    let reserved = app.reserve(&alice, json!({ "inventoryId": id })).await;
+    let rid = reserved["reservation"]["id"].as_str().expect("reserved").to_owned();
+    let ttl = app
+        .count(&format!(
+            "SELECT extract(epoch FROM expires_at - created_at)::bigint FROM reservations WHERE id = '{rid}'"
+        ))
+        .await;
+    assert_eq!(ttl, 900, "the default TTL is 15 minutes");
+    // Order lines never expire.
+    let never =
+        app.count("SELECT count(*) FROM reservations WHERE status = 'ORDERED' AND expires_at IS NOT NULL").await;
+    assert_eq!(never, 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_reservation_reads_expired_cannot_be_released_and_the_sweep_returns_its_stock() {
+    let app = app_without_sweeper(Isolation::ReadCommitted).await;
+    let id = app.create_inventory("EXP-1", 5).await;
+    let alice = app.token("alice", Role::Customer);
+    let reserved = app.reserve(&alice, json!({ "inventoryId": id, "quantity": 2 })).await;
+    let rid = reserved["reservation"]["id"].as_str().expect("reserved").to_owned();
+    expire(&app, &format!("'{rid}'")).await;
+
+    // Expired from the moment it expires, before any sweep.
+    let read = app.graphql(Some(&alice), STATUS, json!({ "id": rid })).await;
+    assert_eq!(read["data"]["reservation"]["status"], "EXPIRED", "{read}");
+    let release = app.graphql(Some(&alice), RELEASE, json!({ "id": rid })).await;
+    assert_eq!(release["data"]["releaseReservation"]["__typename"], "ReservationNotActive", "{release}");
+    let extend = app.graphql(Some(&alice), EXTEND, json!({ "id": rid, "s": 60 })).await;
+    assert_eq!(extend["data"]["extendReservation"]["__typename"], "ReservationNotActive", "{extend}");
+    assert_eq!(app.stock_and_version(id).await, (3, 2), "nothing returned before the sweep");
+
+    assert_eq!(sweeper::sweep_once(&app.db, 100).await.expect("sweep"), 1);
+    assert_eq!(sweeper::sweep_once(&app.db, 100).await.expect("sweep again"), 0, "stock returns once");
+    assert_eq!(app.stock_and_version(id).await, (5, 3));
+    let movements = app
+        .count(&format!("SELECT count(*) FROM stock_movements WHERE reason = 'EXPIRED' AND reservation_id = '{rid}'"))
+        .await;
+    assert_eq!(movements, 1);
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_running_sweeper_returns_expired_stock_by_itself() {
+    let limits = Limits { reservation_ttl_secs: 1, sweep_interval_ms: 100, ..Limits::default() };
+    let app = TestApp::spawn_configured(Isolation::ReadCommitted, limits).await;
+    let id = app.create_inventory("EXP-2", 3).await;
+    let alice = app.token("alice", Role::Customer);
+    app.reserve(&alice, json!({ "inventoryId": id, "quantity": 3 })).await;
+    assert_eq!(app.stock_and_version(id).await.0, 0);
+    // Bounded wait for a background task; the assertion is on the outcome.
+    for _ in 0..100 {
+        if app.stock_and_version(id).await.0 == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(app.stock_and_version(id).await, (3, 3));
+    assert_eq!(app.count("SELECT count(*) FROM reservations WHERE status = 'EXPIRED'").await, 1);
+    app.assert_invariant().await;
+}
+
+async fn two_sweepers_return_every_expired_unit_once(isolation: Isolation) {
+    let app = Arc::new(app_without_sweeper(isolation).await);
+    let mut items: Vec<Uuid> = Vec::new();
+    for i in 0..4 {
+        items.push(app.create_inventory(&format!("SWEEP-{i}"), 100).await);
+    }
+    for (n, item) in (0..120).zip(items.iter().cycle()) {
+        let token = app.token(&format!("user-{n}"), Role::Customer);
+        let reserved = app.reserve(&token, json!({ "inventoryId": item, "quantity": 1 + n % 3 })).await;
+        assert_eq!(reserved["__typename"], "Reserved", "{reserved}");
+    }
+    app.db
+        .execute_unprepared("UPDATE reservations SET expires_at = now() - interval '1 second'")
+        .await
+        .expect("expire all");
+
+    // A second server process on the same database, with its own pool and sweeper.
+    let config = DatabaseConfig {
+        database_url: Some(app.database_url.clone()),
+        data_dir: ".stockguard/postgres".into(),
+        pool_size: 4,
+        acquire_timeout_ms: 30_000,
+        statement_timeout_ms: 30_000,
+    };
+    let other = db::connect(&app.database_url, &config).await.expect("second pool");
+    let limits = Limits { sweep_interval_ms: 10, sweep_batch: 7, ..Limits::default() };
+    let second = AppState::new(other.clone(), Keys::new(b"other"), limits).spawn_workers();
+    // And eight sweeps by hand at once, in small batches, racing it.
+    let barrier = Arc::new(Barrier::new(8));
+    let sweeps = (0..8).map(|_| {
+        let (app, barrier) = (app.clone(), barrier.clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            let mut total = 0;
+            loop {
+                match sweeper::sweep_once(&app.db, 5).await {
+                    Ok(0) => return total,
+                    Ok(expired) => total += expired,
+                    // Two sweeps on one inventory: a collision, safe to run again.
+                    Err(err) => assert!(classify(&err).is_collision(), "{err}"),
+                }
+            }
+        })
+    });
+    let by_hand: i64 = join_all(sweeps).await.into_iter().map(|r| r.expect("task")).sum();
+    for _ in 0..100 {
+        if app.count("SELECT count(*) FROM reservations WHERE status = 'ACTIVE'").await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    second.shutdown().await;
+
+    assert_eq!(app.count("SELECT count(*) FROM reservations WHERE status = 'EXPIRED'").await, 120);
+    assert_eq!(app.count("SELECT count(*) FROM stock_movements WHERE reason = 'EXPIRED'").await, 120);
+    assert!(by_hand <= 120, "{by_hand} expired by hand");
+    for item in &items {
+        assert_eq!(app.stock_and_version(*item).await.0, 100, "every unit back, once");
+    }
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_sweepers_return_every_expired_unit_once_at_read_committed() {
+    two_sweepers_return_every_expired_unit_once(Isolation::ReadCommitted).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_sweepers_return_every_expired_unit_once_at_repeatable_read() {
+    two_sweepers_return_every_expired_unit_once(Isolation::RepeatableRead).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_sweepers_return_every_expired_unit_once_at_serializable() {
+    two_sweepers_return_every_expired_unit_once(Isolation::Serializable).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn extending_moves_the_expiry_up_to_the_cap_for_the_owner_only() {
+    let app = app_without_sweeper(Isolation::ReadCommitted).await;
+    let id = app.create_inventory("EXT-1", 5).await;
+    let (alice, bob) = (app.token("alice", Role::Customer), app.token("bob", Role::Customer));
+    let reserved = app.reserve(&alice, json!({ "inventoryId": id })).await;
+    let rid = reserved["reservation"]["id"].as_str().expect("reserved").to_owned();
+    let expiry = |body: &serde_json::Value| {
+        chrono::DateTime::parse_from_rfc3339(
+            body["data"]["extendReservation"]["reservation"]["expiresAt"].as_str().expect("expiresAt"),
+        )
+        .expect("rfc3339")
+    };
+    let before = chrono::DateTime::parse_from_rfc3339(
+        app.graphql(Some(&alice), STATUS, json!({ "id": rid })).await["data"]["reservation"]["expiresAt"]
+            .as_str()
+            .expect("at"),
+    )
+    .expect("rfc3339");
+
+    let extended = app.graphql(Some(&alice), EXTEND, json!({ "id": rid, "s": 60 })).await;
+    assert_eq!((expiry(&extended) - before).num_seconds(), 60, "{extended}");
+    // Far past the cap: held at one hour from now.
+    let capped = app.graphql(Some(&alice), EXTEND, json!({ "id": rid, "s": 3600 })).await;
+    let from_now = (expiry(&capped).with_timezone(&chrono::Utc) - chrono::Utc::now()).num_seconds();
+    assert!((3590..=3600).contains(&from_now), "capped at the maximum: {from_now} s");
+
+    let snapshot = app.snapshot().await;
+    for seconds in [0, -5, 3601] {
+        let refused = app.graphql(Some(&alice), EXTEND, json!({ "id": rid, "s": seconds })).await;
+        assert_eq!(error_code(&refused), Some("BAD_USER_INPUT"), "{refused}");
+    }
+    let bobs = app.graphql(Some(&bob), EXTEND, json!({ "id": rid, "s": 60 })).await;
+    assert_eq!(bobs["data"]["extendReservation"]["__typename"], "ReservationNotFound");
+    assert_eq!(app.snapshot().await, snapshot, "extensions do not touch stock or versions");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ledger_reads_back_every_change_for_operators_only() {
+    let app = app_without_sweeper(Isolation::ReadCommitted).await;
+    let id = app.create_inventory("LEDGER-1", 10).await;
+    let alice = app.token("alice", Role::Customer);
+    let reserved = app.reserve(&alice, json!({ "inventoryId": id, "quantity": 3 })).await;
+    let rid = reserved["reservation"]["id"].as_str().expect("reserved").to_owned();
+    app.graphql(Some(&alice), RELEASE, json!({ "id": rid })).await;
+    app.graphql(
+        Some(&app.operator()),
+        "mutation($i: RestockInput!) { restock(input: $i) { __typename } }",
+        json!({ "i": { "inventoryId": id, "quantity": 5 } }),
+    )
+    .await;
+
+    let query = "query($id: UUID!, $after: String) { inventory(id: $id) { stock version
+        movements(first: 2, after: $after) { nodes { delta reason stockAfter versionAfter reservationId }
+        pageInfo { hasNextPage endCursor } } } }";
+    let mut rows = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let body = app.graphql(Some(&app.operator()), query, json!({ "id": id, "after": after })).await;
+        let connection = &body["data"]["inventory"]["movements"];
+        rows.extend(connection["nodes"].as_array().expect("nodes").iter().cloned());
+        if connection["pageInfo"]["hasNextPage"] != true {
+            break;
+        }
+        after = connection["pageInfo"]["endCursor"].as_str().map(str::to_owned);
+    }
+    let reasons: Vec<&str> = rows.iter().map(|r| r["reason"].as_str().expect("reason")).collect();
+    assert_eq!(reasons, ["CREATED", "RESERVED", "RELEASED", "RESTOCKED"]);
+    let deltas: Vec<i64> = rows.iter().map(|r| r["delta"].as_i64().expect("delta")).collect();
+    assert_eq!(deltas, [10, -3, 3, 5]);
+    let versions: Vec<i64> = rows.iter().map(|r| r["versionAfter"].as_i64().expect("version")).collect();
+    assert_eq!(versions, [1, 2, 3, 4]);
+    assert_eq!(rows[1]["reservationId"], rid.as_str());
+    assert_eq!(rows[3]["stockAfter"], 15);
+
+    let as_customer = app
+        .graphql(
+            Some(&alice),
+            "query($id: UUID!) { inventory(id: $id) { movements { nodes { delta } } } }",
+            json!({ "id": id }),
+        )
+        .await;
+    assert_eq!(error_code(&as_customer), Some("FORBIDDEN"), "{as_customer}");
+    app.assert_invariant().await;
+}

@@ -1,0 +1,164 @@
+//! Live stock over a real websocket, in both protocols, and the metrics page.
+
+use std::time::Duration;
+
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use stockguard::auth::Role;
+use tokio_tungstenite::{
+    MaybeTlsStream, WebSocketStream, connect_async,
+    tungstenite::{Message, client::IntoClientRequest, http::HeaderValue},
+};
+use uuid::Uuid;
+
+use crate::helpers::TestApp;
+
+type Socket = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
+
+const SUBSCRIPTION: &str = "subscription($id: UUID!) { inventoryChanged(id: $id) { id stock version } }";
+
+async fn connect(app: &TestApp, protocol: &str) -> Socket {
+    let url = format!("{}/graphql/ws", app.address.replace("http://", "ws://"));
+    let mut request = url.into_client_request().expect("request");
+    request.headers_mut().insert("Sec-WebSocket-Protocol", HeaderValue::from_str(protocol).expect("header"));
+    let (mut socket, _) = connect_async(request).await.expect("websocket");
+    send(&mut socket, json!({ "type": "connection_init", "payload": {} })).await;
+    assert_eq!(next(&mut socket).await["type"], "connection_ack");
+    socket
+}
+
+async fn send(socket: &mut Socket, message: Value) {
+    socket.send(Message::text(message.to_string())).await.expect("send");
+}
+
+/// The next JSON message, skipping keep-alives; fails after 10 s.
+async fn next(socket: &mut Socket) -> Value {
+    loop {
+        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
+            .await
+            .expect("a message within 10 s")
+            .expect("open")
+            .expect("frame");
+        if let Message::Text(text) = message {
+            let value: Value = serde_json::from_str(&text).expect("json");
+            if value["type"] != "ka" && value["type"] != "ping" && value["type"] != "pong" {
+                return value;
+            }
+        }
+    }
+}
+
+/// Waits until the server has registered the subscription's watcher, so
+/// changes made from now on are announced.
+async fn until_watched(app: &TestApp, id: Uuid) {
+    for _ in 0..200 {
+        if app.count(&format!("SELECT count(*) FROM inventory_watchers WHERE inventory_id = '{id}'")).await > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the subscription never registered its watcher");
+}
+
+async fn three_reservations_arrive_in_order(protocol: &str, subscribe: &str, data: &str) {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("LIVE-1", 10).await;
+    let mut socket = connect(&app, protocol).await;
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": subscribe, "payload": { "query": SUBSCRIPTION, "variables": { "id": id } } }),
+    )
+    .await;
+    until_watched(&app, id).await;
+
+    let alice = app.token("alice", Role::Customer);
+    for quantity in [1, 2, 3] {
+        let reserved = app.reserve(&alice, json!({ "inventoryId": id, "quantity": quantity })).await;
+        assert_eq!(reserved["__typename"], "Reserved");
+    }
+    // Another inventory's change is not this subscription's business.
+    let other = app.create_inventory("LIVE-2", 10).await;
+    app.reserve(&alice, json!({ "inventoryId": other })).await;
+
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let message = next(&mut socket).await;
+        assert_eq!(message["type"], data, "{message}");
+        let inventory = &message["payload"]["data"]["inventoryChanged"];
+        assert_eq!(inventory["id"], id.to_string());
+        seen.push((inventory["stock"].as_i64().expect("stock"), inventory["version"].as_i64().expect("version")));
+    }
+    assert_eq!(seen, [(9, 2), (7, 3), (4, 4)], "every committed state, in commit order");
+
+    // Closing the subscription removes its watcher.
+    drop(socket);
+    for _ in 0..200 {
+        if app.count("SELECT count(*) FROM inventory_watchers").await == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the watcher outlived its subscription");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscriber_sees_each_reservation_in_order_over_graphql_transport_ws() {
+    three_reservations_arrive_in_order("graphql-transport-ws", "subscribe", "next").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscriber_sees_each_reservation_in_order_over_legacy_graphql_ws() {
+    three_reservations_arrive_in_order("graphql-ws", "start", "data").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_metrics_page_counts_outcomes_latency_and_the_pool() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("METRICS-1", 1).await;
+    let alice = app.token("alice", Role::Customer);
+    app.reserve(&alice, json!({ "inventoryId": id })).await;
+    app.reserve(&alice, json!({ "inventoryId": id })).await;
+    let page = app.client.get(format!("{}/metrics", app.address)).send().await.expect("metrics");
+    assert_eq!(page.status(), 200);
+    let text = page.text().await.expect("text");
+    for needle in [
+        r#"stockguard_outcomes_total{field="reserve",outcome="Reserved"}"#,
+        r#"stockguard_outcomes_total{field="reserve",outcome="SoldOut"}"#,
+        r#"stockguard_graphql_field_duration_seconds_bucket{field="reserve""#,
+        r#"stockguard_graphql_fields_total{field="reserve",status="ok"}"#,
+        r#"stockguard_db_pool_connections{state="idle"}"#,
+        r#"stockguard_db_pool_connections{state="in_use"}"#,
+    ] {
+        assert!(text.contains(needle), "{needle} missing from\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn subscriptions_survive_the_listener_losing_its_connection() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("LIVE-3", 10).await;
+    let mut socket = connect(&app, "graphql-transport-ws").await;
+    send(
+        &mut socket,
+        json!({ "id": "1", "type": "subscribe", "payload": { "query": SUBSCRIPTION, "variables": { "id": id } } }),
+    )
+    .await;
+    until_watched(&app, id).await;
+
+    // Kill the listening backend, as a database restart would.
+    let listeners = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'";
+    let terminated = app.count(&format!("SELECT count(pg_terminate_backend(pid)) FROM ({listeners}) l")).await;
+    assert_eq!(terminated, 1, "one listening connection per server process");
+    // Wait for a new listening backend (bounded), then change the stock.
+    for tries in 0.. {
+        assert!(tries < 200, "the listener never came back");
+        if app.count(&format!("SELECT count(*) FROM ({listeners}) l")).await == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let alice = app.token("alice", Role::Customer);
+    app.reserve(&alice, json!({ "inventoryId": id, "quantity": 4 })).await;
+    let message = next(&mut socket).await;
+    assert_eq!(message["payload"]["data"]["inventoryChanged"]["stock"], 6, "{message}");
+}
