@@ -83,24 +83,18 @@ pub enum ReserveOutcome {
     InventoryNotFound,
 }
 
-/// Takes `quantity` units for `user_id`, in one statement.
+/// The one-statement reservation. Parameters: `$1` inventory id, `$2`
+/// quantity, `$3` expected version (NULL: none), `$4` the new reservation's
+/// id, `$5` user id, `$6` idempotency key, `$7` request fingerprint (both
+/// NULL without a key), `$8` TTL in seconds (0: never expires). One row (the
+/// inventory as left, then the reservation as `r_*`) when stock was taken.
 ///
-/// The decision is the UPDATE's own WHERE (`stock >= qty`, and `version =
-/// expected` when given), never an earlier SELECT, so two requests can never
-/// both see the last unit. The reservation and its ledger entry are written by
-/// the same statement, so a reservation exists exactly when stock was taken.
-pub async fn reserve(
-    db: &DatabaseConnection,
-    collisions: &Collisions,
-    user_id: &str,
-    request: &ReserveRequest,
-) -> Result<ReserveOutcome, AppError> {
-    // 0 rows from `taken` means: no such row, too little stock, or the version
-    // moved; one read afterwards tells which. A second request with the same
-    // idempotency key fails on the unique index and the whole statement is
-    // rolled back, so the stock its UPDATE took is given back.
-    const SQL: &str = concat!(
-        r#"
+/// 0 rows from `taken` means: no such row, too little stock, or the version
+/// moved; one read afterwards tells which. A second request with the same
+/// idempotency key fails on the unique index and the whole statement is
+/// rolled back, so the stock its UPDATE took is given back.
+pub const RESERVE_SQL: &str = concat!(
+    r#"
 WITH taken AS (
     UPDATE inventories
        SET stock = stock - $2, version = version + 1, updated_at = now()
@@ -118,10 +112,22 @@ WITH taken AS (
     SELECT id, -$2, 'RESERVED', stock, version, $4 FROM taken
 )
 SELECT taken.*, "#,
-        reservation_columns_as_r!(),
-        " FROM taken, reservation r"
-    );
+    reservation_columns_as_r!(),
+    " FROM taken, reservation r"
+);
 
+/// Takes `quantity` units for `user_id`, in one statement.
+///
+/// The decision is the UPDATE's own WHERE (`stock >= qty`, and `version =
+/// expected` when given), never an earlier SELECT, so two requests can never
+/// both see the last unit. The reservation and its ledger entry are written by
+/// the same statement, so a reservation exists exactly when stock was taken.
+pub async fn reserve(
+    db: &DatabaseConnection,
+    collisions: &Collisions,
+    user_id: &str,
+    request: &ReserveRequest,
+) -> Result<ReserveOutcome, AppError> {
     let fingerprint = request.idempotency_key.as_ref().map(|_| request.fingerprint());
     let values = [
         request.inventory_id.into(),
@@ -133,7 +139,7 @@ SELECT taken.*, "#,
         fingerprint.clone().into(),
         request.ttl_secs.into(),
     ];
-    let run = || db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values.clone()));
+    let run = || db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, RESERVE_SQL, values.clone()));
     let attempted = match collisions.run(request.inventory_id, run).await {
         Ok(attempted) => attempted,
         Err(err) if is_key_taken(&err) => {
