@@ -1,0 +1,48 @@
+// Operations a frontend sends, written against ../../schema.graphql. Each
+// selects every member of its result union, so renaming or removing a member
+// in the schema fails codegen (the document no longer validates), and adding
+// one fails tsc in usage.ts (the exhaustive switches miss it).
+import { graphql } from './gql';
+
+export const Reserve = graphql(`
+  mutation Reserve($input: ReserveInput!) {
+    reserve(input: $input) {
+      __typename
+      ... on Reserved {
+        reservation { id quantity status expiresAt }
+        inventory { id stock version }
+      }
+      ... on Conflict { expectedVersion inventory { version } }
+      ... on SoldOut { requested inventory { stock } }
+      ... on InventoryNotFound { inventoryId }
+    }
+  }
+`);
+
+export const PlaceOrder = graphql(`
+  mutation PlaceOrder($input: PlaceOrderInput!) {
+    placeOrder(input: $input) {
+      __typename
+      ... on OrderPlaced { order { id status version } }
+      ... on ItemsUnavailable { items { inventoryId reason inventory { stock } } }
+    }
+  }
+`);
+
+export const ChangeShippingAddress = graphql(`
+  mutation ChangeShippingAddress($input: ChangeShippingAddressInput!) {
+    changeShippingAddress(input: $input) {
+      __typename
+      ... on ShippingAddressChanged { order { id version shippingAddress { line1 } } }
+      ... on OrderVersionConflict { expectedVersion current { version } submitted { line1 } }
+      ... on OrderNotEditable { order { status } }
+      ... on OrderNotFound { orderId }
+    }
+  }
+`);
+
+export const InventoryChanged = graphql(`
+  subscription InventoryChanged($id: UUID!) {
+    inventoryChanged(id: $id) { id stock version }
+  }
+`);
