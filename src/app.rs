@@ -1,12 +1,19 @@
-//! The state every request shares: the pool, the token keys, the limits and
-//! the collision policy. Cheap to clone; each server process has one.
+//! The state every request shares: the pool, the token keys, the limits, the
+//! collision policy, live stock and the coalescer. Cheap to clone; each server
+//! process has one.
 
 use std::time::Duration;
 
 use sea_orm::DatabaseConnection;
 use tokio::{sync::watch, task::JoinHandle};
 
-use crate::{auth::Keys, config::Limits, db::Collisions, live::LiveStock, reservations::sweeper};
+use crate::{
+    auth::Keys,
+    config::Limits,
+    db::Collisions,
+    live::LiveStock,
+    reservations::{coalesce::Coalescer, sweeper},
+};
 
 /// Shared state of one server process.
 #[derive(Clone)]
@@ -21,13 +28,22 @@ pub struct AppState {
     pub collisions: Collisions,
     /// Committed inventory changes, for subscriptions.
     pub live: LiveStock,
+    /// Batches concurrent conditional reservations of one inventory.
+    pub coalescer: Coalescer,
 }
 
 impl AppState {
     /// State over `db` with `keys` and `limits`.
     pub fn new(db: DatabaseConnection, keys: Keys, limits: Limits) -> Self {
         let collisions = Collisions::new(limits.collision_attempts);
-        Self { db, keys, limits, collisions, live: LiveStock::default() }
+        let coalescer = Coalescer::new(
+            db.clone(),
+            collisions.clone(),
+            limits.coalesce_max_batch,
+            Duration::from_micros(limits.coalesce_window_us),
+            limits.reservation_ttl_secs,
+        );
+        Self { db, keys, limits, collisions, live: LiveStock::default(), coalescer }
     }
 
     /// Starts the background work of a server process: the sweeper and the

@@ -47,7 +47,7 @@ impl DatabaseConfig {
 }
 
 /// The API's limits (API.md "Limits") and the write policies: order
-/// locking, reservation lifetimes, the sweeper, collision re-runs.
+/// locking, reservation lifetimes, the sweeper, coalescing, collision re-runs.
 #[derive(Args, Debug, Clone)]
 pub struct Limits {
     /// Largest quantity on one reservation line.
@@ -98,6 +98,20 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_SWEEP_BATCH", default_value_t = 500)]
     pub sweep_batch: i64,
 
+    /// Serve concurrent conditional reservations of one inventory with one
+    /// statement (no `expectedVersion`, no idempotency key).
+    #[arg(long, env = "STOCKGUARD_COALESCE", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
+    pub coalesce: bool,
+
+    /// Most reservations one coalesced statement serves.
+    #[arg(long, env = "STOCKGUARD_COALESCE_MAX_BATCH", default_value_t = 64)]
+    pub coalesce_max_batch: usize,
+
+    /// How long a batch waits for more callers after its first (microseconds;
+    /// 0 = only those that queued while the previous batch ran).
+    #[arg(long, env = "STOCKGUARD_COALESCE_WINDOW_US", default_value_t = 0)]
+    pub coalesce_window_us: u64,
+
     /// How often a statement is run when it collides (SQLSTATE 40001 or 40P01)
     /// before the collision is reported as `Conflict`.
     #[arg(long, env = "STOCKGUARD_COLLISION_ATTEMPTS", default_value_t = 20)]
@@ -119,6 +133,9 @@ impl Default for Limits {
             max_reservation_ttl_secs: 3600,
             sweep_interval_ms: 1000,
             sweep_batch: 500,
+            coalesce: true,
+            coalesce_max_batch: 64,
+            coalesce_window_us: 0,
             collision_attempts: 20,
         }
     }

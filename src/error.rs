@@ -11,7 +11,7 @@ use sea_orm::DbErr;
 use crate::db::{DbFailure, classify};
 
 /// An error a request can end in.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum AppError {
     /// Input that can never succeed; nothing was written.
     #[error("{message}")]

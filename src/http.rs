@@ -25,6 +25,8 @@ use crate::{app::AppState, inventory::loader::InventoryLoader, orders::loader::O
 struct Http {
     /// The executable schema (it holds the `AppState` too).
     schema: AppSchema,
+    /// The same schema with the looser depth bound for introspection-only requests.
+    introspection: AppSchema,
     /// The shared state, for auth and readiness.
     app: AppState,
     /// The rendered GraphiQL page.
@@ -43,7 +45,8 @@ pub fn router(app: AppState, schema: AppSchema, graphiql_token: Option<&str>) ->
     }
     let body_limit = app.limits.body_limit;
     let subscriptions = GraphQLSubscription::new(schema.clone());
-    let state = Http { schema, app, graphiql: graphiql.finish() };
+    let introspection = crate::schema::build_for_introspection(app.clone());
+    let state = Http { schema, introspection, app, graphiql: graphiql.finish() };
     Router::new()
         .route("/", get(graphiql_page))
         .route("/graphql", get(graphiql_page).post(graphql))
@@ -103,7 +106,12 @@ async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> R
         }
         BatchRequest::Batch(requests) => BatchRequest::Batch(requests.into_iter().map(prepare).collect()),
     };
-    GraphQLResponse::from(http.schema.execute_batch(batch).await).into_response()
+    let introspecting = match &batch {
+        BatchRequest::Single(request) => crate::schema::is_introspection(&request.query),
+        BatchRequest::Batch(requests) => requests.iter().all(|r| crate::schema::is_introspection(&r.query)),
+    };
+    let schema = if introspecting { &http.introspection } else { &http.schema };
+    GraphQLResponse::from(schema.execute_batch(batch).await).into_response()
 }
 
 /// Prometheus text format.

@@ -39,6 +39,37 @@ pub fn build(state: AppState) -> AppSchema {
     builder(&limits).data(state).extension(telemetry::Observe).finish()
 }
 
+/// Depth allowed to introspection-only requests. GraphiQL's own schema query
+/// nests `ofType` past the API's depth limit; introspection types form cycles
+/// (`__Type.fields.type.fields...`), so it still gets a bound, a looser one.
+pub const INTROSPECTION_DEPTH: usize = 20;
+
+/// The same schema for requests that only introspect, with the looser depth
+/// bound [`INTROSPECTION_DEPTH`].
+pub fn build_for_introspection(state: AppState) -> AppSchema {
+    let limits = Limits { max_depth: state.limits.max_depth.max(INTROSPECTION_DEPTH), ..state.limits.clone() };
+    builder(&limits).data(state).extension(telemetry::Observe).finish()
+}
+
+/// Whether every operation in `query` selects only introspection fields
+/// (`__schema`, `__type`, `__typename`). Unparsable text is not.
+pub fn is_introspection(query: &str) -> bool {
+    use async_graphql::parser::types::{OperationType, Selection};
+    // Cheap test first: most requests never mention the introspection roots.
+    if !query.contains("__schema") && !query.contains("__type") {
+        return false;
+    }
+    let Ok(document) = async_graphql::parser::parse_query(query) else { return false };
+    document.operations.iter().all(|(_, operation)| {
+        operation.node.ty == OperationType::Query
+            && operation.node.selection_set.node.items.iter().all(|selection| match &selection.node {
+                Selection::Field(field) => field.node.name.node.starts_with("__"),
+                // Fragments on the root could hide other fields; not introspection-only.
+                _ => false,
+            })
+    })
+}
+
 /// The schema as SDL: what `stockguard schema` prints and `schema.graphql` holds.
 pub fn sdl() -> String {
     builder(&Limits::default()).finish().sdl()

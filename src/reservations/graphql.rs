@@ -174,7 +174,15 @@ impl ReservationMutation {
                 .gql()?,
             ttl_secs: app.limits.reservation_ttl_secs,
         };
-        let outcome = store::reserve(&app.db, &app.collisions, &user.id, &request).await.gql()?;
+        // Hot items: a conditional reservation without a key can share one
+        // statement with others on the same inventory.
+        let outcome = if app.limits.coalesce && request.expected_version.is_none() && request.idempotency_key.is_none()
+        {
+            app.coalescer.reserve(request.inventory_id, &user.id, request.quantity).await
+        } else {
+            store::reserve(&app.db, &app.collisions, &user.id, &request).await
+        };
+        let outcome = outcome.gql()?;
         Ok(telemetry::counted("reserve", ReserveResult::from_outcome(outcome, request.inventory_id)))
     }
 

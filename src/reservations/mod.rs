@@ -2,6 +2,7 @@
 //! expiry and the sweeper, and reading reservations back.
 
 pub mod batch;
+pub mod coalesce;
 pub mod entity;
 pub mod graphql;
 pub mod store;

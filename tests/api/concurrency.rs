@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use serde_json::{Value, json};
-use stockguard::auth::Role;
+use stockguard::{auth::Role, config::Limits};
 use tokio::sync::Barrier;
 
 use crate::helpers::{Isolation, TestApp};
@@ -32,8 +32,8 @@ fn count(names: &[String], name: &str) -> usize {
     names.iter().filter(|n| *n == name).count()
 }
 
-async fn two_hundred_reservations_on_ten_units_grant_exactly_ten(isolation: Isolation) {
-    let app = Arc::new(TestApp::spawn_with(isolation).await);
+async fn two_hundred_reservations_on_ten_units_grant_exactly_ten(isolation: Isolation, coalesce: bool) {
+    let app = Arc::new(TestApp::spawn_configured(isolation, Limits { coalesce, ..Limits::default() }).await);
     let id = app.create_inventory("HOT-1", 10).await;
     let requests = (0..200)
         .map(|i| (app.token(&format!("user-{i}"), Role::Customer), json!({ "inventoryId": id, "quantity": 1 })))
@@ -84,17 +84,32 @@ async fn twenty_repeats_of_one_idempotency_key_take_one_unit(isolation: Isolatio
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_hundred_reservations_on_ten_units_grant_exactly_ten_at_read_committed() {
-    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::ReadCommitted).await;
+    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::ReadCommitted, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_hundred_reservations_on_ten_units_grant_exactly_ten_at_repeatable_read() {
-    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::RepeatableRead).await;
+    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::RepeatableRead, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_hundred_reservations_on_ten_units_grant_exactly_ten_at_serializable() {
-    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::Serializable).await;
+    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::Serializable, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_statement_per_request_also_grants_exactly_ten_at_read_committed() {
+    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::ReadCommitted, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_statement_per_request_also_grants_exactly_ten_at_repeatable_read() {
+    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::RepeatableRead, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_statement_per_request_also_grants_exactly_ten_at_serializable() {
+    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::Serializable, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

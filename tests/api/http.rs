@@ -38,12 +38,44 @@ async fn batches_run_up_to_the_limit() {
     assert_eq!(post_raw(&app, Value::Array(vec![one; 11]).to_string()).await.0, 400);
 }
 
+/// `depth` levels of `__type { fields { type ...` under `__schema`.
+fn nested_introspection(levels: usize) -> String {
+    let mut query = String::from("name");
+    for _ in 0..levels {
+        query = format!("fields {{ type {{ {query} }} }}");
+    }
+    format!("{{ __schema {{ types {{ {query} }} }} }}")
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn queries_past_the_depth_limit_are_refused() {
     let app = TestApp::spawn().await;
-    let deep = "{ __schema { types { fields { type { ofType { ofType { ofType { ofType { ofType { ofType { ofType { ofType { name } } } } } } } } } } } } }";
-    let body = app.graphql(None, deep, json!({})).await;
+    // Past the API's depth of 12 when mixed with a normal field...
+    let inner = nested_introspection(6);
+    let mixed = format!("{{ inventories {{ nodes {{ id }} }} {} }}", &inner[1..inner.len() - 1]);
+    let body = app.graphql(None, &mixed, json!({})).await;
     assert!(body["errors"][0]["message"].as_str().is_some_and(|m| m.contains("deep")), "{body}");
+    // ...and past the looser bound for introspection alone (the cycle
+    // `__Type.fields.type` would otherwise be unbounded).
+    let body = app.graphql(None, &nested_introspection(12), json!({})).await;
+    assert!(body["errors"][0]["message"].as_str().is_some_and(|m| m.contains("deep")), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn graphiql_s_own_introspection_query_is_answered() {
+    let app = TestApp::spawn().await;
+    // The shape of GraphiQL's IntrospectionQuery: TypeRef nests ofType eight deep.
+    let mut type_ref = String::from("kind name");
+    for _ in 0..8 {
+        type_ref = format!("kind name ofType {{ {type_ref} }}");
+    }
+    let query = format!(
+        "query IntrospectionQuery {{ __schema {{ queryType {{ name }} types {{ kind name \
+         fields(includeDeprecated: true) {{ name args {{ name type {{ {type_ref} }} }} type {{ {type_ref} }} }} }} }} }}"
+    );
+    let body = app.graphql(None, &query, json!({})).await;
+    assert!(body.get("errors").is_none(), "{body}");
+    assert_eq!(body["data"]["__schema"]["queryType"]["name"], "Query");
 }
 
 #[tokio::test(flavor = "multi_thread")]

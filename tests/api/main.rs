@@ -3,7 +3,9 @@
 
 mod auth;
 mod bad_input;
+mod browser;
 mod cli;
+mod coalescing;
 mod concurrency;
 mod db_errors;
 mod helpers;

@@ -1,0 +1,295 @@
+//! Request coalescing for hot items.
+//!
+//! One row takes only one committed change per WAL flush, so a hot item is
+//! capped by commit latency however fast the server is. Conditional `reserve`
+//! calls (no `expectedVersion`, no idempotency key) waiting on the same
+//! inventory are therefore served together: while one batch runs, later
+//! callers queue; the next batch takes them all (up to a maximum) and one
+//! statement grants them in arrival order against the locked stock, writes
+//! every granted reservation and ledger row, and answers each caller as if the
+//! batch had run one request at a time: its own stock after, and a version one
+//! higher per granted reservation before it. An idle inventory costs nothing:
+//! its queue exists only while requests for it are in flight.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use chrono::{DateTime, Utc};
+use sea_orm::{DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement, Value};
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use super::{ReservationRow, ReservationStatus, store::ReserveOutcome};
+use crate::{
+    db::{Attempted, Collisions},
+    error::AppError,
+    inventory::InventoryRow,
+};
+
+/// One caller waiting for its batch.
+struct Waiting {
+    /// The caller (token `sub`).
+    user_id: String,
+    /// Units asked for.
+    quantity: i32,
+    /// When it joined the queue.
+    arrived: Instant,
+    /// Where its answer goes.
+    reply: oneshot::Sender<Result<ReserveOutcome, AppError>>,
+}
+
+/// The queues of inventories with requests in flight. A std mutex, not a
+/// tokio one: it is held only to push or swap a vector, never across an await.
+type Queues = Arc<Mutex<HashMap<Uuid, Vec<Waiting>>>>;
+
+/// Serves conditional reservations of the same inventory in batches.
+#[derive(Clone)]
+pub struct Coalescer {
+    db: DatabaseConnection,
+    collisions: Collisions,
+    queues: Queues,
+    /// Most callers one statement serves.
+    max_batch: usize,
+    /// How long a batch may wait for more callers after its first arrived.
+    window: Duration,
+    /// Seconds until new reservations expire (0 = never).
+    ttl_secs: i32,
+}
+
+impl Coalescer {
+    /// A coalescer over `db`.
+    pub fn new(
+        db: DatabaseConnection,
+        collisions: Collisions,
+        max_batch: usize,
+        window: Duration,
+        ttl_secs: i32,
+    ) -> Self {
+        Self { db, collisions, queues: Arc::default(), max_batch: max_batch.max(1), window, ttl_secs }
+    }
+
+    /// Reserves `quantity` of `inventory_id` for `user_id`, together with any
+    /// other callers of the same inventory.
+    pub async fn reserve(&self, inventory_id: Uuid, user_id: &str, quantity: i32) -> Result<ReserveOutcome, AppError> {
+        let (reply, answer) = oneshot::channel();
+        let waiting = Waiting { user_id: user_id.to_owned(), quantity, arrived: Instant::now(), reply };
+        let lead = {
+            let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match queues.get_mut(&inventory_id) {
+                Some(queue) => {
+                    queue.push(waiting);
+                    None
+                }
+                None => {
+                    queues.insert(inventory_id, Vec::new());
+                    Some(waiting)
+                }
+            }
+        };
+        if let Some(first) = lead {
+            // The serving loop runs in its own task, so a caller that goes
+            // away (a dropped connection) cannot strand the others.
+            tokio::spawn(self.clone().serve(inventory_id, vec![first]));
+        }
+        answer.await.unwrap_or(Err(AppError::Internal))
+    }
+
+    /// Runs batches for one inventory until its queue is empty, then removes it.
+    async fn serve(self, inventory_id: Uuid, mut batch: Vec<Waiting>) {
+        loop {
+            if !self.window.is_zero() && batch.len() < self.max_batch {
+                let deadline = batch[0].arrived + self.window;
+                tokio::time::sleep_until(deadline.into()).await;
+                batch.extend(self.take(inventory_id, self.max_batch - batch.len()));
+            }
+            self.run(inventory_id, batch).await;
+            batch = self.take(inventory_id, self.max_batch);
+            if batch.is_empty() {
+                let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                match queues.get_mut(&inventory_id) {
+                    // Still empty under the lock: nobody can join any more.
+                    Some(queue) if queue.is_empty() => {
+                        queues.remove(&inventory_id);
+                        return;
+                    }
+                    Some(queue) => {
+                        let n = queue.len().min(self.max_batch);
+                        batch = queue.drain(..n).collect();
+                    }
+                    None => return,
+                }
+            }
+        }
+    }
+
+    /// Up to `n` queued callers of `inventory_id`, oldest first.
+    fn take(&self, inventory_id: Uuid, n: usize) -> Vec<Waiting> {
+        let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match queues.get_mut(&inventory_id) {
+            Some(queue) => {
+                let n = queue.len().min(n);
+                queue.drain(..n).collect()
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Runs one batch statement and answers every caller in it.
+    async fn run(&self, inventory_id: Uuid, batch: Vec<Waiting>) {
+        let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::new_v4()).collect();
+        let users: Vec<String> = batch.iter().map(|w| w.user_id.clone()).collect();
+        let quantities: Vec<i32> = batch.iter().map(|w| w.quantity).collect();
+        let values = vec![
+            inventory_id.into(),
+            Value::from(ids.clone()),
+            Value::from(users),
+            Value::from(quantities),
+            self.ttl_secs.into(),
+        ];
+        let statement = || {
+            let stmt = Statement::from_sql_and_values(DbBackend::Postgres, BATCH_SQL, values.clone());
+            async move { Step::find_by_statement(stmt).all(&self.db).await }
+        };
+        let steps = self.collisions.run(inventory_id, statement).await;
+        let answers = answer(inventory_id, &batch, &ids, steps);
+        for (waiting, result) in batch.into_iter().zip(answers) {
+            // A caller that has gone away no longer needs its answer.
+            let _ = waiting.reply.send(result);
+        }
+    }
+}
+
+/// One caller's turn in a batch, as the statement computed it.
+#[derive(Debug, FromQueryResult)]
+struct Step {
+    /// The caller's position (1-based arrival order).
+    n: i64,
+    /// Whether it got its units.
+    granted: bool,
+    /// Stock right after its turn.
+    stock: i32,
+    /// Version right after its turn.
+    version: i32,
+    sku: String,
+    name: String,
+    inventory_created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    /// When the granted reservations were made (the transaction's start).
+    now: DateTime<Utc>,
+    /// Their expiry.
+    expires_at: Option<DateTime<Utc>>,
+}
+
+/// Turns the statement's steps into one answer per caller.
+fn answer(
+    inventory_id: Uuid,
+    batch: &[Waiting],
+    ids: &[Uuid],
+    steps: Result<Attempted<Vec<Step>>, DbErr>,
+) -> Vec<Result<ReserveOutcome, AppError>> {
+    let steps = match steps {
+        Ok(Attempted::Done(steps)) => steps,
+        Ok(Attempted::Exhausted { attempts }) => {
+            tracing::warn!(attempts, %inventory_id, "coalesced reserve collisions exhausted");
+            return batch.iter().map(|_| Err(AppError::DatabaseUnavailable)).collect();
+        }
+        Err(err) => {
+            // One failure for the whole batch: the statement wrote nothing.
+            let err = AppError::from(err);
+            return batch.iter().map(|_| Err(err.clone())).collect();
+        }
+    };
+    if steps.is_empty() {
+        return batch.iter().map(|_| Ok(ReserveOutcome::InventoryNotFound)).collect();
+    }
+    batch
+        .iter()
+        .zip(ids)
+        .zip(steps)
+        .map(|((waiting, id), step)| {
+            debug_assert_eq!(step.n as usize, ids.iter().position(|i| i == id).unwrap_or(0) + 1);
+            let inventory = InventoryRow {
+                id: inventory_id,
+                sku: step.sku,
+                name: step.name,
+                stock: step.stock,
+                version: step.version,
+                created_at: step.inventory_created_at,
+                updated_at: step.updated_at,
+            };
+            Ok(if step.granted {
+                let reservation = ReservationRow {
+                    id: *id,
+                    inventory_id,
+                    order_id: None,
+                    user_id: waiting.user_id.clone(),
+                    quantity: waiting.quantity,
+                    status: ReservationStatus::Active,
+                    idempotency_key: None,
+                    request_fingerprint: None,
+                    created_at: step.now,
+                    expires_at: step.expires_at,
+                    batch_id: None,
+                };
+                ReserveOutcome::Reserved { reservation, inventory }
+            } else {
+                ReserveOutcome::SoldOut { requested: waiting.quantity, inventory }
+            })
+        })
+        .collect()
+}
+
+/// One statement for a whole batch: `$1` inventory, `$2` reservation ids,
+/// `$3` users, `$4` quantities (in arrival order), `$5` TTL seconds.
+///
+/// This locks the inventory row for the statement (the `FOR UPDATE` in
+/// `inv`), walks the callers in arrival order granting each whose quantity
+/// still fits (a caller that does not fit is refused, a later smaller one may
+/// still be served: exactly what one-at-a-time would do), then writes the new
+/// stock and version once, every granted reservation, and one ledger row per
+/// grant with its own stock and version. No row at all: no such inventory.
+const BATCH_SQL: &str = r#"
+WITH RECURSIVE req AS (
+    SELECT * FROM unnest($2::uuid[], $3::text[], $4::integer[]) WITH ORDINALITY
+        AS r(reservation_id, user_id, quantity, n)
+), inv AS (
+    SELECT id, sku, name, stock, version, created_at, updated_at
+      FROM inventories WHERE id = $1 FOR UPDATE
+), walk AS (
+    SELECT 0::bigint AS n, inv.stock AS stock, inv.version AS version, false AS granted FROM inv
+    UNION ALL
+    SELECT r.n,
+           CASE WHEN w.stock >= r.quantity THEN w.stock - r.quantity ELSE w.stock END,
+           CASE WHEN w.stock >= r.quantity THEN w.version + 1 ELSE w.version END,
+           w.stock >= r.quantity
+      FROM walk w JOIN req r ON r.n = w.n + 1
+), steps AS (
+    SELECT * FROM walk WHERE n > 0
+), taken AS (
+    UPDATE inventories i
+       SET stock = last.stock, version = last.version, updated_at = now()
+      FROM (SELECT stock, version FROM steps ORDER BY n DESC LIMIT 1) last
+     WHERE i.id = $1 AND EXISTS (SELECT 1 FROM steps WHERE granted)
+ RETURNING i.updated_at
+), reservation AS (
+    INSERT INTO reservations (id, inventory_id, user_id, quantity, status, expires_at)
+    SELECT r.reservation_id, $1, r.user_id, r.quantity, 'ACTIVE',
+           CASE WHEN $5::integer > 0 THEN now() + $5::integer * interval '1 second' END
+      FROM req r JOIN steps s ON s.n = r.n
+     WHERE s.granted
+), movement AS (
+    INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id)
+    SELECT $1, -r.quantity, 'RESERVED', s.stock, s.version, r.reservation_id
+      FROM req r JOIN steps s ON s.n = r.n
+     WHERE s.granted
+)
+SELECT s.n, s.granted, s.stock, s.version, inv.sku, inv.name,
+       inv.created_at AS inventory_created_at,
+       coalesce((SELECT updated_at FROM taken), inv.updated_at) AS updated_at,
+       now() AS now,
+       CASE WHEN $5::integer > 0 THEN now() + $5::integer * interval '1 second' END AS expires_at
+  FROM steps s, inv
+ ORDER BY s.n"#;
