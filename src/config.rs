@@ -70,6 +70,12 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_BODY_LIMIT", default_value_t = 64 * 1024)]
     pub body_limit: usize,
 
+    /// Most GraphQL requests in flight per process; more are refused at once
+    /// with HTTP 503 (`OVERLOADED`) instead of queueing without bound. This
+    /// also bounds every queue behind it (the pool's waiters, coalesced batches).
+    #[arg(long, env = "STOCKGUARD_MAX_IN_FLIGHT", default_value_t = 512)]
+    pub max_in_flight: usize,
+
     /// Most operations in one batched request.
     #[arg(long, env = "STOCKGUARD_MAX_BATCH", default_value_t = 10)]
     pub max_batch: usize,
@@ -127,6 +133,7 @@ impl Default for Limits {
             max_complexity: 2000,
             body_limit: 64 * 1024,
             max_batch: 10,
+            max_in_flight: 512,
             order_locking: OrderLocking::Optimistic,
             lock_timeout_ms: 2000,
             reservation_ttl_secs: 900,

@@ -2,7 +2,7 @@
 //! `/healthz`, `/readyz`, `/metrics`, the body limit, and serving until
 //! SIGINT/SIGTERM.
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use async_graphql::{BatchRequest, dataloader::DataLoader, http::GraphiQLSource};
 use async_graphql_axum::{GraphQLResponse, GraphQLSubscription};
@@ -15,7 +15,7 @@ use axum::{
     routing::get,
 };
 use serde_json::json;
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::Semaphore};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::{app::AppState, inventory::loader::InventoryLoader, orders::loader::OrderLinesLoader, schema::AppSchema};
@@ -31,6 +31,8 @@ struct Http {
     app: AppState,
     /// The rendered GraphiQL page.
     graphiql: String,
+    /// Admission control: one permit per GraphQL request in flight.
+    in_flight: Arc<Semaphore>,
 }
 
 /// The router over `app`. `graphiql_token`, when given, is prefilled as the
@@ -46,7 +48,8 @@ pub fn router(app: AppState, schema: AppSchema, graphiql_token: Option<&str>) ->
     let body_limit = app.limits.body_limit;
     let subscriptions = GraphQLSubscription::new(schema.clone());
     let introspection = crate::schema::build_for_introspection(app.clone());
-    let state = Http { schema, introspection, app, graphiql: graphiql.finish() };
+    let in_flight = Arc::new(Semaphore::new(app.limits.max_in_flight.max(1)));
+    let state = Http { schema, introspection, app, graphiql: graphiql.finish(), in_flight };
     Router::new()
         .route("/", get(graphiql_page))
         .route("/graphql", get(graphiql_page).post(graphql))
@@ -79,6 +82,17 @@ fn bad_request(message: String) -> Response {
 /// Runs a GraphQL request or batch. The body is read as bytes so the body
 /// limit answers 413, and JSON that is not a GraphQL request answers 400.
 async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Response {
+    // Refuse rather than queue: a full server answers at once, so memory and
+    // waiting stay bounded however many clients come.
+    let Ok(_permit) = http.in_flight.clone().try_acquire_owned() else {
+        crate::telemetry::db_failure("overloaded");
+        let body = json!({ "errors": [{
+            "message": "the server is at its limit of requests in flight, try again",
+            "extensions": { "code": "OVERLOADED", "retryable": true }
+        }] });
+        return (StatusCode::SERVICE_UNAVAILABLE, [(axum::http::header::RETRY_AFTER, "1")], axum::Json(body))
+            .into_response();
+    };
     let batch: BatchRequest = match serde_json::from_slice(&body) {
         Ok(batch) => batch,
         Err(err) => return bad_request(format!("the body is not a GraphQL request: {err}")),

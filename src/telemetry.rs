@@ -86,7 +86,8 @@ pub fn collision_retry(kind: &'static str) {
     counter!("stockguard_collision_retries_total", "kind" => kind).increment(1);
 }
 
-/// Counts database failures by class (serialization_failure, deadlock, lock_timeout, unavailable, ...).
+/// Counts failures by class (serialization_failure, deadlock, lock_timeout,
+/// unavailable, overloaded, ...).
 pub fn db_failure(class: &'static str) {
     counter!("stockguard_db_failures_total", "class" => class).increment(1);
 }

@@ -9,7 +9,8 @@
 //! every granted reservation and ledger row, and answers each caller as if the
 //! batch had run one request at a time: its own stock after, and a version one
 //! higher per granted reservation before it. An idle inventory costs nothing:
-//! its queue exists only while requests for it are in flight.
+//! its queue exists only while requests for it are in flight, and no queue
+//! outgrows the server's limit of requests in flight.
 
 use std::{
     collections::HashMap,

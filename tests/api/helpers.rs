@@ -46,6 +46,36 @@ impl Isolation {
     }
 }
 
+/// What a test server is made of; `Options::default()` is what most tests use.
+pub struct Options {
+    /// PostgreSQL's default isolation for the test database.
+    pub isolation: Isolation,
+    /// The API's limits and write policies.
+    pub limits: Limits,
+    /// The PostgreSQL server (without a database name); default [`server_url`].
+    pub server_url: Option<String>,
+    /// The server's pool size.
+    pub pool_size: u32,
+    /// How long a request waits for a pooled connection.
+    pub acquire_timeout_ms: u64,
+    /// `statement_timeout` of the server's connections.
+    pub statement_timeout_ms: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            isolation: Isolation::ReadCommitted,
+            limits: Limits::default(),
+            server_url: None,
+            pool_size: 10,
+            // Generous: tests assert outcomes, not timing, on a busy 2-core machine.
+            acquire_timeout_ms: 30_000,
+            statement_timeout_ms: 30_000,
+        }
+    }
+}
+
 /// One running server with its own database.
 pub struct TestApp {
     /// `http://127.0.0.1:<port>`.
@@ -79,20 +109,34 @@ impl TestApp {
     /// A server whose database defaults to `isolation`, with `limits` (which
     /// also hold the order locking mode and lock timeout).
     pub async fn spawn_configured(isolation: Isolation, limits: Limits) -> Self {
+        Self::spawn_with_options(Options { isolation, limits, ..Options::default() }).await
+    }
+
+    /// A server with every knob the tests turn.
+    pub async fn spawn_with_options(options: Options) -> Self {
+        let Options { isolation, limits, server_url: server, pool_size, acquire_timeout_ms, statement_timeout_ms } =
+            options;
         let name = format!("sg_test_{}", Uuid::new_v4().simple());
-        let database_url = format!("{}/{name}", server_url());
+        let database_url = format!("{}/{name}", server.unwrap_or_else(server_url));
         db::ensure_database(&database_url).await.expect("create the test database");
         let config = DatabaseConfig {
             database_url: Some(database_url.clone()),
             data_dir: ".stockguard/postgres".into(),
-            pool_size: 10,
-            // Generous: tests assert outcomes, not timing, on a busy 2-core machine.
-            acquire_timeout_ms: 30_000,
-            statement_timeout_ms: 30_000,
+            pool_size,
+            acquire_timeout_ms,
+            statement_timeout_ms,
         };
-        let direct = db::connect(&database_url, &DatabaseConfig { pool_size: 2, ..config.clone() })
-            .await
-            .expect("connect for checks");
+        let direct = db::connect(
+            &database_url,
+            &DatabaseConfig {
+                pool_size: 2,
+                acquire_timeout_ms: 30_000,
+                statement_timeout_ms: 30_000,
+                ..config.clone()
+            },
+        )
+        .await
+        .expect("connect for checks");
         direct
             .execute_unprepared(&format!(
                 "ALTER DATABASE {name} SET default_transaction_isolation TO '{}'",
