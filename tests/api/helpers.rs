@@ -262,3 +262,23 @@ mutation($input: ReserveInput!) {
 pub fn error_code(body: &Value) -> Option<&str> {
     body["errors"][0]["extensions"]["code"].as_str()
 }
+
+impl Drop for TestApp {
+    /// Drops the test's database, so runs leave nothing behind. `FORCE` ends
+    /// the server's connections, which die with the test anyway.
+    fn drop(&mut self) {
+        let Some((server, name)) = self.database_url.rsplit_once('/').map(|(s, n)| (s.to_owned(), n.to_owned()))
+        else {
+            return;
+        };
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async {
+                let admin = sea_orm::Database::connect(format!("{server}/postgres")).await.ok()?;
+                admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()?;
+                admin.close().await.ok()
+            })
+        });
+        let _ = dropped.join();
+    }
+}
