@@ -163,11 +163,10 @@ impl Coalescer {
     }
 }
 
-/// One caller's turn in a batch, as the statement computed it.
+/// One caller's turn in a batch, as the statement computed it (rows come in
+/// arrival order).
 #[derive(Debug, FromQueryResult)]
 struct Step {
-    /// The caller's position (1-based arrival order).
-    n: i64,
     /// Whether it got its units.
     granted: bool,
     /// Stock right after its turn.
@@ -206,12 +205,12 @@ fn answer(
     if steps.is_empty() {
         return batch.iter().map(|_| Ok(ReserveOutcome::InventoryNotFound)).collect();
     }
+    // The statement returns one step per caller, in arrival order (`n`).
     batch
         .iter()
         .zip(ids)
         .zip(steps)
         .map(|((waiting, id), step)| {
-            debug_assert_eq!(step.n as usize, ids.iter().position(|i| i == id).unwrap_or(0) + 1);
             let inventory = InventoryRow {
                 id: inventory_id,
                 sku: step.sku,
