@@ -6,7 +6,8 @@
 //! connection and fans the announcements out in memory through a bounded
 //! broadcast channel: a subscriber that falls behind skips ahead (and is sent
 //! the latest row) instead of slowing the others or any writer. The listener
-//! reconnects by itself when the database goes away.
+//! reconnects by itself when the database goes away, then resends every
+//! watched inventory's current row, so nothing committed in the gap is lost.
 //!
 //! The trigger only notifies for watched inventories (see the migration), so
 //! each subscription holds a row in `inventory_watchers` while it lives.
@@ -15,7 +16,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, stream::BoxStream};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, sqlx::postgres::PgListener};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement, sqlx::postgres::PgListener,
+};
 use serde::Deserialize;
 use tokio::{
     sync::{broadcast, watch},
@@ -75,11 +78,13 @@ impl LiveStock {
     pub fn spawn_listener(&self, db: DatabaseConnection, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
         let sender = self.sender.clone();
         tokio::spawn(async move {
+            let mut reconnect = false;
             loop {
                 let listened = tokio::select! {
-                    result = listen(&db, &sender) => result,
+                    result = listen(&db, &sender, reconnect) => result,
                     _ = stop.changed() => return,
                 };
+                reconnect = true;
                 if let Err(err) = listened {
                     tracing::warn!(error = %err, "live stock listener lost its connection; reconnecting");
                 }
@@ -120,9 +125,21 @@ impl LiveStock {
     }
 }
 
-async fn listen(db: &DatabaseConnection, sender: &broadcast::Sender<InventoryRow>) -> Result<(), sea_orm::sqlx::Error> {
+async fn listen(
+    db: &DatabaseConnection,
+    sender: &broadcast::Sender<InventoryRow>,
+    reconnect: bool,
+) -> Result<(), sea_orm::sqlx::Error> {
     let mut listener = PgListener::connect_with(db.get_postgres_connection_pool()).await?;
     listener.listen(CHANNEL).await?;
+    if reconnect {
+        // Changes committed while no one listened were not announced: send
+        // every watched inventory's current row once, so subscribers catch up.
+        match watched_rows(db).await {
+            Ok(rows) => rows.into_iter().for_each(|row| drop(sender.send(row))),
+            Err(err) => tracing::warn!(error = %err, "could not resend watched inventories after reconnecting"),
+        }
+    }
     loop {
         // `None`: the connection was lost; announcements may have been missed
         // while it was, so start over with a fresh LISTEN.
@@ -135,6 +152,17 @@ async fn listen(db: &DatabaseConnection, sender: &broadcast::Sender<InventoryRow
             Err(err) => tracing::warn!(error = %err, "unreadable inventory announcement"),
         }
     }
+}
+
+/// The current rows of every watched inventory.
+async fn watched_rows(db: &DatabaseConnection) -> Result<Vec<InventoryRow>, DbErr> {
+    InventoryRow::find_by_statement(Statement::from_string(
+        DbBackend::Postgres,
+        "SELECT id, sku, name, stock, version, created_at, updated_at FROM inventories \
+          WHERE id IN (SELECT inventory_id FROM inventory_watchers)",
+    ))
+    .all(db)
+    .await
 }
 
 /// A row in `inventory_watchers` for as long as a subscription lives.
