@@ -105,10 +105,15 @@ impl Keys {
         // Only HS256 is in `validation.algorithms`, so `alg: none` and RS256
         // headers are refused before any signature is looked at.
         match jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation) {
-            Ok(data) if !data.claims.sub.is_empty() && data.claims.sub.len() <= MAX_SUB_LEN => {
+            // A NUL cannot be stored as a user id (PostgreSQL text refuses it).
+            Ok(data)
+                if !data.claims.sub.is_empty()
+                    && data.claims.sub.len() <= MAX_SUB_LEN
+                    && !data.claims.sub.contains('\0') =>
+            {
                 Viewer::User(User { id: data.claims.sub, role: data.claims.role })
             }
-            Ok(_) => Viewer::Invalid("the token's subject is empty or too long"),
+            Ok(_) => Viewer::Invalid("the token's subject is empty, too long or holds a NUL"),
             Err(err) => match err.kind() {
                 jsonwebtoken::errors::ErrorKind::ExpiredSignature => Viewer::Invalid("the token has expired"),
                 _ => Viewer::Invalid("the token is not valid"),

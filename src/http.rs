@@ -124,8 +124,19 @@ async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> R
         BatchRequest::Single(request) => crate::schema::is_introspection(&request.query),
         BatchRequest::Batch(requests) => requests.iter().all(|r| crate::schema::is_introspection(&r.query)),
     };
-    let schema = if introspecting { &http.introspection } else { &http.schema };
-    GraphQLResponse::from(schema.execute_batch(batch).await).into_response()
+    let schema = if introspecting { http.introspection } else { http.schema };
+    // Run to completion in a task of its own: hyper drops this handler when
+    // the client hangs up, and a request cancelled halfway through its
+    // database work could leave a connection inside an open transaction
+    // (sqlx 0.9 loses track of a transaction whose BEGIN was cut off) or a
+    // commit whose answer nobody reads. Detached, the work always finishes
+    // (and an idempotency key lets the client fetch the committed outcome).
+    let executed = tokio::spawn(async move { schema.execute_batch(batch).await }).await;
+    match executed {
+        Ok(response) => GraphQLResponse::from(response).into_response(),
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
 }
 
 /// Prometheus text format.

@@ -9,6 +9,12 @@ use uuid::Uuid;
 
 use crate::{error::AppError, validate};
 
+/// The earliest instant PostgreSQL's `timestamptz` can hold (4714-11-24 BC,
+/// midnight UTC) in microseconds since the Unix epoch. No row was created
+/// before it, and the database refuses a parameter before it, so a cursor
+/// naming an earlier time is malformed.
+const EARLIEST_MICROS: i64 = -210_866_803_200_000_000;
+
 /// A position in a `(created_at, id)` ordered list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cursor {
@@ -23,7 +29,7 @@ impl CursorType for Cursor {
 
     fn decode_cursor(s: &str) -> Result<Self, Self::Error> {
         let (micros, id) = s.split_once('_').ok_or("malformed cursor")?;
-        let micros = micros.parse::<i64>().map_err(|_| "malformed cursor")?;
+        let micros = micros.parse::<i64>().ok().filter(|&m| m >= EARLIEST_MICROS).ok_or("malformed cursor")?;
         Ok(Self {
             created_at: DateTime::from_timestamp_micros(micros).ok_or("malformed cursor")?,
             id: Uuid::parse_str(id).map_err(|_| "malformed cursor")?,
@@ -112,5 +118,13 @@ mod tests {
         };
         assert_eq!(Cursor::decode_cursor(&cursor.encode_cursor()), Ok(cursor));
         assert!(Cursor::decode_cursor("nonsense").is_err());
+    }
+
+    #[test]
+    fn a_cursor_before_postgresql_s_earliest_time_is_malformed() {
+        let id = Uuid::nil();
+        assert!(Cursor::decode_cursor(&format!("{EARLIEST_MICROS}_{id}")).is_ok());
+        assert!(Cursor::decode_cursor(&format!("{}_{id}", EARLIEST_MICROS - 1)).is_err());
+        assert!(Cursor::decode_cursor(&format!("{}_{id}", i64::MIN)).is_err());
     }
 }

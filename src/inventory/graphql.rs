@@ -212,6 +212,11 @@ impl InventoryQuery {
 
     /// One inventory by SKU.
     async fn inventory_by_sku(&self, ctx: &Context<'_>, sku: String) -> GqlResult<Option<Inventory>> {
+        // No SKU holds a NUL (`createInventory` refuses one), and PostgreSQL
+        // text cannot carry one: the database would fail the lookup.
+        if sku.contains('\0') {
+            return Ok(None);
+        }
         Ok(store::find_by_sku(&state(ctx).db, &sku).await.gql()?.map(Inventory))
     }
 

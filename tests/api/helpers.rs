@@ -267,8 +267,7 @@ impl Drop for TestApp {
     /// Drops the test's database, so runs leave nothing behind. `FORCE` ends
     /// the server's connections, which die with the test anyway.
     fn drop(&mut self) {
-        let Some((server, name)) = self.database_url.rsplit_once('/').map(|(s, n)| (s.to_owned(), n.to_owned()))
-        else {
+        let Some((server, name)) = self.database_url.rsplit_once('/').map(|(s, n)| (s.to_owned(), n.to_owned())) else {
             return;
         };
         let dropped = std::thread::spawn(move || {

@@ -98,7 +98,8 @@ async fn requests_past_the_in_flight_limit_are_refused_at_once_not_queued() {
 
     let limits = Limits { max_in_flight: 2, ..Limits::default() };
     let app = std::sync::Arc::new(
-        TestApp::spawn_with_options(Options { isolation: Isolation::ReadCommitted, limits, ..Options::default() }).await,
+        TestApp::spawn_with_options(Options { isolation: Isolation::ReadCommitted, limits, ..Options::default() })
+            .await,
     );
     let id = app.create_inventory("FULL-1", 10).await;
     let alice = app.token("alice", Role::Customer);
@@ -116,7 +117,9 @@ async fn requests_past_the_in_flight_limit_are_refused_at_once_not_queued() {
     for tries in 0.. {
         assert!(tries < 400, "the two requests never reached the database");
         let blocked = app
-            .count("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'")
+            .count(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
             .await;
         if blocked == 2 {
             break;

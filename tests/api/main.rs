@@ -8,6 +8,7 @@ mod cli;
 mod coalescing;
 mod concurrency;
 mod db_errors;
+mod faults;
 mod helpers;
 mod http;
 mod lifecycle;
