@@ -23,7 +23,10 @@ use sea_orm::{DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement, 
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::{ReservationRow, ReservationStatus, store::ReserveOutcome};
+use super::{
+    ReservationRow, ReservationStatus,
+    store::{self, ReserveOutcome, ReserveRequest},
+};
 use crate::{
     db::{Attempted, Collisions},
     error::AppError,
@@ -139,7 +142,23 @@ impl Coalescer {
     }
 
     /// Runs one batch statement and answers every caller in it.
-    async fn run(&self, inventory_id: Uuid, batch: Vec<Waiting>) {
+    async fn run(&self, inventory_id: Uuid, mut batch: Vec<Waiting>) {
+        // Alone (the common case on items nobody else wants): the plain
+        // one-statement reserve is cheaper for the database than the walk.
+        if batch.len() == 1 {
+            if let Some(waiting) = batch.pop() {
+                let request = ReserveRequest {
+                    inventory_id,
+                    quantity: waiting.quantity,
+                    expected_version: None,
+                    idempotency_key: None,
+                    ttl_secs: self.ttl_secs,
+                };
+                let result = store::reserve(&self.db, &self.collisions, &waiting.user_id, &request).await;
+                let _ = waiting.reply.send(result);
+            }
+            return;
+        }
         let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::new_v4()).collect();
         let users: Vec<String> = batch.iter().map(|w| w.user_id.clone()).collect();
         let quantities: Vec<i32> = batch.iter().map(|w| w.quantity).collect();
