@@ -9,7 +9,7 @@
 
 use std::{
     sync::{Arc, OnceLock},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use async_graphql::{
@@ -34,6 +34,12 @@ pub fn init(format: LogFormat) {
     };
 }
 
+/// How often recorded histogram samples are folded into their buckets.
+/// `build_recorder` spawns no upkeep of its own: without this (or a scrape
+/// of /metrics, which does the same), every sample of every request would be
+/// kept and the process would grow without bound.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
 /// The process's metrics registry, installed on first use. One per process:
 /// several servers in one process (the tests) share it.
 fn registry() -> &'static PrometheusHandle {
@@ -49,6 +55,7 @@ fn registry() -> &'static PrometheusHandle {
                 if metrics::set_global_recorder(recorder).is_err() {
                     tracing::warn!("a metrics recorder was already installed; /metrics stays empty");
                 }
+                spawn_upkeep(handle.clone());
                 handle
             }
             Err(err) => {
@@ -57,6 +64,20 @@ fn registry() -> &'static PrometheusHandle {
             }
         }
     })
+}
+
+/// Runs the registry's upkeep every [`UPKEEP_INTERVAL`] for the life of the
+/// process, on a thread of its own (so it outlives any one runtime).
+fn spawn_upkeep(handle: PrometheusHandle) {
+    let spawned = std::thread::Builder::new().name("metrics-upkeep".into()).spawn(move || {
+        loop {
+            std::thread::sleep(UPKEEP_INTERVAL);
+            handle.run_upkeep();
+        }
+    });
+    if let Err(err) = spawned {
+        tracing::warn!(error = %err, "cannot start the metrics upkeep; histograms grow until /metrics is read");
+    }
 }
 
 /// Makes sure the registry exists before the first request is counted.

@@ -9,6 +9,7 @@ mod coalescing;
 mod concurrency;
 mod db_errors;
 mod faults;
+mod fuzz;
 mod helpers;
 mod http;
 mod lifecycle;

@@ -1,0 +1,809 @@
+//! The soak: a mixed workload for minutes, against its own server and database.
+//!
+//! ```sh
+//! cargo run --release --example soak                 # 5 minutes at 64 clients
+//! cargo run --example soak -- --seconds 20           # as CI runs it
+//! ```
+//!
+//! It starts the `stockguard` server of this example's profile (built first
+//! with cargo, as the benchmark does) on a fresh database `sg_soak_<random>`
+//! with a reservation TTL of 2 s and a sweep every 200 ms, so reservations
+//! expire all through the run. It seeds 50 inventories (45 with plenty of
+//! stock, 5 scarce ones that sell out) and runs `--clients` clients, each with
+//! its own customer token, for `--seconds`. Every client loops over reserve
+//! (plain, with `expectedVersion`, with an idempotency key sent twice),
+//! release, extend, reserveMany, placeOrder, confirm (with the operator's
+//! token), cancel and changeShippingAddress; reservations it does not
+//! release expire.
+//!
+//! It fails (exit 1) when any error other than `DATABASE_UNAVAILABLE` or
+//! `OVERLOADED` (HTTP 503) came back, when the server's RSS grew by 10 % or
+//! more between the end of a 5 s warm-up and the end of the run, when nothing
+//! expired, when the invariant does not hold (checked from the database and
+//! by `stockguard check`), or when the server does not exit 0 on SIGTERM.
+//! The report goes to stdout, progress to stderr, the server's log to a file
+//! in the temporary directory (its path is printed).
+
+use std::{
+    collections::BTreeMap,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use rand::{Rng as _, SeedableRng as _, rngs::SmallRng, seq::IndexedRandom as _};
+use sea_orm::{
+    ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
+    sqlx::{self, Connection as _, postgres::PgConnection},
+};
+use serde_json::{Value, json};
+use stockguard::auth::{Keys, Role};
+use tokio::process::Child;
+use uuid::Uuid;
+
+#[derive(Parser, Debug)]
+#[command(about = "Stockguard's soak: a mixed workload against its own server and database")]
+struct Args {
+    /// How long the clients run, in seconds (the first 5 are the warm-up).
+    #[arg(long, default_value_t = 300)]
+    seconds: u64,
+    /// Concurrent clients, each with its own customer token.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// PostgreSQL server URL without a database name; `sg_soak_<random>` is created there.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
+    database_url_base: String,
+    /// The server binary. Default: `stockguard` of this example's profile
+    /// (target/<profile>/stockguard), built first with cargo.
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+}
+
+/// Warm-up before the "start" RSS is read.
+const WARM_UP: Duration = Duration::from_secs(5);
+/// RSS growth from the end of the warm-up to the end that fails the soak.
+const MAX_RSS_GROWTH_PERCENT: f64 = 10.0;
+/// Error codes a healthy server may answer under load: both are retryable.
+const TOLERATED: [&str; 2] = ["DATABASE_UNAVAILABLE", "OVERLOADED"];
+/// Inventories seeded: the first `SCARCE` of them with little stock.
+const INVENTORIES: usize = 50;
+const SCARCE: usize = 5;
+/// Reservation lifetime and sweep interval of the server under test.
+const TTL_SECS: u32 = 2;
+const SWEEP_INTERVAL_MS: u32 = 200;
+
+// ---------------------------------------------------------------------------
+// The server under test
+
+/// A `stockguard serve` child process.
+struct Server {
+    child: Child,
+    pid: u32,
+    url: String,
+}
+
+impl Server {
+    async fn start(bin: &Path, database_url: &str, secret: &str, log: &Path) -> anyhow::Result<Self> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+        let mut child = tokio::process::Command::new(bin)
+            .arg("serve")
+            .env("DATABASE_URL", database_url)
+            .env("STOCKGUARD_ADDR", format!("127.0.0.1:{port}"))
+            .env("STOCKGUARD_JWT_SECRET", secret)
+            .env("STOCKGUARD_NO_SEED", "true")
+            .env("STOCKGUARD_RESERVATION_TTL_SECS", TTL_SECS.to_string())
+            .env("STOCKGUARD_SWEEP_INTERVAL_MS", SWEEP_INTERVAL_MS.to_string())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start the server {}", bin.display()))?;
+        let pid = child.id().context("the server exited at once")?;
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                bail!("the server exited while starting: {status} (log: {})", log.display());
+            }
+            if let Ok(response) = http.get(format!("{url}/readyz")).send().await
+                && response.status().is_success()
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the server was not ready within 60 s (log: {})", log.display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(Self { child, pid, url })
+    }
+
+    /// SIGTERM, then the exit status (SIGKILL after 15 s, which is a failure).
+    async fn stop(mut self) -> anyhow::Result<std::process::ExitStatus> {
+        let sent = tokio::process::Command::new("kill").arg("-TERM").arg(self.pid.to_string()).status().await?;
+        if !sent.success() {
+            bail!("kill -TERM {} failed", self.pid);
+        }
+        match tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await {
+            Ok(status) => Ok(status?),
+            Err(_) => {
+                self.child.kill().await?;
+                bail!("the server did not stop within 15 s of SIGTERM; killed it");
+            }
+        }
+    }
+}
+
+/// The resident set size of process `pid` in kB (`VmRSS` of /proc/<pid>/status).
+fn rss_kb(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS in /proc/<pid>/status")
+}
+
+/// Builds the server binary of this example's profile, as the benchmark
+/// does, so the soak never runs a stale server. Returns its path, next to
+/// this example's directory.
+fn build_server() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    // target/<profile>/examples/soak
+    let profile_dir = exe.parent().and_then(Path::parent).context("cannot find the target directory")?;
+    let target_dir = profile_dir.parent().context("cannot find the target directory")?;
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => "dev",
+        Some(name) => name,
+        None => bail!("cannot tell the profile from {}", exe.display()),
+    };
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    eprintln!("soak: building the server (profile {profile})");
+    // The same selection as the benchmark's, so nothing already built is rebuilt.
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "--profile", profile, "--bins", "--examples", "--manifest-path"])
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", target_dir)
+        .status()
+        .context("cannot run cargo to build the server; pass --server-bin")?;
+    if !status.success() {
+        bail!("building the server failed");
+    }
+    Ok(profile_dir.join("stockguard"))
+}
+
+async fn drop_database(base: &str, name: &str) -> anyhow::Result<()> {
+    let mut conn = PgConnection::connect(&format!("{base}/postgres"))
+        .await
+        .with_context(|| format!("cannot connect to {base}/postgres"))?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// GraphQL over HTTP
+
+/// How one request ended: a union member's `__typename`, or an error
+/// (an `extensions.code`, or what went wrong over HTTP).
+enum Outcome {
+    Ok(String, Value),
+    Error(String),
+}
+
+struct Gql {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Gql {
+    fn new(base: &str, clients: usize) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(clients + 16)
+            .tcp_nodelay(true)
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        Ok(Self { http, url: format!("{base}/graphql") })
+    }
+
+    /// One operation; `data.<field>` when it has a `__typename`.
+    async fn call(&self, token: &str, query: &str, variables: Value, field: &str) -> Outcome {
+        let sent =
+            self.http.post(&self.url).bearer_auth(token).json(&json!({ "query": query, "variables": variables }));
+        let response = match sent.send().await {
+            Ok(response) => response,
+            Err(err) => {
+                return Outcome::Error(format!("HTTP {}", if err.is_timeout() { "timeout" } else { "transport" }));
+            }
+        };
+        let status = response.status();
+        let body: Value = match response.json().await {
+            Ok(body) => body,
+            Err(_) => return Outcome::Error(format!("HTTP {} (no JSON)", status.as_u16())),
+        };
+        if let Some(error) = body["errors"].as_array().and_then(|errors| errors.first()) {
+            return Outcome::Error(error["extensions"]["code"].as_str().unwrap_or("no code").to_owned());
+        }
+        if !status.is_success() {
+            return Outcome::Error(format!("HTTP {}", status.as_u16()));
+        }
+        match body["data"][field]["__typename"].as_str() {
+            Some(name) => Outcome::Ok(name.to_owned(), body["data"][field].clone()),
+            None => Outcome::Error(format!("no data.{field}")),
+        }
+    }
+}
+
+const RESERVE: &str = r#"mutation($i: ReserveInput!) { reserve(input: $i) { __typename
+  ... on Reserved { reservation { id } inventory { id version } }
+  ... on Conflict { inventory { id version } }
+  ... on SoldOut { inventory { id version } } } }"#;
+const RESERVE_MANY: &str = r#"mutation($i: ReserveManyInput!) { reserveMany(input: $i) { __typename
+  ... on ReservedAll { reservations { id } } } }"#;
+const RELEASE: &str = r#"mutation($id: UUID!) { releaseReservation(id: $id) { __typename
+  ... on ReservationNotActive { reservation { status } } } }"#;
+const EXTEND: &str = r#"mutation($id: UUID!, $s: Int!) { extendReservation(id: $id, seconds: $s) { __typename
+  ... on ReservationNotActive { reservation { status } } } }"#;
+const PLACE_ORDER: &str = r#"mutation($i: PlaceOrderInput!) { placeOrder(input: $i) { __typename
+  ... on OrderPlaced { order { id version } } } }"#;
+const CONFIRM: &str = "mutation($id: UUID!) { confirmOrder(id: $id) { __typename } }";
+const CANCEL: &str = "mutation($id: UUID!) { cancelOrder(id: $id) { __typename } }";
+const CHANGE_ADDRESS: &str = r#"mutation($i: ChangeShippingAddressInput!) { changeShippingAddress(input: $i) {
+  __typename
+  ... on ShippingAddressChanged { order { version } }
+  ... on OrderVersionConflict { current { version } } } }"#;
+
+fn address(rng: &mut SmallRng) -> Value {
+    let n: u32 = rng.random_range(1..10_000);
+    json!({ "name": "Soak Tester", "line1": format!("{n} Main St"), "city": "Osaka",
+            "postalCode": "530-0001", "country": "JP" })
+}
+
+// ---------------------------------------------------------------------------
+// The clients
+
+/// The operations of the mix, each with its weight.
+const MIX: [(Op, u32); 9] = [
+    (Op::Reserve, 22),
+    (Op::ReserveTwice, 5),
+    (Op::Release, 12),
+    (Op::Extend, 10),
+    (Op::ReserveMany, 10),
+    (Op::PlaceOrder, 12),
+    (Op::Confirm, 8),
+    (Op::Cancel, 8),
+    (Op::ChangeAddress, 10),
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Op {
+    Reserve,
+    /// The same keyed reserve sent twice (a double click).
+    ReserveTwice,
+    Release,
+    Extend,
+    ReserveMany,
+    PlaceOrder,
+    Confirm,
+    Cancel,
+    ChangeAddress,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Reserve => "reserve",
+            Self::ReserveTwice => "reserve (keyed, twice)",
+            Self::Release => "releaseReservation",
+            Self::Extend => "extendReservation",
+            Self::ReserveMany => "reserveMany",
+            Self::PlaceOrder => "placeOrder",
+            Self::Confirm => "confirmOrder",
+            Self::Cancel => "cancelOrder",
+            Self::ChangeAddress => "changeShippingAddress",
+        }
+    }
+}
+
+/// What one client saw; merged into the report.
+#[derive(Default)]
+struct Tally {
+    /// Requests per operation.
+    requests: BTreeMap<Op, u64>,
+    /// Union members per operation.
+    outcomes: BTreeMap<Op, BTreeMap<String, u64>>,
+    /// Errors by code (or HTTP failure) per operation.
+    errors: BTreeMap<Op, BTreeMap<String, u64>>,
+    /// Reservations seen EXPIRED by release or extend.
+    seen_expired: u64,
+}
+
+impl Tally {
+    fn record(&mut self, op: Op, outcome: &Outcome) {
+        *self.requests.entry(op).or_default() += 1;
+        let (map, key) = match outcome {
+            Outcome::Ok(name, data) => {
+                if data["reservation"]["status"] == "EXPIRED" {
+                    self.seen_expired += 1;
+                }
+                (&mut self.outcomes, name)
+            }
+            Outcome::Error(code) => (&mut self.errors, code),
+        };
+        *map.entry(op).or_default().entry(key.clone()).or_default() += 1;
+    }
+
+    fn merge(&mut self, other: Tally) {
+        for (op, n) in other.requests {
+            *self.requests.entry(op).or_default() += n;
+        }
+        for (mine, theirs) in [(&mut self.outcomes, other.outcomes), (&mut self.errors, other.errors)] {
+            for (op, names) in theirs {
+                for (name, n) in names {
+                    *mine.entry(op).or_default().entry(name).or_default() += n;
+                }
+            }
+        }
+        self.seen_expired += other.seen_expired;
+    }
+
+    fn errors_by_code(&self) -> BTreeMap<String, u64> {
+        let mut by_code = BTreeMap::new();
+        for names in self.errors.values() {
+            for (code, n) in names {
+                *by_code.entry(code.clone()).or_default() += n;
+            }
+        }
+        by_code
+    }
+}
+
+/// Everything the clients share.
+struct Shared {
+    gql: Gql,
+    operator: String,
+    inventories: Vec<Uuid>,
+    deadline: Instant,
+    requests: AtomicU64,
+}
+
+/// One client: its own token, its own reservations and orders.
+struct Client {
+    shared: Arc<Shared>,
+    token: String,
+    rng: SmallRng,
+    tally: Tally,
+    reservations: Vec<Uuid>,
+    /// PENDING as far as this client knows, with the version it last saw.
+    orders: Vec<(Uuid, i64)>,
+    /// The latest version seen of each inventory.
+    versions: BTreeMap<Uuid, i64>,
+    keys: u64,
+}
+
+impl Client {
+    async fn call(&mut self, op: Op, token: Option<&str>, query: &str, variables: Value, field: &str) -> Outcome {
+        let token = token.unwrap_or(&self.token).to_owned();
+        let outcome = self.shared.gql.call(&token, query, variables, field).await;
+        self.shared.requests.fetch_add(1, Ordering::Relaxed);
+        self.tally.record(op, &outcome);
+        outcome
+    }
+
+    fn inventory(&mut self) -> Uuid {
+        *self.shared.inventories.choose(&mut self.rng).unwrap_or(&Uuid::nil())
+    }
+
+    /// Up to `n` distinct inventories.
+    fn inventories(&mut self, n: usize) -> Vec<Uuid> {
+        self.shared.inventories.choose_multiple(&mut self.rng, n).copied().collect()
+    }
+
+    fn remember(&mut self, reservation: &Value) {
+        if let Some(id) = reservation["id"].as_str().and_then(|id| id.parse().ok()) {
+            if self.reservations.len() >= 32 {
+                self.reservations.remove(0);
+            }
+            self.reservations.push(id);
+        }
+    }
+
+    fn saw_inventory(&mut self, inventory: &Value) {
+        if let (Some(id), Some(version)) =
+            (inventory["id"].as_str().and_then(|id| id.parse().ok()), inventory["version"].as_i64())
+        {
+            self.versions.insert(id, version);
+        }
+    }
+
+    fn some_reservation(&mut self) -> Option<Uuid> {
+        (!self.reservations.is_empty()).then(|| self.reservations[self.rng.random_range(0..self.reservations.len())])
+    }
+
+    fn some_order(&mut self) -> Option<usize> {
+        (!self.orders.is_empty()).then(|| self.rng.random_range(0..self.orders.len()))
+    }
+
+    async fn run(mut self) -> Tally {
+        let total: u32 = MIX.iter().map(|(_, weight)| weight).sum();
+        while Instant::now() < self.shared.deadline {
+            let mut pick = self.rng.random_range(0..total);
+            let op = MIX
+                .iter()
+                .find(|(_, weight)| {
+                    let hit = pick < *weight;
+                    pick = pick.saturating_sub(*weight);
+                    hit
+                })
+                .map_or(Op::Reserve, |(op, _)| *op);
+            self.step(op).await;
+        }
+        self.tally
+    }
+
+    async fn step(&mut self, op: Op) {
+        match op {
+            Op::Reserve => {
+                let inventory = self.inventory();
+                let mut input = json!({ "inventoryId": inventory, "quantity": self.rng.random_range(1..=3) });
+                // A quarter of them from a screen: only at the version last seen.
+                if self.rng.random_bool(0.25)
+                    && let Some(version) = self.versions.get(&inventory)
+                {
+                    input["expectedVersion"] = json!(version);
+                }
+                if let Outcome::Ok(_, data) = self.call(op, None, RESERVE, json!({ "i": input }), "reserve").await {
+                    self.remember(&data["reservation"]);
+                    self.saw_inventory(&data["inventory"]);
+                }
+            }
+            Op::ReserveTwice => {
+                self.keys += 1;
+                let input = json!({ "inventoryId": self.inventory(), "idempotencyKey": format!("soak-{}", self.keys) });
+                let first = self.call(op, None, RESERVE, json!({ "i": input }), "reserve").await;
+                let second = self.call(op, None, RESERVE, json!({ "i": input }), "reserve").await;
+                // The replay of a request that took stock is that first outcome.
+                // (One that found the item sold out took nothing: its replay
+                // may find stock that came back since.)
+                if let (Outcome::Ok(name, a), Outcome::Ok(_, b)) = (&first, &second)
+                    && name == "Reserved"
+                    && a["reservation"]["id"] != b["reservation"]["id"]
+                {
+                    let error = Outcome::Error(format!("REPLAY OF Reserved RETURNED {}", b["__typename"]));
+                    self.tally.record(op, &error);
+                }
+                if let Outcome::Ok(_, data) = first {
+                    self.remember(&data["reservation"]);
+                }
+            }
+            Op::Release => {
+                if let Some(id) = self.some_reservation() {
+                    self.reservations.retain(|r| *r != id);
+                    self.call(op, None, RELEASE, json!({ "id": id }), "releaseReservation").await;
+                }
+            }
+            Op::Extend => {
+                if let Some(id) = self.some_reservation() {
+                    let variables = json!({ "id": id, "s": self.rng.random_range(1..=2) });
+                    self.call(op, None, EXTEND, variables, "extendReservation").await;
+                }
+            }
+            Op::ReserveMany => {
+                let n = self.rng.random_range(2..=4);
+                let items: Vec<Value> = self
+                    .inventories(n)
+                    .into_iter()
+                    .map(|id| json!({ "inventoryId": id, "quantity": 1 + u8::from(id.as_bytes()[0] % 2 == 0) }))
+                    .collect();
+                let input = json!({ "items": items });
+                if let Outcome::Ok(_, data) =
+                    self.call(op, None, RESERVE_MANY, json!({ "i": input }), "reserveMany").await
+                {
+                    for reservation in data["reservations"].as_array().into_iter().flatten() {
+                        self.remember(reservation);
+                    }
+                }
+            }
+            Op::PlaceOrder => {
+                let n = self.rng.random_range(1..=3);
+                let items: Vec<Value> =
+                    self.inventories(n).into_iter().map(|id| json!({ "inventoryId": id })).collect();
+                let input = json!({ "items": items, "shippingAddress": address(&mut self.rng) });
+                if let Outcome::Ok(_, data) =
+                    self.call(op, None, PLACE_ORDER, json!({ "i": input }), "placeOrder").await
+                    && let (Some(id), Some(version)) =
+                        (data["order"]["id"].as_str().and_then(|id| id.parse().ok()), data["order"]["version"].as_i64())
+                {
+                    if self.orders.len() >= 16 {
+                        self.orders.remove(0);
+                    }
+                    self.orders.push((id, version));
+                }
+            }
+            Op::Confirm | Op::Cancel => {
+                if let Some(i) = self.some_order() {
+                    let (id, _) = self.orders.swap_remove(i);
+                    let operator = self.shared.operator.clone();
+                    let (query, field, token) = if op == Op::Confirm {
+                        (CONFIRM, "confirmOrder", Some(operator.as_str()))
+                    } else {
+                        (CANCEL, "cancelOrder", None)
+                    };
+                    self.call(op, token, query, json!({ "id": id }), field).await;
+                }
+            }
+            Op::ChangeAddress => {
+                if let Some(i) = self.some_order() {
+                    let (id, version) = self.orders[i];
+                    let input = json!({ "orderId": id, "expectedVersion": version,
+                                        "shippingAddress": address(&mut self.rng) });
+                    let outcome =
+                        self.call(op, None, CHANGE_ADDRESS, json!({ "i": input }), "changeShippingAddress").await;
+                    if let Outcome::Ok(name, data) = outcome {
+                        let seen = data["order"]["version"].as_i64().or(data["current"]["version"].as_i64());
+                        match (name.as_str(), seen) {
+                            ("OrderNotEditable" | "OrderNotFound", _) => {
+                                self.orders.swap_remove(i);
+                            }
+                            (_, Some(seen)) => self.orders[i].1 = seen,
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The run
+
+async fn seed(gql: &Gql, operator: &str) -> anyhow::Result<Vec<Uuid>> {
+    let mut ids = Vec::with_capacity(INVENTORIES);
+    for i in 0..INVENTORIES {
+        let stock = if i < SCARCE { 20 } else { 1_000_000_000 };
+        let input = json!({ "sku": format!("SOAK-{i:02}"), "name": format!("soak item {i}"), "stock": stock });
+        let query = "mutation($i: CreateInventoryInput!) { createInventory(input: $i) { __typename id } }";
+        match gql.call(operator, query, json!({ "i": input }), "createInventory").await {
+            Outcome::Ok(_, data) => ids.push(data["id"].as_str().context("an id")?.parse()?),
+            Outcome::Error(err) => bail!("seeding failed: {err}"),
+        }
+    }
+    Ok(ids)
+}
+
+async fn count_by(db: &DatabaseConnection, sql: &str) -> anyhow::Result<BTreeMap<String, i64>> {
+    let rows = db.query_all_raw(Statement::from_string(DbBackend::Postgres, sql)).await?;
+    rows.iter().map(|row| Ok((row.try_get_by_index::<String>(0)?, row.try_get_by_index::<i64>(1)?))).collect()
+}
+
+fn mib(kb: u64) -> f64 {
+    kb as f64 / 1024.0
+}
+
+fn listing(counts: &BTreeMap<String, impl std::fmt::Display>) -> String {
+    counts.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
+}
+
+/// The run between creating and dropping the database: the report and
+/// whether the soak passed.
+async fn soak(args: &Args, server_bin: &Path, database_url: &str, log: &Path) -> anyhow::Result<(String, bool)> {
+    let secret = Keys::random_secret();
+    let keys = Keys::new(secret.as_bytes());
+    let ttl = chrono::Duration::seconds(i64::try_from(args.seconds)? + 600);
+    let server = Server::start(server_bin, database_url, &secret, log).await?;
+    let gql = Gql::new(&server.url, args.clients)?;
+    let operator = keys.mint("soak-operator", Role::Operator, ttl)?;
+    let inventories = seed(&gql, &operator).await?;
+    eprintln!("soak: seeded {INVENTORIES} inventories; {} clients for {} s", args.clients, args.seconds);
+
+    let started = Instant::now();
+    let shared = Arc::new(Shared {
+        gql,
+        operator,
+        inventories,
+        deadline: started + Duration::from_secs(args.seconds),
+        requests: AtomicU64::new(0),
+    });
+    let mut tasks = Vec::with_capacity(args.clients);
+    for i in 0..args.clients {
+        let client = Client {
+            shared: shared.clone(),
+            token: keys.mint(&format!("soak-{i}"), Role::Customer, ttl)?,
+            rng: SmallRng::seed_from_u64(rand::random::<u64>() ^ i as u64),
+            tally: Tally::default(),
+            reservations: Vec::new(),
+            orders: Vec::new(),
+            versions: BTreeMap::new(),
+            keys: 0,
+        };
+        tasks.push(tokio::spawn(client.run()));
+    }
+
+    // The RSS at the end of the warm-up, then every 30 s (with progress).
+    tokio::time::sleep(WARM_UP.min(Duration::from_secs(args.seconds))).await;
+    let rss_start = rss_kb(server.pid)?;
+    let timeline = Arc::new(std::sync::Mutex::new(vec![(started.elapsed().as_secs(), rss_start)]));
+    let progress = tokio::spawn({
+        let (shared, timeline, pid) = (shared.clone(), timeline.clone(), server.pid);
+        async move {
+            let period = Duration::from_secs(30);
+            let mut every = tokio::time::interval_at(tokio::time::Instant::from_std(started) + period, period);
+            loop {
+                every.tick().await;
+                let (secs, rss) = (started.elapsed().as_secs(), rss_kb(pid).unwrap_or(0));
+                eprintln!(
+                    "soak: {secs} s, {} requests, RSS {:.1} MiB",
+                    shared.requests.load(Ordering::Relaxed),
+                    mib(rss)
+                );
+                timeline.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((secs, rss));
+            }
+        }
+    });
+    let requests_at_start = shared.requests.load(Ordering::Relaxed);
+
+    let mut tally = Tally::default();
+    for task in tasks {
+        tally.merge(task.await?);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    progress.abort();
+    let rss_end = rss_kb(server.pid)?;
+    let mut timeline = timeline.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+    timeline.push((started.elapsed().as_secs(), rss_end));
+
+    // Let the sweeper catch up with what expired in the last seconds, then check.
+    tokio::time::sleep(Duration::from_millis(u64::from(TTL_SECS) * 1000 + 3 * u64::from(SWEEP_INTERVAL_MS))).await;
+    let db = Database::connect(database_url).await.context("connect for the checks")?;
+    let drifts = stockguard::invariant::check(&db).await.context("invariant check")?;
+    let reservations = count_by(&db, "SELECT status, count(*) FROM reservations GROUP BY status").await?;
+    let orders = count_by(&db, "SELECT status, count(*) FROM orders GROUP BY status").await?;
+    let movements = count_by(&db, "SELECT reason, count(*) FROM stock_movements GROUP BY reason").await?;
+    db.close().await?;
+    let check = std::process::Command::new(server_bin)
+        .args(["check", "--database-url", database_url])
+        .env("RUST_LOG", "warn")
+        .output()
+        .context("cannot run stockguard check")?;
+    let stopped = server.stop().await;
+
+    // The report.
+    let mut failures = Vec::new();
+    let mut out = String::new();
+    let total: u64 = tally.requests.values().sum();
+    out.push_str(&format!(
+        "Soak: {} clients, {elapsed:.0} s, {INVENTORIES} inventories ({SCARCE} scarce), \
+         TTL {TTL_SECS} s, sweep every {SWEEP_INTERVAL_MS} ms\n",
+        args.clients
+    ));
+    out.push_str(&format!(
+        "Server: {}\n\nRequests: {total} ({:.0}/s; {} after the warm-up)\n",
+        server_bin.display(),
+        total as f64 / elapsed,
+        total.saturating_sub(requests_at_start)
+    ));
+    for (op, n) in &tally.requests {
+        out.push_str(&format!(
+            "  {:<24}{n:>8}  {}",
+            op.name(),
+            tally.outcomes.get(op).map(listing).unwrap_or_default()
+        ));
+        if let Some(errors) = tally.errors.get(op) {
+            out.push_str(&format!("; errors: {}", listing(errors)));
+        }
+        out.push('\n');
+    }
+    let by_code = tally.errors_by_code();
+    let error_total: u64 = by_code.values().sum();
+    out.push_str(&format!(
+        "Errors: {error_total}{}\n",
+        if by_code.is_empty() { String::new() } else { format!(" ({})", listing(&by_code)) }
+    ));
+    for code in by_code.keys().filter(|code| !TOLERATED.contains(&code.as_str())) {
+        failures.push(format!("error {code} (only {} are tolerated)", TOLERATED.join(" and ")));
+    }
+
+    let growth = (rss_end as f64 - rss_start as f64) / rss_start as f64 * 100.0;
+    out.push_str(&format!(
+        "Server RSS: {:.1} MiB after the {} s warm-up, {:.1} MiB at the end: {growth:+.1} % \
+         (limit {MAX_RSS_GROWTH_PERCENT} %)\n",
+        mib(rss_start),
+        WARM_UP.as_secs(),
+        mib(rss_end)
+    ));
+    let samples: Vec<String> = timeline.iter().map(|(secs, kb)| format!("{secs} s {:.1}", mib(*kb))).collect();
+    out.push_str(&format!("RSS over time (MiB): {}\n", samples.join(", ")));
+    if growth >= MAX_RSS_GROWTH_PERCENT {
+        failures.push(format!("the server's RSS grew by {growth:.1} %"));
+    }
+
+    out.push_str(&format!("Reservations: {}\n", listing(&reservations)));
+    out.push_str(&format!("Orders: {}\n", listing(&orders)));
+    out.push_str(&format!("Ledger: {}\n", listing(&movements)));
+    let expired = reservations.get("EXPIRED").copied().unwrap_or(0);
+    out.push_str(&format!(
+        "Expiry: {expired} reservations expired by the sweeper; clients saw {} as EXPIRED\n",
+        tally.seen_expired
+    ));
+    if expired == 0 {
+        failures.push("no reservation expired".into());
+    }
+
+    if drifts.is_empty() {
+        out.push_str("Invariant (stockguard::invariant::check): holds for every inventory\n");
+    } else {
+        for drift in &drifts {
+            out.push_str(&format!("Invariant: DRIFT {drift}\n"));
+        }
+        failures.push(format!("the invariant is broken for {} inventories", drifts.len()));
+    }
+    let check_said = String::from_utf8_lossy(&check.stdout).trim().to_owned();
+    out.push_str(&format!("stockguard check: {} ({check_said})\n", check.status));
+    if !check.status.success() {
+        failures.push(format!("stockguard check: {}", check.status));
+    }
+    match stopped {
+        Ok(status) => {
+            out.push_str(&format!("SIGTERM: the server stopped with {status}\n"));
+            if !status.success() {
+                failures.push(format!("the server exited with {status} on SIGTERM"));
+            }
+        }
+        Err(err) => failures.push(format!("stopping the server: {err:#}")),
+    }
+    if failures.is_empty() {
+        out.push_str("PASS\n");
+    } else {
+        out.push_str(&format!("FAIL: {}\n", failures.join("; ")));
+    }
+    Ok((out, failures.is_empty()))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<std::process::ExitCode> {
+    let args = Args::parse();
+    if args.seconds == 0 || args.clients == 0 {
+        bail!("--seconds and --clients must be at least 1");
+    }
+    let server_bin = match &args.server_bin {
+        Some(bin) => bin.clone(),
+        None => build_server()?,
+    };
+    if !server_bin.exists() {
+        bail!("no server binary at {}", server_bin.display());
+    }
+    let base = args.database_url_base.trim_end_matches('/').to_owned();
+    let name = format!("sg_soak_{}", &Uuid::new_v4().simple().to_string()[..12]);
+    let database_url = format!("{base}/{name}");
+    stockguard::db::ensure_database(&database_url).await.with_context(|| format!("cannot create {database_url}"))?;
+    let log = std::env::temp_dir().join(format!("{name}.log"));
+    eprintln!("soak: database {name}, server {}, server log {}", server_bin.display(), log.display());
+
+    let result = soak(&args, &server_bin, &database_url, &log).await;
+    if let Err(err) = drop_database(&base, &name).await {
+        eprintln!("soak: could not drop {name}: {err:#}");
+    }
+    let (report, passed) = result?;
+    println!("{report}");
+    Ok(if passed {
+        std::process::ExitCode::SUCCESS
+    } else {
+        eprintln!("soak: FAILED (server log: {})", log.display());
+        std::process::ExitCode::FAILURE
+    })
+}
