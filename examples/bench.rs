@@ -26,7 +26,6 @@
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    net::TcpListener,
     path::{Path, PathBuf},
     process::Stdio,
     sync::{
@@ -47,8 +46,11 @@ use stockguard::{
     auth::{Keys, Role},
     reservations::store::RESERVE_SQL,
 };
-use tokio::{process::Child, sync::RwLock};
+use support::{Server, build_server, drop_database, status_kb};
+use tokio::sync::RwLock;
 use uuid::Uuid;
+
+mod support;
 
 #[derive(Parser, Debug)]
 #[command(about = "Stockguard's benchmark: the server against the raw-SQL limit, on a fresh database")]
@@ -115,78 +117,6 @@ impl Settings {
 // ---------------------------------------------------------------------------
 // The server under test
 
-/// A `stockguard serve` child process.
-struct Server {
-    child: Child,
-    pid: u32,
-    url: String,
-}
-
-impl Server {
-    async fn start(bin: &Path, database_url: &str, secret: &str, locking: &str) -> anyhow::Result<Self> {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let mut child = tokio::process::Command::new(bin)
-            .arg("serve")
-            .env("DATABASE_URL", database_url)
-            .env("STOCKGUARD_ADDR", format!("127.0.0.1:{port}"))
-            .env("STOCKGUARD_JWT_SECRET", secret)
-            .env("STOCKGUARD_NO_SEED", "true")
-            .env("STOCKGUARD_ORDER_LOCKING", locking)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start the server {}", bin.display()))?;
-        let pid = child.id().context("the server exited at once")?;
-        let url = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = child.try_wait()? {
-                bail!("the server exited while starting: {status}");
-            }
-            if let Ok(response) = http.get(format!("{url}/readyz")).send().await
-                && response.status().is_success()
-            {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("the server was not ready within 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(Self { child, pid, url })
-    }
-
-    /// SIGTERM, then wait (at most 15 s, then SIGKILL).
-    async fn stop(mut self) -> anyhow::Result<()> {
-        let _ = tokio::process::Command::new("kill").arg("-TERM").arg(self.pid.to_string()).status().await;
-        match tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await {
-            Ok(status) => {
-                status?;
-            }
-            Err(_) => {
-                eprintln!("bench: the server did not stop within 15 s; killing it");
-                self.child.kill().await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// A line of /proc/<pid>/status in kB (VmRSS, VmHWM).
-    fn status_kb(pid: u32, key: &str) -> u64 {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix(key)?.strip_prefix(':').map(str::trim).map(str::to_owned))
-                    .and_then(|v| v.trim_end_matches("kB").trim().parse().ok())
-            })
-            .unwrap_or(0)
-    }
-}
-
 /// Samples the server's VmRSS every 100 ms while a run lasts.
 struct RssSampler {
     stop: Arc<AtomicBool>,
@@ -197,12 +127,12 @@ struct RssSampler {
 impl RssSampler {
     fn start(pid: u32) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let max_kb = Arc::new(AtomicU64::new(Server::status_kb(pid, "VmRSS")));
+        let max_kb = Arc::new(AtomicU64::new(status_kb(pid, "VmRSS").unwrap_or(0)));
         let task = tokio::spawn({
             let (stop, max_kb) = (stop.clone(), max_kb.clone());
             async move {
                 while !stop.load(Ordering::Relaxed) {
-                    max_kb.fetch_max(Server::status_kb(pid, "VmRSS"), Ordering::Relaxed);
+                    max_kb.fetch_max(status_kb(pid, "VmRSS").unwrap_or(0), Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
@@ -213,7 +143,7 @@ impl RssSampler {
     async fn finish(self, pid: u32) -> u64 {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.task.await;
-        self.max_kb.fetch_max(Server::status_kb(pid, "VmRSS"), Ordering::Relaxed);
+        self.max_kb.fetch_max(status_kb(pid, "VmRSS").unwrap_or(0), Ordering::Relaxed);
         self.max_kb.load(Ordering::Relaxed)
     }
 }
@@ -542,7 +472,7 @@ impl Bench {
             (Some(pid), Some(sampler)) => Some(ServerUse {
                 cpu_secs: (end.server_secs - start.server_secs).max(0.0),
                 max_rss_kb: sampler.finish(pid).await,
-                hwm_kb: Server::status_kb(pid, "VmHWM"),
+                hwm_kb: status_kb(pid, "VmHWM").unwrap_or(0),
             }),
             _ => None,
         };
@@ -854,34 +784,6 @@ async fn place_order(gql: &Gql, customer: &str, inventory: Uuid) -> anyhow::Resu
 // ---------------------------------------------------------------------------
 // Setting up and tearing down
 
-/// Builds the server binary of this example's profile, so the one command
-/// never measures a stale server. Returns its path.
-fn build_server() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    // target/<profile>/examples/bench
-    let profile_dir = exe.parent().and_then(Path::parent).context("cannot find the target directory")?;
-    let target_dir = profile_dir.parent().context("cannot find the target directory")?;
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev",
-        Some(name) => name,
-        None => bail!("cannot tell the profile from {}", exe.display()),
-    };
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    eprintln!("bench: building the server (profile {profile})");
-    // The same selection as `cargo run --example`, so features unify the same
-    // way and nothing already built is rebuilt.
-    let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "--profile", profile, "--bins", "--examples", "--manifest-path"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", target_dir)
-        .status()
-        .context("cannot run cargo to build the server; pass --server-bin")?;
-    if !status.success() {
-        bail!("building the server failed");
-    }
-    Ok(profile_dir.join("stockguard"))
-}
-
 /// A direct connection. PostgreSQL's `max_connections` is shared with
 /// whatever else runs on the machine, so "too many clients" (53300) is waited
 /// out for up to a minute.
@@ -904,21 +806,6 @@ async fn connect_patiently(url: &str) -> anyhow::Result<PgConnection> {
             Err(err) => return Err(err.into()),
         }
     }
-}
-
-async fn admin(base: &str) -> anyhow::Result<PgConnection> {
-    PgConnection::connect(&format!("{base}/postgres"))
-        .await
-        .with_context(|| format!("cannot connect to {base}/postgres"))
-}
-
-async fn drop_database(base: &str, name: &str) -> anyhow::Result<()> {
-    let mut conn = admin(base).await?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
-        .execute(&mut conn)
-        .await?;
-    conn.close().await?;
-    Ok(())
 }
 
 async fn seed_spread(db: &DatabaseConnection) -> anyhow::Result<Vec<Uuid>> {
@@ -1327,7 +1214,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     let settings = Settings::from(&args)?;
     let server_bin = match &args.server_bin {
         Some(bin) => bin.clone(),
-        None => build_server()?,
+        None => build_server("bench")?,
     };
     if !server_bin.exists() {
         bail!("no server binary at {}", server_bin.display());
@@ -1358,11 +1245,15 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
 async fn run(settings: Settings, server_bin: &Path, database_url: &str) -> anyhow::Result<(String, bool)> {
     let secret = Keys::random_secret();
     let keys = Keys::new(secret.as_bytes());
-    let server = Server::start(server_bin, database_url, &secret, "optimistic").await?;
+    let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
+    let server = Server::start(server_bin, database_url, &secret, &locking, Stdio::inherit()).await?;
     let result = main_matrix(settings, keys, &server, server_bin, database_url, &secret).await;
     let stopped = server.stop().await;
     let (markdown, ok) = result?;
-    stopped?;
+    let status = stopped?;
+    if !status.success() {
+        bail!("the server exited with {status} after SIGTERM");
+    }
     Ok((markdown, ok))
 }
 
@@ -1449,7 +1340,7 @@ async fn main_matrix(
             cells.push(Cell { scenario, clients, stockguard, raw });
         }
     }
-    let main_hwm_kb = Server::status_kb(server.pid, "VmHWM");
+    let main_hwm_kb = status_kb(server.pid, "VmHWM").unwrap_or(0);
 
     let clients = bench.settings.strategy_clients();
     eprintln!("bench: strategies on HOT x{clients}: expectedVersion with re-read and retries");
@@ -1457,7 +1348,8 @@ async fn main_matrix(
     eprintln!("bench: contested order x{clients}, optimistic");
     let optimistic = bench.contested_order(server, clients, "optimistic").await?;
     eprintln!("bench: restarting the server with STOCKGUARD_ORDER_LOCKING=pessimistic");
-    let pessimistic_server = Server::start(server_bin, database_url, secret, "pessimistic").await?;
+    let locking = [("STOCKGUARD_ORDER_LOCKING", "pessimistic".to_owned())];
+    let pessimistic_server = Server::start(server_bin, database_url, secret, &locking, Stdio::inherit()).await?;
     let pessimistic = bench.contested_order(&pessimistic_server, clients, "pessimistic").await;
     pessimistic_server.stop().await?;
     let pessimistic = pessimistic?;

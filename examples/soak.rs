@@ -26,9 +26,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::TcpListener,
     path::{Path, PathBuf},
-    process::Stdio,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -39,14 +37,13 @@ use std::{
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use rand::{Rng as _, SeedableRng as _, rngs::SmallRng, seq::IndexedRandom as _};
-use sea_orm::{
-    ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
-    sqlx::{self, Connection as _, postgres::PgConnection},
-};
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::auth::{Keys, Role};
-use tokio::process::Child;
+use support::{Server, build_server, drop_database, status_kb};
 use uuid::Uuid;
+
+mod support;
 
 #[derive(Parser, Debug)]
 #[command(about = "Stockguard's soak: a mixed workload against its own server and database")]
@@ -81,119 +78,6 @@ const SWEEP_INTERVAL_MS: u32 = 200;
 
 // ---------------------------------------------------------------------------
 // The server under test
-
-/// A `stockguard serve` child process.
-struct Server {
-    child: Child,
-    pid: u32,
-    url: String,
-}
-
-impl Server {
-    async fn start(bin: &Path, database_url: &str, secret: &str, log: &Path) -> anyhow::Result<Self> {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
-        let mut child = tokio::process::Command::new(bin)
-            .arg("serve")
-            .env("DATABASE_URL", database_url)
-            .env("STOCKGUARD_ADDR", format!("127.0.0.1:{port}"))
-            .env("STOCKGUARD_JWT_SECRET", secret)
-            .env("STOCKGUARD_NO_SEED", "true")
-            .env("STOCKGUARD_RESERVATION_TTL_SECS", TTL_SECS.to_string())
-            .env("STOCKGUARD_SWEEP_INTERVAL_MS", SWEEP_INTERVAL_MS.to_string())
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start the server {}", bin.display()))?;
-        let pid = child.id().context("the server exited at once")?;
-        let url = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = child.try_wait()? {
-                bail!("the server exited while starting: {status} (log: {})", log.display());
-            }
-            if let Ok(response) = http.get(format!("{url}/readyz")).send().await
-                && response.status().is_success()
-            {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("the server was not ready within 60 s (log: {})", log.display());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(Self { child, pid, url })
-    }
-
-    /// SIGTERM, then the exit status (SIGKILL after 15 s, which is a failure).
-    async fn stop(mut self) -> anyhow::Result<std::process::ExitStatus> {
-        let sent = tokio::process::Command::new("kill").arg("-TERM").arg(self.pid.to_string()).status().await?;
-        if !sent.success() {
-            bail!("kill -TERM {} failed", self.pid);
-        }
-        match tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await {
-            Ok(status) => Ok(status?),
-            Err(_) => {
-                self.child.kill().await?;
-                bail!("the server did not stop within 15 s of SIGTERM; killed it");
-            }
-        }
-    }
-}
-
-/// The resident set size of process `pid` in kB (`VmRSS` of /proc/<pid>/status).
-fn rss_kb(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .with_context(|| format!("cannot read /proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmRSS in /proc/<pid>/status")
-}
-
-/// Builds the server binary of this example's profile, as the benchmark
-/// does, so the soak never runs a stale server. Returns its path, next to
-/// this example's directory.
-fn build_server() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    // target/<profile>/examples/soak
-    let profile_dir = exe.parent().and_then(Path::parent).context("cannot find the target directory")?;
-    let target_dir = profile_dir.parent().context("cannot find the target directory")?;
-    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => "dev",
-        Some(name) => name,
-        None => bail!("cannot tell the profile from {}", exe.display()),
-    };
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    eprintln!("soak: building the server (profile {profile})");
-    // The same selection as the benchmark's, so nothing already built is rebuilt.
-    let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "--profile", profile, "--bins", "--examples", "--manifest-path"])
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", target_dir)
-        .status()
-        .context("cannot run cargo to build the server; pass --server-bin")?;
-    if !status.success() {
-        bail!("building the server failed");
-    }
-    Ok(profile_dir.join("stockguard"))
-}
-
-async fn drop_database(base: &str, name: &str) -> anyhow::Result<()> {
-    let mut conn = PgConnection::connect(&format!("{base}/postgres"))
-        .await
-        .with_context(|| format!("cannot connect to {base}/postgres"))?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
-        .execute(&mut conn)
-        .await?;
-    conn.close().await?;
-    Ok(())
-}
 
 // ---------------------------------------------------------------------------
 // GraphQL over HTTP
@@ -605,7 +489,14 @@ async fn soak(args: &Args, server_bin: &Path, database_url: &str, log: &Path) ->
     let secret = Keys::random_secret();
     let keys = Keys::new(secret.as_bytes());
     let ttl = chrono::Duration::seconds(i64::try_from(args.seconds)? + 600);
-    let server = Server::start(server_bin, database_url, &secret, log).await?;
+    let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+    let env = [
+        ("STOCKGUARD_RESERVATION_TTL_SECS", TTL_SECS.to_string()),
+        ("STOCKGUARD_SWEEP_INTERVAL_MS", SWEEP_INTERVAL_MS.to_string()),
+    ];
+    let server = Server::start(server_bin, database_url, &secret, &env, log_file.into())
+        .await
+        .with_context(|| format!("server log: {}", log.display()))?;
     let gql = Gql::new(&server.url, args.clients)?;
     let operator = keys.mint("soak-operator", Role::Operator, ttl)?;
     let inventories = seed(&gql, &operator).await?;
@@ -636,7 +527,7 @@ async fn soak(args: &Args, server_bin: &Path, database_url: &str, log: &Path) ->
 
     // The RSS at the end of the warm-up, then every 30 s (with progress).
     tokio::time::sleep(WARM_UP.min(Duration::from_secs(args.seconds))).await;
-    let rss_start = rss_kb(server.pid)?;
+    let rss_start = status_kb(server.pid, "VmRSS").context("the server's VmRSS")?;
     let timeline = Arc::new(std::sync::Mutex::new(vec![(started.elapsed().as_secs(), rss_start)]));
     let progress = tokio::spawn({
         let (shared, timeline, pid) = (shared.clone(), timeline.clone(), server.pid);
@@ -645,7 +536,7 @@ async fn soak(args: &Args, server_bin: &Path, database_url: &str, log: &Path) ->
             let mut every = tokio::time::interval_at(tokio::time::Instant::from_std(started) + period, period);
             loop {
                 every.tick().await;
-                let (secs, rss) = (started.elapsed().as_secs(), rss_kb(pid).unwrap_or(0));
+                let (secs, rss) = (started.elapsed().as_secs(), status_kb(pid, "VmRSS").unwrap_or(0));
                 eprintln!(
                     "soak: {secs} s, {} requests, RSS {:.1} MiB",
                     shared.requests.load(Ordering::Relaxed),
@@ -663,7 +554,7 @@ async fn soak(args: &Args, server_bin: &Path, database_url: &str, log: &Path) ->
     }
     let elapsed = started.elapsed().as_secs_f64();
     progress.abort();
-    let rss_end = rss_kb(server.pid)?;
+    let rss_end = status_kb(server.pid, "VmRSS").context("the server's VmRSS")?;
     let mut timeline = timeline.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
     timeline.push((started.elapsed().as_secs(), rss_end));
 
@@ -782,7 +673,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     }
     let server_bin = match &args.server_bin {
         Some(bin) => bin.clone(),
-        None => build_server()?,
+        None => build_server("soak")?,
     };
     if !server_bin.exists() {
         bail!("no server binary at {}", server_bin.display());
