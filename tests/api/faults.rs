@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{SinkExt, StreamExt, future::join_all};
+use futures::future::join_all;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait};
 use serde_json::{Value, json};
@@ -28,13 +28,12 @@ use stockguard::{
     invariant,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_tungstenite::{
-    MaybeTlsStream, WebSocketStream, connect_async,
-    tungstenite::{Message, client::IntoClientRequest, http::HeaderValue},
-};
 use uuid::Uuid;
 
-use crate::helpers::{Options, RESERVE, TestApp, server_url};
+use crate::{
+    helpers::{Options, RESERVE, TestApp, server_url},
+    ws::{SUBSCRIPTION, Socket, connect, next, send},
+};
 
 // ---------- requests and what came back ----------
 
@@ -426,42 +425,12 @@ impl Drop for PrivateCluster {
     }
 }
 
-type Socket = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
-
-const SUBSCRIPTION: &str = "subscription($id: UUID!) { inventoryChanged(id: $id) { id stock version } }";
-
-/// A graphql-transport-ws connection, acknowledged.
+/// A graphql-transport-ws connection subscribed to inventory `id`.
 async fn subscribe(address: &str, id: Uuid) -> Socket {
-    let url = format!("{}/graphql/ws", address.replace("http://", "ws://"));
-    let mut request = url.into_client_request().expect("request");
-    request.headers_mut().insert("Sec-WebSocket-Protocol", HeaderValue::from_static("graphql-transport-ws"));
-    let (mut socket, _) = connect_async(request).await.expect("websocket");
-    send(&mut socket, json!({ "type": "connection_init", "payload": {} })).await;
-    assert_eq!(next(&mut socket).await["type"], "connection_ack");
+    let mut socket = connect(address, "graphql-transport-ws").await;
     let payload = json!({ "query": SUBSCRIPTION, "variables": { "id": id } });
     send(&mut socket, json!({ "id": "1", "type": "subscribe", "payload": payload })).await;
     socket
-}
-
-async fn send(socket: &mut Socket, message: Value) {
-    socket.send(Message::text(message.to_string())).await.expect("send");
-}
-
-/// The next JSON message, skipping keep-alives; fails after 10 s.
-async fn next(socket: &mut Socket) -> Value {
-    loop {
-        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
-            .await
-            .expect("a message within 10 s")
-            .expect("open")
-            .expect("frame");
-        if let Message::Text(text) = message {
-            let value: Value = serde_json::from_str(&text).expect("json");
-            if value["type"] != "ka" && value["type"] != "ping" && value["type"] != "pong" {
-                return value;
-            }
-        }
-    }
 }
 
 /// Polls `probe` every 50 ms until it holds or `limit` has passed; returns

@@ -2,51 +2,14 @@
 
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use stockguard::auth::Role;
-use tokio_tungstenite::{
-    MaybeTlsStream, WebSocketStream, connect_async,
-    tungstenite::{Message, client::IntoClientRequest, http::HeaderValue},
-};
 use uuid::Uuid;
 
-use crate::helpers::TestApp;
-
-type Socket = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
-
-const SUBSCRIPTION: &str = "subscription($id: UUID!) { inventoryChanged(id: $id) { id stock version } }";
-
-async fn connect(app: &TestApp, protocol: &str) -> Socket {
-    let url = format!("{}/graphql/ws", app.address.replace("http://", "ws://"));
-    let mut request = url.into_client_request().expect("request");
-    request.headers_mut().insert("Sec-WebSocket-Protocol", HeaderValue::from_str(protocol).expect("header"));
-    let (mut socket, _) = connect_async(request).await.expect("websocket");
-    send(&mut socket, json!({ "type": "connection_init", "payload": {} })).await;
-    assert_eq!(next(&mut socket).await["type"], "connection_ack");
-    socket
-}
-
-async fn send(socket: &mut Socket, message: Value) {
-    socket.send(Message::text(message.to_string())).await.expect("send");
-}
-
-/// The next JSON message, skipping keep-alives; fails after 10 s.
-async fn next(socket: &mut Socket) -> Value {
-    loop {
-        let message = tokio::time::timeout(Duration::from_secs(10), socket.next())
-            .await
-            .expect("a message within 10 s")
-            .expect("open")
-            .expect("frame");
-        if let Message::Text(text) = message {
-            let value: Value = serde_json::from_str(&text).expect("json");
-            if value["type"] != "ka" && value["type"] != "ping" && value["type"] != "pong" {
-                return value;
-            }
-        }
-    }
-}
+use crate::{
+    helpers::TestApp,
+    ws::{SUBSCRIPTION, connect, next, send},
+};
 
 /// Waits until the server has registered the subscription's watcher, so
 /// changes made from now on are announced.
@@ -63,7 +26,7 @@ async fn until_watched(app: &TestApp, id: Uuid) {
 async fn three_reservations_arrive_in_order(protocol: &str, subscribe: &str, data: &str) {
     let app = TestApp::spawn().await;
     let id = app.create_inventory("LIVE-1", 10).await;
-    let mut socket = connect(&app, protocol).await;
+    let mut socket = connect(&app.address, protocol).await;
     send(
         &mut socket,
         json!({ "id": "1", "type": subscribe, "payload": { "query": SUBSCRIPTION, "variables": { "id": id } } }),
@@ -137,7 +100,7 @@ async fn the_metrics_page_counts_outcomes_latency_and_the_pool() {
 async fn subscriptions_survive_the_listener_losing_its_connection() {
     let app = TestApp::spawn().await;
     let id = app.create_inventory("LIVE-3", 10).await;
-    let mut socket = connect(&app, "graphql-transport-ws").await;
+    let mut socket = connect(&app.address, "graphql-transport-ws").await;
     send(
         &mut socket,
         json!({ "id": "1", "type": "subscribe", "payload": { "query": SUBSCRIPTION, "variables": { "id": id } } }),

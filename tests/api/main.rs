@@ -16,3 +16,4 @@ mod lifecycle;
 mod live;
 mod orders;
 mod queries;
+mod ws;
