@@ -351,6 +351,39 @@ impl Rng {
 struct Gql {
     http: reqwest::Client,
     url: String,
+    /// [`RESERVE`] as a JSON string, for [`Gql::reserve`].
+    reserve_json: String,
+}
+
+/// Only what [`Gql::reserve`] reads of an answer.
+#[derive(serde::Deserialize)]
+struct ReserveAnswer<'a> {
+    #[serde(borrow)]
+    data: Option<ReserveData<'a>>,
+    #[serde(default)]
+    errors: Vec<AnswerError>,
+}
+
+#[derive(serde::Deserialize)]
+struct ReserveData<'a> {
+    #[serde(borrow)]
+    reserve: Option<Typename<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct Typename<'a> {
+    #[serde(borrow, rename = "__typename")]
+    typename: std::borrow::Cow<'a, str>,
+}
+
+#[derive(serde::Deserialize)]
+struct AnswerError {
+    extensions: Option<AnswerCode>,
+}
+
+#[derive(serde::Deserialize)]
+struct AnswerCode {
+    code: Option<String>,
 }
 
 impl Gql {
@@ -360,7 +393,39 @@ impl Gql {
             .tcp_nodelay(true)
             .timeout(Duration::from_secs(30))
             .build()?;
-        Ok(Self { http, url: format!("{base}/graphql") })
+        Ok(Self { http, url: format!("{base}/graphql"), reserve_json: serde_json::to_string(RESERVE)? })
+    }
+
+    /// `reserve` of one unit: the measured loop's request, lean on purpose.
+    /// The load generator shares the machine with what it measures, so the
+    /// body is written straight to text and only `__typename` is read back.
+    async fn reserve(&self, authorization: &reqwest::header::HeaderValue, inventory: Uuid) -> Outcome {
+        let body = format!(r#"{{"query":{},"variables":{{"i":{{"inventoryId":"{inventory}"}}}}}}"#, self.reserve_json);
+        let sent = self
+            .http
+            .post(&self.url)
+            .header(reqwest::header::AUTHORIZATION, authorization)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) if response.status().is_success() => response,
+            Ok(response) => return Outcome::Error(format!("HTTP {}", response.status().as_u16())),
+            Err(e) => return Outcome::Error(format!("HTTP {}", if e.is_timeout() { "timeout" } else { "transport" })),
+        };
+        let Ok(bytes) = response.bytes().await else { return Outcome::Error("HTTP bad body".into()) };
+        match serde_json::from_slice::<ReserveAnswer<'_>>(&bytes) {
+            Ok(answer) if !answer.errors.is_empty() => {
+                let code = answer.errors[0].extensions.as_ref().and_then(|e| e.code.as_deref()).unwrap_or("no code");
+                Outcome::Error(format!("GraphQL {code}"))
+            }
+            Ok(ReserveAnswer { data: Some(ReserveData { reserve: Some(name) }), .. }) => {
+                Outcome::Ok(name.typename.into_owned())
+            }
+            Ok(_) => Outcome::Error("no data.reserve".into()),
+            Err(_) => Outcome::Error("HTTP bad body".into()),
+        }
     }
 
     /// One operation; the `__typename` of `data.<field>`, or the error.
@@ -426,6 +491,9 @@ struct Bench {
     hot: Uuid,
     spread: Arc<Vec<Uuid>>,
     clk_tck: f64,
+    /// The server's reservation TTL, which the raw-SQL runs pass too, so both
+    /// write the same rows (an expiring reservation is also in the sweeper's index).
+    ttl_secs: i32,
     invariant_checks: u32,
     violations: Vec<String>,
 }
@@ -504,13 +572,13 @@ impl Bench {
             .map(|(i, token)| {
                 let (gql, targets) = (gql.clone(), targets.clone());
                 tokio::spawn(async move {
+                    let authorization = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))?;
                     let mut rec = Recorder::new(measure_from, until);
                     let mut rng = Rng::new(i as u64 + 1);
                     while Instant::now() < until {
                         let id = targets[rng.below(targets.len())];
                         let start = Instant::now();
-                        let (outcome, _) =
-                            gql.call(&token, RESERVE, json!({ "i": { "inventoryId": id } }), "reserve").await;
+                        let outcome = gql.reserve(&authorization, id).await;
                         rec.record(start, &outcome, ONE_REQUEST);
                     }
                     anyhow::Ok(rec)
@@ -527,6 +595,7 @@ impl Bench {
     /// `RESERVE_SQL`, prepared, through one dedicated connection per client.
     async fn raw_sql(&mut self, scenario: Scenario, clients: usize) -> anyhow::Result<Stats> {
         let targets = self.targets(scenario);
+        let ttl_secs = self.ttl_secs;
         let mut connections = Vec::with_capacity(clients);
         for _ in 0..clients {
             connections.push(connect_patiently(&self.database_url).await.context("raw SQL: connect")?);
@@ -552,7 +621,7 @@ impl Bench {
                             .bind(user.as_str())
                             .bind(None::<String>)
                             .bind(None::<String>)
-                            .bind(0i32)
+                            .bind(ttl_secs)
                             .fetch_optional(&mut conn)
                             .await;
                         let outcome = match result {
@@ -830,6 +899,15 @@ async fn show(db: &DatabaseConnection, sql: &str) -> String {
     match db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await {
         Ok(Some(row)) => row.try_get_by_index::<String>(0).unwrap_or_else(|_| "?".into()),
         _ => "?".into(),
+    }
+}
+
+/// The reservation TTL the server runs with: its default, or the
+/// `STOCKGUARD_RESERVATION_TTL_SECS` it inherits from this process.
+fn server_ttl_secs() -> anyhow::Result<i32> {
+    match std::env::var("STOCKGUARD_RESERVATION_TTL_SECS") {
+        Ok(ttl) => ttl.parse().context("STOCKGUARD_RESERVATION_TTL_SECS"),
+        Err(_) => Ok(stockguard::config::Limits::default().reservation_ttl_secs),
     }
 }
 
@@ -1208,7 +1286,10 @@ impl Report<'_> {
 
 // ---------------------------------------------------------------------------
 
-#[tokio::main]
+// One thread, as pgbench's default: on two cores shared with the server and
+// PostgreSQL, a second load thread costs more in wake-ups than it adds, and
+// the raw-SQL limit should be the highest this machine gives.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
     let settings = Settings::from(&args)?;
@@ -1313,6 +1394,7 @@ async fn main_matrix(
         hot,
         spread,
         clk_tck: clk_tck(),
+        ttl_secs: server_ttl_secs()?,
         invariant_checks: 0,
         violations: Vec::new(),
     };

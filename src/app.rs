@@ -1,4 +1,4 @@
-//! The state every request shares: the pool, the token keys, the limits, the
+//! The state every request shares: the pools, the token keys, the limits, the
 //! collision policy, live stock and the coalescer. Cheap to clone; each server
 //! process has one.
 
@@ -10,7 +10,7 @@ use tokio::{sync::watch, task::JoinHandle};
 use crate::{
     auth::Keys,
     config::Limits,
-    db::Collisions,
+    db::{Collisions, StatementPool},
     live::LiveStock,
     reservations::{coalesce::Coalescer, sweeper},
 };
@@ -20,6 +20,8 @@ use crate::{
 pub struct AppState {
     /// The connection pool.
     pub db: DatabaseConnection,
+    /// Connections for one-statement reservations (no per-use round trip).
+    pub statements: StatementPool,
     /// Signs and verifies bearer tokens.
     pub keys: Keys,
     /// The API's limits.
@@ -36,14 +38,16 @@ impl AppState {
     /// State over `db` with `keys` and `limits`.
     pub fn new(db: DatabaseConnection, keys: Keys, limits: Limits) -> Self {
         let collisions = Collisions::new(limits.collision_attempts);
+        let statements = StatementPool::beside(&db);
         let coalescer = Coalescer::new(
             db.clone(),
+            statements.clone(),
             collisions.clone(),
             limits.coalesce_max_batch,
             Duration::from_micros(limits.coalesce_window_us),
             limits.reservation_ttl_secs,
         );
-        Self { db, keys, limits, collisions, live: LiveStock::default(), coalescer }
+        Self { db, statements, keys, limits, collisions, live: LiveStock::default(), coalescer }
     }
 
     /// Starts the background work of a server process: the sweeper and the

@@ -33,6 +33,12 @@ struct Cli {
     #[arg(long, env = "STOCKGUARD_LOG_FORMAT", value_enum, default_value = "text", global = true)]
     log_format: LogFormat,
 
+    /// Threads that run requests; 0 = one per CPU core. On a small machine
+    /// shared with PostgreSQL, fewer threads than cores can serve more: every
+    /// hand-over between threads is a wake-up the database's processes wait behind.
+    #[arg(long, env = "STOCKGUARD_WORKER_THREADS", default_value_t = 0, global = true)]
+    worker_threads: usize,
+
     #[command(flatten)]
     serve: ServeConfig,
 }
@@ -66,10 +72,18 @@ enum Command {
     Check,
 }
 
-/// Runs the command line.
-pub async fn run() -> anyhow::Result<ExitCode> {
+/// Runs the command line on a runtime of the configured size.
+pub fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     telemetry::init(cli.log_format);
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if cli.worker_threads > 0 {
+        runtime.worker_threads(cli.worker_threads);
+    }
+    runtime.enable_all().build().context("cannot start the runtime")?.block_on(dispatch(cli))
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         None => serve(cli.database, cli.serve).await.map(|()| ExitCode::SUCCESS),
         Some(Command::Serve(config)) => serve(cli.database, config).await.map(|()| ExitCode::SUCCESS),

@@ -20,7 +20,8 @@ pub struct DatabaseConfig {
     #[arg(long, env = "STOCKGUARD_DATA_DIR", default_value = ".stockguard/postgres", global = true)]
     pub data_dir: PathBuf,
 
-    /// Connections in the pool of each server process.
+    /// Connections in each of the two pools of a server process: the general
+    /// one, and the one for one-statement reservations.
     #[arg(long, env = "STOCKGUARD_POOL_SIZE", default_value_t = 16, global = true)]
     pub pool_size: u32,
 

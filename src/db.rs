@@ -17,6 +17,9 @@ use uuid::Uuid;
 
 use crate::config::DatabaseConfig;
 
+mod statements;
+pub use statements::StatementPool;
+
 /// What a database error means to Stockguard.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DbFailure {
@@ -224,6 +227,9 @@ pub async fn connect(url: &str, config: &DatabaseConfig) -> Result<DatabaseConne
         .connect_timeout(config.acquire_timeout())
         .statement_timeout(config.statement_timeout())
         .set_application_name("stockguard")
+        // sqlx pings every connection it hands out by default: a round trip
+        // per transaction. Only one that sat idle (it may have died) is worth one.
+        .test_before_acquire_if_idle_for(Duration::from_secs(1))
         .sqlx_logging(false);
     Database::connect(opts).await
 }

@@ -18,7 +18,13 @@ use serde_json::json;
 use tokio::{net::TcpListener, sync::Semaphore};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::{app::AppState, inventory::loader::InventoryLoader, orders::loader::OrderLinesLoader, schema::AppSchema};
+use crate::{
+    app::AppState,
+    documents::{Documents, Introspection},
+    inventory::loader::InventoryLoader,
+    orders::loader::OrderLinesLoader,
+    schema::AppSchema,
+};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -33,6 +39,8 @@ struct Http {
     graphiql: String,
     /// Admission control: one permit per GraphQL request in flight.
     in_flight: Arc<Semaphore>,
+    /// Parsed documents of recent queries.
+    documents: Documents,
 }
 
 /// The router over `app`. `graphiql_token`, when given, is prefilled as the
@@ -49,7 +57,8 @@ pub fn router(app: AppState, schema: AppSchema, graphiql_token: Option<&str>) ->
     let subscriptions = GraphQLSubscription::new(schema.clone());
     let introspection = crate::schema::build_for_introspection(app.clone());
     let in_flight = Arc::new(Semaphore::new(app.limits.max_in_flight.max(1)));
-    let state = Http { schema, introspection, app, graphiql: graphiql.finish(), in_flight };
+    let state =
+        Http { schema, introspection, app, graphiql: graphiql.finish(), in_flight, documents: Documents::default() };
     Router::new()
         .route("/", get(graphiql_page))
         .route("/graphql", get(graphiql_page).post(graphql))
@@ -79,6 +88,16 @@ fn bad_request(message: String) -> Response {
     (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
 }
 
+/// A GraphQL request or, when the body is a JSON array, a batch. Deciding
+/// by the first byte spares serde's untagged-enum buffering, which copies
+/// every string of the body once more before it is read.
+fn parse_body(body: &[u8]) -> serde_json::Result<BatchRequest> {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'[') => serde_json::from_slice(body).map(BatchRequest::Batch),
+        _ => serde_json::from_slice(body).map(BatchRequest::Single),
+    }
+}
+
 /// Runs a GraphQL request or batch. The body is read as bytes so the body
 /// limit answers 413, and JSON that is not a GraphQL request answers 400.
 async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> Response {
@@ -93,7 +112,7 @@ async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> R
         return (StatusCode::SERVICE_UNAVAILABLE, [(axum::http::header::RETRY_AFTER, "1")], axum::Json(body))
             .into_response();
     };
-    let batch: BatchRequest = match serde_json::from_slice(&body) {
+    let batch = match parse_body(&body) {
         Ok(batch) => batch,
         Err(err) => return bad_request(format!("the body is not a GraphQL request: {err}")),
     };
@@ -108,7 +127,9 @@ async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> R
     }
     let viewer = http.app.keys.viewer(headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()));
     // Each operation gets its own DataLoaders, so nothing is cached past it.
-    let prepare = |request: async_graphql::Request| {
+    let mut introspecting = true;
+    let mut prepare = |mut request: async_graphql::Request| {
+        introspecting &= http.documents.prepare(&mut request) == Introspection::Only;
         let inventories = DataLoader::new(InventoryLoader { db: http.app.db.clone() }, tokio::spawn);
         let order_lines = DataLoader::new(OrderLinesLoader { db: http.app.db.clone() }, tokio::spawn);
         request.data(viewer.clone()).data(inventories).data(order_lines)
@@ -119,10 +140,6 @@ async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> R
             return bad_request(format!("a batch may hold at most {} operations", http.app.limits.max_batch));
         }
         BatchRequest::Batch(requests) => BatchRequest::Batch(requests.into_iter().map(prepare).collect()),
-    };
-    let introspecting = match &batch {
-        BatchRequest::Single(request) => crate::schema::is_introspection(&request.query),
-        BatchRequest::Batch(requests) => requests.iter().all(|r| crate::schema::is_introspection(&r.query)),
     };
     let schema = if introspecting { http.introspection } else { http.schema };
     // Run to completion in a task of its own: hyper drops this handler when

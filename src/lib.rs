@@ -13,6 +13,8 @@ pub mod cli;
 pub mod config;
 /// Connecting, creating and migrating the database; the one place that classifies database errors.
 pub mod db;
+/// Parsed GraphQL documents, kept by query text.
+pub mod documents;
 /// A private PostgreSQL started from the local binaries when no database is given.
 pub mod embedded;
 /// `AppError`: what is really an error (bad input, auth, database), and its GraphQL code.

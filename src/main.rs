@@ -3,9 +3,8 @@
 
 use std::process::ExitCode;
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    match stockguard::cli::run().await {
+fn main() -> ExitCode {
+    match stockguard::cli::run() {
         Ok(code) => code,
         Err(err) => {
             eprintln!("stockguard: {err:#}");

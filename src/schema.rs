@@ -51,25 +51,6 @@ pub fn build_for_introspection(state: AppState) -> AppSchema {
     builder(&limits).data(state).extension(telemetry::Observe).finish()
 }
 
-/// Whether every operation in `query` selects only introspection fields
-/// (`__schema`, `__type`, `__typename`). Unparsable text is not.
-pub fn is_introspection(query: &str) -> bool {
-    use async_graphql::parser::types::{OperationType, Selection};
-    // Cheap test first: most requests never mention the introspection roots.
-    if !query.contains("__schema") && !query.contains("__type") {
-        return false;
-    }
-    let Ok(document) = async_graphql::parser::parse_query(query) else { return false };
-    document.operations.iter().all(|(_, operation)| {
-        operation.node.ty == OperationType::Query
-            && operation.node.selection_set.node.items.iter().all(|selection| match &selection.node {
-                Selection::Field(field) => field.node.name.node.starts_with("__"),
-                // Fragments on the root could hide other fields; not introspection-only.
-                _ => false,
-            })
-    })
-}
-
 /// The schema as SDL: what `stockguard schema` prints and `schema.graphql` holds.
 pub fn sdl() -> String {
     builder(&Limits::default()).finish().sdl()

@@ -19,7 +19,7 @@ use std::{
 };
 
 use chrono::{DateTime, Utc};
-use sea_orm::{DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement, Value};
+use sea_orm::{DatabaseConnection, DbErr, FromQueryResult, sqlx};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -28,7 +28,7 @@ use super::{
     store::{self, ReserveOutcome, ReserveRequest},
 };
 use crate::{
-    db::{Attempted, Collisions},
+    db::{Attempted, Collisions, StatementPool},
     error::AppError,
     inventory::InventoryRow,
 };
@@ -53,6 +53,7 @@ type Queues = Arc<Mutex<HashMap<Uuid, Vec<Waiting>>>>;
 #[derive(Clone)]
 pub struct Coalescer {
     db: DatabaseConnection,
+    statements: StatementPool,
     collisions: Collisions,
     queues: Queues,
     /// Most callers one statement serves.
@@ -64,40 +65,51 @@ pub struct Coalescer {
 }
 
 impl Coalescer {
-    /// A coalescer over `db`.
+    /// A coalescer over `db` that runs its statements on `statements`.
     pub fn new(
         db: DatabaseConnection,
+        statements: StatementPool,
         collisions: Collisions,
         max_batch: usize,
         window: Duration,
         ttl_secs: i32,
     ) -> Self {
-        Self { db, collisions, queues: Arc::default(), max_batch: max_batch.max(1), window, ttl_secs }
+        Self { db, statements, collisions, queues: Arc::default(), max_batch: max_batch.max(1), window, ttl_secs }
     }
 
     /// Reserves `quantity` of `inventory_id` for `user_id`, together with any
     /// other callers of the same inventory.
     pub async fn reserve(&self, inventory_id: Uuid, user_id: &str, quantity: i32) -> Result<ReserveOutcome, AppError> {
-        let (reply, answer) = oneshot::channel();
-        let waiting = Waiting { user_id: user_id.to_owned(), quantity, arrived: Instant::now(), reply };
-        let lead = {
+        let queued = {
             let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match queues.get_mut(&inventory_id) {
                 Some(queue) => {
-                    queue.push(waiting);
-                    None
+                    let (reply, answer) = oneshot::channel();
+                    queue.push(Waiting { user_id: user_id.to_owned(), quantity, arrived: Instant::now(), reply });
+                    Some(answer)
                 }
                 None => {
                     queues.insert(inventory_id, Vec::new());
-                    Some(waiting)
+                    None
                 }
             }
         };
-        if let Some(first) = lead {
-            // The serving loop runs in its own task, so a caller that goes
-            // away (a dropped connection) cannot strand the others.
-            tokio::spawn(self.clone().serve(inventory_id, vec![first]));
+        if let Some(answer) = queued {
+            return answer.await.unwrap_or(Err(AppError::Internal));
         }
+        if self.window.is_zero() {
+            // First in: serve itself at once, in its own task (no hand-over
+            // to another task and back); whoever queues meanwhile is served
+            // next, as one batch, when `_next` is dropped, even if this
+            // caller goes away halfway.
+            let _next = HandOver { coalescer: self, inventory_id };
+            return self.alone(inventory_id, user_id, quantity).await;
+        }
+        // A batch that waits for company runs in its own task, so a caller
+        // that goes away cannot strand the others.
+        let (reply, answer) = oneshot::channel();
+        let first = Waiting { user_id: user_id.to_owned(), quantity, arrived: Instant::now(), reply };
+        tokio::spawn(self.clone().serve(inventory_id, vec![first]));
         answer.await.unwrap_or(Err(AppError::Internal))
     }
 
@@ -110,22 +122,27 @@ impl Coalescer {
                 batch.extend(self.take(inventory_id, self.max_batch - batch.len()));
             }
             self.run(inventory_id, batch).await;
-            batch = self.take(inventory_id, self.max_batch);
-            if batch.is_empty() {
-                let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                match queues.get_mut(&inventory_id) {
-                    // Still empty under the lock: nobody can join any more.
-                    Some(queue) if queue.is_empty() => {
-                        queues.remove(&inventory_id);
-                        return;
-                    }
-                    Some(queue) => {
-                        let n = queue.len().min(self.max_batch);
-                        batch = queue.drain(..n).collect();
-                    }
-                    None => return,
-                }
+            match self.next_batch(inventory_id) {
+                Some(next) => batch = next,
+                None => return,
             }
+        }
+    }
+
+    /// The next batch of `inventory_id`; when nobody is queued, the queue is
+    /// removed under the same lock, so the next caller leads a new one.
+    fn next_batch(&self, inventory_id: Uuid) -> Option<Vec<Waiting>> {
+        let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match queues.get_mut(&inventory_id) {
+            Some(queue) if queue.is_empty() => {
+                queues.remove(&inventory_id);
+                None
+            }
+            Some(queue) => {
+                let n = queue.len().min(self.max_batch);
+                Some(queue.drain(..n).collect())
+            }
+            None => None,
         }
     }
 
@@ -141,43 +158,69 @@ impl Coalescer {
         }
     }
 
+    /// A caller alone: the plain one-statement reserve is cheaper for the
+    /// database than the batch walk.
+    async fn alone(&self, inventory_id: Uuid, user_id: &str, quantity: i32) -> Result<ReserveOutcome, AppError> {
+        let request = ReserveRequest {
+            inventory_id,
+            quantity,
+            expected_version: None,
+            idempotency_key: None,
+            ttl_secs: self.ttl_secs,
+        };
+        store::reserve(&self.db, &self.statements, &self.collisions, user_id, &request).await
+    }
+
     /// Runs one batch statement and answers every caller in it.
     async fn run(&self, inventory_id: Uuid, mut batch: Vec<Waiting>) {
-        // Alone (the common case on items nobody else wants): the plain
-        // one-statement reserve is cheaper for the database than the walk.
         if batch.len() == 1 {
             if let Some(waiting) = batch.pop() {
-                let request = ReserveRequest {
-                    inventory_id,
-                    quantity: waiting.quantity,
-                    expected_version: None,
-                    idempotency_key: None,
-                    ttl_secs: self.ttl_secs,
-                };
-                let result = store::reserve(&self.db, &self.collisions, &waiting.user_id, &request).await;
+                let result = self.alone(inventory_id, &waiting.user_id, waiting.quantity).await;
                 let _ = waiting.reply.send(result);
             }
             return;
         }
         let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::new_v4()).collect();
-        let users: Vec<String> = batch.iter().map(|w| w.user_id.clone()).collect();
+        let users: Vec<&str> = batch.iter().map(|w| w.user_id.as_str()).collect();
         let quantities: Vec<i32> = batch.iter().map(|w| w.quantity).collect();
-        let values = vec![
-            inventory_id.into(),
-            Value::from(ids.clone()),
-            Value::from(users),
-            Value::from(quantities),
-            self.ttl_secs.into(),
-        ];
-        let statement = || {
-            let stmt = Statement::from_sql_and_values(DbBackend::Postgres, BATCH_SQL, values.clone());
-            async move { Step::find_by_statement(stmt).all(&self.db).await }
+        let statement = || async {
+            let rows = self
+                .statements
+                .fetch_all(
+                    sqlx::query(BATCH_SQL)
+                        .bind(inventory_id)
+                        .bind(&ids)
+                        .bind(&users)
+                        .bind(&quantities)
+                        .bind(self.ttl_secs),
+                )
+                .await?;
+            rows.iter().map(|row| Step::from_query_result(row, "")).collect::<Result<Vec<_>, _>>()
         };
         let steps = self.collisions.run(inventory_id, statement).await;
         let answers = answer(inventory_id, &batch, &ids, steps);
         for (waiting, result) in batch.into_iter().zip(answers) {
             // A caller that has gone away no longer needs its answer.
             let _ = waiting.reply.send(result);
+        }
+    }
+}
+
+/// Passes the queue of an inventory on when its first caller is done (or
+/// has gone away): to a serving task when callers queued meanwhile, else it
+/// removes the queue.
+struct HandOver<'a> {
+    coalescer: &'a Coalescer,
+    inventory_id: Uuid,
+}
+
+impl Drop for HandOver<'_> {
+    fn drop(&mut self) {
+        let Some(batch) = self.coalescer.next_batch(self.inventory_id) else { return };
+        // Without a runtime (it is shutting down) the queued callers' replies
+        // are dropped and they answer with an error instead of waiting forever.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(self.coalescer.clone().serve(self.inventory_id, batch));
         }
     }
 }

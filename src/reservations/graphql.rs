@@ -180,7 +180,7 @@ impl ReservationMutation {
         {
             app.coalescer.reserve(request.inventory_id, &user.id, request.quantity).await
         } else {
-            store::reserve(&app.db, &app.collisions, &user.id, &request).await
+            store::reserve(&app.db, &app.statements, &app.collisions, &user.id, &request).await
         };
         let outcome = outcome.gql()?;
         Ok(telemetry::counted("reserve", ReserveResult::from_outcome(outcome, request.inventory_id)))

@@ -2,14 +2,14 @@
 
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
-    QueryOrder, Statement, TransactionTrait,
+    QueryOrder, Statement, TransactionTrait, sqlx,
 };
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::entity::{Column, Entity, Model};
 use crate::{
-    db::{Attempted, Collisions, DbFailure, classify},
+    db::{Attempted, Collisions, DbFailure, StatementPool, classify},
     error::AppError,
     inventory::{InventoryRow, store as inventory_store},
     pagination::{self, Page},
@@ -124,22 +124,26 @@ SELECT taken.*, "#,
 /// the same statement, so a reservation exists exactly when stock was taken.
 pub async fn reserve(
     db: &DatabaseConnection,
+    statements: &StatementPool,
     collisions: &Collisions,
     user_id: &str,
     request: &ReserveRequest,
 ) -> Result<ReserveOutcome, AppError> {
     let fingerprint = request.idempotency_key.as_ref().map(|_| request.fingerprint());
-    let values = [
-        request.inventory_id.into(),
-        request.quantity.into(),
-        request.expected_version.into(),
-        Uuid::new_v4().into(),
-        user_id.into(),
-        request.idempotency_key.clone().into(),
-        fingerprint.clone().into(),
-        request.ttl_secs.into(),
-    ];
-    let run = || db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, RESERVE_SQL, values.clone()));
+    let reservation_id = Uuid::new_v4();
+    let run = || {
+        statements.fetch_optional(
+            sqlx::query(RESERVE_SQL)
+                .bind(request.inventory_id)
+                .bind(request.quantity)
+                .bind(request.expected_version)
+                .bind(reservation_id)
+                .bind(user_id)
+                .bind(request.idempotency_key.as_deref())
+                .bind(fingerprint.as_deref())
+                .bind(request.ttl_secs),
+        )
+    };
     let attempted = match collisions.run(request.inventory_id, run).await {
         Ok(attempted) => attempted,
         Err(err) if is_key_taken(&err) => {

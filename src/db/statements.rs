@@ -1,0 +1,154 @@
+//! Connections for the one-statement reservations, kept out of sqlx's pool.
+//!
+//! sqlx 0.9's pool sends a round trip (`Sync`, wait for `ReadyForQuery`)
+//! every time a connection goes back to it, and by default another before it
+//! hands one out. For `reserve`, whose whole database work is one statement,
+//! that made three round trips where one does: the profile of the SPREAD
+//! benchmark showed the pool's acquire and release at a fifth of the server's
+//! CPU, and PostgreSQL woke up three times per reservation. Here a connection
+//! goes from one statement to the next with nothing in between; one that sat
+//! idle for a while is pinged first, and one whose statement failed for any
+//! reason but an SQL error is closed, not reused.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use sea_orm::{
+    ConnAcquireErr, DatabaseConnection, DbErr, QueryResult, RuntimeErr,
+    sqlx::{
+        self, Connection as _, Postgres,
+        postgres::{PgArguments, PgConnectOptions, PgConnection},
+        query::Query,
+    },
+};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// A connection idle for longer than this is pinged before its next statement,
+/// so one that died in the quiet (a database restart) is replaced instead of
+/// failing a request.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// A small pool of connections for statements that run alone (no transaction).
+#[derive(Clone)]
+pub struct StatementPool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// How to open a connection: the main pool's options (URL,
+    /// `statement_timeout`, application name).
+    options: PgConnectOptions,
+    /// One permit per connection, open or not; FIFO, so waiters are served in turn.
+    permits: Arc<Semaphore>,
+    /// Open connections nobody is using, with the moment they were put back.
+    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    /// How long a statement waits for a connection before it fails as unavailable.
+    acquire_timeout: Duration,
+}
+
+/// One leased connection; only [`Lease::give_back`] returns it to the pool,
+/// so a lease dropped halfway through a statement closes its connection.
+struct Lease<'a> {
+    pool: &'a Inner,
+    conn: Option<PgConnection>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl StatementPool {
+    /// A pool the size of `db`'s, opening connections the way `db` does.
+    pub fn beside(db: &DatabaseConnection) -> Self {
+        let pool = db.get_postgres_connection_pool();
+        let options = PgConnectOptions::clone(&pool.connect_options());
+        Self::new(options, pool.options().get_max_connections() as usize, pool.options().get_acquire_timeout())
+    }
+
+    /// A pool of at most `size` connections opened with `options`.
+    pub fn new(options: PgConnectOptions, size: usize, acquire_timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                options,
+                permits: Arc::new(Semaphore::new(size.max(1))),
+                idle: Mutex::default(),
+                acquire_timeout,
+            }),
+        }
+    }
+
+    /// Runs `query` and returns its first row, if any.
+    pub async fn fetch_optional(&self, query: Query<'_, Postgres, PgArguments>) -> Result<Option<QueryResult>, DbErr> {
+        let mut lease = self.inner.lease().await?;
+        let result = query.fetch_optional(lease.conn()).await;
+        lease.give_back_unless_broken(result.as_ref().err());
+        result.map(|row| row.map(QueryResult::from)).map_err(query_err)
+    }
+
+    /// Runs `query` and returns all its rows.
+    pub async fn fetch_all(&self, query: Query<'_, Postgres, PgArguments>) -> Result<Vec<QueryResult>, DbErr> {
+        let mut lease = self.inner.lease().await?;
+        let result = query.fetch_all(lease.conn()).await;
+        lease.give_back_unless_broken(result.as_ref().err());
+        result.map(|rows| rows.into_iter().map(QueryResult::from).collect()).map_err(query_err)
+    }
+
+    /// Open connections not in use right now.
+    pub fn idle(&self) -> usize {
+        self.inner.idle.lock().map_or(0, |idle| idle.len())
+    }
+}
+
+impl Inner {
+    async fn lease(&self) -> Result<Lease<'_>, DbErr> {
+        let deadline = Instant::now() + self.acquire_timeout;
+        let permit = tokio::time::timeout_at(deadline.into(), self.permits.clone().acquire_owned())
+            .await
+            .map_err(|_| DbErr::ConnectionAcquire(ConnAcquireErr::Timeout))?
+            .map_err(|_| DbErr::ConnectionAcquire(ConnAcquireErr::ConnectionClosed))?;
+        // Newest first: the connection most likely to be alive and warm.
+        while let Some((mut conn, since)) = self.pop_idle() {
+            if since.elapsed() < PING_AFTER_IDLE {
+                return Ok(Lease { pool: self, conn: Some(conn), _permit: permit });
+            }
+            if let Ok(Ok(())) = tokio::time::timeout_at(deadline.into(), conn.ping()).await {
+                return Ok(Lease { pool: self, conn: Some(conn), _permit: permit });
+            }
+            // Dead or too slow: let it go and try the next.
+        }
+        let conn = tokio::time::timeout_at(deadline.into(), PgConnection::connect_with(&self.options))
+            .await
+            .map_err(|_| DbErr::ConnectionAcquire(ConnAcquireErr::Timeout))?
+            .map_err(conn_err)?;
+        Ok(Lease { pool: self, conn: Some(conn), _permit: permit })
+    }
+
+    fn pop_idle(&self) -> Option<(PgConnection, Instant)> {
+        self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop()
+    }
+}
+
+impl Lease<'_> {
+    fn conn(&mut self) -> &mut PgConnection {
+        // Set at creation and taken only by `give_back_unless_broken`, which consumes the lease.
+        self.conn.as_mut().unwrap_or_else(|| unreachable!("a lease always holds its connection"))
+    }
+
+    /// Puts the connection back unless `error` says it may be broken. An SQL
+    /// error (it has a SQLSTATE) leaves the connection ready for the next
+    /// statement; anything else (I/O, protocol) may have left it mid-message.
+    fn give_back_unless_broken(mut self, error: Option<&sqlx::Error>) {
+        let healthy =
+            !matches!(error, Some(err) if !matches!(err, sqlx::Error::Database(_) | sqlx::Error::RowNotFound));
+        if let Some(conn) = self.conn.take().filter(|_| healthy) {
+            self.pool.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((conn, Instant::now()));
+        }
+    }
+}
+
+fn conn_err(err: sqlx::Error) -> DbErr {
+    DbErr::Conn(RuntimeErr::SqlxError(err.into()))
+}
+
+fn query_err(err: sqlx::Error) -> DbErr {
+    DbErr::Query(RuntimeErr::SqlxError(err.into()))
+}
