@@ -9,10 +9,13 @@
 //! example on a fresh database `sg_bench_<random>`, seeds HOT (one row) and
 //! SPREAD (10,000 rows) with a stock of 10^9, and drives `reserve` over HTTP
 //! with keep-alive clients, each with its own token, at every `--clients`
-//! count for `--duration-secs` after `--warmup-secs`. Next to each cell it
-//! measures the raw-SQL limit: the server's own reserve statement
-//! (`RESERVE_SQL`), prepared, through as many direct database connections,
-//! with no HTTP and no GraphQL. Then it compares strategies on HOT (plain
+//! count for `--duration-secs`. In the same cell it measures the raw-SQL
+//! limit: the server's own reserve statement (`RESERVE_SQL`, with the
+//! server's TTL), prepared, through as many direct database connections,
+//! with no HTTP and no GraphQL. The two sides take turns in `--rounds`
+//! rounds (each after `--warmup-secs`), so whatever else the machine does
+//! falls on both alike; before each cell the inventories are vacuumed and a
+//! checkpoint is taken, as pgbench does. Then it compares strategies on HOT (plain
 //! `reserve` vs `expectedVersion` with re-read and up to 3 retries) and one
 //! contested order in optimistic vs pessimistic locking (the server is
 //! restarted for the second mode).
@@ -55,12 +58,17 @@ mod support;
 #[derive(Parser, Debug)]
 #[command(about = "Stockguard's benchmark: the server against the raw-SQL limit, on a fresh database")]
 struct Args {
-    /// Measured seconds per run.
+    /// Measured seconds per run (for a reserve cell: per side, over all its rounds).
     #[arg(long, default_value_t = 10)]
     duration_secs: u64,
-    /// Warm-up seconds before each run (requests not counted).
-    #[arg(long, default_value_t = 2)]
+    /// Warm-up seconds before each run or round (requests not counted).
+    #[arg(long, default_value_t = 1)]
     warmup_secs: u64,
+    /// Rounds per reserve cell: Stockguard and raw SQL take turns this many
+    /// times, so a slow patch of the machine (a checkpoint, another process)
+    /// falls on both sides alike.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
     /// Concurrent clients, one cell per count.
     #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
     clients: Vec<usize>,
@@ -83,6 +91,7 @@ struct Args {
 struct Settings {
     duration: Duration,
     warmup: Duration,
+    rounds: u32,
     clients: Vec<usize>,
     smoke: bool,
     out: Option<PathBuf>,
@@ -90,10 +99,11 @@ struct Settings {
 
 impl Settings {
     fn from(args: &Args) -> anyhow::Result<Self> {
-        let (duration, warmup, mut clients) = if args.smoke {
-            (Duration::from_secs(2), Duration::ZERO, vec![4])
+        let (duration, warmup, rounds, mut clients) = if args.smoke {
+            (Duration::from_secs(2), Duration::ZERO, 1, vec![4])
         } else {
-            (Duration::from_secs(args.duration_secs), Duration::from_secs(args.warmup_secs), args.clients.clone())
+            let warmup = Duration::from_secs(args.warmup_secs);
+            (Duration::from_secs(args.duration_secs), warmup, args.rounds.max(1), args.clients.clone())
         };
         clients.sort_unstable();
         clients.dedup();
@@ -105,7 +115,7 @@ impl Settings {
             (None, true) => None,
             (None, false) => Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/results")),
         };
-        Ok(Self { duration, warmup, clients, smoke: args.smoke, out })
+        Ok(Self { duration, warmup, rounds, clients, smoke: args.smoke, out })
     }
 
     /// Clients of the strategy comparison: 64 when measured, else the most measured.
@@ -268,6 +278,40 @@ const ONE_REQUEST: Extra = Extra { conflicts: 0, retries: 0, requests: 1 };
 enum Outcome {
     Ok(String),
     Error(String),
+}
+
+/// One side of a reserve cell, summed over its rounds.
+#[derive(Default)]
+struct Measured {
+    recorder: Recorder,
+    usage: Usage,
+    rounds: u32,
+}
+
+impl Measured {
+    fn add(&mut self, (recorder, usage): (Recorder, Usage)) {
+        self.recorder.merge(recorder);
+        let (sum, one) = (&mut self.usage, usage);
+        sum.server = match (sum.server, one.server) {
+            (Some(a), Some(b)) => Some(ServerUse {
+                cpu_secs: a.cpu_secs + b.cpu_secs,
+                max_rss_kb: a.max_rss_kb.max(b.max_rss_kb),
+                hwm_kb: a.hwm_kb.max(b.hwm_kb),
+            }),
+            (a, b) => a.or(b),
+        };
+        sum.loadgen_cpu_secs += one.loadgen_cpu_secs;
+        sum.machine_busy_pct += one.machine_busy_pct;
+        self.rounds += 1;
+    }
+
+    /// The statistics over `seconds` measured in all; machine busy is the mean of the rounds.
+    fn stats(self, seconds: f64) -> Stats {
+        let mut stats = Stats::from(self.recorder, seconds, &["Reserved"]);
+        stats.usage = self.usage;
+        stats.usage.machine_busy_pct /= f64::from(self.rounds.max(1));
+        stats
+    }
 }
 
 /// The merged measurements of one run.
@@ -500,8 +544,12 @@ struct Bench {
 
 /// The window of one run: warm-up until `measure_from`, measured until `until`.
 fn window(settings: &Settings) -> (Instant, Instant) {
-    let measure_from = Instant::now() + settings.warmup;
-    (measure_from, measure_from + settings.duration)
+    window_of(settings.warmup, settings.duration)
+}
+
+fn window_of(warmup: Duration, measured: Duration) -> (Instant, Instant) {
+    let measure_from = Instant::now() + warmup;
+    (measure_from, measure_from + measured)
 }
 
 impl Bench {
@@ -560,12 +608,34 @@ impl Bench {
         ))
     }
 
-    /// `reserve` over HTTP: one task per client, each with its own token.
-    async fn stockguard(&mut self, server: &Server, scenario: Scenario, clients: usize) -> anyhow::Result<Stats> {
+    /// One reserve cell: Stockguard and raw SQL take turns for
+    /// `settings.rounds` rounds, each measured for its share of the duration.
+    async fn cell(&mut self, server: &Server, scenario: Scenario, clients: usize) -> anyhow::Result<Cell> {
+        self.settle().await?;
+        let rounds = self.settings.rounds;
+        let slice = self.settings.duration / rounds;
+        let (mut stockguard, mut raw) = (Measured::default(), Measured::default());
+        for _ in 0..rounds {
+            stockguard.add(self.stockguard(server, scenario, clients, slice).await?);
+            raw.add(self.raw_sql(scenario, clients, slice).await?);
+        }
+        self.check_invariant(&format!("{} x{clients}, Stockguard and raw SQL", scenario.name())).await?;
+        let seconds = (slice * rounds).as_secs_f64();
+        Ok(Cell { scenario, clients, stockguard: stockguard.stats(seconds), raw: raw.stats(seconds) })
+    }
+
+    /// `reserve` over HTTP for `measured`: one task per client, each with its own token.
+    async fn stockguard(
+        &mut self,
+        server: &Server,
+        scenario: Scenario,
+        clients: usize,
+        measured: Duration,
+    ) -> anyhow::Result<(Recorder, Usage)> {
         let gql = Arc::new(Gql::new(&server.url, clients)?);
         let targets = self.targets(scenario);
         let tokens = self.tokens(clients)?;
-        let (measure_from, until) = window(&self.settings);
+        let (measure_from, until) = window_of(self.settings.warmup, measured);
         let tasks = tokens
             .into_iter()
             .enumerate()
@@ -585,22 +655,23 @@ impl Bench {
                 })
             })
             .collect();
-        let (recorder, usage) = self.measure(Some(server), measure_from, run_tasks(tasks)).await?;
-        let mut stats = Stats::from(recorder, self.settings.duration.as_secs_f64(), &["Reserved"]);
-        stats.usage = usage;
-        self.check_invariant(&format!("Stockguard {} x{clients}", scenario.name())).await?;
-        Ok(stats)
+        self.measure(Some(server), measure_from, run_tasks(tasks)).await
     }
 
-    /// `RESERVE_SQL`, prepared, through one dedicated connection per client.
-    async fn raw_sql(&mut self, scenario: Scenario, clients: usize) -> anyhow::Result<Stats> {
+    /// `RESERVE_SQL` for `measured`, prepared, through one dedicated connection per client.
+    async fn raw_sql(
+        &mut self,
+        scenario: Scenario,
+        clients: usize,
+        measured: Duration,
+    ) -> anyhow::Result<(Recorder, Usage)> {
         let targets = self.targets(scenario);
         let ttl_secs = self.ttl_secs;
         let mut connections = Vec::with_capacity(clients);
         for _ in 0..clients {
             connections.push(connect_patiently(&self.database_url).await.context("raw SQL: connect")?);
         }
-        let (measure_from, until) = window(&self.settings);
+        let (measure_from, until) = window_of(self.settings.warmup, measured);
         let tasks = connections
             .into_iter()
             .enumerate()
@@ -639,11 +710,7 @@ impl Bench {
                 })
             })
             .collect();
-        let (recorder, usage) = self.measure(None, measure_from, run_tasks(tasks)).await?;
-        let mut stats = Stats::from(recorder, self.settings.duration.as_secs_f64(), &["Reserved"]);
-        stats.usage = usage;
-        self.check_invariant(&format!("raw SQL {} x{clients}", scenario.name())).await?;
-        Ok(stats)
+        self.measure(None, measure_from, run_tasks(tasks)).await
     }
 
     /// HOT with `expectedVersion`: read the version, reserve at it, on
@@ -652,6 +719,7 @@ impl Bench {
         let gql = Arc::new(Gql::new(&server.url, clients)?);
         let tokens = self.tokens(clients)?;
         let hot = self.hot;
+        self.settle().await?;
         let (measure_from, until) = window(&self.settings);
         let tasks = tokens
             .into_iter()
@@ -719,6 +787,7 @@ impl Bench {
         let inventory = create_inventory(&gql, &operator, &format!("ORDER-{mode}"), 1_000_000_000).await?;
         let first = place_order(&gql, &customer, inventory).await?;
         let current = Arc::new(RwLock::new(first));
+        self.settle().await?;
         let (measure_from, until) = window(&self.settings);
         let tasks = (0..clients)
             .map(|i| {
@@ -795,6 +864,17 @@ impl Bench {
 
     /// The DESIGN.md invariant, from the database; a violation is remembered
     /// (and makes the benchmark exit 1).
+    /// Brings the database to the same state before every run, as pgbench
+    /// does: the inventories vacuumed (earlier runs left dead row versions)
+    /// and a checkpoint taken, so no run pays for the one before it and a
+    /// checkpoint falls inside a measured window less often.
+    async fn settle(&self) -> anyhow::Result<()> {
+        for sql in ["VACUUM (ANALYZE) inventories", "CHECKPOINT"] {
+            self.db.execute_unprepared(sql).await.with_context(|| format!("before a run: {sql}"))?;
+        }
+        Ok(())
+    }
+
     async fn check_invariant(&mut self, after: &str) -> anyhow::Result<()> {
         let drifts = stockguard::invariant::check(&self.db).await.context("invariant check")?;
         self.invariant_checks += 1;
@@ -1049,8 +1129,10 @@ impl Report<'_> {
         md.push_str(&self.header);
         let _ = writeln!(
             md,
-            "- runs: {} s measured after {} s warm-up, clients {}\n",
+            "- runs: {} s measured per side; a reserve cell alternates Stockguard and raw SQL in {} rounds, \
+             each after {} s warm-up; clients {}\n",
             s.duration.as_secs(),
+            s.rounds,
             s.warmup.as_secs(),
             s.clients.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
         );
@@ -1403,23 +1485,21 @@ async fn main_matrix(
     let mut cells = Vec::new();
     for scenario in [Scenario::Hot, Scenario::Spread] {
         for clients in bench.settings.clients.clone() {
-            eprintln!("bench: {} x{clients}: Stockguard", scenario.name());
-            let stockguard = bench.stockguard(server, scenario, clients).await?;
             eprintln!(
-                "bench:   {:.0} res/s, p99 {:.2} ms, {}",
-                stockguard.per_sec(stockguard.successes),
-                stockguard.p99_ms,
-                stockguard.outcomes_text()
+                "bench: {} x{clients}: Stockguard and raw SQL, {} rounds",
+                scenario.name(),
+                bench.settings.rounds
             );
-            eprintln!("bench: {} x{clients}: raw SQL", scenario.name());
-            let raw = bench.raw_sql(scenario, clients).await?;
-            eprintln!(
-                "bench:   {:.0} res/s, p99 {:.2} ms, {}",
-                raw.per_sec(raw.successes),
-                raw.p99_ms,
-                raw.outcomes_text()
-            );
-            cells.push(Cell { scenario, clients, stockguard, raw });
+            let cell = bench.cell(server, scenario, clients).await?;
+            for (side, stats) in [("Stockguard", &cell.stockguard), ("raw SQL", &cell.raw)] {
+                eprintln!(
+                    "bench:   {side}: {:.0} res/s, p99 {:.2} ms, {}",
+                    stats.per_sec(stats.successes),
+                    stats.p99_ms,
+                    stats.outcomes_text()
+                );
+            }
+            cells.push(cell);
         }
     }
     let main_hwm_kb = status_kb(server.pid, "VmHWM").unwrap_or(0);

@@ -2,7 +2,13 @@
 //! `/healthz`, `/readyz`, `/metrics`, the body limit, and serving until
 //! SIGINT/SIGTERM.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
 use async_graphql::{BatchRequest, dataloader::DataLoader, http::GraphiQLSource};
 use async_graphql_axum::{GraphQLResponse, GraphQLSubscription};
@@ -13,6 +19,7 @@ use axum::{
     http::{HeaderMap, StatusCode, header::AUTHORIZATION},
     response::{Html, IntoResponse, Response},
     routing::get,
+    serve::ListenerExt,
 };
 use serde_json::json;
 use tokio::{net::TcpListener, sync::Semaphore};
@@ -142,17 +149,49 @@ async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Bytes) -> R
         BatchRequest::Batch(requests) => BatchRequest::Batch(requests.into_iter().map(prepare).collect()),
     };
     let schema = if introspecting { http.introspection } else { http.schema };
-    // Run to completion in a task of its own: hyper drops this handler when
-    // the client hangs up, and a request cancelled halfway through its
-    // database work could leave a connection inside an open transaction
-    // (sqlx 0.9 loses track of a transaction whose BEGIN was cut off) or a
-    // commit whose answer nobody reads. Detached, the work always finishes
-    // (and an idempotency key lets the client fetch the committed outcome).
-    let executed = tokio::spawn(async move { schema.execute_batch(batch).await }).await;
-    match executed {
-        Ok(response) => GraphQLResponse::from(response).into_response(),
-        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
-        Err(_) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    let response = Finish::new(async move { schema.execute_batch(batch).await }).await;
+    GraphQLResponse::from(response).into_response()
+}
+
+/// Runs a request's work to the end even when its handler is dropped.
+///
+/// hyper drops a handler when the client hangs up, and a request cancelled
+/// halfway through its database work could leave a connection inside an open
+/// transaction (sqlx 0.9 loses track of a transaction whose BEGIN was cut off)
+/// or a commit whose answer nobody reads. So the work is awaited in place (no
+/// hand-over to another task on the common path), and if the handler goes
+/// away first, what is left of it moves to a task of its own and finishes
+/// there (an idempotency key lets the client fetch the committed outcome).
+struct Finish<F: Future + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future + Send + 'static> Finish<F> {
+    fn new(work: F) -> Self {
+        Self(Some(Box::pin(work)))
+    }
+}
+
+impl<F: Future + Send + 'static> Future for Finish<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let work = self.0.as_mut().unwrap_or_else(|| unreachable!("Finish polled after it completed"));
+        let output = std::task::ready!(work.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for Finish<F> {
+    fn drop(&mut self) {
+        // A panic in the work is the handler's to report; the work is not resumed.
+        if std::thread::panicking() {
+            return;
+        }
+        if let (Some(rest), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            runtime.spawn(async move {
+                rest.await;
+            });
+        }
     }
 }
 
@@ -182,6 +221,13 @@ pub async fn serve(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // Answers are small and each is written at once: Nagle's algorithm could
+    // only hold one back waiting for the client's ACK.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %err, "cannot set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, router).with_graceful_shutdown(shutdown).await
 }
 

@@ -25,6 +25,8 @@ use sea_orm::{
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::{DbFailure, classify};
+
 /// A connection idle for longer than this is pinged before its next statement,
 /// so one that died in the quiet (a database restart) is replaced instead of
 /// failing a request.
@@ -79,17 +81,17 @@ impl StatementPool {
     /// Runs `query` and returns its first row, if any.
     pub async fn fetch_optional(&self, query: Query<'_, Postgres, PgArguments>) -> Result<Option<QueryResult>, DbErr> {
         let mut lease = self.inner.lease().await?;
-        let result = query.fetch_optional(lease.conn()).await;
+        let result = query.fetch_optional(lease.conn()).await.map_err(query_err);
         lease.give_back_unless_broken(result.as_ref().err());
-        result.map(|row| row.map(QueryResult::from)).map_err(query_err)
+        result.map(|row| row.map(QueryResult::from))
     }
 
     /// Runs `query` and returns all its rows.
     pub async fn fetch_all(&self, query: Query<'_, Postgres, PgArguments>) -> Result<Vec<QueryResult>, DbErr> {
         let mut lease = self.inner.lease().await?;
-        let result = query.fetch_all(lease.conn()).await;
+        let result = query.fetch_all(lease.conn()).await.map_err(query_err);
         lease.give_back_unless_broken(result.as_ref().err());
-        result.map(|rows| rows.into_iter().map(QueryResult::from).collect()).map_err(query_err)
+        result.map(|rows| rows.into_iter().map(QueryResult::from).collect())
     }
 
     /// Open connections not in use right now.
@@ -134,11 +136,11 @@ impl Lease<'_> {
     }
 
     /// Puts the connection back unless `error` says it may be broken. An SQL
-    /// error (it has a SQLSTATE) leaves the connection ready for the next
-    /// statement; anything else (I/O, protocol) may have left it mid-message.
-    fn give_back_unless_broken(mut self, error: Option<&sqlx::Error>) {
-        let healthy =
-            !matches!(error, Some(err) if !matches!(err, sqlx::Error::Database(_) | sqlx::Error::RowNotFound));
+    /// error (a constraint, a collision) leaves it ready for the next
+    /// statement; a lost connection, a terminated backend (57P01 arrives as an
+    /// SQL error) or a protocol error does not.
+    fn give_back_unless_broken(mut self, error: Option<&DbErr>) {
+        let healthy = error.is_none_or(|err| classify(err) != DbFailure::Unavailable);
         if let Some(conn) = self.conn.take().filter(|_| healthy) {
             self.pool.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((conn, Instant::now()));
         }

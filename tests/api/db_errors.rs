@@ -1,12 +1,13 @@
 //! `db::classify` against real PostgreSQL errors: each SQLSTATE Stockguard
-//! acts on is produced for real and must land in its class.
+//! acts on is produced for real and must land in its class; and the
+//! statement pool's handling of failed connections.
 
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, TransactionTrait, sqlx};
 use stockguard::{
     config::DatabaseConfig,
-    db::{self, DbFailure, classify},
+    db::{self, DbFailure, StatementPool, classify},
 };
 
 use crate::helpers::TestApp;
@@ -120,4 +121,66 @@ async fn a_connection_lost_mid_statement_is_unavailable_and_the_pool_recovers() 
     assert_eq!(failure(running.await.expect("task")), DbFailure::Unavailable);
     // The broken connection is dropped and the next statement gets a new one.
     db.execute_unprepared("SELECT 1").await.expect("the pool reconnects by itself");
+}
+
+/// The backend pid of the connection a statement of `pool` ran on.
+async fn backend_pid(pool: &StatementPool) -> Result<i32, DbErr> {
+    let row = pool.fetch_optional(sqlx::query("SELECT pg_backend_pid() AS pid")).await?;
+    row.expect("one row").try_get::<i32>("", "pid")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_statement_pool_keeps_a_connection_through_sql_errors_and_replaces_a_killed_one() {
+    let app = TestApp::spawn().await;
+    let pool = StatementPool::beside(&app.db);
+    let first = backend_pid(&pool).await.expect("first statement");
+    assert_eq!(pool.idle(), 1, "the connection went back");
+    assert_eq!(backend_pid(&pool).await.expect("second statement"), first, "and was used again");
+
+    // An SQL error leaves the connection usable: it is kept.
+    let error = pool.fetch_optional(sqlx::query("SELECT 1 / 0")).await.expect_err("division by zero");
+    assert_eq!(classify(&error), DbFailure::Other);
+    assert_eq!(backend_pid(&pool).await.expect("after an SQL error"), first);
+
+    // A terminated backend: the statement on it fails as unavailable (a
+    // retryable answer for the client), the connection is dropped, and the
+    // next statement runs on a new one.
+    let killed = app
+        .db
+        .query_one_raw(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            "SELECT pg_terminate_backend($1) AS killed",
+            [first.into()],
+        ))
+        .await
+        .expect("terminate")
+        .expect("a row")
+        .try_get::<bool>("", "killed")
+        .expect("killed");
+    assert!(killed);
+    let error = backend_pid(&pool).await.expect_err("the connection was killed");
+    assert_eq!(classify(&error), DbFailure::Unavailable, "{error}");
+    assert_eq!(pool.idle(), 0, "a broken connection is not kept");
+    let next = backend_pid(&pool).await.expect("a new connection");
+    assert_ne!(next, first);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_statement_pool_fails_fast_as_unavailable() {
+    let app = TestApp::spawn().await;
+    let pool = StatementPool::new(
+        (*app.db.get_postgres_connection_pool().connect_options()).clone(),
+        1,
+        Duration::from_millis(200),
+    );
+    let busy = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.fetch_optional(sqlx::query("SELECT pg_sleep(2)")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = std::time::Instant::now();
+    let error = backend_pid(&pool).await.expect_err("no connection free");
+    assert_eq!(classify(&error), DbFailure::Unavailable, "{error}");
+    assert!(started.elapsed() < Duration::from_secs(2), "waited {:?}", started.elapsed());
+    busy.await.expect("join").expect("the sleeper finishes");
 }
