@@ -1450,7 +1450,7 @@ async fn main_matrix(
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     let server_settings = if overrides.is_empty() {
-        "default settings (pool 16 connections)".to_owned()
+        "default settings (two pools of 16 connections)".to_owned()
     } else {
         format!("default settings except {}", overrides.join(", "))
     };
