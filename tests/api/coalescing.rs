@@ -1,12 +1,17 @@
 //! Coalesced reservations: many conditional reserves on one inventory are
 //! served by shared statements, yet each caller gets its own exact answer.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::future::join_all;
-use sea_orm::ConnectionTrait;
+use sea_orm::{ConnectionTrait, TransactionTrait};
 use serde_json::{Value, json};
-use stockguard::{auth::Role, config::Limits};
+use stockguard::{
+    auth::Role,
+    config::Limits,
+    db::{Collisions, StatementPool},
+    reservations::{coalesce::Coalescer, store::ReserveOutcome},
+};
 use tokio::sync::Barrier;
 
 use crate::helpers::{Isolation, TestApp, error_code};
@@ -131,5 +136,55 @@ async fn a_failing_batch_fails_each_of_its_callers_cleanly() {
     // Nothing of the failed batch was written: stock and ledger agree with the grants.
     let (stock, version) = app.stock_and_version(id).await;
     assert_eq!((stock, version), (100 - reserved as i32, 1 + reserved as i32));
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn callers_queued_behind_a_first_caller_that_goes_away_are_still_served() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("COALESCE-4", 100).await;
+    let coalescer = Arc::new(Coalescer::new(
+        app.db.clone(),
+        StatementPool::beside(&app.db),
+        Collisions::new(20),
+        64,
+        Duration::ZERO,
+        900,
+    ));
+    // Hold the row, so the first caller's statement waits on its lock.
+    let holder = app.db.begin().await.expect("begin");
+    holder
+        .execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{id}' FOR UPDATE"))
+        .await
+        .expect("lock the row");
+    let first = tokio::spawn({
+        let coalescer = coalescer.clone();
+        async move { coalescer.reserve(id, "first", 1).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // These queue behind the first caller, who then goes away mid-statement.
+    let queued: Vec<_> = (0..5)
+        .map(|i| {
+            let coalescer = coalescer.clone();
+            tokio::spawn(async move { coalescer.reserve(id, &format!("queued-{i}"), 1).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.abort();
+    assert!(first.await.expect_err("aborted").is_cancelled());
+    holder.rollback().await.expect("release the row");
+
+    for caller in queued {
+        let outcome = tokio::time::timeout(Duration::from_secs(10), caller)
+            .await
+            .expect("a queued caller is answered, not stranded")
+            .expect("task");
+        assert!(matches!(outcome, Ok(ReserveOutcome::Reserved { .. })), "{outcome:?}");
+    }
+    // The five queued callers got their units; the first caller's statement
+    // may or may not have committed (its client was gone), but either way the
+    // stock, the reservations and the ledger agree.
+    let (stock, _) = app.stock_and_version(id).await;
+    assert!(stock == 95 || stock == 94, "stock {stock}");
     app.assert_invariant().await;
 }
