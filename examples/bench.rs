@@ -49,7 +49,7 @@ use stockguard::{
     auth::{Keys, Role},
     reservations::store::RESERVE_SQL,
 };
-use support::{Server, build_server, drop_database, status_kb};
+use support::{Server, ThrowAway, server_binary, status_kb};
 use tokio::sync::RwLock;
 use uuid::Uuid;
 
@@ -392,9 +392,9 @@ impl Rng {
 // ---------------------------------------------------------------------------
 // GraphQL over HTTP
 
+/// The benchmark's client: the shared one, and the measured loop's request.
 struct Gql {
-    http: reqwest::Client,
-    url: String,
+    client: support::Gql,
     /// [`RESERVE`] as a JSON string, for [`Gql::reserve`].
     reserve_json: String,
 }
@@ -432,12 +432,7 @@ struct AnswerCode {
 
 impl Gql {
     fn new(base: &str, clients: usize) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(clients + 16)
-            .tcp_nodelay(true)
-            .timeout(Duration::from_secs(30))
-            .build()?;
-        Ok(Self { http, url: format!("{base}/graphql"), reserve_json: serde_json::to_string(RESERVE)? })
+        Ok(Self { client: support::Gql::new(base, clients)?, reserve_json: serde_json::to_string(RESERVE)? })
     }
 
     /// `reserve` of one unit: the measured loop's request, lean on purpose.
@@ -446,8 +441,9 @@ impl Gql {
     async fn reserve(&self, authorization: &reqwest::header::HeaderValue, inventory: Uuid) -> Outcome {
         let body = format!(r#"{{"query":{},"variables":{{"i":{{"inventoryId":"{inventory}"}}}}}}"#, self.reserve_json);
         let sent = self
+            .client
             .http
-            .post(&self.url)
+            .post(&self.client.url)
             .header(reqwest::header::AUTHORIZATION, authorization)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body)
@@ -490,19 +486,11 @@ impl Gql {
     }
 
     async fn raw(&self, token: &str, query: &str, variables: Value) -> Result<Value, String> {
-        let response = self
-            .http
-            .post(&self.url)
-            .bearer_auth(token)
-            .json(&json!({ "query": query, "variables": variables }))
-            .send()
-            .await
-            .map_err(|e| format!("HTTP {}", if e.is_timeout() { "timeout" } else { "transport" }))?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(format!("HTTP {}", status.as_u16()));
+        match self.client.post(token, query, variables).await? {
+            (status, _) if !status.is_success() => Err(format!("HTTP {}", status.as_u16())),
+            (_, Some(body)) => Ok(body),
+            (_, None) => Err("HTTP bad body".to_owned()),
         }
-        response.json().await.map_err(|_| "HTTP bad body".to_owned())
     }
 }
 
@@ -1375,23 +1363,12 @@ impl Report<'_> {
 async fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
     let settings = Settings::from(&args)?;
-    let server_bin = match &args.server_bin {
-        Some(bin) => bin.clone(),
-        None => build_server("bench")?,
-    };
-    if !server_bin.exists() {
-        bail!("no server binary at {}", server_bin.display());
-    }
-    let base = args.database_url_base.trim_end_matches('/').to_owned();
-    let name = format!("sg_bench_{}", &Uuid::new_v4().simple().to_string()[..12]);
-    let database_url = format!("{base}/{name}");
-    stockguard::db::ensure_database(&database_url).await.with_context(|| format!("cannot create {database_url}"))?;
-    eprintln!("bench: database {name}, server {}", server_bin.display());
+    let server_bin = server_binary(args.server_bin.as_deref(), "bench")?;
+    let database = ThrowAway::create(&args.database_url_base, "bench").await?;
+    eprintln!("bench: database {}, server {}", database.name, server_bin.display());
 
-    let result = run(settings, &server_bin, &database_url).await;
-    if let Err(err) = drop_database(&base, &name).await {
-        eprintln!("bench: could not drop {name}: {err:#}");
-    }
+    let result = run(settings, &server_bin, &database.url).await;
+    database.drop("bench").await;
     let (markdown, ok) = result?;
     println!("{markdown}");
     Ok(if ok {

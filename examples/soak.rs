@@ -40,7 +40,7 @@ use rand::{Rng as _, SeedableRng as _, rngs::SmallRng, seq::IndexedRandom as _};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::auth::{Keys, Role};
-use support::{Server, build_server, drop_database, status_kb};
+use support::{Gql, Server, ThrowAway, server_binary, status_kb};
 use uuid::Uuid;
 
 mod support;
@@ -89,46 +89,22 @@ enum Outcome {
     Error(String),
 }
 
-struct Gql {
-    http: reqwest::Client,
-    url: String,
-}
-
-impl Gql {
-    fn new(base: &str, clients: usize) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(clients + 16)
-            .tcp_nodelay(true)
-            .timeout(Duration::from_secs(30))
-            .build()?;
-        Ok(Self { http, url: format!("{base}/graphql") })
+/// One operation; `data.<field>` when it has a `__typename`.
+async fn call(gql: &Gql, token: &str, query: &str, variables: Value, field: &str) -> Outcome {
+    let (status, body) = match gql.post(token, query, variables).await {
+        Ok(answer) => answer,
+        Err(err) => return Outcome::Error(err),
+    };
+    let Some(body) = body else { return Outcome::Error(format!("HTTP {} (no JSON)", status.as_u16())) };
+    if let Some(error) = body["errors"].as_array().and_then(|errors| errors.first()) {
+        return Outcome::Error(error["extensions"]["code"].as_str().unwrap_or("no code").to_owned());
     }
-
-    /// One operation; `data.<field>` when it has a `__typename`.
-    async fn call(&self, token: &str, query: &str, variables: Value, field: &str) -> Outcome {
-        let sent =
-            self.http.post(&self.url).bearer_auth(token).json(&json!({ "query": query, "variables": variables }));
-        let response = match sent.send().await {
-            Ok(response) => response,
-            Err(err) => {
-                return Outcome::Error(format!("HTTP {}", if err.is_timeout() { "timeout" } else { "transport" }));
-            }
-        };
-        let status = response.status();
-        let body: Value = match response.json().await {
-            Ok(body) => body,
-            Err(_) => return Outcome::Error(format!("HTTP {} (no JSON)", status.as_u16())),
-        };
-        if let Some(error) = body["errors"].as_array().and_then(|errors| errors.first()) {
-            return Outcome::Error(error["extensions"]["code"].as_str().unwrap_or("no code").to_owned());
-        }
-        if !status.is_success() {
-            return Outcome::Error(format!("HTTP {}", status.as_u16()));
-        }
-        match body["data"][field]["__typename"].as_str() {
-            Some(name) => Outcome::Ok(name.to_owned(), body["data"][field].clone()),
-            None => Outcome::Error(format!("no data.{field}")),
-        }
+    if !status.is_success() {
+        return Outcome::Error(format!("HTTP {}", status.as_u16()));
+    }
+    match body["data"][field]["__typename"].as_str() {
+        Some(name) => Outcome::Ok(name.to_owned(), body["data"][field].clone()),
+        None => Outcome::Error(format!("no data.{field}")),
     }
 }
 
@@ -282,7 +258,7 @@ struct Client {
 impl Client {
     async fn call(&mut self, op: Op, token: Option<&str>, query: &str, variables: Value, field: &str) -> Outcome {
         let token = token.unwrap_or(&self.token).to_owned();
-        let outcome = self.shared.gql.call(&token, query, variables, field).await;
+        let outcome = call(&self.shared.gql, &token, query, variables, field).await;
         self.shared.requests.fetch_add(1, Ordering::Relaxed);
         self.tally.record(op, &outcome);
         outcome
@@ -462,7 +438,7 @@ async fn seed(gql: &Gql, operator: &str) -> anyhow::Result<Vec<Uuid>> {
         let stock = if i < SCARCE { 20 } else { 1_000_000_000 };
         let input = json!({ "sku": format!("SOAK-{i:02}"), "name": format!("soak item {i}"), "stock": stock });
         let query = "mutation($i: CreateInventoryInput!) { createInventory(input: $i) { __typename id } }";
-        match gql.call(operator, query, json!({ "i": input }), "createInventory").await {
+        match call(gql, operator, query, json!({ "i": input }), "createInventory").await {
             Outcome::Ok(_, data) => ids.push(data["id"].as_str().context("an id")?.parse()?),
             Outcome::Error(err) => bail!("seeding failed: {err}"),
         }
@@ -671,24 +647,13 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     if args.seconds == 0 || args.clients == 0 {
         bail!("--seconds and --clients must be at least 1");
     }
-    let server_bin = match &args.server_bin {
-        Some(bin) => bin.clone(),
-        None => build_server("soak")?,
-    };
-    if !server_bin.exists() {
-        bail!("no server binary at {}", server_bin.display());
-    }
-    let base = args.database_url_base.trim_end_matches('/').to_owned();
-    let name = format!("sg_soak_{}", &Uuid::new_v4().simple().to_string()[..12]);
-    let database_url = format!("{base}/{name}");
-    stockguard::db::ensure_database(&database_url).await.with_context(|| format!("cannot create {database_url}"))?;
-    let log = std::env::temp_dir().join(format!("{name}.log"));
-    eprintln!("soak: database {name}, server {}, server log {}", server_bin.display(), log.display());
+    let server_bin = server_binary(args.server_bin.as_deref(), "soak")?;
+    let database = ThrowAway::create(&args.database_url_base, "soak").await?;
+    let log = std::env::temp_dir().join(format!("{}.log", database.name));
+    eprintln!("soak: database {}, server {}, server log {}", database.name, server_bin.display(), log.display());
 
-    let result = soak(&args, &server_bin, &database_url, &log).await;
-    if let Err(err) = drop_database(&base, &name).await {
-        eprintln!("soak: could not drop {name}: {err:#}");
-    }
+    let result = soak(&args, &server_bin, &database.url, &log).await;
+    database.drop("soak").await;
     let (report, passed) = result?;
     println!("{report}");
     Ok(if passed {

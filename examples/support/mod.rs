@@ -1,5 +1,6 @@
 //! What the benchmark and the soak share: the server under test as a child
-//! process, building it, its memory, and throw-away databases.
+//! process, building it, its memory, throw-away databases, and a GraphQL
+//! client for many concurrent callers.
 
 use std::{
     net::TcpListener,
@@ -9,8 +10,11 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
+use reqwest::StatusCode;
 use sea_orm::sqlx::{self, Connection as _, postgres::PgConnection};
+use serde_json::{Value, json};
 use tokio::process::Child;
+use uuid::Uuid;
 
 /// A `stockguard serve` child process on a free port.
 pub struct Server {
@@ -94,9 +98,22 @@ pub fn status_kb(pid: u32, key: &str) -> Option<u64> {
         .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
+/// The server binary to run: `given` (`--server-bin`), or else the one of
+/// this example's profile, built first.
+pub fn server_binary(given: Option<&Path>, example: &str) -> anyhow::Result<PathBuf> {
+    let bin = match given {
+        Some(bin) => bin.to_path_buf(),
+        None => build_server(example)?,
+    };
+    if !bin.exists() {
+        bail!("no server binary at {}", bin.display());
+    }
+    Ok(bin)
+}
+
 /// Builds the server binary of the running example's profile, so one command
 /// never measures a stale server. Returns its path.
-pub fn build_server(example: &str) -> anyhow::Result<PathBuf> {
+fn build_server(example: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     // target/<profile>/examples/<example>
     let profile_dir = exe.parent().and_then(Path::parent).context("cannot find the target directory")?;
@@ -122,6 +139,34 @@ pub fn build_server(example: &str) -> anyhow::Result<PathBuf> {
     Ok(profile_dir.join("stockguard"))
 }
 
+/// A fresh database on a PostgreSQL server, dropped by [`ThrowAway::drop`].
+pub struct ThrowAway {
+    /// The server's URL without a database name.
+    base: String,
+    /// `sg_<example>_<random>`.
+    pub name: String,
+    /// The database's URL.
+    pub url: String,
+}
+
+impl ThrowAway {
+    /// Creates `sg_<example>_<random>` on the server at `base` (a URL without a database name).
+    pub async fn create(base: &str, example: &str) -> anyhow::Result<Self> {
+        let base = base.trim_end_matches('/').to_owned();
+        let name = format!("sg_{example}_{}", &Uuid::new_v4().simple().to_string()[..12]);
+        let url = format!("{base}/{name}");
+        stockguard::db::ensure_database(&url).await.with_context(|| format!("cannot create {url}"))?;
+        Ok(Self { base, name, url })
+    }
+
+    /// Drops the database, ending its connections; a failure is only reported.
+    pub async fn drop(self, example: &str) {
+        if let Err(err) = drop_database(&self.base, &self.name).await {
+            eprintln!("{example}: could not drop {}: {err:#}", self.name);
+        }
+    }
+}
+
 /// A connection to the `postgres` database of the server at `base`.
 pub async fn admin(base: &str) -> anyhow::Result<PgConnection> {
     PgConnection::connect(&format!("{base}/postgres"))
@@ -130,11 +175,46 @@ pub async fn admin(base: &str) -> anyhow::Result<PgConnection> {
 }
 
 /// Drops a throw-away database, ending its connections.
-pub async fn drop_database(base: &str, name: &str) -> anyhow::Result<()> {
+async fn drop_database(base: &str, name: &str) -> anyhow::Result<()> {
     let mut conn = admin(base).await?;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")))
         .execute(&mut conn)
         .await?;
     conn.close().await?;
     Ok(())
+}
+
+/// GraphQL over HTTP for many concurrent callers: keep-alive connections
+/// (one per caller), TCP_NODELAY, a 30 s timeout.
+pub struct Gql {
+    pub http: reqwest::Client,
+    pub url: String,
+}
+
+impl Gql {
+    /// A client of the server at `base` for `clients` concurrent callers.
+    pub fn new(base: &str, clients: usize) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(clients + 16)
+            .tcp_nodelay(true)
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        Ok(Self { http, url: format!("{base}/graphql") })
+    }
+
+    /// Posts one operation: the HTTP status and the body when it is JSON. A
+    /// request that got no answer is `HTTP timeout` or `HTTP transport`.
+    pub async fn post(
+        &self,
+        token: &str,
+        query: &str,
+        variables: Value,
+    ) -> Result<(StatusCode, Option<Value>), String> {
+        let sent =
+            self.http.post(&self.url).bearer_auth(token).json(&json!({ "query": query, "variables": variables }));
+        let response =
+            sent.send().await.map_err(|e| format!("HTTP {}", if e.is_timeout() { "timeout" } else { "transport" }))?;
+        let status = response.status();
+        Ok((status, response.json().await.ok()))
+    }
 }
