@@ -91,7 +91,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let keys = Keys::new(args.secret.as_bytes());
+    let keys = Keys::new(args.secret.as_bytes(), stockguard::auth::DEFAULT_MAX_TOKEN_TTL_SECS)?;
     let client = Arc::new(Client {
         http: reqwest::Client::builder().pool_max_idle_per_host(256).build()?,
         url: format!("{}/graphql", args.url),

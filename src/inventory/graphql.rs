@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::{
     InventoryRow,
-    loader::InventoryLoader,
+    loader::{InventoryBySkuLoader, InventoryLoader},
     movements::{self, MovementReason},
     store::{self, RestockOutcome},
 };
@@ -19,6 +19,7 @@ use crate::{
     app::state,
     auth,
     error::{AppError, GqlResult, IntoGql},
+    live::WatchError,
     pagination::{Cursor, Page, VersionCursor, connection},
     telemetry, validate,
 };
@@ -65,6 +66,7 @@ impl Inventory {
     }
 
     /// Every change of this inventory's stock, oldest first (operators only).
+    #[graphql(complexity = "crate::pagination::page_cost(first, child_complexity)")]
     async fn movements(
         &self,
         ctx: &Context<'_>,
@@ -217,10 +219,13 @@ impl InventoryQuery {
         if sku.contains('\0') {
             return Ok(None);
         }
-        Ok(store::find_by_sku(&state(ctx).db, &sku).await.gql()?.map(Inventory))
+        let loader = ctx.data_unchecked::<DataLoader<InventoryBySkuLoader>>();
+        let row = loader.load_one(sku).await.map_err(|err| AppError::from((*err).clone()).extend())?;
+        Ok(row.map(Inventory))
     }
 
     /// All inventories, oldest first.
+    #[graphql(complexity = "crate::pagination::page_cost(first, child_complexity)")]
     async fn inventories(
         &self,
         ctx: &Context<'_>,
@@ -287,7 +292,10 @@ impl InventorySubscription {
         id: Uuid,
     ) -> async_graphql::Result<BoxStream<'static, Inventory>> {
         let app = state(ctx);
-        let changes = app.live.watch(app.db.clone(), id).await.gql()?;
+        let changes = app.live.watch(app.db.clone(), id).await.map_err(|err| match err {
+            WatchError::NotFound => AppError::bad_input("id", "no inventory has this id").extend(),
+            WatchError::Db(err) => AppError::from(err).extend(),
+        })?;
         Ok(changes.map(Inventory).boxed())
     }
 }

@@ -5,6 +5,7 @@ pub mod batch;
 pub mod coalesce;
 pub mod entity;
 pub mod graphql;
+pub mod loader;
 pub mod store;
 pub mod sweeper;
 

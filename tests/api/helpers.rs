@@ -13,7 +13,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::{
     app::{AppState, Workers},
-    auth::{Keys, Role},
+    auth::{DEFAULT_MAX_TOKEN_TTL_SECS, Keys, Role},
     config::{DatabaseConfig, Limits},
     db, http, invariant, schema,
     schema::AppSchema,
@@ -26,7 +26,7 @@ pub fn server_url() -> String {
 }
 
 /// The secret every test server signs with.
-pub const SECRET: &str = "test-secret";
+pub const SECRET: &str = "stockguard-test-secret-of-32-bytes-or-more";
 
 /// PostgreSQL's default isolation for a test database.
 #[derive(Debug, Clone, Copy)]
@@ -152,14 +152,15 @@ impl TestApp {
             counter.fetch_add(1, Ordering::SeqCst);
         });
 
-        let keys = Keys::new(SECRET.as_bytes());
+        let keys = Keys::new(SECRET.as_bytes(), DEFAULT_MAX_TOKEN_TTL_SECS).expect("a long enough secret");
+        let connections = http::connection_limits(&limits);
         let state = AppState::new(pool, keys.clone(), limits);
         let workers = state.spawn_workers();
         let schema = schema::build(state.clone());
-        let router = http::router(state, schema.clone(), None);
+        let router = http::router(state, None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(http::serve(listener, router, std::future::pending()));
+        tokio::spawn(http::serve(listener, router, connections, std::future::pending()));
 
         let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("client");
         Self { address, client, db: direct, schema, statements, database_url, keys, _workers: workers }
