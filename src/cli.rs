@@ -192,6 +192,8 @@ fn redact(url: &str) -> String {
 }
 
 async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::Result<()> {
+    // Settings first: a server that must not start says so before it touches anything.
+    let (keys, dev_tokens) = keys(&config)?;
     let database = Database::open(&database_config).await?;
     if !config.no_seed {
         let added = seed::seed_if_empty(&database.conn).await.map_err(|e| anyhow::anyhow!("seeding failed: {e}"))?;
@@ -199,7 +201,6 @@ async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::
             tracing::info!(added, "empty database: added demo inventory");
         }
     }
-    let (keys, dev_tokens) = keys(&config)?;
     let state = AppState::new(database.conn.clone(), keys, config.limits.clone());
     let workers = state.spawn_workers();
     let router = http::router(state, dev_tokens.as_ref().map(|(op, _)| op.as_str()));

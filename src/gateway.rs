@@ -22,7 +22,7 @@ use std::{
 
 use async_graphql::{
     Pos, Positioned, Request, Response, ServerError, ServerResult, Value, Variables,
-    extensions::{Extension, ExtensionContext, ExtensionFactory, NextParseQuery, NextRequest},
+    extensions::{Extension, ExtensionContext, ExtensionFactory, NextParseQuery, NextRequest, NextSubscribe},
     parser::types::{
         DocumentOperations, ExecutableDocument, Field, OperationDefinition, OperationType, Selection, SelectionSet,
     },
@@ -293,22 +293,47 @@ struct ErrorCodesExtension {
     /// Where the document's arguments that use a variable are named: an
     /// invalid value there came from the variables (BAD_USER_INPUT), an
     /// invalid value elsewhere is a literal in the document (validation).
-    variable_arguments: Mutex<Vec<Pos>>,
+    /// Shared with the response stream of a subscription.
+    variable_arguments: Arc<Mutex<Vec<Pos>>>,
+}
+
+/// Gives every error of `response` that has no code one.
+fn code_errors(response: &mut Response, variable_arguments: &Mutex<Vec<Pos>>) {
+    if response.errors.iter().all(|e| code_of(e).is_some()) {
+        return;
+    }
+    let variable_arguments = variable_arguments.lock().map(|p| p.clone()).unwrap_or_default();
+    for error in response.errors.iter_mut().filter(|e| code_of(e).is_none()) {
+        let code = classify(error, &variable_arguments);
+        if code == "INTERNAL" {
+            tracing::error!(message = %error.message, path = ?error.path, "a field error without a code");
+        }
+        error.extensions.get_or_insert_with(Default::default).set("code", code);
+    }
 }
 
 #[async_graphql::async_trait::async_trait]
 impl Extension for ErrorCodesExtension {
     async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
         let mut response = next.run(ctx).await;
-        let variable_arguments = self.variable_arguments.lock().map(|p| p.clone()).unwrap_or_default();
-        for error in response.errors.iter_mut().filter(|e| code_of(e).is_none()) {
-            let code = classify(error, &variable_arguments);
-            if code == "INTERNAL" {
-                tracing::error!(message = %error.message, path = ?error.path, "a field error without a code");
-            }
-            error.extensions.get_or_insert_with(Default::default).set("code", code);
-        }
+        code_errors(&mut response, &self.variable_arguments);
         response
+    }
+
+    /// Operations over a websocket run as streams, past the `request` hook.
+    fn subscribe<'s>(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        stream: BoxStream<'s, Response>,
+        next: NextSubscribe<'_>,
+    ) -> BoxStream<'s, Response> {
+        let variable_arguments = self.variable_arguments.clone();
+        next.run(ctx, stream)
+            .map(move |mut response| {
+                code_errors(&mut response, &variable_arguments);
+                response
+            })
+            .boxed()
     }
 
     async fn parse_query(
@@ -329,18 +354,21 @@ impl Extension for ErrorCodesExtension {
 
 /// The code of an error async-graphql or a resolver left without one.
 fn classify(error: &ServerError, variable_arguments: &[Pos]) -> &'static str {
-    if !error.path.is_empty() {
-        // An argument that did not coerce to its type (a UUID that is not
-        // one, an Int out of range) fails its field at execution.
-        // These are async-graphql's `InputValueError` messages; every error a
-        // resolver makes carries its code already (`IntoGql`).
-        let message = error.message.as_str();
-        let coercion = message.starts_with("Failed to parse \"")
-            || message.starts_with("Expected input type \"")
-            || (message.starts_with("Variable ") && message.ends_with(" is not defined."));
-        return if coercion { "BAD_USER_INPUT" } else { "INTERNAL" };
-    }
     let message = error.message.as_str();
+    // A value that does not coerce to its type (a UUID that is not one, an
+    // Int out of range, a variable not given): async-graphql's
+    // `InputValueError` messages, at validation (for variables) or at
+    // execution (for arguments, then with a path).
+    let coercion = message.starts_with("Failed to parse \"")
+        || message.starts_with("Expected input type \"")
+        || (message.starts_with("Variable ") && message.ends_with(" is not defined."));
+    if coercion {
+        return "BAD_USER_INPUT";
+    }
+    if !error.path.is_empty() {
+        // Every error a resolver makes carries its code already (`IntoGql`).
+        return "INTERNAL";
+    }
     if message == "Query is too complex." {
         "COST_ESTIMATED_TOO_EXPENSIVE"
     } else if message == "Query is nested too deep." || message.starts_with("The recursion depth of the query") {

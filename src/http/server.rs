@@ -176,9 +176,11 @@ impl Watch {
     ) {
         tokio::pin!(connection);
         loop {
-            // A serving connection is looked at again after a while, in case
-            // it finished; its end moves the deadline, not this loop.
-            let wake = self.deadline(limits).unwrap_or_else(|| Instant::now() + limits.header_read_timeout);
+            // Changes of state are not signalled (that would cost a wake-up
+            // per request), so the connection is looked at again at least
+            // every shorter timeout: a stale one is closed at most that late.
+            let recheck = Instant::now() + limits.header_read_timeout.min(limits.idle_timeout);
+            let wake = self.deadline(limits).map_or(recheck, |deadline| deadline.min(recheck));
             tokio::select! {
                 ended = &mut connection => {
                     if let Err(err) = ended {

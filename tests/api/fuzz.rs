@@ -27,7 +27,10 @@ use serde_json::{Value, json};
 use stockguard::{auth::Role, invariant};
 use uuid::Uuid;
 
-use crate::helpers::{RESERVE, TestApp, error_code};
+use crate::{
+    helpers::{RESERVE, TestApp, error_code},
+    hostile::{aliases, deep_value, fragment_fan_out},
+};
 
 /// The body limit of `Limits::default()`.
 const BODY_LIMIT: usize = 64 * 1024;
@@ -1032,12 +1035,6 @@ fn fragments_in_fragments(depth: usize) -> String {
     format!("mutation($input: ReserveInput!) {{ reserve(input: $input) {{ {selection} }} }}")
 }
 
-/// `count` aliases of `field`, each `a<i>: field`.
-fn aliases(operation: &str, field: &str, count: usize) -> String {
-    let fields: Vec<String> = (0..count).map(|i| format!("a{i}:{field}")).collect();
-    format!("{operation} {{ {} }}", fields.join(" "))
-}
-
 /// A document that must be refused whole, and why.
 #[derive(Clone)]
 struct Hostile {
@@ -1240,6 +1237,71 @@ async fn bodies_that_are_no_graphql_request_get_400_or_413_and_write_nothing() {
         async move {
             let alice = Caller::Alice.header(&app);
             send_anything(&app, alice.as_deref(), body).await.map(drop)
+        }
+    })
+    .await;
+    assert_still_serving(&app).await;
+}
+
+/// A hostile document as an attacker would vary it: a value nested up to
+/// 6,000 deep in any of three places, fragments fanning out up to 40 levels,
+/// or up to 2,500 aliases of a field (as many as fit the body limit).
+fn generated_hostile() -> impl Strategy<Value = Hostile> {
+    let fields = select(vec![
+        "__typename",
+        "inventoryBySku(sku: \"X\") { id }",
+        "inventories(first: 100) { nodes { id } }",
+        "inventories { edges { node { id sku } } pageInfo { hasNextPage } }",
+    ]);
+    prop_oneof![
+        (1..6000_usize, 0..3_usize).prop_map(|(levels, place)| Hostile {
+            what: "a deep value",
+            query: deep_value(levels, place),
+            says: &[]
+        }),
+        (1..40_usize).prop_map(|levels| Hostile {
+            what: "fragment fan-out",
+            query: fragment_fan_out(levels),
+            says: &[]
+        }),
+        // As many as fit well within the body limit (and a websocket message).
+        (1..2500_usize, fields).prop_map(|(count, field)| {
+            let count = count.min(60_000 / (field.len() + 8));
+            Hostile { what: "an alias flood", query: aliases("query", field, count), says: &[] }
+        }),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn generated_hostile_documents_are_answered_within_bounds_over_http_and_websockets() {
+    let (app, _) = server_with_stock().await;
+    let app = std::sync::Arc::new(app);
+    let shared = app.clone();
+    for_64_cases(generated_hostile, move |hostile| {
+        let app = shared.clone();
+        async move {
+            let body = request(&hostile.query, json!({}));
+            prop_assert!(body.len() <= BODY_LIMIT, "{:?} must fit the body limit", hostile);
+            let started = std::time::Instant::now();
+            send_anything(&app, None, body).await?;
+            let took = started.elapsed();
+            prop_assert!(took < std::time::Duration::from_secs(2), "{:?} took {:?} over HTTP", hostile, took);
+            // The same document over a websocket: one result, with codes, and the socket open.
+            let mut socket = crate::ws::connect(&app.address, "graphql-transport-ws").await;
+            let payload = json!({ "query": hostile.query });
+            crate::ws::send(&mut socket, json!({ "id": "h", "type": "subscribe", "payload": payload })).await;
+            let answer = crate::ws::next_result(&mut socket).await;
+            prop_assert_eq!(&answer["type"], "next", "{:?}: {}", hostile, answer);
+            let errors = answer["payload"]["errors"].as_array().cloned().unwrap_or_default();
+            for error in errors {
+                let code = error["extensions"]["code"].as_str().unwrap_or("none");
+                prop_assert!(CLIENT_CODES.contains(&code), "{:?}: {} over the websocket", hostile, error);
+            }
+            let follow_up = json!({ "id": "after", "type": "subscribe", "payload": { "query": "{ __typename }" } });
+            crate::ws::send(&mut socket, follow_up).await;
+            let after = crate::ws::next_result(&mut socket).await;
+            prop_assert_eq!(&after["payload"]["data"]["__typename"], "Query", "{:?}: the socket stopped", hostile);
+            Ok(())
         }
     })
     .await;

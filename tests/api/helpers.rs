@@ -268,17 +268,23 @@ impl Drop for TestApp {
     /// Drops the test's database, so runs leave nothing behind. `FORCE` ends
     /// the server's connections, which die with the test anyway.
     fn drop(&mut self) {
-        let Some((server, name)) = self.database_url.rsplit_once('/').map(|(s, n)| (s.to_owned(), n.to_owned())) else {
-            return;
-        };
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-            runtime.block_on(async {
-                let admin = sea_orm::Database::connect(format!("{server}/postgres")).await.ok()?;
-                admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()?;
-                admin.close().await.ok()
-            })
-        });
-        let _ = dropped.join();
+        drop_database(&self.database_url);
     }
+}
+
+/// Drops the database at `url` (one a test made), from a thread of its own
+/// so it works inside and outside a runtime.
+pub fn drop_database(url: &str) {
+    let Some((server, name)) = url.rsplit_once('/').map(|(s, n)| (s.to_owned(), n.to_owned())) else {
+        return;
+    };
+    let dropped = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        runtime.block_on(async {
+            let admin = sea_orm::Database::connect(format!("{server}/postgres")).await.ok()?;
+            admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()?;
+            admin.close().await.ok()
+        })
+    });
+    let _ = dropped.join();
 }
