@@ -110,6 +110,13 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_MAX_SUBSCRIPTIONS_PER_SOCKET", default_value_t = 100)]
     pub max_subscriptions_per_socket: usize,
 
+    /// Origins whose browser apps may call the API (CORS), comma-separated,
+    /// e.g. `https://shop.example.com`; `*` allows any. None by default; a
+    /// server that made its own secret (development) also allows loopback
+    /// origins (`http://localhost:<any port>` and the like).
+    #[arg(long, env = "STOCKGUARD_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+
     /// Most live subscriptions in one server process.
     #[arg(long, env = "STOCKGUARD_MAX_SUBSCRIPTIONS", default_value_t = 10_000)]
     pub max_subscriptions: usize,
@@ -185,6 +192,7 @@ impl Default for Limits {
             ws_keepalive_ms: 15_000,
             max_subscriptions_per_socket: 100,
             max_subscriptions: 10_000,
+            cors_origins: Vec::new(),
             max_batch: 10,
             max_in_flight: 512,
             order_locking: OrderLocking::Optimistic,

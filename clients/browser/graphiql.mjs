@@ -9,20 +9,16 @@
 // or the same four through GRAPHIQL_URL, GRAPHIQL_TOKEN, GRAPHIQL_INVENTORY_ID
 // and GRAPHIQL_SCREENSHOT. CHROMIUM_PATH overrides /usr/bin/chromium.
 //
-// The page loads React and GraphiQL from a CDN. This machine reaches no CDN,
-// so those requests are answered from this package's node_modules (the
-// versions pinned in package.json), and every other request that is not for
-// the server gets an empty 204, so nothing waits on the network.
+// The page must need nothing but the server: every request for anywhere
+// else is refused and fails the run, and so does any Content-Security-Policy
+// violation the browser reports.
 //
 // Success: the result pane's JSON on stdout, exit 0. Failure: a message on
 // stderr, exit 1.
 
-import { readFile, mkdir } from 'node:fs/promises';
-import { createRequire } from 'node:module';
-import { dirname, join, resolve, sep } from 'node:path';
+import { mkdir } from 'node:fs/promises';
+import { dirname, resolve } from 'node:path';
 import { chromium } from 'playwright-core';
-
-const require = createRequire(import.meta.url);
 
 const [argUrl, argToken, argId, argShot] = process.argv.slice(2);
 const serverUrl = argUrl ?? process.env.GRAPHIQL_URL;
@@ -49,27 +45,6 @@ const headersText = `{"Authorization": "Bearer ${token}"}`;
 const queryText =
   `mutation { reserve(input: {inventoryId: "${inventoryId}", quantity: 1}) ` +
   '{ __typename ... on Reserved { reservation { id quantity } inventory { stock version } } } }';
-
-const CDN_TYPES = { '.js': 'application/javascript', '.css': 'text/css', '.map': 'application/json' };
-
-// https://unpkg.com/<package>@<range>/<file> -> node_modules/<package>/<file>,
-// refusing a major version other than the one installed (a newer async-graphql
-// asking for another GraphiQL should fail here, loudly, not half-render).
-async function fromNodeModules(url) {
-  const match = /^\/((?:@[^/]+\/)?[^/@]+)(?:@([^/]+))?\/(.+)$/.exec(decodeURIComponent(url.pathname));
-  if (!match) throw new Error(`no package in ${url.href}`);
-  const [, name, range, file] = match;
-  const root = dirname(require.resolve(`${name}/package.json`));
-  const { version } = JSON.parse(await readFile(join(root, 'package.json'), 'utf8'));
-  const wanted = range?.match(/^\^?~?(\d+)/)?.[1];
-  if (wanted !== undefined && wanted !== version.split('.')[0]) {
-    throw new Error(`the page asks for ${name}@${range}, package.json pins ${name}@${version}`);
-  }
-  const path = resolve(root, file);
-  if (!path.startsWith(root + sep)) throw new Error(`${url.href} leaves the package`);
-  const ext = Object.keys(CDN_TYPES).find((e) => path.endsWith(e));
-  return { body: await readFile(path), contentType: CDN_TYPES[ext] ?? 'application/octet-stream' };
-}
 
 // CodeMirror 5 keeps its instance on the wrapper element.
 function editorValue(page, selector) {
@@ -122,22 +97,19 @@ async function main() {
     const problems = [];
     page.on('pageerror', (error) => problems.push(`page error: ${error.message}`));
     page.on('console', (msg) => {
-      if (msg.type() === 'error') process.stderr.write(`browser console: ${msg.text().split('\n')[0]}\n`);
+      if (msg.type() !== 'error') return;
+      const text = msg.text().split('\n')[0];
+      process.stderr.write(`browser console: ${text}\n`);
+      if (/Content Security Policy|Refused to/i.test(text)) problems.push(`CSP: ${text}`);
     });
 
+    // Nothing but the server: anything else is refused and counted.
+    const outside = [];
     await context.route('**/*', async (route) => {
       const url = new URL(route.request().url());
-      if (url.origin === origin) return route.continue();
-      if (url.hostname === 'unpkg.com') {
-        try {
-          const { body, contentType } = await fromNodeModules(url);
-          return route.fulfill({ status: 200, body, contentType, headers: { 'access-control-allow-origin': '*' } });
-        } catch (error) {
-          problems.push(`CDN ${url.href}: ${error.message}`);
-          return route.fulfill({ status: 404, body: '' });
-        }
-      }
-      return route.fulfill({ status: 204, body: '' });
+      if (url.origin === origin || url.protocol === 'data:') return route.continue();
+      outside.push(url.href);
+      return route.abort('blockedbyclient');
     });
 
     await page.goto(new URL('/', serverUrl).href, { waitUntil: 'load', timeout: stepMs });
@@ -215,6 +187,8 @@ async function main() {
     } catch (error) {
       throw new Error(`the result pane is not JSON (${error.message}): ${shown}`);
     }
+    if (outside.length > 0) throw new Error(`the page asked for outside addresses: ${outside.join(', ')}`);
+    if (problems.length > 0) throw new Error(problems.join('; '));
     await page.screenshot({ path: screenshot, fullPage: true });
     process.stdout.write(`${JSON.stringify(body)}\n`);
   } finally {

@@ -146,7 +146,7 @@ struct GetParams {
 /// asks for a page and no query.
 pub async fn get(State(http): State<Http>, headers: HeaderMap, RawQuery(query): RawQuery) -> HttpResponse {
     if query.as_deref().is_none_or(str::is_empty) && wants_html(&headers) {
-        return graphiql_page(State(http)).await.into_response();
+        return graphiql_page(State(http)).await;
     }
     let Some(media) = negotiate(&headers) else { return not_acceptable() };
     let request = match parse_get(query.as_deref().unwrap_or_default()) {

@@ -6,23 +6,26 @@
 //! the [`Gateway`]; this module only turns HTTP into requests and
 //! responses into HTTP.
 
+mod graphiql;
 mod graphql;
 mod server;
 mod ws;
 
 use std::time::Duration;
 
-use async_graphql::http::GraphiQLSource;
 use axum::{
     Router,
     extract::{DefaultBodyLimit, Request, State},
-    http::{StatusCode, header},
+    http::{HeaderName, HeaderValue, Method, StatusCode, header},
     middleware::{self, Next},
-    response::{Html, IntoResponse, Response},
+    response::{IntoResponse, Response},
     routing::get,
 };
 use serde_json::json;
-use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::{
+    catch_panic::CatchPanicLayer,
+    cors::{AllowOrigin, CorsLayer},
+};
 
 pub use self::server::{ConnectionLimits, serve};
 use crate::{app::AppState, gateway::Gateway};
@@ -35,7 +38,7 @@ struct Http {
     /// The shared state: keys, limits, the pool for readiness.
     app: AppState,
     /// The rendered GraphiQL page.
-    graphiql: String,
+    graphiql: graphiql::Page,
     /// Live subscriptions of this process, under their cap.
     subscriptions: ws::Subscriptions,
 }
@@ -46,16 +49,11 @@ struct Http {
 pub fn router(app: AppState, graphiql_token: Option<&str>) -> Router {
     crate::telemetry::install_metrics();
     let bearer = graphiql_token.map(|token| format!("Bearer {token}"));
-    let mut graphiql =
-        GraphiQLSource::build().endpoint("/graphql").subscription_endpoint("/graphql/ws").title("Stockguard");
-    if let Some(bearer) = bearer.as_deref() {
-        graphiql = graphiql.header("Authorization", bearer);
-    }
     let limits = app.limits.clone();
     let state = Http {
         gateway: Gateway::new(app.clone()),
         app,
-        graphiql: graphiql.finish(),
+        graphiql: graphiql::Page::new(bearer.as_deref()),
         subscriptions: ws::Subscriptions::default(),
     };
     let request_timeout = Duration::from_millis(limits.request_timeout_ms);
@@ -63,6 +61,7 @@ pub fn router(app: AppState, graphiql_token: Option<&str>) -> Router {
     // bounded by its own timeouts instead.
     let requests = Router::new()
         .route("/", get(graphiql_page))
+        .route("/graphiql/{version}/{name}", get(graphiql::asset))
         .route("/graphql", get(graphql::get).post(graphql::post))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -73,6 +72,7 @@ pub fn router(app: AppState, graphiql_token: Option<&str>) -> Router {
         .route("/graphql/ws", get(ws::upgrade))
         .merge(requests)
         .layer(DefaultBodyLimit::max(limits.body_limit))
+        .layer(cors(&limits.cors_origins, graphiql_token.is_some()))
         // A bug must not drop the connection without an answer: a panic in a
         // handler becomes a 500 with a GraphQL-shaped INTERNAL error.
         .layer(CatchPanicLayer::custom(|_| {
@@ -80,6 +80,40 @@ pub fn router(app: AppState, graphiql_token: Option<&str>) -> Router {
             error_response(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", "internal error")
         }))
         .with_state(state)
+}
+
+/// Which browser origins may call the API: the configured ones, and in
+/// development (`dev`: the server made its own secret) any loopback origin,
+/// so a frontend on `localhost:5173` works out of the box. Preflights are
+/// answered for GET and POST with the headers GraphQL clients send.
+fn cors(origins: &[String], dev: bool) -> CorsLayer {
+    let layer = CorsLayer::new()
+        .allow_methods([Method::GET, Method::POST])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::ACCEPT,
+            HeaderName::from_static("apollo-require-preflight"),
+            HeaderName::from_static("x-apollo-operation-name"),
+        ])
+        .max_age(Duration::from_secs(600));
+    if origins.iter().any(|origin| origin.trim() == "*") {
+        return layer.allow_origin(AllowOrigin::any());
+    }
+    let listed: Vec<HeaderValue> = origins.iter().filter_map(|o| HeaderValue::from_str(o.trim()).ok()).collect();
+    layer.allow_origin(AllowOrigin::predicate(move |origin, _| {
+        listed.contains(origin) || (dev && origin.to_str().is_ok_and(is_loopback_origin))
+    }))
+}
+
+/// `http://localhost:<port>`, `http://127.0.0.1:<port>`, `http://[::1]:<port>` (or without a port).
+fn is_loopback_origin(origin: &str) -> bool {
+    let Some(host) = origin.strip_prefix("http://").or_else(|| origin.strip_prefix("https://")) else { return false };
+    let host = match host.rsplit_once(':') {
+        Some((host, port)) if port.chars().all(|c| c.is_ascii_digit()) => host,
+        _ => host,
+    };
+    matches!(host, "localhost" | "127.0.0.1" | "[::1]")
 }
 
 /// The connection bounds of `limits`, for [`serve`].
@@ -122,8 +156,8 @@ async fn within_timeout(State(timeout): State<Duration>, request: Request, next:
     }
 }
 
-async fn graphiql_page(State(http): State<Http>) -> Html<String> {
-    Html(http.graphiql)
+async fn graphiql_page(State(http): State<Http>) -> Response {
+    http.graphiql.response()
 }
 
 /// Prometheus text format.

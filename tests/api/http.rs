@@ -365,3 +365,55 @@ async fn persisted_queries_are_found_after_one_full_request_by_post_and_get() {
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["errors"][0]["extensions"]["code"], "BAD_REQUEST");
 }
+
+/// A CORS preflight for a POST with a bearer token from `origin`: the status
+/// and the `Access-Control-Allow-Origin` it got, if any.
+async fn preflight(client: &reqwest::Client, address: &str, origin: &str) -> (u16, Option<String>) {
+    let response = client
+        .request(reqwest::Method::OPTIONS, format!("{address}/graphql"))
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .header("access-control-request-headers", "authorization, content-type")
+        .send()
+        .await
+        .expect("preflight");
+    let allowed =
+        response.headers().get("access-control-allow-origin").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    (response.status().as_u16(), allowed)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn browser_apps_on_configured_origins_may_call_the_api_and_others_may_not() {
+    use stockguard::config::Limits;
+    let limits = Limits { cors_origins: vec!["https://shop.example".into()], ..Limits::default() };
+    let app = TestApp::spawn_with_options(crate::helpers::Options { limits, ..Default::default() }).await;
+    let (status, allowed) = preflight(&app.client, &app.address, "https://shop.example").await;
+    assert_eq!((status, allowed.as_deref()), (200, Some("https://shop.example")));
+    let (_, allowed) = preflight(&app.client, &app.address, "https://evil.example").await;
+    assert_eq!(allowed, None, "an origin not configured gets no grant");
+    let (_, allowed) = preflight(&app.client, &app.address, "http://localhost:5173").await;
+    assert_eq!(allowed, None, "loopback origins only in development");
+    let response = app
+        .client
+        .post(format!("{}/graphql", app.address))
+        .header("origin", "https://shop.example")
+        .json(&json!({ "query": "{ __typename }" }))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(
+        response.headers().get("access-control-allow-origin").and_then(|v| v.to_str().ok()),
+        Some("https://shop.example")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_development_server_allows_loopback_origins() {
+    let app = crate::process::Process::start_without_secret().await;
+    for origin in ["http://localhost:5173", "http://127.0.0.1:3000"] {
+        let (status, allowed) = preflight(&app.client, &app.address, origin).await;
+        assert_eq!((status, allowed.as_deref()), (200, Some(origin)));
+    }
+    let (_, allowed) = preflight(&app.client, &app.address, "https://evil.example").await;
+    assert_eq!(allowed, None);
+}
