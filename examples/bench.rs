@@ -47,7 +47,7 @@ use sea_orm::{
 use serde_json::{Value, json};
 use stockguard::{
     auth::{Keys, Role},
-    reservations::store::RESERVE_SQL,
+    stock::RESERVE_SQL,
 };
 use support::{Server, ThrowAway, server_binary, status_kb};
 use tokio::sync::RwLock;
@@ -672,7 +672,7 @@ impl Bench {
                     while Instant::now() < until {
                         let id = targets[rng.below(targets.len())];
                         let start = Instant::now();
-                        let result = sqlx::query(RESERVE_SQL)
+                        let result = sqlx::query(RESERVE_SQL.as_str())
                             .bind(id)
                             .bind(1i32)
                             .bind(None::<i32>)

@@ -1,5 +1,6 @@
 //! The GraphQL schema, merged from the feature modules. It does not know about
-//! HTTP: `http.rs` puts the caller and a fresh DataLoader into each request.
+//! HTTP: `http.rs` puts the caller and a fresh DataLoader into each request,
+//! and `server.rs` builds the features' runtime state it is given.
 
 use async_graphql::{MergedObject, MergedSubscription, Schema};
 
@@ -7,8 +8,12 @@ use crate::{
     app::AppState,
     config::Limits,
     inventory::graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
+    live::LiveStock,
     orders::graphql::{OrderMutation, OrderQuery},
-    reservations::graphql::{ReservationMutation, ReservationQuery},
+    reservations::{
+        graphql::{ReservationMutation, ReservationQuery},
+        service::ReservationService,
+    },
     telemetry,
 };
 
@@ -33,10 +38,11 @@ fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, Sub
         .limit_complexity(limits.max_complexity)
 }
 
-/// The schema over `state`, with the configured depth and complexity limits.
-pub fn build(state: AppState) -> AppSchema {
+/// The schema over `state` and the features' runtime state, with the
+/// configured depth and complexity limits.
+pub fn build(state: AppState, reservations: ReservationService, live: LiveStock) -> AppSchema {
     let limits = state.limits.clone();
-    builder(&limits).data(state).extension(telemetry::Observe).finish()
+    builder(&limits).data(state).data(reservations).data(live).extension(telemetry::Observe).finish()
 }
 
 /// Depth allowed to introspection-only requests. GraphiQL's own schema query
@@ -45,7 +51,8 @@ pub fn build(state: AppState) -> AppSchema {
 pub const INTROSPECTION_DEPTH: usize = 20;
 
 /// The same schema for requests that only introspect, with the looser depth
-/// bound [`INTROSPECTION_DEPTH`].
+/// bound [`INTROSPECTION_DEPTH`]. Introspection resolves no feature's field,
+/// so it carries only the shared state.
 pub fn build_for_introspection(state: AppState) -> AppSchema {
     let limits = Limits { max_depth: state.limits.max_depth.max(INTROSPECTION_DEPTH), ..state.limits.clone() };
     builder(&limits).data(state).extension(telemetry::Observe).finish()

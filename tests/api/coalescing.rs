@@ -10,7 +10,7 @@ use stockguard::{
     auth::Role,
     config::Limits,
     db::{Collisions, StatementPool},
-    reservations::{coalesce::Coalescer, store::ReserveOutcome},
+    reservations::{coalesce::Coalescer, service::ReserveOutcome},
 };
 use tokio::sync::Barrier;
 

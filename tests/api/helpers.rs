@@ -12,11 +12,12 @@ use std::{
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::{
-    app::{AppState, Workers},
+    app::AppState,
     auth::{Keys, Role},
     config::{DatabaseConfig, Limits},
-    db, http, invariant, schema,
+    db, http, invariant,
     schema::AppSchema,
+    server::{Server, Workers},
 };
 use uuid::Uuid;
 
@@ -154,8 +155,9 @@ impl TestApp {
 
         let keys = Keys::new(SECRET.as_bytes());
         let state = AppState::new(pool, keys.clone(), limits);
-        let workers = state.spawn_workers();
-        let schema = schema::build(state.clone());
+        let server = Server::new(state.clone());
+        let workers = server.spawn_workers();
+        let schema = server.schema();
         let router = http::router(state, schema.clone(), None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = format!("http://{}", listener.local_addr().expect("addr"));
