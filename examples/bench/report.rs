@@ -20,6 +20,21 @@ pub struct Strategy {
     pub orders: Vec<(&'static str, Stats)>,
 }
 
+/// One row of the strategies table.
+fn strategy_row(md: &mut String, label: &str, s: &Stats, conflicts: u64, retries: u64, gave_up: u64) {
+    let _ = writeln!(
+        md,
+        "| {label} | {:.0} | {conflicts} | {retries} | {gave_up} | {} | {:.0} | {:.2} / {:.2} / {:.2} | {:.1} |",
+        s.per_sec(s.successes),
+        s.errors,
+        s.per_sec(s.requests),
+        s.p50_ms,
+        s.p95_ms,
+        s.p99_ms,
+        s.usage.server.unwrap_or_default().cpu_secs,
+    );
+}
+
 pub fn mb(kb: u64) -> f64 {
     kb as f64 / 1024.0
 }
@@ -186,34 +201,12 @@ impl Report<'_> {
              |---|--:|--:|--:|--:|--:|--:|--:|--:|\n",
         );
         if let Some(p) = &st.plain {
-            let _ = writeln!(
-                md,
-                "| plain `reserve` (no `expectedVersion`) | {:.0} | {} | 0 | 0 | {} | {:.0} | {:.2} / {:.2} / {:.2} | {:.1} |",
-                p.per_sec(p.successes),
-                p.outcomes.get("Conflict").copied().unwrap_or(0),
-                p.errors,
-                p.per_sec(p.requests),
-                p.p50_ms,
-                p.p95_ms,
-                p.p99_ms,
-                p.usage.server.unwrap_or_default().cpu_secs,
-            );
+            let conflicts = p.outcomes.get("Conflict").copied().unwrap_or(0);
+            strategy_row(&mut md, "plain `reserve` (no `expectedVersion`)", p, conflicts, 0, 0);
         }
         let e = &st.expected;
-        let _ = writeln!(
-            md,
-            "| `expectedVersion`, re-read + ≤ 3 retries | {:.0} | {} | {} | {} | {} | {:.0} | {:.2} / {:.2} / {:.2} | {:.1} |",
-            e.per_sec(e.successes),
-            e.conflicts,
-            e.retries,
-            e.outcomes.get("gave up").copied().unwrap_or(0),
-            e.errors,
-            e.per_sec(e.requests),
-            e.p50_ms,
-            e.p95_ms,
-            e.p99_ms,
-            e.usage.server.unwrap_or_default().cpu_secs,
-        );
+        let gave_up = e.outcomes.get("gave up").copied().unwrap_or(0);
+        strategy_row(&mut md, "`expectedVersion`, re-read + ≤ 3 retries", e, e.conflicts, e.retries, gave_up);
 
         let _ = writeln!(md, "\n## One contested order, {} clients\n", st.clients);
         md.push_str(

@@ -12,10 +12,6 @@ use sea_orm_migration::prelude::*;
 #[derive(DeriveMigrationName)]
 pub struct Migration;
 
-// `MigrationTrait` declares `&SchemaManager` with its lifetime elided, and
-// async_trait makes an impl that names it (`SchemaManager<'_>`) a different
-// signature, so the lint cannot be met here.
-#[expect(elided_lifetimes_in_paths, reason = "the trait's own signature, see above")]
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
