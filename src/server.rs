@@ -42,11 +42,6 @@ impl Server {
         &self.state
     }
 
-    /// The reservation service (tests look into its coalescer).
-    pub fn reservations(&self) -> &ReservationService {
-        &self.reservations
-    }
-
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
         schema::build(self.state.clone(), self.reservations.clone(), self.live.clone())

@@ -115,11 +115,17 @@ enum Command {
 
 /// What a benchmark run is told to do.
 pub struct Settings {
+    /// Measured time per run (per side of a reserve cell).
     pub duration: Duration,
+    /// Warm-up before each run or round.
     pub warmup: Duration,
+    /// Rounds per reserve cell.
     pub rounds: u32,
+    /// Client counts, one cell each, ascending.
     pub clients: Vec<usize>,
+    /// The CI smoke.
     pub smoke: bool,
+    /// Where the report files go, if anywhere.
     pub out: Option<PathBuf>,
 }
 

@@ -15,12 +15,16 @@ use crate::support::{client::Outcome, status_kb};
 
 /// Samples the server's VmRSS every 100 ms while a run lasts.
 pub struct RssSampler {
-    pub stop: Arc<AtomicBool>,
-    pub max_kb: Arc<AtomicU64>,
-    pub task: tokio::task::JoinHandle<()>,
+    /// Turns true when the run is over.
+    stop: Arc<AtomicBool>,
+    /// The highest VmRSS seen, in kB.
+    max_kb: Arc<AtomicU64>,
+    /// The sampling task.
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl RssSampler {
+    /// Starts sampling process `pid`.
     pub fn start(pid: u32) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let max_kb = Arc::new(AtomicU64::new(status_kb(pid, "VmRSS").unwrap_or(0)));
@@ -36,6 +40,7 @@ impl RssSampler {
         Self { stop, max_kb, task }
     }
 
+    /// Stops, and the highest VmRSS seen (kB), the end included.
     pub async fn finish(self, pid: u32) -> u64 {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.task.await;
@@ -47,7 +52,9 @@ impl RssSampler {
 /// What the server used during one measured window.
 #[derive(Clone, Copy, Default)]
 pub struct ServerUse {
+    /// utime + stime over the measured window.
     pub cpu_secs: f64,
+    /// The highest VmRSS sampled during the run.
     pub max_rss_kb: u64,
     /// VmHWM at the end of the run: the peak since the process started.
     pub hwm_kb: u64,
@@ -66,14 +73,17 @@ pub struct Usage {
 
 /// CPU counters at one moment.
 pub struct CpuSnapshot {
-    pub server_secs: f64,
-    pub own_secs: f64,
+    /// The server's CPU seconds so far.
+    server_secs: f64,
+    /// This process's CPU seconds so far.
+    own_secs: f64,
     /// Jiffies of all CPUs from /proc/stat: all, and all but idle and iowait.
-    pub machine_total: u64,
-    pub machine_busy: u64,
+    machine_total: u64,
+    machine_busy: u64,
 }
 
 impl CpuSnapshot {
+    /// The counters now, of `server` when given.
     pub fn take(server: Option<u32>, clk_tck: f64) -> Self {
         let read = |path: String| std::fs::read_to_string(path).unwrap_or_default();
         let server_secs = server.map_or(0.0, |pid| parse_cpu(&read(format!("/proc/{pid}/stat")), clk_tck));
@@ -95,17 +105,26 @@ impl CpuSnapshot {
 /// One task's measurements; merged after a run.
 #[derive(Default)]
 pub struct Recorder {
+    /// Operations that end before this are warm-up.
     pub measure_from: Option<Instant>,
+    /// Operations that end after this are not counted.
     pub until: Option<Instant>,
+    /// Latency of each counted operation.
     pub latencies_us: Vec<u32>,
+    /// Counted operations by outcome.
     pub outcomes: BTreeMap<String, u64>,
+    /// Counted operations that ended in an error.
     pub errors: u64,
+    /// Conflicts met (a logical operation may meet several).
     pub conflicts: u64,
+    /// Retries made.
     pub retries: u64,
+    /// HTTP requests (or statements) sent.
     pub requests: u64,
 }
 
 impl Recorder {
+    /// A recorder of operations ending between `measure_from` and `until`.
     pub fn new(measure_from: Instant, until: Instant) -> Self {
         Self { measure_from: Some(measure_from), until: Some(until), ..Self::default() }
     }
@@ -136,6 +155,7 @@ impl Recorder {
         true
     }
 
+    /// Adds what `other` recorded.
     pub fn merge(&mut self, other: Recorder) {
         self.latencies_us.extend(other.latencies_us);
         for (k, v) in other.outcomes {
@@ -148,24 +168,33 @@ impl Recorder {
     }
 }
 
+/// What one logical operation cost beyond its latency.
 #[derive(Clone, Copy)]
 pub struct Extra {
+    /// Conflicts it met.
     pub conflicts: u64,
+    /// Retries it made.
     pub retries: u64,
+    /// Requests it sent.
     pub requests: u64,
 }
 
+/// The extras of an operation that is one request.
 pub const ONE_REQUEST: Extra = Extra { conflicts: 0, retries: 0, requests: 1 };
 
 /// One side of a reserve cell, summed over its rounds.
 #[derive(Default)]
 pub struct Measured {
+    /// What every round recorded.
     pub recorder: Recorder,
+    /// What every round used.
     pub usage: Usage,
+    /// Rounds so far.
     pub rounds: u32,
 }
 
 impl Measured {
+    /// Adds one round.
     pub fn add(&mut self, (recorder, usage): (Recorder, Usage)) {
         self.recorder.merge(recorder);
         let (sum, one) = (&mut self.usage, usage);
@@ -194,21 +223,34 @@ impl Measured {
 /// The merged measurements of one run.
 #[derive(Clone, Default)]
 pub struct Stats {
+    /// Measured seconds.
     pub seconds: f64,
+    /// Operations counted.
     pub operations: u64,
+    /// Operations that ended in a success.
     pub successes: u64,
+    /// Operations by outcome.
     pub outcomes: BTreeMap<String, u64>,
+    /// Operations that ended in an error.
     pub errors: u64,
+    /// Conflicts met.
     pub conflicts: u64,
+    /// Retries made.
     pub retries: u64,
+    /// Requests sent.
     pub requests: u64,
+    /// Median latency.
     pub p50_ms: f64,
+    /// 95th percentile latency.
     pub p95_ms: f64,
+    /// 99th percentile latency.
     pub p99_ms: f64,
+    /// What the run used.
     pub usage: Usage,
 }
 
 impl Stats {
+    /// The statistics of `merged` over `seconds`, counting the outcomes in `success` as successes.
     pub fn from(mut merged: Recorder, seconds: f64, success: &[&str]) -> Self {
         merged.latencies_us.sort_unstable();
         let pct = |p: f64| {
@@ -232,10 +274,12 @@ impl Stats {
         }
     }
 
+    /// `n` per measured second.
     pub fn per_sec(&self, n: u64) -> f64 {
         n as f64 / self.seconds
     }
 
+    /// The outcomes as `name count, ...`.
     pub fn outcomes_text(&self) -> String {
         self.outcomes.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ")
     }
@@ -303,6 +347,7 @@ pub fn parse_cpu(stat: &str, clk_tck: f64) -> f64 {
     (ticks(14) + ticks(15)) as f64 / clk_tck
 }
 
+/// Clock ticks per second (`getconf CLK_TCK`), 100 when unknown.
 pub fn clk_tck() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
@@ -313,6 +358,7 @@ pub fn clk_tck() -> f64 {
         .unwrap_or(100.0)
 }
 
+/// Cores, memory, CPU model and load average, for the report.
 pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo

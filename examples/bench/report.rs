@@ -6,17 +6,27 @@ use std::{fmt::Write as _, path::Path};
 
 use crate::{Settings, measure::Stats, scenarios::Scenario};
 
+/// One reserve cell: a scenario at a client count, both sides.
 pub struct Cell {
+    /// HOT or SPREAD.
     pub scenario: Scenario,
+    /// Concurrent clients.
     pub clients: usize,
+    /// Over HTTP.
     pub stockguard: Stats,
+    /// The raw-SQL limit.
     pub raw: Stats,
 }
 
+/// The strategy comparison: HOT with and without `expectedVersion`, and the contested order.
 pub struct Strategy {
+    /// Concurrent clients.
     pub clients: usize,
+    /// Plain `reserve` on HOT at that count, if measured.
     pub plain: Option<Stats>,
+    /// `reserve` at an expected version with retries.
     pub expected: Stats,
+    /// The contested order, per locking mode.
     pub orders: Vec<(&'static str, Stats)>,
 }
 
@@ -35,30 +45,41 @@ fn strategy_row(md: &mut String, label: &str, s: &Stats, conflicts: u64, retries
     );
 }
 
+/// kB in MB.
 pub fn mb(kb: u64) -> f64 {
     kb as f64 / 1024.0
 }
 
+/// `a / b`, or 0 when `b` is not positive.
 pub fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { a / b } else { 0.0 }
 }
 
+/// Everything the report shows.
 pub struct Report<'a> {
+    /// The run's settings.
     pub settings: &'a Settings,
+    /// The date, machine, PostgreSQL and server lines.
     pub header: String,
+    /// The reserve cells.
     pub cells: &'a [Cell],
+    /// The strategy comparison.
     pub strategy: &'a Strategy,
+    /// Invariant checks made.
     pub invariant_checks: u32,
+    /// What they found.
     pub violations: &'a [String],
     /// VmHWM of the first server when the main matrix was done.
     pub main_hwm_kb: u64,
 }
 
 impl Report<'_> {
+    /// The cell of `scenario` at `clients`, if measured.
     pub fn cell(&self, scenario: Scenario, clients: usize) -> Option<&Cell> {
         self.cells.iter().find(|c| c.scenario == scenario && c.clients == clients)
     }
 
+    /// Errors over every run.
     pub fn total_errors(&self) -> u64 {
         let cells: u64 = self.cells.iter().map(|c| c.stockguard.errors + c.raw.errors).sum();
         let strategy: u64 =
@@ -118,6 +139,7 @@ impl Report<'_> {
         out
     }
 
+    /// The whole report as markdown.
     pub fn markdown(&self) -> String {
         let s = self.settings;
         let mut md = String::new();

@@ -52,9 +52,13 @@ type Queues = Arc<Mutex<HashMap<Uuid, Vec<Waiting>>>>;
 /// Serves conditional reservations of the same inventory in batches.
 #[derive(Clone)]
 pub struct Coalescer {
+    /// For the reads of a caller served alone.
     db: DatabaseConnection,
+    /// Where the statements run (one round trip each).
     statements: StatementPool,
+    /// Re-runs collided statements.
     collisions: Collisions,
+    /// The callers waiting, per inventory.
     queues: Queues,
     /// Most callers one statement serves.
     max_batch: usize,
@@ -211,7 +215,9 @@ impl Coalescer {
 /// has gone away): to a serving task when callers queued meanwhile, else it
 /// removes the queue.
 struct HandOver<'a> {
+    /// Whose queue it is.
     coalescer: &'a Coalescer,
+    /// The inventory the queue is of.
     inventory_id: Uuid,
 }
 

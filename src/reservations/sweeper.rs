@@ -1,10 +1,10 @@
 //! The sweeper: returns the stock of expired ACTIVE reservations.
 //!
-//! Every server process runs one. Each sweep claims a batch with `FOR UPDATE
-//! SKIP LOCKED`, so processes sweeping together take disjoint batches and no
-//! reservation's stock comes back twice; the same statement marks the
-//! reservations EXPIRED, returns their stock and writes the ledger (the
-//! statement is `stock::returning::sweep`).
+//! Every server process runs one. Each sweep claims up to a limit of due
+//! reservations with `FOR UPDATE SKIP LOCKED`, so processes sweeping together
+//! claim disjoint sets and no reservation's stock comes back twice; the same
+//! statement marks the reservations EXPIRED, returns their stock and writes
+//! the ledger (the statement is `stock::returning::sweep`).
 
 use std::time::Duration;
 
@@ -13,14 +13,14 @@ use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{db::classify, stock::returning};
 
-/// Sweeps one tick may run back to back (full batches, collisions).
+/// Sweeps one tick may run back to back (full sweeps, collisions).
 const MAX_SWEEPS_PER_TICK: usize = 100;
 
-/// Expires at most `batch` due reservations; returns how many it expired.
+/// Expires at most `limit` due reservations; returns how many it expired.
 /// Two sweeps touching the same inventories may collide (40001); that is
 /// safe to run again.
-pub async fn sweep_once(db: &impl ConnectionTrait, batch: i64) -> Result<i64, DbErr> {
-    let row = db.query_one_raw(returning::sweep(batch)).await?;
+pub async fn sweep_once(db: &impl ConnectionTrait, limit: i64) -> Result<i64, DbErr> {
+    let row = db.query_one_raw(returning::sweep(limit)).await?;
     row.map_or(Ok(0), |row| row.try_get_by_index::<i64>(0))
 }
 
@@ -29,7 +29,7 @@ pub async fn sweep_once(db: &impl ConnectionTrait, batch: i64) -> Result<i64, Db
 pub fn spawn(
     db: DatabaseConnection,
     interval: Duration,
-    batch: i64,
+    limit: i64,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -41,17 +41,17 @@ pub fn spawn(
                 _ = ticks.tick() => {}
                 _ = stop.changed() => break,
             }
-            // A full batch means more may be due, and a collision with another
+            // A full sweep means more may be due, and a collision with another
             // sweeper or a writer means it made progress: sweep again at once,
             // a bounded number of times per tick.
             for _ in 0..MAX_SWEEPS_PER_TICK {
-                match sweep_once(&db, batch).await {
+                match sweep_once(&db, limit).await {
                     Ok(expired) => {
                         if expired > 0 {
                             tracing::info!(expired, "returned the stock of expired reservations");
                             crate::telemetry::sweeper_returned(expired);
                         }
-                        if expired < batch {
+                        if expired < limit {
                             break;
                         }
                     }

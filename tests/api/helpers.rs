@@ -138,6 +138,7 @@ pub struct TestApp {
     pub statements: Arc<AtomicUsize>,
     /// The database's URL.
     pub database_url: String,
+    /// Mints the tests' tokens with the server's secret.
     keys: Keys,
     /// The sweeper and the live-stock listener, stopped with the test.
     _workers: Workers,
