@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use async_graphql::{Data, dataloader::DataLoader};
+use async_graphql::{Request, dataloader::DataLoader};
 use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
@@ -63,14 +63,13 @@ impl Server {
     }
 }
 
-/// The data of one GraphQL request: fresh DataLoaders (inventories, order
-/// lines) over `state`'s pool, so nothing is cached past the request. The
-/// transport sets it as the request's data and adds the caller.
-pub fn request_data(state: &AppState) -> Data {
-    let mut data = Data::default();
-    data.insert(DataLoader::new(InventoryLoader { db: state.db.clone() }, tokio::spawn));
-    data.insert(DataLoader::new(OrderLinesLoader { db: state.db.clone() }, tokio::spawn));
-    data
+/// `request` with its own DataLoaders (inventories, order lines) over
+/// `state`'s pool, so nothing is cached past it. The transport adds the caller.
+pub fn request_data(state: &AppState, request: Request) -> Request {
+    let db = &state.db;
+    request
+        .data(DataLoader::new(InventoryLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(OrderLinesLoader { db: db.clone() }, tokio::spawn))
 }
 
 /// The background tasks of a server process.

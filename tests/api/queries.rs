@@ -92,9 +92,8 @@ async fn a_page_of_fifty_reservations_loads_their_inventories_in_one_batch() {
 async fn a_request_with_the_composition_root_s_data_loads_through_its_dataloader() {
     let app = TestApp::spawn().await;
     let id = app.create_inventory("DATA-1", 4).await;
-    let mut request = async_graphql::Request::new(format!(r#"{{ inventory(id: "{id}") {{ sku stock }} }}"#));
-    request.data = request_data(app.server.state());
-    let response = app.schema.execute(request).await;
+    let request = async_graphql::Request::new(format!(r#"{{ inventory(id: "{id}") {{ sku stock }} }}"#));
+    let response = app.schema.execute(request_data(app.server.state(), request)).await;
     assert!(response.errors.is_empty(), "{:?}", response.errors);
     let data = response.data.into_json().expect("json");
     assert_eq!(data, json!({ "inventory": { "sku": "DATA-1", "stock": 4 } }));
