@@ -33,7 +33,31 @@ pub struct Claims {
     pub role: Role,
     /// Expiry, seconds since the epoch.
     pub exp: i64,
+    /// When the token was issued, seconds since the epoch (optional; checked when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iat: Option<i64>,
+    /// Not valid before, seconds since the epoch (optional; checked when given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<i64>,
 }
+
+/// Shortest accepted HS256 secret: RFC 7518 asks for a key at least as long
+/// as the hash (256 bits); a shorter one can be guessed offline from any token.
+pub const MIN_SECRET_BYTES: usize = 32;
+
+/// Longest lifetime of a token, by default (a day).
+pub const DEFAULT_MAX_TOKEN_TTL_SECS: i64 = 24 * 60 * 60;
+
+/// Seconds a clock may be off between the token's issuer and this server.
+const LEEWAY_SECS: i64 = 30;
+
+/// A secret too short to sign with.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "STOCKGUARD_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes, it has {0} \
+     (make one with `openssl rand -hex 32`)"
+)]
+pub struct WeakSecret(pub usize);
 
 /// A verified caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,15 +97,27 @@ pub struct Keys {
     encoding: EncodingKey,
     decoding: DecodingKey,
     validation: Validation,
+    /// Longest lifetime accepted, from issue (or from now) to expiry.
+    max_ttl_secs: i64,
 }
 
 impl Keys {
-    /// Keys for an HS256 secret.
-    pub fn new(secret: &[u8]) -> Self {
+    /// Keys for an HS256 secret of at least [`MIN_SECRET_BYTES`], accepting
+    /// tokens that live at most `max_ttl_secs`.
+    pub fn new(secret: &[u8], max_ttl_secs: i64) -> Result<Self, WeakSecret> {
+        if secret.len() < MIN_SECRET_BYTES {
+            return Err(WeakSecret(secret.len()));
+        }
         let mut validation = Validation::new(Algorithm::HS256);
-        validation.leeway = 30;
+        validation.leeway = LEEWAY_SECS as u64;
+        validation.validate_nbf = true;
         validation.set_required_spec_claims(&["exp", "sub"]);
-        Self { encoding: EncodingKey::from_secret(secret), decoding: DecodingKey::from_secret(secret), validation }
+        Ok(Self {
+            encoding: EncodingKey::from_secret(secret),
+            decoding: DecodingKey::from_secret(secret),
+            validation,
+            max_ttl_secs,
+        })
     }
 
     /// A fresh random secret, for a server started without one.
@@ -92,7 +128,9 @@ impl Keys {
 
     /// Signs a token for `sub` with `role`, valid for `ttl`.
     pub fn mint(&self, sub: &str, role: Role, ttl: chrono::Duration) -> Result<String, jsonwebtoken::errors::Error> {
-        let claims = Claims { sub: sub.to_owned(), role, exp: (chrono::Utc::now() + ttl).timestamp() };
+        let now = chrono::Utc::now();
+        let claims =
+            Claims { sub: sub.to_owned(), role, exp: (now + ttl).timestamp(), iat: Some(now.timestamp()), nbf: None };
         jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding)
     }
 
@@ -104,21 +142,30 @@ impl Keys {
         };
         // Only HS256 is in `validation.algorithms`, so `alg: none` and RS256
         // headers are refused before any signature is looked at.
-        match jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation) {
-            // A NUL cannot be stored as a user id (PostgreSQL text refuses it).
-            Ok(data)
-                if !data.claims.sub.is_empty()
-                    && data.claims.sub.len() <= MAX_SUB_LEN
-                    && !data.claims.sub.contains('\0') =>
-            {
-                Viewer::User(User { id: data.claims.sub, role: data.claims.role })
+        let claims = match jsonwebtoken::decode::<Claims>(token, &self.decoding, &self.validation) {
+            Ok(data) => data.claims,
+            Err(err) => {
+                return Viewer::Invalid(match err.kind() {
+                    jsonwebtoken::errors::ErrorKind::ExpiredSignature => "the token has expired",
+                    jsonwebtoken::errors::ErrorKind::ImmatureSignature => "the token is not valid yet (nbf)",
+                    _ => "the token is not valid",
+                });
             }
-            Ok(_) => Viewer::Invalid("the token's subject is empty, too long or holds a NUL"),
-            Err(err) => match err.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => Viewer::Invalid("the token has expired"),
-                _ => Viewer::Invalid("the token is not valid"),
-            },
+        };
+        // A NUL cannot be stored as a user id (PostgreSQL text refuses it).
+        if claims.sub.is_empty() || claims.sub.len() > MAX_SUB_LEN || claims.sub.contains('\0') {
+            return Viewer::Invalid("the token's subject is empty, too long or holds a NUL");
         }
+        let now = chrono::Utc::now().timestamp();
+        if claims.iat.is_some_and(|iat| iat > now + LEEWAY_SECS) {
+            return Viewer::Invalid("the token was issued in the future (iat)");
+        }
+        // The lifetime counts from issue, or from now for a token without `iat`:
+        // a stolen long-lived token must not outlast the cap either way.
+        if claims.exp - claims.iat.unwrap_or(now).min(now) > self.max_ttl_secs + LEEWAY_SECS {
+            return Viewer::Invalid("the token lives longer than this server accepts");
+        }
+        Viewer::User(User { id: claims.sub, role: claims.role })
     }
 }
 
@@ -141,24 +188,66 @@ pub fn operator<'a>(ctx: &'a Context<'_>) -> Result<&'a User, AppError> {
 mod tests {
     use super::*;
 
+    const SECRET: &[u8] = b"a-secret-of-thirty-two-bytes-at-least";
+
+    fn keys(secret: &[u8]) -> Keys {
+        Keys::new(secret, DEFAULT_MAX_TOKEN_TTL_SECS).expect("a long enough secret")
+    }
+
+    fn signed(claims: serde_json::Value) -> String {
+        let key = EncodingKey::from_secret(SECRET);
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &key).expect("sign")
+    }
+
+    fn read(token: &str) -> Viewer {
+        keys(SECRET).viewer(Some(&format!("Bearer {token}")))
+    }
+
     #[test]
     fn a_minted_token_reads_back_as_its_user() {
-        let keys = Keys::new(b"secret");
-        let token = keys.mint("alice", Role::Customer, chrono::Duration::minutes(5)).expect("mint");
-        let viewer = keys.viewer(Some(&format!("Bearer {token}")));
-        assert!(matches!(viewer, Viewer::User(User { ref id, role: Role::Customer }) if id == "alice"));
+        let token = keys(SECRET).mint("alice", Role::Customer, chrono::Duration::minutes(5)).expect("mint");
+        assert!(matches!(read(&token), Viewer::User(User { ref id, role: Role::Customer }) if id == "alice"));
     }
 
     #[test]
     fn a_token_signed_with_another_secret_is_invalid() {
-        let token = Keys::new(b"other").mint("alice", Role::Operator, chrono::Duration::minutes(5)).expect("mint");
-        assert!(matches!(Keys::new(b"secret").viewer(Some(&format!("Bearer {token}"))), Viewer::Invalid(_)));
+        let other = keys(b"another-secret-of-thirty-two-bytes!!");
+        let token = other.mint("alice", Role::Operator, chrono::Duration::minutes(5)).expect("mint");
+        assert!(matches!(read(&token), Viewer::Invalid(_)));
     }
 
     #[test]
     fn an_expired_token_is_invalid_past_the_leeway() {
-        let keys = Keys::new(b"secret");
-        let token = keys.mint("alice", Role::Customer, chrono::Duration::seconds(-60)).expect("mint");
-        assert!(matches!(keys.viewer(Some(&format!("Bearer {token}"))), Viewer::Invalid("the token has expired")));
+        let token = keys(SECRET).mint("alice", Role::Customer, chrono::Duration::seconds(-60)).expect("mint");
+        assert!(matches!(read(&token), Viewer::Invalid("the token has expired")));
+    }
+
+    #[test]
+    fn secrets_shorter_than_32_bytes_are_refused() {
+        assert!(Keys::new(b"", DEFAULT_MAX_TOKEN_TTL_SECS).is_err());
+        assert!(Keys::new(b"abc", DEFAULT_MAX_TOKEN_TTL_SECS).is_err());
+        assert!(Keys::new(&[b'x'; 31], DEFAULT_MAX_TOKEN_TTL_SECS).is_err());
+        assert!(Keys::new(&[b'x'; 32], DEFAULT_MAX_TOKEN_TTL_SECS).is_ok());
+    }
+
+    #[test]
+    fn tokens_from_the_future_or_past_the_lifetime_cap_are_invalid() {
+        let now = chrono::Utc::now().timestamp();
+        let day = DEFAULT_MAX_TOKEN_TTL_SECS;
+        let claims = |extra: serde_json::Value| {
+            let mut claims = serde_json::json!({ "sub": "alice", "role": "operator", "exp": now + 600 });
+            claims.as_object_mut().expect("object").extend(extra.as_object().cloned().unwrap_or_default());
+            signed(claims)
+        };
+        assert!(matches!(read(&claims(serde_json::json!({}))), Viewer::User(_)));
+        assert!(matches!(read(&claims(serde_json::json!({ "iat": now - 10, "nbf": now - 10 }))), Viewer::User(_)));
+        assert!(matches!(read(&claims(serde_json::json!({ "nbf": now + 120 }))), Viewer::Invalid(_)));
+        assert!(matches!(read(&claims(serde_json::json!({ "iat": now + 120 }))), Viewer::Invalid(_)));
+        // Within the leeway of 30 s, a clock slightly ahead is fine.
+        assert!(matches!(read(&claims(serde_json::json!({ "iat": now + 5, "nbf": now + 5 }))), Viewer::User(_)));
+        let forever = signed(serde_json::json!({ "sub": "alice", "role": "operator", "exp": now + 10 * day }));
+        assert!(matches!(read(&forever), Viewer::Invalid("the token lives longer than this server accepts")));
+        let long = signed(serde_json::json!({ "sub": "a", "role": "operator", "iat": now - day, "exp": now + 600 }));
+        assert!(matches!(read(&long), Viewer::Invalid("the token lives longer than this server accepts")));
     }
 }

@@ -94,7 +94,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Token { sub, role, ttl_hours, jwt_secret }) => {
-            let token = Keys::new(jwt_secret.as_bytes()).mint(&sub, role, chrono::Duration::hours(ttl_hours))?;
+            let ttl = chrono::Duration::hours(ttl_hours);
+            let token = Keys::new(jwt_secret.as_bytes(), ttl.num_seconds())?.mint(&sub, role, ttl)?;
             println!("{token}");
             Ok(ExitCode::SUCCESS)
         }
@@ -193,6 +194,8 @@ fn redact(url: &str) -> String {
 }
 
 async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::Result<()> {
+    // Settings first: a server that must not start says so before it touches anything.
+    let (keys, dev_tokens) = keys(&config)?;
     let database = Database::open(&database_config).await?;
     if !config.no_seed {
         let added = seed::seed_if_empty(&database.conn).await.map_err(|e| anyhow::anyhow!("seeding failed: {e}"))?;
@@ -200,29 +203,45 @@ async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::
             tracing::info!(added, "empty database: added demo inventory");
         }
     }
-    let (keys, dev_tokens) = match &config.jwt_secret {
-        Some(secret) => (Keys::new(secret.as_bytes()), None),
-        None => {
-            let keys = Keys::new(Keys::random_secret().as_bytes());
-            let ttl = chrono::Duration::hours(24);
-            let operator = keys.mint("operator", Role::Operator, ttl)?;
-            let customer = keys.mint("alice", Role::Customer, ttl)?;
-            (keys, Some((operator, customer)))
-        }
-    };
     let state = AppState::new(database.conn.clone(), keys, config.limits.clone());
-    let server = Server::new(state.clone());
+    let server = Server::new(state);
     let workers = server.spawn_workers();
-    let router = http::router(state, server.schema(), dev_tokens.as_ref().map(|(op, _)| op.as_str()));
+    let router = http::router(&server, dev_tokens.as_ref().map(|(op, _)| op.as_str()));
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("cannot listen on {}", config.addr))?;
     announce(listener.local_addr()?, dev_tokens.as_ref());
-    http::serve(listener, router, http::shutdown_signal()).await?;
+    http::serve(listener, router, http::connection_limits(&config.limits), http::shutdown_signal()).await?;
     workers.shutdown().await;
     database.close().await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The token keys of a server, and the ready-made dev tokens when it made
+/// its own secret.
+///
+/// Without `STOCKGUARD_JWT_SECRET` the server makes a throw-away secret and
+/// shows an operator token in GraphiQL, which anyone who can reach the page
+/// could use: so that is allowed only on a loopback address. An explicit
+/// secret must be long enough to resist guessing.
+fn keys(config: &ServeConfig) -> anyhow::Result<(Keys, Option<(String, String)>)> {
+    let max_ttl = config.max_token_ttl_secs;
+    if let Some(secret) = &config.jwt_secret {
+        return Ok((Keys::new(secret.as_bytes(), max_ttl)?, None));
+    }
+    if !config.addr.ip().is_loopback() {
+        anyhow::bail!(
+            "STOCKGUARD_JWT_SECRET is required to listen on {}, which is not a loopback address \
+             (without it the server would make its own secret and hand out operator tokens in GraphiQL)",
+            config.addr
+        );
+    }
+    let keys = Keys::new(Keys::random_secret().as_bytes(), max_ttl)?;
+    let ttl = chrono::Duration::seconds(max_ttl.min(24 * 60 * 60));
+    let operator = keys.mint("operator", Role::Operator, ttl)?;
+    let customer = keys.mint("alice", Role::Customer, ttl)?;
+    Ok((keys, Some((operator, customer))))
 }
 
 fn announce(addr: SocketAddr, dev_tokens: Option<&(String, String)>) {

@@ -67,9 +67,52 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_MAX_COMPLEXITY", default_value_t = 2000)]
     pub max_complexity: usize,
 
-    /// Largest request body in bytes; larger bodies get HTTP 413.
+    /// Most lexical tokens in a query text; longer documents are refused
+    /// before they are parsed (GRAPHQL_PARSE_FAILED).
+    #[arg(long, env = "STOCKGUARD_MAX_TOKENS", default_value_t = 5000)]
+    pub max_tokens: usize,
+
+    /// Largest request body in bytes; larger bodies get HTTP 413. Also the
+    /// largest websocket message.
     #[arg(long, env = "STOCKGUARD_BODY_LIMIT", default_value_t = 64 * 1024)]
     pub body_limit: usize,
+
+    /// Most TCP connections open at once; past it the server stops accepting
+    /// until one closes (new clients wait in the listen queue).
+    #[arg(long, env = "STOCKGUARD_MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+
+    /// How long a client may take to send a request's head, from the moment
+    /// its connection opens or its first byte arrives (milliseconds).
+    #[arg(long, env = "STOCKGUARD_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    pub header_read_timeout_ms: u64,
+
+    /// How long a keep-alive connection may sit idle between requests (milliseconds).
+    #[arg(long, env = "STOCKGUARD_IDLE_TIMEOUT_MS", default_value_t = 60_000)]
+    pub idle_timeout_ms: u64,
+
+    /// How long one HTTP request may take, body upload included; past it the
+    /// client gets HTTP 408 (`REQUEST_TIMEOUT`) while started work still
+    /// finishes (milliseconds).
+    #[arg(long, env = "STOCKGUARD_REQUEST_TIMEOUT_MS", default_value_t = 30_000)]
+    pub request_timeout_ms: u64,
+
+    /// How long a websocket may stay open without `connection_init` (milliseconds).
+    #[arg(long, env = "STOCKGUARD_WS_INIT_TIMEOUT_MS", default_value_t = 10_000)]
+    pub ws_init_timeout_ms: u64,
+
+    /// How often the server pings a websocket; one that answers nothing for
+    /// two intervals is closed (milliseconds).
+    #[arg(long, env = "STOCKGUARD_WS_KEEPALIVE_MS", default_value_t = 15_000)]
+    pub ws_keepalive_ms: u64,
+
+    /// Most live subscriptions on one websocket.
+    #[arg(long, env = "STOCKGUARD_MAX_SUBSCRIPTIONS_PER_SOCKET", default_value_t = 100)]
+    pub max_subscriptions_per_socket: usize,
+
+    /// Most live subscriptions in one server process.
+    #[arg(long, env = "STOCKGUARD_MAX_SUBSCRIPTIONS", default_value_t = 10_000)]
+    pub max_subscriptions: usize,
 
     /// Most GraphQL requests in flight per process; more are refused at once
     /// with HTTP 503 (`OVERLOADED`) instead of queueing without bound. This
@@ -182,6 +225,11 @@ pub struct ServeConfig {
     /// and ready-made tokens are printed.
     #[arg(long, env = "STOCKGUARD_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: Option<String>,
+
+    /// Longest lifetime of an accepted bearer token, from its `iat` (or from
+    /// now, without one) to its `exp` (seconds).
+    #[arg(long, env = "STOCKGUARD_MAX_TOKEN_TTL_SECS", default_value_t = crate::auth::DEFAULT_MAX_TOKEN_TTL_SECS)]
+    pub max_token_ttl_secs: i64,
 
     /// Do not add demo inventory to an empty database.
     #[arg(long, env = "STOCKGUARD_NO_SEED", value_parser = clap::builder::BoolishValueParser::new())]

@@ -13,13 +13,15 @@ pub mod cli;
 pub mod config;
 /// Connecting, creating and migrating the database; the one place that classifies database errors.
 pub mod db;
-/// Parsed GraphQL documents, kept by query text.
+/// GraphQL documents read within bounds (tokens, nesting, expanded size), parsed once and kept.
 pub mod documents;
 /// A private PostgreSQL started from the local binaries when no database is given.
 pub mod embedded;
 /// `AppError`: what is really an error (bad input, auth, database), and its GraphQL code.
 pub mod error;
-/// The axum router: `/graphql`, `/graphql/ws`, GraphiQL, health, readiness, metrics, limits, shutdown.
+/// The one way in for a GraphQL operation (HTTP or websocket): bounds, caller, loaders, permit, error codes.
+pub mod gateway;
+/// The axum router and server: `/graphql`, `/graphql/ws`, GraphiQL, health, metrics, bounded connections, shutdown.
 pub mod http;
 /// Idempotency keys for every operation: fingerprints, first uses, replays.
 pub mod idempotency;

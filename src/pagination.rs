@@ -53,7 +53,7 @@ pub struct Page<C = Cursor> {
 impl<C: CursorType> Page<C> {
     /// Checks `first` against `1..=max` and decodes `after`.
     pub fn parse(first: Option<i32>, after: Option<&str>, max: i32) -> Result<Self, AppError> {
-        let first = validate::within("first", first.unwrap_or(20), 1..=max)?;
+        let first = validate::within("first", first.unwrap_or(DEFAULT_PAGE_SIZE), 1..=max)?;
         let after = after
             .map(C::decode_cursor)
             .transpose()
@@ -77,6 +77,18 @@ impl CursorType for VersionCursor {
         format!("v{}", self.0)
     }
 }
+
+/// The complexity of a connection field: its page size (what the client
+/// asked for, at least 1) times the cost of one row, so that many aliased
+/// pages of 100 rows cost what they would read. The page size is checked
+/// against the configured maximum by the resolver, after this.
+pub fn page_cost(first: Option<i32>, row_cost: usize) -> usize {
+    let rows = usize::try_from(first.unwrap_or(DEFAULT_PAGE_SIZE)).unwrap_or(0).max(1);
+    rows.saturating_mul(row_cost).saturating_add(1)
+}
+
+/// The page size of a connection when `first` is not given.
+pub const DEFAULT_PAGE_SIZE: i32 = 20;
 
 /// Orders `query` by `(created_at, id)` and narrows it to `page`, fetching
 /// one row more than asked so the caller can tell whether a next page exists.

@@ -1,12 +1,14 @@
 //! The GraphQL schema, merged from the feature modules. It does not know about
-//! HTTP: `http.rs` puts the caller and a fresh DataLoader into each request,
-//! and `server.rs` builds the features' runtime state it is given.
+//! HTTP: the gateway puts the caller and fresh DataLoaders into each request
+//! (`server::request_data`), and `server.rs` builds the features' runtime
+//! state it is given.
 
 use async_graphql::{MergedObject, MergedSubscription, Schema};
 
 use crate::{
     app::AppState,
     config::Limits,
+    documents, gateway,
     inventory::graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
     live::LiveStock,
     orders::graphql::{OrderMutation, OrderQuery},
@@ -36,13 +38,22 @@ fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, Sub
     Schema::build(Query::default(), Mutation::default(), Subscription::default())
         .limit_depth(limits.max_depth)
         .limit_complexity(limits.max_complexity)
+        // The same bound `documents.rs` checks first, so async-graphql's own
+        // walk over the expanded document never goes deeper than that check.
+        .limit_recursive_depth(documents::MAX_NESTING)
 }
 
 /// The schema over `state` and the features' runtime state, with the
 /// configured depth and complexity limits.
 pub fn build(state: AppState, reservations: ReservationService, live: LiveStock) -> AppSchema {
     let limits = state.limits.clone();
-    builder(&limits).data(state).data(reservations).data(live).extension(telemetry::Observe).finish()
+    builder(&limits)
+        .data(state)
+        .data(reservations)
+        .data(live)
+        .extension(telemetry::Observe)
+        .extension(gateway::ErrorCodes)
+        .finish()
 }
 
 /// Depth allowed to introspection-only requests. GraphiQL's own schema query
@@ -55,7 +66,7 @@ pub const INTROSPECTION_DEPTH: usize = 20;
 /// so it carries only the shared state.
 pub fn build_for_introspection(state: AppState) -> AppSchema {
     let limits = Limits { max_depth: state.limits.max_depth.max(INTROSPECTION_DEPTH), ..state.limits.clone() };
-    builder(&limits).data(state).extension(telemetry::Observe).finish()
+    builder(&limits).data(state).extension(telemetry::Observe).extension(gateway::ErrorCodes).finish()
 }
 
 /// The schema as SDL: what `stockguard schema` prints and `schema.graphql` holds.

@@ -12,10 +12,10 @@ use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
     app::AppState,
-    inventory::loader::InventoryLoader,
+    inventory::loader::{InventoryBySkuLoader, InventoryLoader},
     live::LiveStock,
-    orders::loader::OrderLinesLoader,
-    reservations::{service::ReservationService, sweeper},
+    orders::loader::{OrderLinesLoader, OrderLoader},
+    reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
     schema::{self, AppSchema},
 };
 
@@ -63,12 +63,15 @@ impl Server {
     }
 }
 
-/// `request` with its own DataLoaders (inventories, order lines) over
-/// `state`'s pool, so nothing is cached past it. The transport adds the caller.
+/// `request` with its own DataLoaders over `state`'s pool, so nothing is
+/// cached past it. The transport adds the caller.
 pub fn request_data(state: &AppState, request: Request) -> Request {
     let db = &state.db;
     request
         .data(DataLoader::new(InventoryLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(InventoryBySkuLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(ReservationLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(OrderLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLinesLoader { db: db.clone() }, tokio::spawn))
 }
 

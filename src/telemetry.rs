@@ -113,6 +113,16 @@ pub fn db_failure(class: &'static str) {
     counter!("stockguard_db_failures_total", "class" => class).increment(1);
 }
 
+/// Counts TCP connections opening (`1`) and closing (`-1`).
+pub fn http_connections(delta: i8) {
+    gauge!("stockguard_http_connections").increment(f64::from(delta));
+}
+
+/// Counts live subscriptions starting (`1`) and ending (`-1`).
+pub fn subscriptions(delta: i8) {
+    gauge!("stockguard_subscriptions").increment(f64::from(delta));
+}
+
 /// Counts reservations whose stock the sweeper returned.
 pub fn sweeper_returned(expired: i64) {
     counter!("stockguard_sweeper_expired_total").increment(expired.max(0) as u64);
@@ -161,11 +171,12 @@ impl Extension for ObserveExtension {
         info: ResolveInfo<'_>,
         next: NextResolve<'_>,
     ) -> ServerResult<Option<Value>> {
-        // Only root fields: their names come from the schema, a bounded set.
+        // Only root fields, and by their name in the schema, never by the
+        // alias the client chose: the label values stay a bounded set.
         if info.path_node.parent.is_some() {
             return next.run(ctx, info).await;
         }
-        let field = info.path_node.field_name().to_owned();
+        let field = info.name.to_owned();
         let started = Instant::now();
         let result = next.run(ctx, info).await;
         let status = if result.is_ok() { "ok" } else { "error" };

@@ -187,7 +187,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
 /// run reserved something).
 async fn run(settings: Settings, server_bin: &Path, database_url: &str) -> anyhow::Result<(String, bool)> {
     let secret = Keys::random_secret();
-    let keys = Keys::new(secret.as_bytes());
+    let keys = Keys::new(secret.as_bytes(), stockguard::auth::DEFAULT_MAX_TOKEN_TTL_SECS)?;
     let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
     let server = Server::start(server_bin, database_url, &secret, &locking, Stdio::inherit()).await?;
     let result = main_matrix(settings, keys, &server, server_bin, database_url, &secret).await;

@@ -15,6 +15,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261130_140000_create_inventory_tables;
 mod m20261130_150000_create_orders;
 mod m20261130_160000_create_live_stock;
+mod m20261201_090000_tie_watchers_to_processes;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -26,6 +27,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_140000_create_inventory_tables::Migration),
             Box::new(m20261130_150000_create_orders::Migration),
             Box::new(m20261130_160000_create_live_stock::Migration),
+            Box::new(m20261201_090000_tie_watchers_to_processes::Migration),
         ]
     }
 }

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::{
     InventoryRow,
-    loader::InventoryLoader,
+    loader::{InventoryBySkuLoader, InventoryLoader},
     movements::{self, MovementReason},
     service::{self, RestockOutcome},
     store,
@@ -20,7 +20,7 @@ use crate::{
     app::state,
     auth,
     error::{AppError, GqlResult, IntoGql},
-    live::LiveStock,
+    live::{LiveStock, WatchError},
     pagination::{Cursor, Page, VersionCursor, connection},
     telemetry, validate,
 };
@@ -67,6 +67,7 @@ impl Inventory {
     }
 
     /// Every change of this inventory's stock, oldest first (operators only).
+    #[graphql(complexity = "crate::pagination::page_cost(first, child_complexity)")]
     async fn movements(
         &self,
         ctx: &Context<'_>,
@@ -219,10 +220,13 @@ impl InventoryQuery {
         if sku.contains('\0') {
             return Ok(None);
         }
-        Ok(store::find_by_sku(&state(ctx).db, &sku).await.gql()?.map(Inventory))
+        let loader = ctx.data_unchecked::<DataLoader<InventoryBySkuLoader>>();
+        let row = loader.load_one(sku).await.map_err(|err| AppError::from((*err).clone()).extend())?;
+        Ok(row.map(Inventory))
     }
 
     /// All inventories, oldest first.
+    #[graphql(complexity = "crate::pagination::page_cost(first, child_complexity)")]
     async fn inventories(
         &self,
         ctx: &Context<'_>,
@@ -291,7 +295,10 @@ impl InventorySubscription {
         // The schema that serves introspection alone has no live stock, and
         // runs no subscription.
         let live = ctx.data::<LiveStock>().map_err(|_| AppError::Internal.extend())?;
-        let changes = live.watch(state(ctx).db.clone(), id).await.gql()?;
+        let changes = live.watch(state(ctx).db.clone(), id).await.map_err(|err| match err {
+            WatchError::NotFound => AppError::bad_input("id", "no inventory has this id").extend(),
+            WatchError::Db(err) => AppError::from(err).extend(),
+        })?;
         Ok(changes.map(Inventory).boxed())
     }
 }

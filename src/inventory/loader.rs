@@ -1,5 +1,6 @@
-//! The per-request inventory DataLoader: every `inventory` field resolved in
-//! one request is fetched with one `WHERE id = ANY($1)` statement.
+//! The per-request inventory DataLoaders: every `inventory` field resolved in
+//! one request is fetched with one `WHERE id = ANY($1)` statement, every
+//! `inventoryBySku` with one `WHERE sku = ANY($1)`.
 //!
 //! A loader is made for each request and dropped with it, so its cache never
 //! serves a version older than the request.
@@ -25,5 +26,22 @@ impl Loader<Uuid> for InventoryLoader {
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Model>, Self::Error> {
         let rows = super::store::find_many(&self.db, keys.iter().copied()).await?;
         Ok(rows.into_iter().map(|row| (row.id, row)).collect())
+    }
+}
+
+/// Loads inventories by SKU in batches, so aliased `inventoryBySku` fields
+/// cost one statement however many there are.
+pub struct InventoryBySkuLoader {
+    /// The pool the batch statement runs on.
+    pub db: DatabaseConnection,
+}
+
+impl Loader<String> for InventoryBySkuLoader {
+    type Value = Model;
+    type Error = Arc<DbErr>;
+
+    async fn load(&self, keys: &[String]) -> Result<HashMap<String, Model>, Self::Error> {
+        let rows = super::store::find_by_skus(&self.db, keys).await?;
+        Ok(rows.into_iter().map(|row| (row.sku.clone(), row)).collect())
     }
 }

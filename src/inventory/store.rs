@@ -23,9 +23,9 @@ pub async fn find_many(db: &impl ConnectionTrait, ids: impl IntoIterator<Item = 
     Entity::find().filter(Column::Id.is_in(ids)).all(db).await
 }
 
-/// One inventory by SKU.
-pub async fn find_by_sku(db: &DatabaseConnection, sku: &str) -> Result<Option<Model>, DbErr> {
-    Entity::find().filter(Column::Sku.eq(sku)).one(db).await
+/// The inventories with these SKUs (missing ones are left out).
+pub async fn find_by_skus(db: &DatabaseConnection, skus: &[String]) -> Result<Vec<Model>, DbErr> {
+    Entity::find().filter(Column::Sku.is_in(skus.iter().cloned())).all(db).await
 }
 
 /// One page in `(created_at, id)` order, with one extra row when more follow.

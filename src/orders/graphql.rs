@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::{
     domain::{self, Order as OrderValue},
     entity::OrderStatus,
-    loader::OrderLinesLoader,
+    loader::{OrderLinesLoader, OrderLoader},
     service::{self, AddressOutcome, PlaceOutcome, Transition, TransitionOutcome},
 };
 use crate::{
@@ -375,10 +375,13 @@ impl OrderQuery {
     /// One order: the caller's own, or any for operators; others read as null.
     async fn order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Order>> {
         let user = auth::user(ctx).gql()?;
-        Ok(service::find_visible(&state(ctx).db, user, id).await.gql()?.map(Order))
+        let loader = ctx.data_unchecked::<DataLoader<OrderLoader>>();
+        let order = loader.load_one(id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
+        Ok(order.filter(|order| user.may_see(&order.user_id)).map(Order))
     }
 
     /// Orders, oldest first: the caller's own, or all for operators.
+    #[graphql(complexity = "crate::pagination::page_cost(first, child_complexity)")]
     async fn orders(
         &self,
         ctx: &Context<'_>,

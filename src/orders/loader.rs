@@ -1,5 +1,6 @@
-//! The per-request loader of order lines: the `items` of every order in one
-//! response are fetched with one statement.
+//! The per-request order DataLoaders: every `order(id:)` of one request is
+//! fetched with one statement, and the `items` of every order in one
+//! response with one more.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -7,7 +8,24 @@ use async_graphql::dataloader::Loader;
 use sea_orm::{DatabaseConnection, DbErr};
 use uuid::Uuid;
 
+use super::domain::Order;
 use crate::reservations::ReservationRow;
+
+/// Loads orders by id in batches.
+pub struct OrderLoader {
+    /// The pool the batch statement runs on.
+    pub db: DatabaseConnection,
+}
+
+impl Loader<Uuid> for OrderLoader {
+    type Value = Order;
+    type Error = Arc<DbErr>;
+
+    async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Order>, Self::Error> {
+        let orders = super::store::find_many(&self.db, keys).await?;
+        Ok(orders.into_iter().map(|order| (order.id, order)).collect())
+    }
+}
 
 /// Loads order lines by order id in batches.
 pub struct OrderLinesLoader {

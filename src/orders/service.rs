@@ -27,11 +27,6 @@ use crate::{
 /// Attempts of a confirm or cancel before `OrderModifiedConcurrently`.
 pub const MAX_ATTEMPTS: u32 = 3;
 
-/// The order, if `user` may see it (their own, or any for operators).
-pub async fn find_visible(db: &DatabaseConnection, user: &User, id: Uuid) -> Result<Option<Order>, AppError> {
-    Ok(store::find(db, id).await?.filter(|order| user.may_see(&order.user_id)))
-}
-
 /// How `placeOrder` ended.
 #[derive(Debug)]
 pub enum PlaceOutcome {

@@ -30,6 +30,11 @@ pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Order>, 
     Entity::find_by_id(id).one(db).await?.map(to_order).transpose()
 }
 
+/// The orders with these ids (missing ones are left out).
+pub async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Order>, DbErr> {
+    Entity::find().filter(Column::Id.is_in(ids.iter().copied())).all(db).await?.into_iter().map(to_order).collect()
+}
+
 /// The order, locked for the rest of `txn`.
 ///
 /// This locks the row for the duration of the transaction so that a

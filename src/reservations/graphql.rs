@@ -1,11 +1,14 @@
 //! GraphQL types and resolvers for reservations.
 
-use async_graphql::{Context, ErrorExtensions, InputObject, Object, SimpleObject, Union, connection::Connection};
+use async_graphql::{
+    Context, ErrorExtensions, InputObject, Object, SimpleObject, Union, connection::Connection, dataloader::DataLoader,
+};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{
     ReservationRow, ReservationStatus,
+    loader::ReservationLoader,
     multi_item::{self, LineInput, Unavailable, UnavailableReason},
     service::{ExtendOutcome, ReleaseOutcome, ReservationService, ReserveManyOutcome, ReserveOutcome, ReserveRequest},
     store,
@@ -147,11 +150,13 @@ impl ReservationQuery {
     /// One reservation: the caller's own, or any for operators; others read as null.
     async fn reservation(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Reservation>> {
         let user = auth::user(ctx).gql()?;
-        let row = store::find(&state(ctx).db, id).await.gql()?;
+        let loader = ctx.data_unchecked::<DataLoader<ReservationLoader>>();
+        let row = loader.load_one(id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
         Ok(row.filter(|row| user.may_see(&row.user_id)).map(Reservation))
     }
 
     /// The caller's reservations, oldest first.
+    #[graphql(complexity = "crate::pagination::page_cost(first, child_complexity)")]
     async fn my_reservations(
         &self,
         ctx: &Context<'_>,

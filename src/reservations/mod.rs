@@ -5,6 +5,7 @@
 pub mod coalesce;
 pub mod entity;
 pub mod graphql;
+pub mod loader;
 pub mod multi_item;
 pub mod service;
 pub mod store;

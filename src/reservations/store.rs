@@ -85,6 +85,11 @@ pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Model>, 
     Entity::find_by_id(id).one(db).await
 }
 
+/// The reservations with these ids (missing ones are left out).
+pub async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Model>, DbErr> {
+    Entity::find().filter(Column::Id.is_in(ids.iter().copied())).all(db).await
+}
+
 /// One page of a user's reservations in `(created_at, id)` order, with one
 /// extra row when more follow.
 pub async fn page_for_user(db: &DatabaseConnection, user_id: &str, page: Page) -> Result<Vec<Model>, DbErr> {

@@ -169,3 +169,61 @@ async fn only_the_owner_releases_a_reservation_or_moves_an_order() {
     assert_eq!(mv["data"]["changeShippingAddress"]["__typename"], "OrderNotFound", "{mv}");
     assert_eq!(app.snapshot().await, before);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_from_the_future_or_past_the_lifetime_cap_are_unauthenticated() {
+    let app = TestApp::spawn().await;
+    let now = chrono::Utc::now().timestamp();
+    let day = stockguard::auth::DEFAULT_MAX_TOKEN_TTL_SECS;
+    let tokens = [
+        ("a week-long token", signed(json!({ "sub": "alice", "role": "operator", "exp": now + 7 * day }))),
+        (
+            "issued in the future",
+            signed(json!({ "sub": "alice", "role": "operator", "exp": now + 600, "iat": now + 600 })),
+        ),
+        (
+            "not valid before later",
+            signed(json!({ "sub": "alice", "role": "operator", "exp": now + 600, "nbf": now + 600 })),
+        ),
+    ];
+    for (what, token) in tokens {
+        let body = app.graphql(Some(&token), "{ myReservations { nodes { id } } }", json!({})).await;
+        assert_eq!(error_code(&body), Some("UNAUTHENTICATED"), "{what}: {body}");
+    }
+}
+
+/// `stockguard` run with `env` (and no database: it must refuse before it needs one).
+fn serve_refuses(env: &[(&str, &str)]) -> String {
+    let output = std::process::Command::new(crate::process::binary())
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/never")
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run stockguard");
+    assert!(!output.status.success(), "it started with {env:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn a_short_secret_or_a_public_address_without_one_is_refused_at_start() {
+    for secret in ["", "abc", "thirty-one-bytes-is-too-short!!"] {
+        let stderr = serve_refuses(&[("STOCKGUARD_JWT_SECRET", secret)]);
+        assert!(stderr.contains("STOCKGUARD_JWT_SECRET must be at least 32 bytes"), "{secret:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one clear line: {stderr}");
+    }
+    let stderr = serve_refuses(&[("STOCKGUARD_ADDR", "0.0.0.0:0")]);
+    assert!(stderr.contains("STOCKGUARD_JWT_SECRET is required to listen on 0.0.0.0:0"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn graphiql_carries_a_token_only_for_a_throw_away_secret_on_loopback() {
+    // With the configured secret: no token in the page.
+    let app = crate::process::Process::start(&[]).await;
+    let page = app.client.get(format!("{}/", app.address)).send().await.expect("page").text().await.expect("html");
+    assert!(page.contains("graphiql") && !page.contains("Bearer"), "{page:.200}");
+    drop(app);
+    // Without one, on 127.0.0.1: the dev operator token.
+    let app = crate::process::Process::start_without_secret().await;
+    let page = app.client.get(format!("{}/", app.address)).send().await.expect("page").text().await.expect("html");
+    assert!(page.contains("Bearer ey"), "the dev page carries the operator token");
+}

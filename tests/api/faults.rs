@@ -823,7 +823,7 @@ impl Drop for Server {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_under_load_answers_every_request_in_flight_and_exits_cleanly() {
-    const SECRET: &str = "graceful-secret";
+    const SECRET: &str = "graceful-secret-of-thirty-two-bytes";
     let url = format!("{}/sg_test_{}", server_url(), Uuid::new_v4().simple());
     db::ensure_database(&url).await.expect("create the database");
     let addr = format!("127.0.0.1:{}", free_port());
@@ -854,7 +854,7 @@ async fn sigterm_under_load_answers_every_request_in_flight_and_exits_cleanly() 
         assert!(starting.elapsed() < Duration::from_secs(30), "not ready within 30 s:\n{}", server.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let keys = Keys::new(SECRET.as_bytes());
+    let keys = Keys::new(SECRET.as_bytes(), 3600).expect("a long enough secret");
     let operator = keys.mint("operator", Role::Operator, chrono::Duration::minutes(10)).expect("mint");
     let create = json!({ "input": { "sku": "GRACE-1", "name": "Graceful", "stock": 1_000_000 } });
     let created =

@@ -5,10 +5,9 @@
 //! The properties, for every case:
 //! - the HTTP status is 200 (400 or 413 only for a body that is not a GraphQL
 //!   request or is over the limit), never 500;
-//! - the body is JSON with `data` or `errors`, and every error's
-//!   `extensions.code`, when there is one, is a client's fault
-//!   (`BAD_USER_INPUT`, `IDEMPOTENCY_KEY_REUSED`, `UNAUTHENTICATED`,
-//!   `FORBIDDEN`), never `INTERNAL` or `DATABASE_UNAVAILABLE`;
+//! - the body is JSON with `data` or `errors`, and every error has an
+//!   `extensions.code` that is a client's fault ([`CLIENT_CODES`]), never
+//!   `INTERNAL` or `DATABASE_UNAVAILABLE`, and never missing;
 //! - a refused request leaves the database exactly as it was;
 //! - an answered one (a union member) keeps the DESIGN.md invariant.
 //!
@@ -28,13 +27,26 @@ use serde_json::{Value, json};
 use stockguard::{auth::Role, invariant};
 use uuid::Uuid;
 
-use crate::helpers::{RESERVE, TestApp, error_code, request};
+use crate::{
+    helpers::{RESERVE, TestApp, error_code, request},
+    hostile::{aliases, deep_value, fragment_fan_out},
+};
 
 /// The body limit of `Limits::default()`.
 const BODY_LIMIT: usize = 64 * 1024;
 
 /// The codes a client can earn; anything else is the server's fault.
-const CLIENT_CODES: [&str; 4] = ["BAD_USER_INPUT", "IDEMPOTENCY_KEY_REUSED", "UNAUTHENTICATED", "FORBIDDEN"];
+const CLIENT_CODES: [&str; 9] = [
+    "BAD_USER_INPUT",
+    "IDEMPOTENCY_KEY_REUSED",
+    "UNAUTHENTICATED",
+    "FORBIDDEN",
+    "GRAPHQL_PARSE_FAILED",
+    "GRAPHQL_VALIDATION_FAILED",
+    "OPERATION_RESOLUTION_FAILURE",
+    "MAX_DEPTH_LIMIT",
+    "COST_ESTIMATED_TOO_EXPENSIVE",
+];
 
 // ---------------------------------------------------------------------------
 // Running properties against one server
@@ -129,14 +141,13 @@ fn check_transport(reply: &Reply, may_be_400: bool) -> Result<bool, TestCaseErro
     let errors = reply.body.get("errors").and_then(Value::as_array).map(Vec::as_slice).unwrap_or_default();
     for error in errors {
         prop_assert!(error["message"].is_string(), "an error without a message: {}", reply.body);
-        if let Some(code) = error["extensions"].get("code") {
-            prop_assert!(
-                code.as_str().is_some_and(|code| CLIENT_CODES.contains(&code)),
-                "code {} is not the client's fault: {}",
-                code,
-                reply.body
-            );
-        }
+        let code = &error["extensions"]["code"];
+        prop_assert!(
+            code.as_str().is_some_and(|code| CLIENT_CODES.contains(&code)),
+            "code {} is not the client's fault: {}",
+            code,
+            reply.body
+        );
     }
     Ok(!errors.is_empty())
 }
@@ -1014,12 +1025,6 @@ fn fragments_in_fragments(depth: usize) -> String {
     format!("mutation($input: ReserveInput!) {{ reserve(input: $input) {{ {selection} }} }}")
 }
 
-/// `count` aliases of `field`, each `a<i>: field`.
-fn aliases(operation: &str, field: &str, count: usize) -> String {
-    let fields: Vec<String> = (0..count).map(|i| format!("a{i}:{field}")).collect();
-    format!("{operation} {{ {} }}", fields.join(" "))
-}
-
 /// A document that must be refused whole, and why.
 #[derive(Clone)]
 struct Hostile {
@@ -1076,12 +1081,12 @@ fn hostile_document() -> impl Strategy<Value = Hostile> {
     let deep = |what, says, query: fn(usize) -> String, depths: std::ops::RangeInclusive<usize>| {
         depths.prop_map(move |depth| Hostile { what, query: query(depth), says })
     };
-    let complex = |what, query| Just(Hostile { what, query, says: &["complex"] });
+    let complex = |what, query| Just(Hostile { what, query, says: &["complex", "tokens"] });
     prop_oneof![
         deep("introspection beside a normal field", TOO_DEEP, beside_a_normal_field, 13..=100),
         deep("introspection alone past its own bound", TOO_DEEP, introspection_alone, 21..=100),
         deep("reserve nested past the depth limit", &[], nested_reserve, 13..=100),
-        deep("fragments nested past the recursion limit", &["recursion"], fragments_in_fragments, 33..=100),
+        deep("fragments nested past the recursion limit", &["recursion", "brackets"], fragments_in_fragments, 33..=100),
         complex("1000 aliases of a page of 100", aliases("query", "inventories(first: 100) { nodes { id } }", 1000)),
         complex(
             "1000 aliased reserves",
@@ -1222,6 +1227,71 @@ async fn bodies_that_are_no_graphql_request_get_400_or_413_and_write_nothing() {
         async move {
             let alice = Caller::Alice.header(&app);
             send_anything(&app, alice.as_deref(), body).await.map(drop)
+        }
+    })
+    .await;
+    assert_still_serving(&app).await;
+}
+
+/// A hostile document as an attacker would vary it: a value nested up to
+/// 6,000 deep in any of three places, fragments fanning out up to 40 levels,
+/// or up to 2,500 aliases of a field (as many as fit the body limit).
+fn generated_hostile() -> impl Strategy<Value = Hostile> {
+    let fields = select(vec![
+        "__typename",
+        "inventoryBySku(sku: \"X\") { id }",
+        "inventories(first: 100) { nodes { id } }",
+        "inventories { edges { node { id sku } } pageInfo { hasNextPage } }",
+    ]);
+    prop_oneof![
+        (1..6000_usize, 0..3_usize).prop_map(|(levels, place)| Hostile {
+            what: "a deep value",
+            query: deep_value(levels, place),
+            says: &[]
+        }),
+        (1..40_usize).prop_map(|levels| Hostile {
+            what: "fragment fan-out",
+            query: fragment_fan_out(levels),
+            says: &[]
+        }),
+        // As many as fit well within the body limit (and a websocket message).
+        (1..2500_usize, fields).prop_map(|(count, field)| {
+            let count = count.min(60_000 / (field.len() + 8));
+            Hostile { what: "an alias flood", query: aliases("query", field, count), says: &[] }
+        }),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn generated_hostile_documents_are_answered_within_bounds_over_http_and_websockets() {
+    let (app, _) = server_with_stock().await;
+    let app = std::sync::Arc::new(app);
+    let shared = app.clone();
+    for_64_cases(generated_hostile, move |hostile| {
+        let app = shared.clone();
+        async move {
+            let body = request(&hostile.query, json!({}));
+            prop_assert!(body.len() <= BODY_LIMIT, "{:?} must fit the body limit", hostile);
+            let started = std::time::Instant::now();
+            send_anything(&app, None, body).await?;
+            let took = started.elapsed();
+            prop_assert!(took < std::time::Duration::from_secs(2), "{:?} took {:?} over HTTP", hostile, took);
+            // The same document over a websocket: one result, with codes, and the socket open.
+            let mut socket = crate::ws::connect(&app.address, "graphql-transport-ws").await;
+            let payload = json!({ "query": hostile.query });
+            crate::ws::send(&mut socket, json!({ "id": "h", "type": "subscribe", "payload": payload })).await;
+            let answer = crate::ws::next_result(&mut socket).await;
+            prop_assert_eq!(&answer["type"], "next", "{:?}: {}", hostile, answer);
+            let errors = answer["payload"]["errors"].as_array().cloned().unwrap_or_default();
+            for error in errors {
+                let code = error["extensions"]["code"].as_str().unwrap_or("none");
+                prop_assert!(CLIENT_CODES.contains(&code), "{:?}: {} over the websocket", hostile, error);
+            }
+            let follow_up = json!({ "id": "after", "type": "subscribe", "payload": { "query": "{ __typename }" } });
+            crate::ws::send(&mut socket, follow_up).await;
+            let after = crate::ws::next_result(&mut socket).await;
+            prop_assert_eq!(&after["payload"]["data"]["__typename"], "Query", "{:?}: the socket stopped", hostile);
+            Ok(())
         }
     })
     .await;

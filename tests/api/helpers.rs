@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use stockguard::{
     app::AppState,
-    auth::{Keys, Role},
+    auth::{DEFAULT_MAX_TOKEN_TTL_SECS, Keys, Role},
     config::{DatabaseConfig, Limits},
     db, http, invariant,
     schema::AppSchema,
@@ -41,7 +41,7 @@ pub fn server_url() -> String {
 }
 
 /// The secret every test server signs with.
-pub const SECRET: &str = "test-secret";
+pub const SECRET: &str = "stockguard-test-secret-of-32-bytes-or-more";
 
 /// PostgreSQL's default isolation for a test database.
 #[derive(Debug, Clone, Copy)]
@@ -186,15 +186,16 @@ impl TestApp {
             counter.fetch_add(1, Ordering::SeqCst);
         });
 
-        let keys = Keys::new(SECRET.as_bytes());
+        let keys = Keys::new(SECRET.as_bytes(), DEFAULT_MAX_TOKEN_TTL_SECS).expect("a long enough secret");
+        let connections = http::connection_limits(&limits);
         let state = AppState::new(pool, keys.clone(), limits);
-        let server = Server::new(state.clone());
+        let server = Server::new(state);
         let workers = server.spawn_workers();
         let schema = server.schema();
-        let router = http::router(state, schema.clone(), None);
+        let router = http::router(&server, None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(http::serve(listener, router, std::future::pending()));
+        tokio::spawn(http::serve(listener, router, connections, std::future::pending()));
 
         let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("client");
         Self { address, client, db: direct, schema, server, statements, database_url, keys, _workers: workers }
@@ -552,17 +553,23 @@ impl Drop for TestApp {
     /// Drops the test's database, so runs leave nothing behind. `FORCE` ends
     /// the server's connections, which die with the test anyway.
     fn drop(&mut self) {
-        let Some((server, name)) = self.database_url.rsplit_once('/').map(|(s, n)| (s.to_owned(), n.to_owned())) else {
-            return;
-        };
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-            runtime.block_on(async {
-                let admin = sea_orm::Database::connect(format!("{server}/postgres")).await.ok()?;
-                admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()?;
-                admin.close().await.ok()
-            })
-        });
-        let _ = dropped.join();
+        drop_database(&self.database_url);
     }
+}
+
+/// Drops the database at `url` (one a test made), from a thread of its own
+/// so it works inside and outside a runtime.
+pub fn drop_database(url: &str) {
+    let Some((server, name)) = url.rsplit_once('/').map(|(s, n)| (s.to_owned(), n.to_owned())) else {
+        return;
+    };
+    let dropped = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+        runtime.block_on(async {
+            let admin = sea_orm::Database::connect(format!("{server}/postgres")).await.ok()?;
+            admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()?;
+            admin.close().await.ok()
+        })
+    });
+    let _ = dropped.join();
 }

@@ -132,7 +132,8 @@ async fn two_sweepers_return_every_expired_unit_once(isolation: Isolation) {
     };
     let other = db::connect(&app.database_url, &config).await.expect("second pool");
     let limits = Limits { sweep_interval_ms: 10, sweep_batch: 7, ..Limits::default() };
-    let second = Server::new(AppState::new(other.clone(), Keys::new(b"other"), limits)).spawn_workers();
+    let keys = Keys::new(b"another-secret-of-thirty-two-bytes!!", 3600).expect("secret");
+    let second = Server::new(AppState::new(other.clone(), keys, limits)).spawn_workers();
     // And eight sweeps by hand at once, in small batches, racing it.
     let barrier = Arc::new(Barrier::new(8));
     let sweeps = (0..8).map(|_| {

@@ -1,6 +1,7 @@
 //! Stockguard's integration tests: one binary, each test with its own fresh
 //! database and a real server on port 0, talked to over real HTTP.
 
+mod attacks;
 mod auth;
 mod bad_input;
 mod browser;
@@ -12,9 +13,11 @@ mod documents;
 mod faults;
 mod fuzz;
 mod helpers;
+mod hostile;
 mod http;
 mod lifecycle;
 mod live;
 mod orders;
+mod process;
 mod queries;
 mod ws;

@@ -19,12 +19,26 @@ pub const SUBSCRIPTION: &str = "subscription($id: UUID!) { inventoryChanged(id: 
 /// A connection to the server at `address` (`http://...`) speaking
 /// `protocol`, initialised and acknowledged.
 pub async fn connect(address: &str, protocol: &str) -> Socket {
+    connect_with(address, protocol, json!({})).await
+}
+
+/// A connection initialised with `payload` (e.g. `{"Authorization": ...}`).
+pub async fn connect_with(address: &str, protocol: &str, payload: Value) -> Socket {
+    let mut socket = open(address, protocol).await;
+    send(&mut socket, json!({ "type": "connection_init", "payload": payload })).await;
+    assert_eq!(next(&mut socket).await["type"], "connection_ack");
+    socket
+}
+
+/// A connection that has sent nothing yet.
+pub async fn open(address: &str, protocol: &str) -> Socket {
     let url = format!("{}/graphql/ws", address.replace("http://", "ws://"));
     let mut request = url.into_client_request().expect("request");
     request.headers_mut().insert("Sec-WebSocket-Protocol", HeaderValue::from_str(protocol).expect("header"));
-    let (mut socket, _) = connect_async(request).await.expect("websocket");
-    send(&mut socket, json!({ "type": "connection_init", "payload": {} })).await;
-    assert_eq!(next(&mut socket).await["type"], "connection_ack");
+    let (socket, _) = tokio::time::timeout(Duration::from_secs(10), connect_async(request))
+        .await
+        .expect("a websocket within 10 s")
+        .expect("websocket");
     socket
 }
 
@@ -46,6 +60,17 @@ pub async fn next(socket: &mut Socket) -> Value {
             if value["type"] != "ka" && value["type"] != "ping" && value["type"] != "pong" {
                 return value;
             }
+        }
+    }
+}
+
+/// The next result (`next` or `error`), skipping the `complete` of
+/// operations that have ended.
+pub async fn next_result(socket: &mut Socket) -> Value {
+    loop {
+        let message = next(socket).await;
+        if message["type"] != "complete" {
+            return message;
         }
     }
 }
