@@ -41,7 +41,7 @@ use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statemen
 use serde_json::{Value, json};
 use stockguard::auth::{Keys, Role};
 use support::{
-    Server, ThrowAway,
+    ServerProcess, ThrowAway,
     client::{Gql, Outcome},
     documents::{CANCEL, CHANGE_ADDRESS, CONFIRM, EXTEND, PLACE_ORDER, RELEASE, RESERVE, RESERVE_MANY},
     server_binary, status_kb,
@@ -426,7 +426,7 @@ async fn soak(args: &Args, server_bin: &Path, database_url: &str, log: &Path) ->
         ("STOCKGUARD_RESERVATION_TTL_SECS", TTL_SECS.to_string()),
         ("STOCKGUARD_SWEEP_INTERVAL_MS", SWEEP_INTERVAL_MS.to_string()),
     ];
-    let server = Server::start(server_bin, database_url, &secret, &env, log_file.into())
+    let server = ServerProcess::start(server_bin, database_url, &secret, &env, log_file.into())
         .await
         .with_context(|| format!("server log: {}", log.display()))?;
     let gql = Gql::new(&server.url, args.clients)?;

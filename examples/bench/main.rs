@@ -56,7 +56,7 @@ use stockguard::auth::{Keys, Role};
 use measure::{clk_tck, machine};
 use report::{Report, Strategy};
 use scenarios::{Bench, Scenario, seed_spread, server_ttl_secs, show};
-use support::{Server, ThrowAway, client::Gql, server_binary, status_kb};
+use support::{ServerProcess, ThrowAway, client::Gql, server_binary, status_kb};
 
 mod load;
 mod measure;
@@ -189,7 +189,7 @@ async fn run(settings: Settings, server_bin: &Path, database_url: &str) -> anyho
     let secret = Keys::random_secret();
     let keys = Keys::new(secret.as_bytes(), stockguard::auth::DEFAULT_MAX_TOKEN_TTL_SECS)?;
     let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
-    let server = Server::start(server_bin, database_url, &secret, &locking, Stdio::inherit()).await?;
+    let server = ServerProcess::start(server_bin, database_url, &secret, &locking, Stdio::inherit()).await?;
     let result = main_matrix(settings, keys, &server, server_bin, database_url, &secret).await;
     let stopped = server.stop().await;
     let (markdown, ok) = result?;
@@ -203,7 +203,7 @@ async fn run(settings: Settings, server_bin: &Path, database_url: &str) -> anyho
 async fn main_matrix(
     settings: Settings,
     keys: Keys,
-    server: &Server,
+    server: &ServerProcess,
     server_bin: &Path,
     database_url: &str,
     secret: &str,
@@ -291,7 +291,7 @@ async fn main_matrix(
     let optimistic = bench.contested_order(server, clients, "optimistic").await?;
     eprintln!("bench: restarting the server with STOCKGUARD_ORDER_LOCKING=pessimistic");
     let locking = [("STOCKGUARD_ORDER_LOCKING", "pessimistic".to_owned())];
-    let pessimistic_server = Server::start(server_bin, database_url, secret, &locking, Stdio::inherit()).await?;
+    let pessimistic_server = ServerProcess::start(server_bin, database_url, secret, &locking, Stdio::inherit()).await?;
     let pessimistic = bench.contested_order(&pessimistic_server, clients, "pessimistic").await;
     pessimistic_server.stop().await?;
     let pessimistic = pessimistic?;

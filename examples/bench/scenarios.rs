@@ -31,7 +31,7 @@ use crate::{
     measure::{Extra, Measured, ONE_REQUEST, Recorder, Stats, Usage, measure, run_tasks, window_of},
     report::Cell,
     support::{
-        Server,
+        ServerProcess,
         client::{Gql, Outcome},
         documents::{CANCEL, CHANGE_ADDRESS, CONFIRM, INVENTORY_VERSION, ORDER_VERSION, RESERVE_TYPENAME},
     },
@@ -227,7 +227,7 @@ impl Bench {
 
     /// One reserve cell: Stockguard and raw SQL take turns for
     /// `settings.rounds` rounds, each measured for its share of the duration.
-    pub async fn cell(&mut self, server: &Server, scenario: Scenario, clients: usize) -> anyhow::Result<Cell> {
+    pub async fn cell(&mut self, server: &ServerProcess, scenario: Scenario, clients: usize) -> anyhow::Result<Cell> {
         self.settle().await?;
         let rounds = self.settings.rounds;
         let slice = self.settings.duration / rounds;
@@ -244,7 +244,7 @@ impl Bench {
     /// `reserve` over HTTP for `measured`: one task per client, each with its own token.
     async fn stockguard(
         &mut self,
-        server: &Server,
+        server: &ServerProcess,
         scenario: Scenario,
         clients: usize,
         measured: Duration,
@@ -317,7 +317,7 @@ impl Bench {
 
     /// HOT with `expectedVersion`: read the version, reserve at it, on
     /// `Conflict` read again and retry (at most 3 retries).
-    pub async fn expected_version(&mut self, server: &Server, clients: usize) -> anyhow::Result<Stats> {
+    pub async fn expected_version(&mut self, server: &ServerProcess, clients: usize) -> anyhow::Result<Stats> {
         let gql = Arc::new(Gql::new(&server.url, clients)?);
         let tokens = self.tokens(clients)?;
         let hot = self.hot;
@@ -372,7 +372,12 @@ impl Bench {
     }
 
     /// One order contested by `clients` (see [`OrderContest`]).
-    pub async fn contested_order(&mut self, server: &Server, clients: usize, mode: &str) -> anyhow::Result<Stats> {
+    pub async fn contested_order(
+        &mut self,
+        server: &ServerProcess,
+        clients: usize,
+        mode: &str,
+    ) -> anyhow::Result<Stats> {
         let gql = Arc::new(Gql::new(&server.url, clients)?);
         let operator = self.keys.mint("bench-operator", Role::Operator, chrono::Duration::hours(4))?;
         let customer = self.keys.mint("bench-order-customer", Role::Customer, chrono::Duration::hours(4))?;

@@ -19,7 +19,7 @@ use tokio::process::Child;
 use uuid::Uuid;
 
 /// A `stockguard serve` child process on a free port.
-pub struct Server {
+pub struct ServerProcess {
     child: Child,
     /// Its process id.
     pub pid: u32,
@@ -27,7 +27,7 @@ pub struct Server {
     pub url: String,
 }
 
-impl Server {
+impl ServerProcess {
     /// Starts `bin` against `database_url` with `secret` and the extra
     /// environment `env`, its log to `stderr`, and waits (60 s at most) until
     /// `/readyz` answers.

@@ -802,18 +802,18 @@ async fn a_held_row_lock_and_a_starved_pool_give_fast_retryable_errors_and_write
 // ---------- 5. graceful shutdown under load ----------
 
 /// The server binary as a child process, killed if the test fails first.
-struct Server {
+struct ServerProcess {
     child: Child,
     log: PathBuf,
 }
 
-impl Server {
+impl ServerProcess {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
-impl Drop for Server {
+impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -840,7 +840,7 @@ async fn sigterm_under_load_answers_every_request_in_flight_and_exits_cleanly() 
         .stderr(output)
         .spawn()
         .expect("start stockguard");
-    let mut server = Server { child, log };
+    let mut server = ServerProcess { child, log };
 
     let client = bounded_client();
     let starting = Instant::now();
