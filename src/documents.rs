@@ -119,7 +119,6 @@ impl Refused {
 }
 
 /// A checked document and what the gateway needs to know about it.
-#[derive(Clone)]
 pub struct Checked {
     /// The parsed document.
     pub document: ExecutableDocument,
@@ -131,7 +130,7 @@ pub struct Checked {
 #[derive(Clone)]
 pub struct Documents {
     bounds: Bounds,
-    parsed: Arc<Mutex<HashMap<String, Checked>>>,
+    parsed: Arc<Mutex<HashMap<String, Arc<Checked>>>>,
 }
 
 impl Documents {
@@ -142,7 +141,7 @@ impl Documents {
 
     /// The checked document of `query`: from the cache, or scanned, parsed
     /// and measured now.
-    pub fn check(&self, query: &str) -> Result<Checked, Refused> {
+    pub fn check(&self, query: &str) -> Result<Arc<Checked>, Refused> {
         if let Some(checked) = self.lock().get(query).cloned() {
             return Ok(checked);
         }
@@ -152,7 +151,7 @@ impl Documents {
             pos: err.positions().next(),
         })?;
         Measure::new(&document, self.bounds.max_selections).document()?;
-        let checked = Checked { introspection: introspection_only(&document), document };
+        let checked = Arc::new(Checked { introspection: introspection_only(&document), document });
         if query.len() <= MAX_QUERY_LEN {
             let mut parsed = self.lock();
             if parsed.len() >= MAX_DOCUMENTS {
@@ -163,7 +162,7 @@ impl Documents {
         Ok(checked)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Checked>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Checked>>> {
         self.parsed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
@@ -367,7 +366,7 @@ mod tests {
 
     const BOUNDS: Bounds = Bounds { max_tokens: 5000, max_selections: 2000 };
 
-    fn check(query: &str) -> Result<Checked, Refused> {
+    fn check(query: &str) -> Result<Arc<Checked>, Refused> {
         Documents::new(BOUNDS).check(query)
     }
 

@@ -1,4 +1,4 @@
-//! HTTP: `POST /graphql`, subscriptions at `/graphql/ws`, GraphiQL at `/`,
+//! HTTP: `GET`/`POST /graphql` (see `graphql.rs`), subscriptions at `/graphql/ws`, GraphiQL at `/`,
 //! `/healthz`, `/readyz`, `/metrics`; the body limit and the request
 //! timeout; serving with bounded connections until SIGINT/SIGTERM.
 //!
@@ -6,18 +6,17 @@
 //! the [`Gateway`]; this module only turns HTTP into requests and
 //! responses into HTTP.
 
+mod graphql;
 mod server;
 mod ws;
 
 use std::time::Duration;
 
-use async_graphql::{BatchRequest, BatchResponse, http::GraphiQLSource};
-use async_graphql_axum::GraphQLResponse;
+use async_graphql::http::GraphiQLSource;
 use axum::{
     Router,
-    body::{Body, Bytes},
     extract::{DefaultBodyLimit, Request, State},
-    http::{HeaderMap, StatusCode, header},
+    http::{StatusCode, header},
     middleware::{self, Next},
     response::{Html, IntoResponse, Response},
     routing::get,
@@ -26,11 +25,7 @@ use serde_json::json;
 use tower_http::catch_panic::CatchPanicLayer;
 
 pub use self::server::{ConnectionLimits, serve};
-use crate::{
-    app::AppState,
-    gateway::{Admitted, Gateway, Refusal},
-    server::Server,
-};
+use crate::{app::AppState, gateway::Gateway, server::Server};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -69,7 +64,7 @@ pub fn router(server: &Server, graphiql_token: Option<&str>) -> Router {
     // bounded by its own timeouts instead.
     let requests = Router::new()
         .route("/", get(graphiql_page))
-        .route("/graphql", get(graphiql_page).post(graphql))
+        .route("/graphql", get(graphql::get).post(graphql::post))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -130,92 +125,6 @@ async fn within_timeout(State(timeout): State<Duration>, request: Request, next:
 
 async fn graphiql_page(State(http): State<Http>) -> Html<String> {
     Html(http.graphiql)
-}
-
-/// A GraphQL request or, when the body is a JSON array, a batch. Deciding
-/// by the first byte spares serde's untagged-enum buffering, which copies
-/// every string of the body once more before it is read.
-fn parse_body(body: &[u8]) -> serde_json::Result<BatchRequest> {
-    match body.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'[') => serde_json::from_slice(body).map(BatchRequest::Batch),
-        _ => serde_json::from_slice(body).map(BatchRequest::Single),
-    }
-}
-
-/// Reads the body within the body limit: 413 past it.
-async fn read_body(body: Body, limit: usize) -> Result<Bytes, Response> {
-    axum::body::to_bytes(body, limit).await.map_err(|err| {
-        let too_large =
-            std::error::Error::source(&err).is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
-        if too_large {
-            let message = format!("the body is larger than the limit of {limit} bytes");
-            error_response(StatusCode::PAYLOAD_TOO_LARGE, "REQUEST_TOO_LARGE", &message)
-        } else {
-            error_response(StatusCode::BAD_REQUEST, "BAD_REQUEST", "the body could not be read")
-        }
-    })
-}
-
-/// Runs a GraphQL request or batch: JSON that is not a GraphQL request
-/// answers 400, a body over the limit 413, a full server 503.
-async fn graphql(State(http): State<Http>, headers: HeaderMap, body: Body) -> Response {
-    let body = match read_body(body, http.app.limits.body_limit).await {
-        Ok(body) => body,
-        Err(response) => return response,
-    };
-    let batch = match parse_body(&body) {
-        Ok(batch) => batch,
-        Err(err) => {
-            let message = format!("the body is not a GraphQL request: {err}");
-            return error_response(StatusCode::BAD_REQUEST, "BAD_REQUEST", &message);
-        }
-    };
-    // A JSON object without a query parses as an empty request; it is not one.
-    let empty = |r: &async_graphql::Request| r.query.trim().is_empty();
-    let single = matches!(batch, BatchRequest::Single(_));
-    let requests = match batch {
-        BatchRequest::Single(request) => vec![request],
-        BatchRequest::Batch(requests) if requests.len() > http.app.limits.max_batch => {
-            let message = format!("a batch may hold at most {} operations", http.app.limits.max_batch);
-            return error_response(StatusCode::BAD_REQUEST, "BAD_REQUEST", &message);
-        }
-        BatchRequest::Batch(requests) if requests.is_empty() => Vec::new(),
-        BatchRequest::Batch(requests) => requests,
-    };
-    if requests.is_empty() || requests.iter().any(empty) {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            "BAD_REQUEST",
-            "the body is not a GraphQL request: it has no query",
-        );
-    }
-    let viewer = http.app.keys.viewer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()));
-    let mut admitted: Vec<Result<Admitted, Refusal>> = Vec::with_capacity(requests.len());
-    for request in requests {
-        let admission = http.gateway.admit(request, viewer.clone());
-        if matches!(admission, Err(Refusal::Overloaded)) {
-            // Whatever was admitted is dropped unrun, its permits given back.
-            return error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "OVERLOADED",
-                "the server is at its limit of requests in flight, try again",
-            );
-        }
-        admitted.push(admission);
-    }
-    let responses = futures::future::join_all(admitted.into_iter().map(|admission| async move {
-        match admission {
-            Ok(admitted) => admitted.execute().await,
-            Err(refusal) => refusal.into_response(),
-        }
-    }))
-    .await;
-    let response = if single {
-        BatchResponse::Single(responses.into_iter().next().unwrap_or_default())
-    } else {
-        BatchResponse::Batch(responses)
-    };
-    GraphQLResponse::from(response).into_response()
 }
 
 /// Prometheus text format.

@@ -163,9 +163,12 @@ impl TestApp {
 
     /// A server with every knob the tests turn.
     pub async fn spawn_with_options(options: Options) -> Self {
-        let Options { isolation, limits, server_url: server, pool_size, acquire_timeout_ms, statement_timeout_ms } =
+        let Options { isolation, mut limits, server_url: server, pool_size, acquire_timeout_ms, statement_timeout_ms } =
             options;
         let server = server.unwrap_or_else(server_url);
+        // As generous as the test client: tests assert outcomes, not timing
+        // (the attack tests, on their own process, test the timeout itself).
+        limits.request_timeout_ms = limits.request_timeout_ms.max(120_000);
         let name = format!("sg_test_{}", Uuid::new_v4().simple());
         copy_of_template(&server, &name, isolation).await;
         let database_url = format!("{server}/{name}");

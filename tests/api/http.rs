@@ -147,3 +147,221 @@ async fn requests_past_the_in_flight_limit_are_refused_at_once_not_queued() {
     }
     app.assert_invariant().await;
 }
+
+/// A request to `/graphql` with `method`, `accept`, `content_type` and `body`:
+/// the status, the content type and the body as JSON (or text).
+async fn exchange(
+    app: &TestApp,
+    method: reqwest::Method,
+    path_and_query: &str,
+    accept: Option<&str>,
+    content_type: Option<&str>,
+    body: Option<String>,
+) -> (u16, String, Value) {
+    let mut request = app.client.request(method, format!("{}{path_and_query}", app.address));
+    if let Some(accept) = accept {
+        request = request.header("accept", accept);
+    }
+    if let Some(content_type) = content_type {
+        request = request.header("content-type", content_type);
+    }
+    if let Some(body) = body {
+        request = request.body(body);
+    }
+    let response = request.send().await.expect("send");
+    let status = response.status().as_u16();
+    let media = response.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let text = response.text().await.expect("body");
+    (status, media, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+}
+
+fn url_encoded(query: &str) -> String {
+    serde_urlencoded::to_string([("query", query)]).expect("encode")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn queries_work_by_get_and_mutations_by_get_are_405_and_write_nothing() {
+    let app = TestApp::spawn().await;
+    let get = reqwest::Method::GET;
+    let (status, media, body) =
+        exchange(&app, get.clone(), &format!("/graphql?{}", url_encoded("{ __typename }")), None, None, None).await;
+    assert_eq!((status, media.as_str()), (200, "application/json; charset=utf-8"), "{body}");
+    assert_eq!(body["data"]["__typename"], "Query");
+    // Variables and operationName in the URL, as urql and Apollo send them.
+    let path = format!(
+        "/graphql?{}&operationName=Q&variables=%7B%22s%22%3A%22NOPE%22%7D",
+        url_encoded("query Q($s: String!) { inventoryBySku(sku: $s) { id } }")
+    );
+    let (status, _, body) = exchange(&app, get.clone(), &path, None, None, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["data"]["inventoryBySku"].is_null() && body.get("errors").is_none(), "{body}");
+
+    let before = app.snapshot().await;
+    let mutation = r#"mutation { createInventory(input: { sku: "GET-1", name: "by get", stock: 1 }) { id } }"#;
+    let response = app
+        .client
+        .get(format!("{}/graphql?{}", app.address, url_encoded(mutation)))
+        .bearer_auth(app.operator())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 405);
+    assert_eq!(response.headers().get("allow").and_then(|v| v.to_str().ok()), Some("POST"));
+    assert_eq!(app.snapshot().await, before, "a GET wrote nothing");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn graphiql_is_only_for_browsers_and_accept_picks_the_media_type() {
+    let app = TestApp::spawn().await;
+    let (_, media, page) =
+        exchange(&app, reqwest::Method::GET, "/graphql", Some("text/html,*/*;q=0.8"), None, None).await;
+    assert!(media.starts_with("text/html") && page.as_str().is_some_and(|p| p.contains("graphiql")), "{media}");
+    let post = |accept: Option<&'static str>| {
+        exchange(
+            &app,
+            reqwest::Method::POST,
+            "/graphql",
+            accept,
+            Some("application/json"),
+            Some(r#"{"query":"{ __typename }"}"#.into()),
+        )
+    };
+    for (accept, expected) in [
+        (None, "application/json; charset=utf-8"),
+        (Some("*/*"), "application/json; charset=utf-8"),
+        (Some("application/json"), "application/json; charset=utf-8"),
+        (Some("application/graphql-response+json"), "application/graphql-response+json; charset=utf-8"),
+        (
+            Some("application/graphql-response+json, application/json;q=0.9"),
+            "application/graphql-response+json; charset=utf-8",
+        ),
+    ] {
+        let (status, media, body) = post(accept).await;
+        assert_eq!((status, media.as_str()), (200, expected), "Accept {accept:?}: {body}");
+    }
+    assert_eq!(post(Some("text/plain")).await.0, 406);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn request_errors_are_400_without_data_under_graphql_response_json_and_200_under_json() {
+    let app = TestApp::spawn().await;
+    for (query, variables) in [
+        ("{", json!({})),
+        ("{ noSuchField }", json!({})),
+        ("query($id: ID!) { __typename }", json!({ "id": null })),
+        ("query($id: UUID!) { inventory(id: $id) { id } }", json!({ "id": "not-a-uuid" })),
+    ] {
+        let body = json!({ "query": query, "variables": variables }).to_string();
+        let post = |accept: &'static str| {
+            exchange(
+                &app,
+                reqwest::Method::POST,
+                "/graphql",
+                Some(accept),
+                Some("application/json"),
+                Some(body.clone()),
+            )
+        };
+        let (status, _, strict) = post("application/graphql-response+json").await;
+        assert_eq!(status, 400, "{query}: {strict}");
+        assert!(strict.get("data").is_none() && strict["errors"][0]["extensions"]["code"].is_string(), "{strict}");
+        let (status, _, legacy) = post("application/json").await;
+        assert_eq!(status, 200, "{query}: {legacy}");
+        assert!(legacy["errors"].is_array(), "{legacy}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_post_without_a_json_content_type_is_415_and_runs_nothing() {
+    let app = TestApp::spawn().await;
+    let before = app.snapshot().await;
+    let create =
+        json!({ "query": r#"mutation { createInventory(input: { sku: "CT-1", name: "x", stock: 1 }) { id } }"# });
+    for content_type in
+        [None, Some("text/plain"), Some("application/x-www-form-urlencoded"), Some("application/json; charset=latin1")]
+    {
+        let mut request =
+            app.client.post(format!("{}/graphql", app.address)).bearer_auth(app.operator()).body(create.to_string());
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        assert_eq!(request.send().await.expect("send").status(), 415, "{content_type:?}");
+    }
+    assert_eq!(app.snapshot().await, before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_field_error_nulls_the_field_up_to_the_nearest_nullable_parent() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("NULLS-1", 5).await;
+    let alice = app.token("alice", stockguard::auth::Role::Customer);
+    // movements (non-null, operators only) fails: its nullable parent `inventory` is null.
+    let body = app
+        .graphql(
+            Some(&alice),
+            "query($id: UUID!) { inventory(id: $id) { sku movements { nodes { delta } } } }",
+            json!({ "id": id }),
+        )
+        .await;
+    assert_eq!(body["data"], json!({ "inventory": null }), "{body}");
+    assert_eq!(body["errors"][0]["path"], json!(["inventory", "movements"]), "{body}");
+    assert_eq!(body["errors"][0]["extensions"]["code"], "FORBIDDEN");
+    // Through a non-null list of non-null nodes, up to `data` itself.
+    let body =
+        app.graphql(Some(&alice), "{ inventories { nodes { sku movements { nodes { delta } } } } }", json!({})).await;
+    assert_eq!(body["data"], Value::Null, "{body}");
+    // A root field that needs a token, beside one that does not: `data` is null.
+    let body = app
+        .graphql(
+            None,
+            "query($id: UUID!) { a: inventory(id: $id) { sku } b: myReservations { nodes { id } } }",
+            json!({ "id": id }),
+        )
+        .await;
+    assert_eq!(body["data"], Value::Null, "{body}");
+    assert_eq!(body["errors"][0]["extensions"]["code"], "UNAUTHENTICATED");
+    // A nullable root field that needs a token: only it is null.
+    let body = app
+        .graphql(
+            None,
+            "query($id: UUID!) { a: inventory(id: $id) { sku } r: reservation(id: $id) { id } }",
+            json!({ "id": id }),
+        )
+        .await;
+    assert_eq!(body["data"], json!({ "a": { "sku": "NULLS-1" }, "r": null }), "{body}");
+}
+
+fn sha256(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(text.as_bytes()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn persisted_queries_are_found_after_one_full_request_by_post_and_get() {
+    let app = TestApp::spawn().await;
+    let query = "{ inventories(first: 1) { pageInfo { hasNextPage } } }";
+    let extensions = json!({ "persistedQuery": { "version": 1, "sha256Hash": sha256(query) } });
+    let hash_only = json!({ "extensions": extensions }).to_string();
+    let post =
+        |body: String| exchange(&app, reqwest::Method::POST, "/graphql", None, Some("application/json"), Some(body));
+    let (status, _, body) = post(hash_only.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["errors"][0]["extensions"]["code"], "PERSISTED_QUERY_NOT_FOUND", "{body}");
+    assert_eq!(body["errors"][0]["message"], "PersistedQueryNotFound");
+    let (status, _, body) = post(json!({ "query": query, "extensions": extensions }).to_string()).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["data"]["inventories"]["pageInfo"]["hasNextPage"], false, "{body}");
+    let (_, _, body) = post(hash_only).await;
+    assert_eq!(body["data"]["inventories"]["pageInfo"]["hasNextPage"], false, "the hash alone now runs: {body}");
+    // By GET, as Apollo sends hashed queries.
+    let path =
+        format!("/graphql?{}", serde_urlencoded::to_string([("extensions", extensions.to_string())]).expect("encode"));
+    let (status, _, body) = exchange(&app, reqwest::Method::GET, &path, None, None, None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"]["inventories"]["pageInfo"]["hasNextPage"], false, "{body}");
+    // A hash that is not the query's.
+    let wrong = json!({ "persistedQuery": { "version": 1, "sha256Hash": sha256("{ __typename }") } });
+    let (status, _, body) = post(json!({ "query": query, "extensions": wrong }).to_string()).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["errors"][0]["extensions"]["code"], "BAD_REQUEST");
+}

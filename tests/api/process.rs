@@ -71,6 +71,8 @@ impl Process {
             .env("DATABASE_URL", &database_url)
             .env("STOCKGUARD_ADDR", "127.0.0.1:0")
             .env("STOCKGUARD_NO_SEED", "true")
+            // Small pools: tests run side by side on one PostgreSQL of 100 connections.
+            .env("STOCKGUARD_POOL_SIZE", "4")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(output.try_clone().expect("log file"))

@@ -13,19 +13,23 @@
 //! Every error an operation can end in carries an `extensions.code`
 //! ([`ErrorCodes`]); the README's error table lists them.
 
+mod codes;
+mod persisted;
+mod shapes;
+
 use std::{
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::Arc,
     task::{Context, Poll},
 };
 
+pub use self::codes::{ErrorCodes, code_of, coded};
+use self::{persisted::Persisted, shapes::Shapes};
+
 use async_graphql::{
-    Pos, Positioned, Request, Response, ServerError, ServerResult, Value, Variables,
-    extensions::{Extension, ExtensionContext, ExtensionFactory, NextParseQuery, NextRequest, NextSubscribe},
-    parser::types::{
-        DocumentOperations, ExecutableDocument, Field, OperationDefinition, OperationType, Selection, SelectionSet,
-    },
+    Positioned, Request, Response, ServerError,
+    parser::types::{DocumentOperations, ExecutableDocument, OperationDefinition, OperationType},
 };
 use futures::{StreamExt, stream::BoxStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -33,7 +37,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::{
     app::AppState,
     auth::Viewer,
-    documents::{Bounds, Documents, Introspection},
+    documents::{Bounds, Checked, Documents, Introspection},
     schema::{self, AppSchema},
     server::{self, Server},
 };
@@ -47,6 +51,10 @@ pub struct Gateway {
     introspection: AppSchema,
     /// Checked documents of recent queries.
     documents: Documents,
+    /// Queries registered by hash (automatic persisted queries).
+    persisted: Persisted,
+    /// The schema's types, for variable coercion and the nulls of field errors.
+    shapes: Arc<Shapes>,
     /// One permit per operation in flight.
     in_flight: Arc<Semaphore>,
     /// What every request's data is made from (the DataLoaders' pools).
@@ -86,23 +94,18 @@ impl Refusal {
     }
 }
 
-/// An operation that may run: its request prepared, its permit held.
-pub struct Admitted {
-    request: Request,
-    schema: AppSchema,
-    kind: OperationType,
-    permit: Option<OwnedSemaphorePermit>,
-}
-
 impl Gateway {
     /// A gateway over `server`'s schema and limits.
     pub fn new(server: &Server) -> Self {
         let app = server.state().clone();
         let bounds = Bounds { max_tokens: app.limits.max_tokens, max_selections: app.limits.max_complexity };
+        let schema = server.schema();
         Self {
-            schema: server.schema(),
+            shapes: Arc::new(Shapes::from_sdl(&schema.sdl())),
             introspection: schema::build_for_introspection(app.clone()),
+            schema,
             documents: Documents::new(bounds),
+            persisted: Persisted::default(),
             in_flight: Arc::new(Semaphore::new(app.limits.max_in_flight.max(1))),
             app,
         }
@@ -117,16 +120,28 @@ impl Gateway {
     /// a permit: what an operation is must be known before it is admitted
     /// (a transport may refuse some kinds, a subscription takes no permit).
     pub fn prepare(&self, mut request: Request, viewer: Viewer) -> Result<Prepared, Refusal> {
+        let to_keep = self.persisted.resolve(&mut request).map_err(Refusal::Request)?;
+        if request.query.trim().is_empty() {
+            let error = ServerError::new("the request is not a GraphQL request: it has no query", None);
+            return Err(Refusal::Request(coded(error, "BAD_REQUEST")));
+        }
         let checked = self.documents.check(&request.query).map_err(|r| Refusal::Request(r.into_server_error()))?;
-        let kind = operation(&checked.document, request.operation_name.as_deref()).map_err(Refusal::Request)?.node.ty;
+        if let Some(to_keep) = to_keep {
+            self.persisted.keep(to_keep, &request.query);
+        }
+        let selected = operation(&checked.document, request.operation_name.as_deref()).map_err(Refusal::Request)?;
+        self.shapes.coerce(&selected.node.variable_definitions, &request.variables).map_err(Refusal::Request)?;
+        let kind = selected.node.ty;
         let schema = match checked.introspection {
             Introspection::Only => self.introspection.clone(),
             Introspection::No => self.schema.clone(),
         };
-        request.set_parsed_query(checked.document);
+        request.set_parsed_query(checked.document.clone());
+        let completion =
+            Completion { checked, operation_name: request.operation_name.clone(), kind, shapes: self.shapes.clone() };
         // Each operation gets its own DataLoaders, so nothing is cached past it.
         let request = server::request_data(&self.app, request.data(viewer));
-        Ok(Prepared { request, schema, kind, in_flight: self.in_flight.clone() })
+        Ok(Prepared { request, schema, completion, in_flight: self.in_flight.clone() })
     }
 
     /// Checks `request` and takes a permit for it: everything an operation
@@ -136,65 +151,106 @@ impl Gateway {
     }
 }
 
+/// What is done to every response of an operation before it leaves: the
+/// spec's nulls for field errors (see `nulls.rs`).
+struct Completion {
+    checked: Arc<Checked>,
+    operation_name: Option<String>,
+    kind: OperationType,
+    shapes: Arc<Shapes>,
+}
+
+impl Completion {
+    fn complete(&self, mut response: Response) -> Response {
+        if response.errors.iter().any(|error| !error.path.is_empty()) {
+            let root = match self.kind {
+                OperationType::Query => "Query",
+                OperationType::Mutation => "Mutation",
+                OperationType::Subscription => "Subscription",
+            };
+            let document = &self.checked.document;
+            if let Ok(operation) = operation(document, self.operation_name.as_deref()) {
+                self.shapes.propagate(&mut response, document, root, &operation.node.selection_set.node);
+            }
+        }
+        response
+    }
+
+    /// `responses`, each completed, holding `permit` (if any) until they end.
+    fn stream(
+        self,
+        responses: BoxStream<'static, Response>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> BoxStream<'static, Response> {
+        futures::stream::unfold((responses, self, permit), |(mut responses, completion, permit)| async move {
+            let response = responses.next().await?;
+            Some((completion.complete(response), (responses, completion, permit)))
+        })
+        .boxed()
+    }
+}
+
 /// A checked operation that has not taken its permit yet.
 pub struct Prepared {
     request: Request,
     schema: AppSchema,
-    kind: OperationType,
+    completion: Completion,
     in_flight: Arc<Semaphore>,
 }
 
 impl Prepared {
     /// Query, mutation or subscription.
     pub fn kind(&self) -> OperationType {
-        self.kind
+        self.completion.kind
     }
 
     /// Takes a permit of the in-flight limit, or refuses at once: a full
     /// server answers instead of queueing, so memory and waiting stay bounded.
     pub fn admit(self) -> Result<Admitted, Refusal> {
-        let Ok(permit) = self.in_flight.try_acquire_owned() else {
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             crate::telemetry::db_failure("overloaded");
             return Err(Refusal::Overloaded);
         };
-        Ok(Admitted { request: self.request, schema: self.schema, kind: self.kind, permit: Some(permit) })
+        Ok(Admitted { prepared: self, permit })
     }
 
     /// Runs without a permit: for subscriptions, which hold a place under
     /// their own caps for as long as they live.
     pub fn stream_unmetered(self) -> BoxStream<'static, Response> {
-        self.schema.execute_stream(self.request)
+        let responses = self.schema.execute_stream(self.request);
+        self.completion.stream(responses, None)
     }
+}
+
+/// An operation that may run: its request prepared, its permit held.
+pub struct Admitted {
+    prepared: Prepared,
+    permit: OwnedSemaphorePermit,
 }
 
 impl Admitted {
     /// Query, mutation or subscription.
     pub fn kind(&self) -> OperationType {
-        self.kind
+        self.prepared.kind()
     }
 
     /// Runs the operation to its end, holding the permit until then even if
     /// the caller stops waiting (see [`Finish`]).
-    pub async fn execute(mut self) -> Response {
-        let permit = self.permit.take();
-        let (schema, request) = (self.schema, self.request);
+    pub async fn execute(self) -> Response {
+        let Self { prepared: Prepared { request, schema, completion, .. }, permit } = self;
         Finish::new(async move {
             let response = schema.execute(request).await;
             drop(permit);
-            response
+            completion.complete(response)
         })
         .await
     }
 
     /// The operation as a stream of responses (one for a query or mutation);
     /// the permit is held until the stream ends or is dropped.
-    pub fn stream(mut self) -> BoxStream<'static, Response> {
-        let permit = self.permit.take();
-        let responses = self.schema.execute_stream(self.request);
-        futures::stream::unfold((responses, permit), |(mut responses, permit)| async move {
-            responses.next().await.map(|response| (response, (responses, permit)))
-        })
-        .boxed()
+    pub fn stream(self) -> BoxStream<'static, Response> {
+        let Self { prepared: Prepared { request, schema, completion, .. }, permit } = self;
+        completion.stream(schema.execute_stream(request), Some(permit))
     }
 }
 
@@ -262,165 +318,5 @@ impl<F: Future + Send + 'static> Drop for Finish<F> {
                 rest.await;
             });
         }
-    }
-}
-
-/// The `extensions.code` of an error, if it has one.
-pub fn code_of(error: &ServerError) -> Option<&str> {
-    match error.extensions.as_ref()?.get("code")? {
-        Value::String(code) => Some(code),
-        _ => None,
-    }
-}
-
-fn coded(mut error: ServerError, code: &str) -> ServerError {
-    error.extensions.get_or_insert_with(Default::default).set("code", code);
-    error
-}
-
-/// The async-graphql extension that gives every error of an operation an
-/// `extensions.code`: validation failures, variables that do not coerce, the
-/// depth and complexity limits, and (as a last resort, logged) any field
-/// error a resolver left without one.
-pub struct ErrorCodes;
-
-impl ExtensionFactory for ErrorCodes {
-    fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(ErrorCodesExtension::default())
-    }
-}
-
-#[derive(Default)]
-struct ErrorCodesExtension {
-    /// Where the document's arguments that use a variable are named: an
-    /// invalid value there came from the variables (BAD_USER_INPUT), an
-    /// invalid value elsewhere is a literal in the document (validation).
-    /// Shared with the response stream of a subscription.
-    variable_arguments: Arc<Mutex<Vec<Pos>>>,
-}
-
-/// Gives every error of `response` that has no code one.
-fn code_errors(response: &mut Response, variable_arguments: &Mutex<Vec<Pos>>) {
-    if response.errors.iter().all(|e| code_of(e).is_some()) {
-        return;
-    }
-    let variable_arguments = variable_arguments.lock().map(|p| p.clone()).unwrap_or_default();
-    for error in response.errors.iter_mut().filter(|e| code_of(e).is_none()) {
-        let code = classify(error, &variable_arguments);
-        if code == "INTERNAL" {
-            tracing::error!(message = %error.message, path = ?error.path, "a field error without a code");
-        }
-        error.extensions.get_or_insert_with(Default::default).set("code", code);
-    }
-}
-
-#[async_graphql::async_trait::async_trait]
-impl Extension for ErrorCodesExtension {
-    async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
-        let mut response = next.run(ctx).await;
-        code_errors(&mut response, &self.variable_arguments);
-        response
-    }
-
-    /// Operations over a websocket run as streams, past the `request` hook.
-    fn subscribe<'s>(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        stream: BoxStream<'s, Response>,
-        next: NextSubscribe<'_>,
-    ) -> BoxStream<'s, Response> {
-        let variable_arguments = self.variable_arguments.clone();
-        next.run(ctx, stream)
-            .map(move |mut response| {
-                code_errors(&mut response, &variable_arguments);
-                response
-            })
-            .boxed()
-    }
-
-    async fn parse_query(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        query: &str,
-        variables: &Variables,
-        next: NextParseQuery<'_>,
-    ) -> ServerResult<ExecutableDocument> {
-        let document = next.run(ctx, query, variables).await?;
-        let uses_variables = document.operations.iter().any(|(_, op)| !op.node.variable_definitions.is_empty());
-        if uses_variables && let Ok(mut positions) = self.variable_arguments.lock() {
-            collect_variable_arguments(&document, &mut positions);
-        }
-        Ok(document)
-    }
-}
-
-/// The code of an error async-graphql or a resolver left without one.
-fn classify(error: &ServerError, variable_arguments: &[Pos]) -> &'static str {
-    let message = error.message.as_str();
-    // A value that does not coerce to its type (a UUID that is not one, an
-    // Int out of range, a variable not given): async-graphql's
-    // `InputValueError` messages, at validation (for variables) or at
-    // execution (for arguments, then with a path).
-    let coercion = message.starts_with("Failed to parse \"")
-        || message.starts_with("Expected input type \"")
-        || (message.starts_with("Variable ") && message.ends_with(" is not defined."));
-    if coercion {
-        return "BAD_USER_INPUT";
-    }
-    if !error.path.is_empty() {
-        // Every error a resolver makes carries its code already (`IntoGql`).
-        return "INTERNAL";
-    }
-    if message == "Query is too complex." {
-        "COST_ESTIMATED_TOO_EXPENSIVE"
-    } else if message == "Query is nested too deep." || message.starts_with("The recursion depth of the query") {
-        "MAX_DEPTH_LIMIT"
-    } else if message.starts_with("Invalid value for argument")
-        && error.locations.iter().any(|pos| variable_arguments.contains(pos))
-    {
-        "BAD_USER_INPUT"
-    } else {
-        "GRAPHQL_VALIDATION_FAILED"
-    }
-}
-
-/// The positions of every argument (of a field or a directive) whose value
-/// names a variable, in operations and fragments.
-fn collect_variable_arguments(document: &ExecutableDocument, positions: &mut Vec<Pos>) {
-    fn set(selection_set: &SelectionSet, positions: &mut Vec<Pos>) {
-        for selection in &selection_set.items {
-            match &selection.node {
-                Selection::Field(selected) => field(&selected.node, positions),
-                Selection::InlineFragment(inline) => set(&inline.node.selection_set.node, positions),
-                Selection::FragmentSpread(_) => {}
-            }
-        }
-    }
-    fn field(field: &Field, positions: &mut Vec<Pos>) {
-        let directive_arguments = field.directives.iter().flat_map(|d| d.node.arguments.iter());
-        for (name, value) in field.arguments.iter().chain(directive_arguments) {
-            if uses_variable(&value.node) {
-                positions.push(name.pos);
-            }
-        }
-        set(&field.selection_set.node, positions);
-    }
-    for (_, operation) in document.operations.iter() {
-        set(&operation.node.selection_set.node, positions);
-    }
-    for fragment in document.fragments.values() {
-        set(&fragment.node.selection_set.node, positions);
-    }
-}
-
-/// Whether a value is or holds a variable. Recursion is bounded by the
-/// document's bracket nesting, which `documents.rs` has checked.
-fn uses_variable(value: &async_graphql_value::Value) -> bool {
-    use async_graphql_value::Value as V;
-    match value {
-        V::Variable(_) => true,
-        V::List(items) => items.iter().any(uses_variable),
-        V::Object(fields) => fields.values().any(uses_variable),
-        _ => false,
     }
 }

@@ -1,0 +1,343 @@
+//! GraphQL over HTTP, by the spec (graphql.github.io/graphql-over-http):
+//! queries by `GET /graphql?query=&variables=&operationName=&extensions=`
+//! (mutations by GET are 405), everything by `POST /graphql` with a JSON
+//! body (any other content type is 415), and the response's media type
+//! chosen from `Accept`: `application/graphql-response+json` when the client
+//! asks for it — then a request that never ran is a 4xx without `data` —,
+//! else `application/json` (no `Accept`, `*/*` and `application/json`
+//! included), where every GraphQL answer is a 200.
+
+use async_graphql::{BatchRequest, Request, Response};
+use axum::{
+    body::{Body, Bytes},
+    extract::{RawQuery, State},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response as HttpResponse},
+};
+use serde::Deserialize;
+
+use super::{Http, error_response, graphiql_page};
+use crate::{
+    auth::Viewer,
+    gateway::{Admitted, Refusal, code_of},
+};
+
+/// The media type a response is sent as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Media {
+    /// `application/graphql-response+json`: status codes tell request errors apart.
+    GraphqlResponse,
+    /// `application/json`: the legacy type, every GraphQL answer a 200.
+    Json,
+}
+
+impl Media {
+    fn content_type(self) -> HeaderValue {
+        HeaderValue::from_static(match self {
+            Self::GraphqlResponse => "application/graphql-response+json; charset=utf-8",
+            Self::Json => "application/json; charset=utf-8",
+        })
+    }
+}
+
+/// The media type `Accept` prefers; `None` when it accepts neither (406).
+/// Without `Accept`, as the spec says, `application/json`.
+fn negotiate(headers: &HeaderMap) -> Option<Media> {
+    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else { return Some(Media::Json) };
+    let mut best: Option<(f32, Media)> = None;
+    for range in accept.split(',') {
+        let mut parts = range.split(';');
+        let media = match parts.next().unwrap_or_default().trim().to_ascii_lowercase().as_str() {
+            "application/graphql-response+json" => Media::GraphqlResponse,
+            "application/json" | "application/*" | "*/*" => Media::Json,
+            _ => continue,
+        };
+        let q = parts.find_map(|p| p.trim().strip_prefix("q=")?.parse::<f32>().ok()).unwrap_or(1.0);
+        // On a tie the newer, more precise type wins.
+        let better = match best {
+            None => true,
+            Some((best_q, best_media)) => {
+                q > best_q || (q == best_q && media == Media::GraphqlResponse && best_media == Media::Json)
+            }
+        };
+        if q > 0.0 && better {
+            best = Some((q, media));
+        }
+    }
+    best.map(|(_, media)| media)
+}
+
+/// Whether `Accept` asks for an HTML page before anything else (a browser
+/// navigating to `/graphql`).
+fn wants_html(headers: &HeaderMap) -> bool {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    accept.split(',').next().is_some_and(|first| first.trim().starts_with("text/html"))
+}
+
+fn viewer(http: &Http, headers: &HeaderMap) -> Viewer {
+    http.app.keys.viewer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
+}
+
+/// Whether a response is a request error: nothing ran, so there is no data
+/// (a field error always has a path; a request error never has one).
+fn is_request_error(response: &Response) -> bool {
+    !response.errors.is_empty()
+        && response.data == async_graphql::Value::Null
+        && response.errors.iter().all(|e| e.path.is_empty())
+}
+
+/// One response as HTTP, by the rules of `media`.
+fn respond(media: Media, response: Response) -> HttpResponse {
+    let request_error = is_request_error(&response);
+    let status =
+        if request_error && media == Media::GraphqlResponse { StatusCode::BAD_REQUEST } else { StatusCode::OK };
+    let body = if request_error && media == Media::GraphqlResponse {
+        // No `data` at all: the request never ran.
+        serde_json::json!({ "errors": response.errors })
+    } else {
+        serde_json::to_value(&response).unwrap_or_default()
+    };
+    with_type(status, media, &body)
+}
+
+fn with_type(status: StatusCode, media: Media, body: &serde_json::Value) -> HttpResponse {
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, media.content_type());
+    response
+}
+
+/// A refusal as HTTP: 503 for a full server, 400 for a request that is not
+/// one (`BAD_REQUEST`), else as any request error of `media`.
+fn refused(media: Media, refusal: Refusal) -> HttpResponse {
+    match &refusal {
+        Refusal::Overloaded => error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "OVERLOADED",
+            "the server is at its limit of requests in flight, try again",
+        ),
+        Refusal::Request(error) if code_of(error) == Some("BAD_REQUEST") => {
+            let body = serde_json::json!({ "errors": [error] });
+            with_type(StatusCode::BAD_REQUEST, media, &body)
+        }
+        Refusal::Request(_) => respond(media, refusal.into_response()),
+    }
+}
+
+fn not_acceptable() -> HttpResponse {
+    error_response(
+        StatusCode::NOT_ACCEPTABLE,
+        "NOT_ACCEPTABLE",
+        "accept application/graphql-response+json or application/json",
+    )
+}
+
+/// The parameters of a GET request, as the spec names them.
+#[derive(Deserialize)]
+struct GetParams {
+    #[serde(default)]
+    query: String,
+    #[serde(rename = "operationName")]
+    operation_name: Option<String>,
+    variables: Option<String>,
+    extensions: Option<String>,
+}
+
+/// `GET /graphql`: a query from the URL, or GraphiQL for a browser that
+/// asks for a page and no query.
+pub async fn get(State(http): State<Http>, headers: HeaderMap, RawQuery(query): RawQuery) -> HttpResponse {
+    if query.as_deref().is_none_or(str::is_empty) && wants_html(&headers) {
+        return graphiql_page(State(http)).await.into_response();
+    }
+    let Some(media) = negotiate(&headers) else { return not_acceptable() };
+    let request = match parse_get(query.as_deref().unwrap_or_default()) {
+        Ok(request) => request,
+        Err(message) => {
+            let body =
+                serde_json::json!({ "errors": [{ "message": message, "extensions": { "code": "BAD_REQUEST" } }] });
+            return with_type(StatusCode::BAD_REQUEST, media, &body);
+        }
+    };
+    let prepared = match http.gateway.prepare(request, viewer(&http, &headers)) {
+        Ok(prepared) => prepared,
+        Err(refusal) => return refused(media, refusal),
+    };
+    // GET must be safe: a mutation (or a subscription) only by POST.
+    if prepared.kind() != async_graphql::parser::types::OperationType::Query {
+        let body = serde_json::json!({ "errors": [{
+            "message": format!("a {} cannot be sent by GET; use POST", prepared.kind()),
+            "extensions": { "code": "BAD_REQUEST" }
+        }] });
+        let mut response = with_type(StatusCode::METHOD_NOT_ALLOWED, media, &body);
+        response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return response;
+    }
+    match prepared.admit() {
+        Ok(admitted) => respond(media, admitted.execute().await),
+        Err(refusal) => refused(media, refusal),
+    }
+}
+
+fn parse_get(query: &str) -> Result<Request, String> {
+    let params: GetParams = serde_urlencoded::from_str(query).map_err(|err| format!("bad query string: {err}"))?;
+    let mut request = Request::new(params.query);
+    request.operation_name = params.operation_name;
+    request.variables = json_param("variables", params.variables)?.unwrap_or_default();
+    request.extensions = json_param("extensions", params.extensions)?.unwrap_or_default();
+    Ok(request)
+}
+
+/// A GET parameter that holds a JSON object, if given.
+fn json_param<T: serde::de::DeserializeOwned>(name: &str, text: Option<String>) -> Result<Option<T>, String> {
+    text.filter(|t| !t.is_empty())
+        .map(|t| serde_json::from_str(&t).map_err(|err| format!("{name} is not a JSON object: {err}")))
+        .transpose()
+}
+
+/// Whether a `Content-Type` is JSON in UTF-8 (the spec's request type).
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()) else { return false };
+    let mut parts = value.split(';');
+    let json = parts.next().is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"));
+    let utf8 = parts.all(|param| match param.trim().split_once('=') {
+        Some((name, value)) if name.trim().eq_ignore_ascii_case("charset") => {
+            value.trim().trim_matches('"').eq_ignore_ascii_case("utf-8")
+        }
+        _ => true,
+    });
+    json && utf8
+}
+
+/// A GraphQL request or, when the body is a JSON array, a batch. Deciding
+/// by the first byte spares serde's untagged-enum buffering, which copies
+/// every string of the body once more before it is read.
+fn parse_body(body: &[u8]) -> serde_json::Result<BatchRequest> {
+    match body.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'[') => serde_json::from_slice(body).map(BatchRequest::Batch),
+        _ => serde_json::from_slice(body).map(BatchRequest::Single),
+    }
+}
+
+/// Reads the body within the body limit: 413 past it.
+async fn read_body(body: Body, limit: usize) -> Result<Bytes, HttpResponse> {
+    axum::body::to_bytes(body, limit).await.map_err(|err| {
+        let too_large =
+            std::error::Error::source(&err).is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            let message = format!("the body is larger than the limit of {limit} bytes");
+            error_response(StatusCode::PAYLOAD_TOO_LARGE, "REQUEST_TOO_LARGE", &message)
+        } else {
+            error_response(StatusCode::BAD_REQUEST, "BAD_REQUEST", "the body could not be read")
+        }
+    })
+}
+
+/// `POST /graphql`: a request or a batch (a JSON array of requests). A body
+/// that is not JSON is 415, not a GraphQL request 400, over the limit 413,
+/// and a full server 503.
+pub async fn post(State(http): State<Http>, headers: HeaderMap, body: Body) -> HttpResponse {
+    let Some(media) = negotiate(&headers) else { return not_acceptable() };
+    if !is_json(&headers) {
+        return error_response(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "BAD_REQUEST",
+            "send the request as Content-Type: application/json (UTF-8)",
+        );
+    }
+    let body = match read_body(body, http.app.limits.body_limit).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    let bad_request = |message: String| {
+        let body = serde_json::json!({ "errors": [{ "message": message, "extensions": { "code": "BAD_REQUEST" } }] });
+        with_type(StatusCode::BAD_REQUEST, media, &body)
+    };
+    let batch = match parse_body(&body) {
+        Ok(batch) => batch,
+        Err(err) => return bad_request(format!("the body is not a GraphQL request: {err}")),
+    };
+    let (single, requests) = match batch {
+        BatchRequest::Single(request) => (true, vec![request]),
+        BatchRequest::Batch(requests) if requests.len() > http.app.limits.max_batch => {
+            return bad_request(format!("a batch may hold at most {} operations", http.app.limits.max_batch));
+        }
+        BatchRequest::Batch(requests) if requests.is_empty() => {
+            return bad_request("the body is not a GraphQL request: an empty batch".to_owned());
+        }
+        BatchRequest::Batch(requests) => (false, requests),
+    };
+    let viewer = viewer(&http, &headers);
+    let mut admitted: Vec<Result<Admitted, Refusal>> = Vec::with_capacity(requests.len());
+    for request in requests {
+        let admission = http.gateway.admit(request, viewer.clone());
+        match admission {
+            // Whatever was admitted is dropped unrun, its permits given back.
+            Err(Refusal::Overloaded) => return refused(media, Refusal::Overloaded),
+            Err(Refusal::Request(error)) if single || code_of(&error) == Some("BAD_REQUEST") => {
+                return refused(media, Refusal::Request(error));
+            }
+            admission => admitted.push(admission),
+        }
+    }
+    let responses = futures::future::join_all(admitted.into_iter().map(|admission| async move {
+        match admission {
+            Ok(admitted) => admitted.execute().await,
+            Err(refusal) => refusal.into_response(),
+        }
+    }))
+    .await;
+    if single {
+        return respond(media, responses.into_iter().next().unwrap_or_default());
+    }
+    // A batch is not in the spec; every member answers in one 200.
+    let body = serde_json::to_value(&responses).unwrap_or_default();
+    with_type(StatusCode::OK, media, &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(value: &str) -> Option<Media> {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::ACCEPT, HeaderValue::from_str(value).expect("header"));
+        negotiate(&headers)
+    }
+
+    #[test]
+    fn accept_is_negotiated_as_the_spec_says() {
+        assert_eq!(negotiate(&HeaderMap::new()), Some(Media::Json), "no Accept: application/json");
+        assert_eq!(accept("application/json"), Some(Media::Json));
+        assert_eq!(accept("*/*"), Some(Media::Json));
+        assert_eq!(accept("application/graphql-response+json"), Some(Media::GraphqlResponse));
+        // Apollo Client's and urql's default.
+        assert_eq!(accept("application/graphql-response+json, application/json;q=0.9"), Some(Media::GraphqlResponse));
+        assert_eq!(accept("application/json, application/graphql-response+json;q=0.5"), Some(Media::Json));
+        assert_eq!(accept("text/html"), None);
+        assert_eq!(accept("application/graphql-response+json;q=0"), None);
+    }
+
+    #[test]
+    fn only_utf8_json_is_a_request_body() {
+        let content = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(value).expect("header"));
+            is_json(&headers)
+        };
+        assert!(content("application/json"));
+        assert!(content("application/json; charset=utf-8"));
+        assert!(content("Application/JSON; charset=\"UTF-8\""));
+        assert!(!content("application/json; charset=latin1"));
+        assert!(!content("text/plain"));
+        assert!(!content("application/x-www-form-urlencoded"));
+        assert!(!is_json(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn get_parameters_are_read_by_their_spec_names() {
+        let request = parse_get("query=query%20Q%20%7B%20__typename%20%7D&operationName=Q&variables=%7B%22a%22%3A1%7D")
+            .expect("parsed");
+        assert_eq!(request.query, "query Q { __typename }");
+        assert_eq!(request.operation_name.as_deref(), Some("Q"));
+        assert!(parse_get("variables=%5B1%5D").is_err(), "variables must be an object");
+    }
+}
