@@ -40,9 +40,17 @@ use rand::{Rng as _, SeedableRng as _, rngs::SmallRng, seq::IndexedRandom as _};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::auth::{Keys, Role};
-use support::{Gql, Server, ThrowAway, server_binary, status_kb};
+use support::{
+    ServerProcess, ThrowAway,
+    client::{Gql, Outcome},
+    documents::{CANCEL, CHANGE_ADDRESS, CONFIRM, EXTEND, PLACE_ORDER, RELEASE, RESERVE, RESERVE_MANY},
+    server_binary, status_kb,
+};
 use uuid::Uuid;
 
+// Each example compiles its own copy of `support` and uses only part of it,
+// so what the other example uses would read as dead code here.
+#[allow(dead_code, reason = "shared with the benchmark, which uses other parts")]
 mod support;
 
 #[derive(Parser, Debug)]
@@ -77,55 +85,7 @@ const TTL_SECS: u32 = 2;
 const SWEEP_INTERVAL_MS: u32 = 200;
 
 // ---------------------------------------------------------------------------
-// The server under test
-
-// ---------------------------------------------------------------------------
-// GraphQL over HTTP
-
-/// How one request ended: a union member's `__typename`, or an error
-/// (an `extensions.code`, or what went wrong over HTTP).
-enum Outcome {
-    Ok(String, Value),
-    Error(String),
-}
-
-/// One operation; `data.<field>` when it has a `__typename`.
-async fn call(gql: &Gql, token: &str, query: &str, variables: Value, field: &str) -> Outcome {
-    let (status, body) = match gql.post(token, query, variables).await {
-        Ok(answer) => answer,
-        Err(err) => return Outcome::Error(err),
-    };
-    let Some(body) = body else { return Outcome::Error(format!("HTTP {} (no JSON)", status.as_u16())) };
-    if let Some(error) = body["errors"].as_array().and_then(|errors| errors.first()) {
-        return Outcome::Error(error["extensions"]["code"].as_str().unwrap_or("no code").to_owned());
-    }
-    if !status.is_success() {
-        return Outcome::Error(format!("HTTP {}", status.as_u16()));
-    }
-    match body["data"][field]["__typename"].as_str() {
-        Some(name) => Outcome::Ok(name.to_owned(), body["data"][field].clone()),
-        None => Outcome::Error(format!("no data.{field}")),
-    }
-}
-
-const RESERVE: &str = r#"mutation($i: ReserveInput!) { reserve(input: $i) { __typename
-  ... on Reserved { reservation { id } inventory { id version } }
-  ... on Conflict { inventory { id version } }
-  ... on SoldOut { inventory { id version } } } }"#;
-const RESERVE_MANY: &str = r#"mutation($i: ReserveManyInput!) { reserveMany(input: $i) { __typename
-  ... on ReservedAll { reservations { id } } } }"#;
-const RELEASE: &str = r#"mutation($id: UUID!) { releaseReservation(id: $id) { __typename
-  ... on ReservationNotActive { reservation { status } } } }"#;
-const EXTEND: &str = r#"mutation($id: UUID!, $s: Int!) { extendReservation(id: $id, seconds: $s) { __typename
-  ... on ReservationNotActive { reservation { status } } } }"#;
-const PLACE_ORDER: &str = r#"mutation($i: PlaceOrderInput!) { placeOrder(input: $i) { __typename
-  ... on OrderPlaced { order { id version } } } }"#;
-const CONFIRM: &str = "mutation($id: UUID!) { confirmOrder(id: $id) { __typename } }";
-const CANCEL: &str = "mutation($id: UUID!) { cancelOrder(id: $id) { __typename } }";
-const CHANGE_ADDRESS: &str = r#"mutation($i: ChangeShippingAddressInput!) { changeShippingAddress(input: $i) {
-  __typename
-  ... on ShippingAddressChanged { order { version } }
-  ... on OrderVersionConflict { current { version } } } }"#;
+// What the clients send
 
 fn address(rng: &mut SmallRng) -> Value {
     let n: u32 = rng.random_range(1..10_000);
@@ -258,7 +218,7 @@ struct Client {
 impl Client {
     async fn call(&mut self, op: Op, token: Option<&str>, query: &str, variables: Value, field: &str) -> Outcome {
         let token = token.unwrap_or(&self.token).to_owned();
-        let outcome = call(&self.shared.gql, &token, query, variables, field).await;
+        let outcome = self.shared.gql.call(&token, query, variables, field).await;
         self.shared.requests.fetch_add(1, Ordering::Relaxed);
         self.tally.record(op, &outcome);
         outcome
@@ -436,12 +396,8 @@ async fn seed(gql: &Gql, operator: &str) -> anyhow::Result<Vec<Uuid>> {
     let mut ids = Vec::with_capacity(INVENTORIES);
     for i in 0..INVENTORIES {
         let stock = if i < SCARCE { 20 } else { 1_000_000_000 };
-        let input = json!({ "sku": format!("SOAK-{i:02}"), "name": format!("soak item {i}"), "stock": stock });
-        let query = "mutation($i: CreateInventoryInput!) { createInventory(input: $i) { __typename id } }";
-        match call(gql, operator, query, json!({ "i": input }), "createInventory").await {
-            Outcome::Ok(_, data) => ids.push(data["id"].as_str().context("an id")?.parse()?),
-            Outcome::Error(err) => bail!("seeding failed: {err}"),
-        }
+        let created = gql.create_inventory(operator, &format!("SOAK-{i:02}"), &format!("soak item {i}"), stock).await;
+        ids.push(created.context("seeding failed")?);
     }
     Ok(ids)
 }
@@ -470,7 +426,7 @@ async fn soak(args: &Args, server_bin: &Path, database_url: &str, log: &Path) ->
         ("STOCKGUARD_RESERVATION_TTL_SECS", TTL_SECS.to_string()),
         ("STOCKGUARD_SWEEP_INTERVAL_MS", SWEEP_INTERVAL_MS.to_string()),
     ];
-    let server = Server::start(server_bin, database_url, &secret, &env, log_file.into())
+    let server = ServerProcess::start(server_bin, database_url, &secret, &env, log_file.into())
         .await
         .with_context(|| format!("server log: {}", log.display()))?;
     let gql = Gql::new(&server.url, args.clients)?;

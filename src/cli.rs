@@ -13,7 +13,9 @@ use crate::{
     config::{DEFAULT_DATABASE_URL, DatabaseConfig, LogFormat, ServeConfig},
     db,
     embedded::EmbeddedPostgres,
-    http, invariant, schema, seed, telemetry,
+    http, invariant, schema, seed,
+    server::Server,
+    telemetry,
 };
 
 /// The port of the private PostgreSQL, away from the usual 5432 and 5433.
@@ -202,8 +204,9 @@ async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::
         }
     }
     let state = AppState::new(database.conn.clone(), keys, config.limits.clone());
-    let workers = state.spawn_workers();
-    let router = http::router(state, dev_tokens.as_ref().map(|(op, _)| op.as_str()));
+    let server = Server::new(state);
+    let workers = server.spawn_workers();
+    let router = http::router(&server, dev_tokens.as_ref().map(|(op, _)| op.as_str()));
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("cannot listen on {}", config.addr))?;

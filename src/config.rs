@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use clap::{Args, ValueEnum};
+use clap::{Args, Command, FromArgMatches, ValueEnum};
 
 /// The default database when `DATABASE_URL` is not set: the local server, if one listens.
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/stockguard";
@@ -176,37 +176,29 @@ pub struct Limits {
 }
 
 impl Default for Limits {
+    /// The limits of a server started without flags or environment: the
+    /// `default_value`s above are the only place a default is written.
     fn default() -> Self {
-        Self {
-            max_quantity: 1000,
-            max_page_size: 100,
-            max_depth: 12,
-            max_complexity: 2000,
-            max_tokens: 5000,
-            body_limit: 64 * 1024,
-            max_connections: 1024,
-            header_read_timeout_ms: 10_000,
-            idle_timeout_ms: 60_000,
-            request_timeout_ms: 30_000,
-            ws_init_timeout_ms: 10_000,
-            ws_keepalive_ms: 15_000,
-            max_subscriptions_per_socket: 100,
-            max_subscriptions: 10_000,
-            cors_origins: Vec::new(),
-            max_batch: 10,
-            max_in_flight: 512,
-            order_locking: OrderLocking::Optimistic,
-            lock_timeout_ms: 2000,
-            reservation_ttl_secs: 900,
-            max_reservation_ttl_secs: 3600,
-            sweep_interval_ms: 1000,
-            sweep_batch: 500,
-            coalesce: true,
-            coalesce_max_batch: 64,
-            coalesce_window_us: 0,
-            collision_attempts: 20,
-        }
+        defaults()
     }
+}
+
+impl Default for DatabaseConfig {
+    /// The settings of a server started without flags or environment
+    /// (no `DATABASE_URL`).
+    fn default() -> Self {
+        defaults()
+    }
+}
+
+/// `T` as an empty command line parses it, with every environment variable
+/// ignored: what the defaults are, not what this process happens to be given.
+fn defaults<T: Args + FromArgMatches>() -> T {
+    let command = T::augment_args(Command::new("stockguard")).mut_args(|arg| arg.env(None));
+    let parsed = command.try_get_matches_from(["stockguard"]).and_then(|matches| T::from_arg_matches(&matches));
+    // Every argument has a default or is optional, so an empty command line
+    // always parses; the unit test below runs this for each type.
+    parsed.expect("an empty command line parses")
 }
 
 /// How order transitions (confirm, cancel) guard against concurrent writers.
@@ -252,4 +244,20 @@ pub struct ServeConfig {
 
     #[command(flatten)]
     pub limits: Limits,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_the_command_line_defaults() {
+        let limits = Limits::default();
+        assert_eq!((limits.max_quantity, limits.max_page_size, limits.body_limit), (1000, 100, 64 * 1024));
+        assert_eq!(limits.order_locking, OrderLocking::Optimistic);
+        assert!(limits.coalesce);
+        let database = DatabaseConfig::default();
+        assert_eq!((database.database_url, database.pool_size), (None, 16));
+        assert_eq!(database.data_dir, PathBuf::from(".stockguard/postgres"));
+    }
 }

@@ -37,6 +37,8 @@ pub enum DbFailure {
     LockNotAvailable,
     /// 57014: `statement_timeout` ran out or the statement was cancelled.
     StatementTimeout,
+    /// 42P04: `CREATE DATABASE` of a name that exists.
+    DuplicateDatabase,
     /// The server could not be reached, the connection was lost, or no pooled
     /// connection was free in time.
     Unavailable,
@@ -55,6 +57,7 @@ impl DbFailure {
             Self::Deadlock => "deadlock",
             Self::LockNotAvailable => "lock_timeout",
             Self::StatementTimeout => "statement_timeout",
+            Self::DuplicateDatabase => "duplicate_database",
             Self::Unavailable => "unavailable",
             Self::Other => "other",
         }
@@ -88,6 +91,7 @@ pub fn classify(err: &DbErr) -> DbFailure {
                 Some("40P01") => DbFailure::Deadlock,
                 Some("55P03") => DbFailure::LockNotAvailable,
                 Some("57014") => DbFailure::StatementTimeout,
+                Some("42P04") => DbFailure::DuplicateDatabase,
                 // 08xxx connection exceptions; 57P01..57P03: the backend was
                 // terminated, the server is shutting down or not yet accepting.
                 Some(code) if code.starts_with("08") || code.starts_with("57P") => DbFailure::Unavailable,
@@ -205,16 +209,11 @@ pub async fn ensure_database(url: &str) -> Result<(), DbErr> {
         match admin.execute_unprepared(&format!("CREATE DATABASE \"{quoted}\"")).await {
             Ok(_) => tracing::info!(database = %name, "created database"),
             // Another process created it between our look and our CREATE.
-            Err(err) if is_duplicate_database(&err) => {}
+            Err(err) if classify(&err) == DbFailure::DuplicateDatabase => {}
             Err(err) => return Err(err),
         }
     }
     admin.close().await
-}
-
-fn is_duplicate_database(err: &DbErr) -> bool {
-    matches!(err, DbErr::Exec(RuntimeErr::SqlxError(e))
-        if matches!(e.as_ref(), sqlx::Error::Database(d) if d.code().as_deref() == Some("42P04")))
 }
 
 /// Opens the pool. Every connection gets the `statement_timeout`, so no

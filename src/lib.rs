@@ -23,6 +23,8 @@ pub mod error;
 pub mod gateway;
 /// The axum router and server: `/graphql`, `/graphql/ws`, GraphiQL, health, metrics, bounded connections, shutdown.
 pub mod http;
+/// Idempotency keys for every operation: fingerprints, first uses, replays.
+pub mod idempotency;
 /// The DESIGN.md invariant, checked from the tables and the stock ledger.
 pub mod invariant;
 /// Inventories: reading, creating, restocking, and the per-request DataLoader.
@@ -33,12 +35,16 @@ pub mod live;
 pub mod orders;
 /// Relay cursor pagination shared by every connection.
 pub mod pagination;
-/// Reservations: the one-statement `reserve`, multi-item batches, idempotency keys, expiry and the sweeper.
+/// Reservations: `reserve` alone or coalesced, multi-item requests, release, expiry and the sweeper.
 pub mod reservations;
 /// The GraphQL schema assembled from the feature modules.
 pub mod schema;
 /// Demo inventory for an empty database.
 pub mod seed;
+/// The composition root: each feature's runtime state, the schema, the workers, a request's data.
+pub mod server;
+/// Every statement that changes stock, built from one set of fragments.
+pub mod stock;
 /// Logs, spans per GraphQL operation, and Prometheus metrics.
 pub mod telemetry;
 /// Input checks that turn bad input into `BAD_USER_INPUT` before anything runs.

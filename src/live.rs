@@ -23,12 +23,10 @@ use std::{
     time::Duration,
 };
 
-use chrono::{DateTime, Utc};
 use futures::{StreamExt, stream::BoxStream};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement, sqlx::postgres::PgListener,
 };
-use serde::Deserialize;
 use tokio::{
     sync::{Mutex, broadcast, watch},
     task::JoinHandle,
@@ -42,32 +40,6 @@ const CHANNEL: &str = "inventory_changed";
 
 /// Announcements buffered per process before slow subscribers skip ahead.
 const BUFFER: usize = 4096;
-
-/// The payload the trigger sends: the row as committed.
-#[derive(Debug, Deserialize)]
-struct Announcement {
-    id: Uuid,
-    sku: String,
-    name: String,
-    stock: i32,
-    version: i32,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-}
-
-impl From<Announcement> for InventoryRow {
-    fn from(a: Announcement) -> Self {
-        Self {
-            id: a.id,
-            sku: a.sku,
-            name: a.name,
-            stock: a.stock,
-            version: a.version,
-            created_at: a.created_at,
-            updated_at: a.updated_at,
-        }
-    }
-}
 
 /// The in-process fan-out of committed inventory changes.
 #[derive(Clone)]
@@ -179,9 +151,10 @@ async fn listen(
         let Some(notification) = listener.try_recv().await? else {
             return Err(sea_orm::sqlx::Error::Protocol("the listening connection closed".into()));
         };
-        match serde_json::from_str::<Announcement>(notification.payload()) {
+        // The trigger sends the row as committed, one key per column.
+        match serde_json::from_str::<InventoryRow>(notification.payload()) {
             // No receivers is fine: nobody in this process is watching.
-            Ok(announcement) => drop(sender.send(announcement.into())),
+            Ok(row) => drop(sender.send(row)),
             Err(err) => tracing::warn!(error = %err, "unreadable inventory announcement"),
         }
     }

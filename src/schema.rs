@@ -1,19 +1,21 @@
-//! The GraphQL schema, merged from the feature modules, and what each request
-//! brings to it. It does not know about HTTP: the gateway puts the caller and
-//! fresh DataLoaders ([`request_data`]) into each request.
+//! The GraphQL schema, merged from the feature modules. It does not know about
+//! HTTP: the gateway puts the caller and fresh DataLoaders into each request
+//! (`server::request_data`), and `server.rs` builds the features' runtime
+//! state it is given.
 
-use async_graphql::{MergedObject, MergedSubscription, Schema, dataloader::DataLoader};
+use async_graphql::{MergedObject, MergedSubscription, Schema};
 
 use crate::{
     app::AppState,
     config::Limits,
     documents, gateway,
     inventory::graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
-    inventory::loader::{InventoryBySkuLoader, InventoryLoader},
+    live::LiveStock,
     orders::graphql::{OrderMutation, OrderQuery},
-    orders::loader::{OrderLinesLoader, OrderLoader},
-    reservations::graphql::{ReservationMutation, ReservationQuery},
-    reservations::loader::ReservationLoader,
+    reservations::{
+        graphql::{ReservationMutation, ReservationQuery},
+        service::ReservationService,
+    },
     telemetry,
 };
 
@@ -41,21 +43,17 @@ fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, Sub
         .limit_recursive_depth(documents::MAX_NESTING)
 }
 
-/// The schema over `state`, with the configured depth and complexity limits.
-pub fn build(state: AppState) -> AppSchema {
+/// The schema over `state` and the features' runtime state, with the
+/// configured depth and complexity limits.
+pub fn build(state: AppState, reservations: ReservationService, live: LiveStock) -> AppSchema {
     let limits = state.limits.clone();
-    builder(&limits).data(state).extension(telemetry::Observe).extension(gateway::ErrorCodes).finish()
-}
-
-/// `request` with its own DataLoaders, so nothing is cached past it.
-pub fn request_data(app: &AppState, request: async_graphql::Request) -> async_graphql::Request {
-    let db = &app.db;
-    request
-        .data(DataLoader::new(InventoryLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(InventoryBySkuLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(ReservationLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(OrderLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(OrderLinesLoader { db: db.clone() }, tokio::spawn))
+    builder(&limits)
+        .data(state)
+        .data(reservations)
+        .data(live)
+        .extension(telemetry::Observe)
+        .extension(gateway::ErrorCodes)
+        .finish()
 }
 
 /// Depth allowed to introspection-only requests. GraphiQL's own schema query
@@ -64,7 +62,8 @@ pub fn request_data(app: &AppState, request: async_graphql::Request) -> async_gr
 pub const INTROSPECTION_DEPTH: usize = 20;
 
 /// The same schema for requests that only introspect, with the looser depth
-/// bound [`INTROSPECTION_DEPTH`].
+/// bound [`INTROSPECTION_DEPTH`]. Introspection resolves no feature's field,
+/// so it carries only the shared state.
 pub fn build_for_introspection(state: AppState) -> AppSchema {
     let limits = Limits { max_depth: state.limits.max_depth.max(INTROSPECTION_DEPTH), ..state.limits.clone() };
     builder(&limits).data(state).extension(telemetry::Observe).extension(gateway::ErrorCodes).finish()

@@ -4,7 +4,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, Paginator
 
 use crate::{
     error::AppError,
-    inventory::{entity::Entity as Inventories, store},
+    inventory::{entity::Entity as Inventories, service},
 };
 
 /// SKU, name and stock of the demo items.
@@ -20,7 +20,7 @@ const DEMO: &[(&str, &str, i32)] = &[
 pub async fn seed(db: &DatabaseConnection) -> Result<usize, AppError> {
     let mut added = 0;
     for (sku, name, stock) in DEMO {
-        match store::create(db, sku, name, *stock).await {
+        match service::create(db, sku, name, *stock).await {
             Ok(_) => added += 1,
             Err(AppError::BadInput { .. }) => {} // SKU already there
             Err(err) => return Err(err),

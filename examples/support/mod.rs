@@ -1,6 +1,10 @@
-//! What the benchmark and the soak share: the server under test as a child
-//! process, building it, its memory, throw-away databases, and a GraphQL
-//! client for many concurrent callers.
+//! What the benchmark, its load tool and the soak share: the server under
+//! test as a child process, building it, its memory, throw-away databases,
+//! the one GraphQL client ([`client`]) and every document they send
+//! ([`documents`]).
+
+pub mod client;
+pub mod documents;
 
 use std::{
     net::TcpListener,
@@ -10,14 +14,12 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use reqwest::StatusCode;
 use sea_orm::sqlx::{self, Connection as _, postgres::PgConnection};
-use serde_json::{Value, json};
 use tokio::process::Child;
 use uuid::Uuid;
 
 /// A `stockguard serve` child process on a free port.
-pub struct Server {
+pub struct ServerProcess {
     child: Child,
     /// Its process id.
     pub pid: u32,
@@ -25,7 +27,7 @@ pub struct Server {
     pub url: String,
 }
 
-impl Server {
+impl ServerProcess {
     /// Starts `bin` against `database_url` with `secret` and the extra
     /// environment `env`, its log to `stderr`, and waits (60 s at most) until
     /// `/readyz` answers.
@@ -182,39 +184,4 @@ async fn drop_database(base: &str, name: &str) -> anyhow::Result<()> {
         .await?;
     conn.close().await?;
     Ok(())
-}
-
-/// GraphQL over HTTP for many concurrent callers: keep-alive connections
-/// (one per caller), TCP_NODELAY, a 30 s timeout.
-pub struct Gql {
-    pub http: reqwest::Client,
-    pub url: String,
-}
-
-impl Gql {
-    /// A client of the server at `base` for `clients` concurrent callers.
-    pub fn new(base: &str, clients: usize) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(clients + 16)
-            .tcp_nodelay(true)
-            .timeout(Duration::from_secs(30))
-            .build()?;
-        Ok(Self { http, url: format!("{base}/graphql") })
-    }
-
-    /// Posts one operation: the HTTP status and the body when it is JSON. A
-    /// request that got no answer is `HTTP timeout` or `HTTP transport`.
-    pub async fn post(
-        &self,
-        token: &str,
-        query: &str,
-        variables: Value,
-    ) -> Result<(StatusCode, Option<Value>), String> {
-        let sent =
-            self.http.post(&self.url).bearer_auth(token).json(&json!({ "query": query, "variables": variables }));
-        let response =
-            sent.send().await.map_err(|e| format!("HTTP {}", if e.is_timeout() { "timeout" } else { "transport" }))?;
-        let status = response.status();
-        Ok((status, response.json().await.ok()))
-    }
 }

@@ -50,12 +50,16 @@ struct Inner {
     acquire_timeout: Duration,
 }
 
-/// One leased connection; only [`Lease::give_back`] returns it to the pool,
-/// so a lease dropped halfway through a statement closes its connection.
+/// One leased connection; only [`Lease::give_back_unless_broken`] returns it
+/// to the pool, so a lease dropped halfway through a statement closes its
+/// connection.
 struct Lease<'a> {
+    /// The pool the connection goes back to.
     pool: &'a Inner,
-    conn: Option<PgConnection>,
-    _permit: OwnedSemaphorePermit,
+    /// The connection, in use by one statement.
+    conn: PgConnection,
+    /// The pool's permit for it, given up only after the connection is back.
+    permit: OwnedSemaphorePermit,
 }
 
 impl StatementPool {
@@ -110,10 +114,10 @@ impl Inner {
         // Newest first: the connection most likely to be alive and warm.
         while let Some((mut conn, since)) = self.pop_idle() {
             if since.elapsed() < PING_AFTER_IDLE {
-                return Ok(Lease { pool: self, conn: Some(conn), _permit: permit });
+                return Ok(Lease { pool: self, conn, permit });
             }
             if let Ok(Ok(())) = tokio::time::timeout_at(deadline.into(), conn.ping()).await {
-                return Ok(Lease { pool: self, conn: Some(conn), _permit: permit });
+                return Ok(Lease { pool: self, conn, permit });
             }
             // Dead or too slow: let it go and try the next.
         }
@@ -121,7 +125,7 @@ impl Inner {
             .await
             .map_err(|_| DbErr::ConnectionAcquire(ConnAcquireErr::Timeout))?
             .map_err(conn_err)?;
-        Ok(Lease { pool: self, conn: Some(conn), _permit: permit })
+        Ok(Lease { pool: self, conn, permit })
     }
 
     fn pop_idle(&self) -> Option<(PgConnection, Instant)> {
@@ -131,19 +135,20 @@ impl Inner {
 
 impl Lease<'_> {
     fn conn(&mut self) -> &mut PgConnection {
-        // Set at creation and taken only by `give_back_unless_broken`, which consumes the lease.
-        self.conn.as_mut().unwrap_or_else(|| unreachable!("a lease always holds its connection"))
+        &mut self.conn
     }
 
     /// Puts the connection back unless `error` says it may be broken. An SQL
     /// error (a constraint, a collision) leaves it ready for the next
     /// statement; a lost connection, a terminated backend (57P01 arrives as an
     /// SQL error) or a protocol error does not.
-    fn give_back_unless_broken(mut self, error: Option<&DbErr>) {
-        let healthy = error.is_none_or(|err| classify(err) != DbFailure::Unavailable);
-        if let Some(conn) = self.conn.take().filter(|_| healthy) {
-            self.pool.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((conn, Instant::now()));
+    fn give_back_unless_broken(self, error: Option<&DbErr>) {
+        let Self { pool, conn, permit } = self;
+        if error.is_none_or(|err| classify(err) != DbFailure::Unavailable) {
+            pool.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((conn, Instant::now()));
         }
+        // The permit last: a waiter it wakes finds the connection idle.
+        drop(permit);
     }
 }
 

@@ -39,6 +39,7 @@ use crate::{
     auth::Viewer,
     documents::{Bounds, Checked, Documents, Introspection},
     schema::{self, AppSchema},
+    server::{self, Server},
 };
 
 /// Admits GraphQL operations; cheap to clone, one per server.
@@ -94,10 +95,11 @@ impl Refusal {
 }
 
 impl Gateway {
-    /// A gateway over `app`'s schema and limits.
-    pub fn new(app: AppState) -> Self {
+    /// A gateway over `server`'s schema and limits.
+    pub fn new(server: &Server) -> Self {
+        let app = server.state().clone();
         let bounds = Bounds { max_tokens: app.limits.max_tokens, max_selections: app.limits.max_complexity };
-        let schema = schema::build(app.clone());
+        let schema = server.schema();
         Self {
             shapes: Arc::new(Shapes::from_sdl(&schema.sdl())),
             introspection: schema::build_for_introspection(app.clone()),
@@ -138,7 +140,7 @@ impl Gateway {
         let completion =
             Completion { checked, operation_name: request.operation_name.clone(), kind, shapes: self.shapes.clone() };
         // Each operation gets its own DataLoaders, so nothing is cached past it.
-        let request = schema::request_data(&self.app, request.data(viewer));
+        let request = server::request_data(&self.app, request.data(viewer));
         Ok(Prepared { request, schema, completion, in_flight: self.in_flight.clone() })
     }
 

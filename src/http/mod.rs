@@ -28,7 +28,7 @@ use tower_http::{
 };
 
 pub use self::server::{ConnectionLimits, serve};
-use crate::{app::AppState, gateway::Gateway};
+use crate::{app::AppState, gateway::Gateway, server::Server};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -43,15 +43,16 @@ struct Http {
     subscriptions: ws::Subscriptions,
 }
 
-/// The router over `app`. `graphiql_token`, when given, is prefilled as the
+/// The router over `server`. `graphiql_token`, when given, is prefilled as the
 /// `Authorization` header of GraphiQL (only for a server with a throw-away
 /// secret on a loopback address, see `cli.rs`).
-pub fn router(app: AppState, graphiql_token: Option<&str>) -> Router {
+pub fn router(server: &Server, graphiql_token: Option<&str>) -> Router {
     crate::telemetry::install_metrics();
     let bearer = graphiql_token.map(|token| format!("Bearer {token}"));
+    let app = server.state().clone();
     let limits = app.limits.clone();
     let state = Http {
-        gateway: Gateway::new(app.clone()),
+        gateway: Gateway::new(server),
         app,
         graphiql: graphiql::Page::new(bearer.as_deref()),
         subscriptions: ws::Subscriptions::default(),

@@ -1,5 +1,5 @@
 //! GraphQL types and resolvers for inventories. Resolvers check the caller,
-//! parse the input and call one store function; no SQL here.
+//! parse the input and call one service or store function; no SQL here.
 
 use async_graphql::{
     Context, ErrorExtensions, InputObject, Object, SimpleObject, Subscription, Union, connection::Connection,
@@ -13,13 +13,14 @@ use super::{
     InventoryRow,
     loader::{InventoryBySkuLoader, InventoryLoader},
     movements::{self, MovementReason},
-    store::{self, RestockOutcome},
+    service::{self, RestockOutcome},
+    store,
 };
 use crate::{
     app::state,
     auth,
     error::{AppError, GqlResult, IntoGql},
-    live::WatchError,
+    live::{LiveStock, WatchError},
     pagination::{Cursor, Page, VersionCursor, connection},
     telemetry, validate,
 };
@@ -251,7 +252,7 @@ impl InventoryMutation {
         let sku = validate::text("input.sku", &input.sku, 64).gql()?;
         let name = validate::text("input.name", &input.name, 200).gql()?;
         let stock = validate::within("input.stock", input.stock, 0..=MAX_STOCK_CHANGE).gql()?;
-        Ok(Inventory(store::create(&state(ctx).db, &sku, &name, stock).await.gql()?))
+        Ok(Inventory(service::create(&state(ctx).db, &sku, &name, stock).await.gql()?))
     }
 
     /// Adds stock (operators). With `expectedVersion`, only if the row is
@@ -261,7 +262,7 @@ impl InventoryMutation {
         let quantity = validate::within("input.quantity", input.quantity, 1..=MAX_STOCK_CHANGE).gql()?;
         let app = state(ctx);
         let outcome =
-            store::restock(&app.db, &app.collisions, input.inventory_id, quantity, input.expected_version).await;
+            service::restock(&app.db, &app.collisions, input.inventory_id, quantity, input.expected_version).await;
         Ok(telemetry::counted(
             "restock",
             match outcome.gql()? {
@@ -291,8 +292,10 @@ impl InventorySubscription {
         ctx: &Context<'_>,
         id: Uuid,
     ) -> async_graphql::Result<BoxStream<'static, Inventory>> {
-        let app = state(ctx);
-        let changes = app.live.watch(app.db.clone(), id).await.map_err(|err| match err {
+        // The schema that serves introspection alone has no live stock, and
+        // runs no subscription.
+        let live = ctx.data::<LiveStock>().map_err(|_| AppError::Internal.extend())?;
+        let changes = live.watch(state(ctx).db.clone(), id).await.map_err(|err| match err {
             WatchError::NotFound => AppError::bad_input("id", "no inventory has this id").extend(),
             WatchError::Db(err) => AppError::from(err).extend(),
         })?;

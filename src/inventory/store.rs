@@ -1,17 +1,16 @@
-//! SQL for inventories. Every change of a row writes its stock-ledger entry in
-//! the same statement, so the ledger can never disagree with the row.
+//! SQL for inventories: reads, and running the `stock` statements that
+//! create and restock (each writes its ledger entry in the same statement,
+//! so the ledger can never disagree with the row). `service.rs` decides what
+//! a result means.
 
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
-    Statement,
-};
+use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, FromQueryResult, QueryFilter};
 use uuid::Uuid;
 
 use super::entity::{Column, Entity, Model};
 use crate::{
-    db::{Attempted, Collisions, DbFailure, classify},
-    error::AppError,
+    db::{Attempted, Collisions},
     pagination::{self, Page},
+    stock::receiving,
 };
 
 /// One inventory by id.
@@ -34,94 +33,31 @@ pub async fn page(db: &DatabaseConnection, page: Page) -> Result<Vec<Model>, DbE
     pagination::keyset(Entity::find(), Column::CreatedAt, Column::Id, page).all(db).await
 }
 
-/// A new inventory with its `CREATED` ledger entry, in one statement.
-/// A taken SKU is bad input.
-pub async fn create(db: &DatabaseConnection, sku: &str, name: &str, stock: i32) -> Result<Model, AppError> {
-    const SQL: &str = r#"
-WITH created AS (
-    INSERT INTO inventories (id, sku, name, stock, version)
-    VALUES ($1, $2, $3, $4, 1)
-    RETURNING id, sku, name, stock, version, created_at, updated_at
-), movement AS (
-    INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after)
-    SELECT id, stock, 'CREATED', stock, version FROM created
-)
-SELECT * FROM created"#;
-    let stmt = Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        SQL,
-        [Uuid::new_v4().into(), sku.into(), name.into(), stock.into()],
-    );
-    match db.query_one_raw(stmt).await {
-        Ok(Some(row)) => Ok(Model::from_query_result(&row, "")?),
-        Ok(None) => Err(AppError::Internal),
-        Err(err) if matches!(classify(&err), DbFailure::UniqueViolation(_)) => {
-            Err(AppError::bad_input("input.sku", format!("an inventory with sku {sku:?} already exists")))
-        }
-        Err(err) => Err(err.into()),
-    }
+/// Runs the creation of an inventory with its `CREATED` ledger entry; the row as created.
+pub async fn create(
+    db: &DatabaseConnection,
+    id: Uuid,
+    sku: &str,
+    name: &str,
+    stock: i32,
+) -> Result<Option<Model>, DbErr> {
+    db.query_one_raw(receiving::create(id, sku, name, stock))
+        .await?
+        .map(|row| Model::from_query_result(&row, ""))
+        .transpose()
 }
 
-/// How a restock ended.
-#[derive(Debug)]
-pub enum RestockOutcome {
-    /// Stock was added; the row as the statement left it.
-    Restocked(Model),
-    /// `expectedVersion` was stale (or collisions ran out); the latest row.
-    Conflict {
-        /// The version the client sent (or, without one, the version last seen).
-        expected_version: i32,
-        /// The latest committed row.
-        inventory: Model,
-    },
-    /// No inventory has that id.
-    NotFound,
-}
-
-/// Adds `quantity` units, optionally only if the row is still at `expected_version`.
+/// Runs a restock, re-run on collisions; the row as left when it matched.
 pub async fn restock(
     db: &DatabaseConnection,
     collisions: &Collisions,
     id: Uuid,
     quantity: i32,
     expected_version: Option<i32>,
-) -> Result<RestockOutcome, AppError> {
-    // A conditional UPDATE: the version check (when given) is in the WHERE, so
-    // two operators restocking from the same screen cannot both succeed; 0 rows
-    // means "not found or version moved", told apart by one read below.
-    const SQL: &str = r#"
-WITH restocked AS (
-    UPDATE inventories
-       SET stock = stock + $2, version = version + 1, updated_at = now()
-     WHERE id = $1 AND ($3::integer IS NULL OR version = $3)
- RETURNING id, sku, name, stock, version, created_at, updated_at
-), movement AS (
-    INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after)
-    SELECT id, $2, 'RESTOCKED', stock, version FROM restocked
-)
-SELECT * FROM restocked"#;
-    let run = || {
-        db.query_one_raw(Statement::from_sql_and_values(
-            DbBackend::Postgres,
-            SQL,
-            [id.into(), quantity.into(), expected_version.into()],
-        ))
+) -> Result<Attempted<Option<Model>>, DbErr> {
+    let run = || async {
+        let row = db.query_one_raw(receiving::restock(id, quantity, expected_version)).await?;
+        row.map(|row| Model::from_query_result(&row, "")).transpose()
     };
-    let row = match collisions.run(id, run).await {
-        Ok(Attempted::Done(row)) => row,
-        Ok(Attempted::Exhausted { .. }) => None,
-        Err(err) if classify(&err) == DbFailure::OutOfRange => {
-            return Err(AppError::bad_input("input.quantity", "stock would exceed the largest storable amount"));
-        }
-        Err(err) => return Err(err.into()),
-    };
-    if let Some(row) = row {
-        return Ok(RestockOutcome::Restocked(Model::from_query_result(&row, "")?));
-    }
-    Ok(match find(db, id).await? {
-        None => RestockOutcome::NotFound,
-        Some(inventory) => {
-            RestockOutcome::Conflict { expected_version: expected_version.unwrap_or(inventory.version), inventory }
-        }
-    })
+    collisions.run(id, run).await
 }

@@ -1,7 +1,8 @@
 //! GraphQL types and resolvers for orders.
 
 use async_graphql::{
-    Context, ErrorExtensions, InputObject, Object, SimpleObject, Union, connection::Connection, dataloader::DataLoader,
+    Context, ErrorExtensions, InputObject, Object, OutputType, SimpleObject, Union, connection::Connection,
+    dataloader::DataLoader,
 };
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -14,7 +15,7 @@ use super::{
 };
 use crate::{
     app::state,
-    auth,
+    auth::{self, User},
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Inventory, load as load_inventory},
     pagination::{Cursor, Page, connection},
@@ -272,6 +273,61 @@ pub enum CancelOrderResult {
     OrderModifiedConcurrently(OrderModifiedConcurrently),
 }
 
+/// A union that tells how a confirm or cancel ended: one member per
+/// [`TransitionOutcome`].
+trait TransitionResult: OutputType + From<OrderNotFound> + From<OrderModifiedConcurrently> {
+    /// Done; the order as saved.
+    fn done(order: Order) -> Self;
+    /// The order is not PENDING.
+    fn not_allowed(order: Order) -> Self;
+
+    /// The union member of `outcome` for order `id`.
+    fn of(outcome: TransitionOutcome, id: Uuid) -> Self {
+        match outcome {
+            TransitionOutcome::Done(order) => Self::done(Order(order)),
+            TransitionOutcome::NotAllowed(order) => Self::not_allowed(Order(order)),
+            TransitionOutcome::NotFound => Self::from(OrderNotFound { order_id: id }),
+            TransitionOutcome::ModifiedConcurrently { attempts } => {
+                Self::from(OrderModifiedConcurrently { order_id: id, attempts: attempts as i32 })
+            }
+        }
+    }
+}
+
+impl TransitionResult for ConfirmOrderResult {
+    fn done(order: Order) -> Self {
+        Self::OrderConfirmed(OrderConfirmed { order })
+    }
+
+    fn not_allowed(order: Order) -> Self {
+        Self::OrderCannotBeConfirmed(OrderCannotBeConfirmed { order })
+    }
+}
+
+impl TransitionResult for CancelOrderResult {
+    fn done(order: Order) -> Self {
+        Self::OrderCancelled(OrderCancelled { order })
+    }
+
+    fn not_allowed(order: Order) -> Self {
+        Self::OrderCannotBeCancelled(OrderCannotBeCancelled { order })
+    }
+}
+
+/// Runs a confirm or cancel for `user` and answers with its union member,
+/// counted under `field`.
+async fn transition<R: TransitionResult>(
+    ctx: &Context<'_>,
+    user: &User,
+    id: Uuid,
+    transition: Transition,
+    field: &'static str,
+) -> GqlResult<R> {
+    let app = state(ctx);
+    let outcome = service::transition(&app.db, &app.limits, user, id, transition).await.gql()?;
+    Ok(telemetry::counted(field, R::of(outcome, id)))
+}
+
 /// The address was changed.
 #[derive(SimpleObject)]
 pub struct ShippingAddressChanged {
@@ -370,50 +426,14 @@ impl OrderMutation {
     /// Confirms a PENDING order (operators). Re-reads and retries a lost race.
     async fn confirm_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<ConfirmOrderResult> {
         let user = auth::operator(ctx).gql()?;
-        let app = state(ctx);
-        Ok(telemetry::counted(
-            "confirmOrder",
-            match service::transition(&app.db, &app.limits, user, id, Transition::Confirm).await.gql()? {
-                TransitionOutcome::Done(order) => {
-                    ConfirmOrderResult::OrderConfirmed(OrderConfirmed { order: Order(order) })
-                }
-                TransitionOutcome::NotAllowed(order) => {
-                    ConfirmOrderResult::OrderCannotBeConfirmed(OrderCannotBeConfirmed { order: Order(order) })
-                }
-                TransitionOutcome::NotFound => ConfirmOrderResult::OrderNotFound(OrderNotFound { order_id: id }),
-                TransitionOutcome::ModifiedConcurrently { attempts } => {
-                    ConfirmOrderResult::OrderModifiedConcurrently(OrderModifiedConcurrently {
-                        order_id: id,
-                        attempts: attempts as i32,
-                    })
-                }
-            },
-        ))
+        transition(ctx, user, id, Transition::Confirm, "confirmOrder").await
     }
 
     /// Cancels a PENDING order and returns its stock (the owner or an
     /// operator). Re-reads and retries a lost race.
     async fn cancel_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<CancelOrderResult> {
         let user = auth::user(ctx).gql()?;
-        let app = state(ctx);
-        Ok(telemetry::counted(
-            "cancelOrder",
-            match service::transition(&app.db, &app.limits, user, id, Transition::Cancel).await.gql()? {
-                TransitionOutcome::Done(order) => {
-                    CancelOrderResult::OrderCancelled(OrderCancelled { order: Order(order) })
-                }
-                TransitionOutcome::NotAllowed(order) => {
-                    CancelOrderResult::OrderCannotBeCancelled(OrderCannotBeCancelled { order: Order(order) })
-                }
-                TransitionOutcome::NotFound => CancelOrderResult::OrderNotFound(OrderNotFound { order_id: id }),
-                TransitionOutcome::ModifiedConcurrently { attempts } => {
-                    CancelOrderResult::OrderModifiedConcurrently(OrderModifiedConcurrently {
-                        order_id: id,
-                        attempts: attempts as i32,
-                    })
-                }
-            },
-        ))
+        transition(ctx, user, id, Transition::Cancel, "cancelOrder").await
     }
 
     /// Changes the address of the caller's PENDING order at the version the

@@ -18,10 +18,9 @@ use crate::{
     config::{Limits, OrderLocking},
     db::{Attempted, Collisions, DbFailure, classify},
     error::AppError,
-    reservations::{
-        batch::{self, Keyed, Line, Purpose, Unavailable},
-        store::{all_in_conflict, first_with_key, is_key_taken},
-    },
+    idempotency::{self, Key},
+    reservations::multi_item::{self, Unavailable},
+    stock::taking::{Line, Purpose},
     telemetry,
 };
 
@@ -47,16 +46,15 @@ pub async fn place_order(
     address: ShippingAddress,
     idempotency_key: Option<String>,
 ) -> Result<PlaceOutcome, AppError> {
-    let keyed = idempotency_key
-        .map(|key| Keyed { fingerprint: batch::fingerprint("placeOrder", lines, &format!("{address:?}")), key });
-    if let Some(order) = replay(db, user_id, keyed.as_ref()).await? {
+    let key = idempotency_key.map(|key| multi_item::key(key, "placeOrder", lines, &fingerprinted(&address)));
+    if let Some(order) = replay(db, user_id, key.as_ref()).await? {
         return Ok(PlaceOutcome::Placed(order));
     }
     let run = || async {
         let order = Order::place(Uuid::new_v4(), user_id.to_owned(), address.clone(), Utc::now());
         let txn = db.begin().await?;
         store::insert(&txn, &order).await?;
-        let taken = batch::take(&txn, user_id, lines, Purpose::Order(order.id), keyed.as_ref()).await?;
+        let taken = multi_item::take(&txn, user_id, lines, Purpose::Order(order.id), key.as_ref()).await?;
         if taken.is_ok() {
             txn.commit().await?;
         }
@@ -65,21 +63,29 @@ pub async fn place_order(
     match collisions.run(lines[0].inventory_id, run).await {
         Ok(Attempted::Done(Ok(order))) => Ok(PlaceOutcome::Placed(order)),
         Ok(Attempted::Done(Err(unavailable))) => Ok(PlaceOutcome::ItemsUnavailable(unavailable)),
-        Ok(Attempted::Exhausted { .. }) => Ok(PlaceOutcome::ItemsUnavailable(all_in_conflict(db, lines).await?)),
-        Err(err) if is_key_taken(&err) => {
-            replay(db, user_id, keyed.as_ref()).await?.map(PlaceOutcome::Placed).ok_or(AppError::Internal)
+        Ok(Attempted::Exhausted { .. }) => {
+            Ok(PlaceOutcome::ItemsUnavailable(multi_item::all_in_conflict(db, lines).await?))
+        }
+        // The key's first request committed while this one waited.
+        Err(err) if idempotency::is_taken(&err) => {
+            replay(db, user_id, key.as_ref()).await?.map(PlaceOutcome::Placed).ok_or(AppError::Internal)
         }
         Err(err) => Err(err.into()),
     }
 }
 
+/// The address as it enters a `placeOrder` fingerprint. Its `Debug` text is
+/// stored inside every keyed order's fingerprint, so it must not change (a
+/// test below pins it): renaming `ShippingAddress` or a field would turn
+/// replays of older keys into `IDEMPOTENCY_KEY_REUSED`.
+fn fingerprinted(address: &ShippingAddress) -> String {
+    format!("{address:?}")
+}
+
 /// The order placed first with this key, if any.
-async fn replay(db: &DatabaseConnection, user_id: &str, keyed: Option<&Keyed>) -> Result<Option<Order>, AppError> {
-    let Some(keyed) = keyed else { return Ok(None) };
-    let Some(first) = first_with_key(db, user_id, &keyed.key, &keyed.fingerprint).await? else {
-        return Ok(None);
-    };
-    let order_id = first.order_id.ok_or(AppError::Internal)?;
+async fn replay(db: &DatabaseConnection, user_id: &str, key: Option<&Key>) -> Result<Option<Order>, AppError> {
+    let Some(key) = key else { return Ok(None) };
+    let Some(order_id) = idempotency::replay_order(db, user_id, key).await? else { return Ok(None) };
     Ok(Some(store::find(db, order_id).await?.ok_or(AppError::Internal)?))
 }
 
@@ -108,9 +114,11 @@ pub enum TransitionOutcome {
     },
 }
 
-/// One attempt's result: finished, or lost the race to another writer.
-enum Step {
+/// How one attempt of a confirm or cancel ended.
+enum Attempt {
+    /// With an outcome to report.
     Finished(TransitionOutcome),
+    /// Another writer saved the order after this attempt read it.
     LostRace,
 }
 
@@ -124,8 +132,8 @@ pub async fn transition(
 ) -> Result<TransitionOutcome, AppError> {
     for attempt in 1..=MAX_ATTEMPTS {
         match attempt_transition(db, limits, user, id, transition).await {
-            Ok(Step::Finished(outcome)) => return Ok(outcome),
-            Ok(Step::LostRace) => {
+            Ok(Attempt::Finished(outcome)) => return Ok(outcome),
+            Ok(Attempt::LostRace) => {
                 tracing::debug!(attempt, %id, "order modified concurrently, retrying");
                 telemetry::collision_retry("order_version");
             }
@@ -155,7 +163,7 @@ async fn attempt_transition(
     user: &User,
     id: Uuid,
     transition: Transition,
-) -> Result<Step, DbErr> {
+) -> Result<Attempt, DbErr> {
     let txn = db.begin().await?;
     let order = match limits.order_locking {
         OrderLocking::Optimistic => store::find(&txn, id).await?,
@@ -164,7 +172,7 @@ async fn attempt_transition(
         }
     };
     let Some(mut order) = order.filter(|order| user.may_see(&order.user_id)) else {
-        return Ok(Step::Finished(TransitionOutcome::NotFound));
+        return Ok(Attempt::Finished(TransitionOutcome::NotFound));
     };
     let seen = order.version;
     let applied = match transition {
@@ -172,19 +180,19 @@ async fn attempt_transition(
         Transition::Cancel => order.cancel(),
     };
     if applied.is_err() {
-        return Ok(Step::Finished(TransitionOutcome::NotAllowed(order)));
+        return Ok(Attempt::Finished(TransitionOutcome::NotAllowed(order)));
     }
     // The order is saved first: whoever loses the race on the order row learns
     // it here, before touching any stock.
     if !store::save(&txn, &order, seen).await? {
-        return Ok(Step::LostRace);
+        return Ok(Attempt::LostRace);
     }
     if transition == Transition::Cancel {
         store::return_stock(&txn, order.id).await?;
     }
     txn.commit().await?;
     order.version = seen + 1;
-    Ok(Step::Finished(TransitionOutcome::Done(order)))
+    Ok(Attempt::Finished(TransitionOutcome::Done(order)))
 }
 
 /// How `changeShippingAddress` ended.
@@ -237,4 +245,25 @@ pub async fn change_shipping_address(
     } else {
         AddressOutcome::NotEditable(latest)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_address_enters_fingerprints_as_it_always_has() {
+        let address = ShippingAddress {
+            name: "Alice".into(),
+            line1: "1 Main St".into(),
+            line2: None,
+            city: "Osaka".into(),
+            postal_code: "530-0001".into(),
+            country: "JP".into(),
+        };
+        assert_eq!(
+            fingerprinted(&address),
+            r#"ShippingAddress { name: "Alice", line1: "1 Main St", line2: None, city: "Osaka", postal_code: "530-0001", country: "JP" }"#
+        );
+    }
 }

@@ -17,6 +17,7 @@ use super::{
 use crate::{
     pagination::{self, Page},
     reservations::{ReservationRow, entity as reservations},
+    stock::returning,
 };
 
 /// A row that cannot be an order is a broken database, never the client's fault.
@@ -122,34 +123,11 @@ UPDATE orders
 }
 
 /// Gives back the stock of a cancelled order's lines, in `txn`: the lines
-/// turn RELEASED and each inventory and the ledger change in one statement.
+/// turn RELEASED and each inventory and the ledger change in one statement,
+/// after its inventories are locked in id order (see `stock::returning`).
 pub async fn return_stock(txn: &DatabaseTransaction, order_id: Uuid) -> Result<(), DbErr> {
-    // This locks the order's inventories in id order, the same order every
-    // multi-item writer uses, so a cancel and a placeOrder cannot deadlock.
-    txn.execute_raw(Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "SELECT 1 FROM inventories
-          WHERE id IN (SELECT inventory_id FROM reservations WHERE order_id = $1)
-          ORDER BY id FOR UPDATE",
-        [order_id.into()],
-    ))
-    .await?;
-    // Only ORDERED lines match, so stock can come back once per line.
-    const SQL: &str = r#"
-WITH released AS (
-    UPDATE reservations SET status = 'RELEASED'
-     WHERE order_id = $1 AND status = 'ORDERED'
- RETURNING id, inventory_id, quantity
-), returned AS (
-    UPDATE inventories i
-       SET stock = i.stock + r.quantity, version = i.version + 1, updated_at = now()
-      FROM released r
-     WHERE i.id = r.inventory_id
- RETURNING i.id, i.stock, i.version, r.quantity, r.id AS reservation_id
-)
-INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id)
-SELECT id, quantity, 'ORDER_CANCELLED', stock, version, reservation_id, $1 FROM returned"#;
-    txn.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, [order_id.into()])).await?;
+    txn.execute_raw(returning::lock_order(order_id)).await?;
+    txn.execute_raw(returning::cancel_order(order_id)).await?;
     Ok(())
 }
 

@@ -18,19 +18,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chrono::{DateTime, Utc};
-use sea_orm::{DatabaseConnection, DbErr, FromQueryResult, sqlx};
+use sea_orm::{DatabaseConnection, DbErr};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::{
     ReservationRow, ReservationStatus,
-    store::{self, ReserveOutcome, ReserveRequest},
+    service::{self, ReserveOutcome, ReserveRequest},
+    store,
 };
 use crate::{
     db::{Attempted, Collisions, StatementPool},
     error::AppError,
-    inventory::InventoryRow,
+    stock::taking::{CoalescedReserve, Turn},
 };
 
 /// One caller waiting for its batch.
@@ -52,9 +52,13 @@ type Queues = Arc<Mutex<HashMap<Uuid, Vec<Waiting>>>>;
 /// Serves conditional reservations of the same inventory in batches.
 #[derive(Clone)]
 pub struct Coalescer {
+    /// For the reads of a caller served alone.
     db: DatabaseConnection,
+    /// Where the statements run (one round trip each).
     statements: StatementPool,
+    /// Re-runs collided statements.
     collisions: Collisions,
+    /// The callers waiting, per inventory.
     queues: Queues,
     /// Most callers one statement serves.
     max_batch: usize,
@@ -75,6 +79,14 @@ impl Coalescer {
         ttl_secs: i32,
     ) -> Self {
         Self { db, statements, collisions, queues: Arc::default(), max_batch: max_batch.max(1), window, ttl_secs }
+    }
+
+    /// How many callers of `inventory_id` wait in its queue right now (not
+    /// counting the one whose statement runs), for tests that must see
+    /// callers queued before they go on.
+    pub fn queued(&self, inventory_id: Uuid) -> usize {
+        let queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        queues.get(&inventory_id).map_or(0, Vec::len)
     }
 
     /// Reserves `quantity` of `inventory_id` for `user_id`, together with any
@@ -168,7 +180,7 @@ impl Coalescer {
             idempotency_key: None,
             ttl_secs: self.ttl_secs,
         };
-        store::reserve(&self.db, &self.statements, &self.collisions, user_id, &request).await
+        service::reserve_alone(&self.db, &self.statements, &self.collisions, user_id, &request).await
     }
 
     /// Runs one batch statement and answers every caller in it.
@@ -183,22 +195,15 @@ impl Coalescer {
         let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::new_v4()).collect();
         let users: Vec<&str> = batch.iter().map(|w| w.user_id.as_str()).collect();
         let quantities: Vec<i32> = batch.iter().map(|w| w.quantity).collect();
-        let statement = || async {
-            let rows = self
-                .statements
-                .fetch_all(
-                    sqlx::query(BATCH_SQL)
-                        .bind(inventory_id)
-                        .bind(&ids)
-                        .bind(&users)
-                        .bind(&quantities)
-                        .bind(self.ttl_secs),
-                )
-                .await?;
-            rows.iter().map(|row| Step::from_query_result(row, "")).collect::<Result<Vec<_>, _>>()
+        let reserve = CoalescedReserve {
+            inventory_id,
+            reservation_ids: &ids,
+            user_ids: &users,
+            quantities: &quantities,
+            ttl_secs: self.ttl_secs,
         };
-        let steps = self.collisions.run(inventory_id, statement).await;
-        let answers = answer(inventory_id, &batch, &ids, steps);
+        let turns = store::reserve_coalesced(&self.statements, &self.collisions, &reserve).await;
+        let answers = answer(inventory_id, &batch, &ids, turns);
         for (waiting, result) in batch.into_iter().zip(answers) {
             // A caller that has gone away no longer needs its answer.
             let _ = waiting.reply.send(result);
@@ -210,7 +215,9 @@ impl Coalescer {
 /// has gone away): to a serving task when callers queued meanwhile, else it
 /// removes the queue.
 struct HandOver<'a> {
+    /// Whose queue it is.
     coalescer: &'a Coalescer,
+    /// The inventory the queue is of.
     inventory_id: Uuid,
 }
 
@@ -225,35 +232,15 @@ impl Drop for HandOver<'_> {
     }
 }
 
-/// One caller's turn in a batch, as the statement computed it (rows come in
-/// arrival order).
-#[derive(Debug, FromQueryResult)]
-struct Step {
-    /// Whether it got its units.
-    granted: bool,
-    /// Stock right after its turn.
-    stock: i32,
-    /// Version right after its turn.
-    version: i32,
-    sku: String,
-    name: String,
-    inventory_created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-    /// When the granted reservations were made (the transaction's start).
-    now: DateTime<Utc>,
-    /// Their expiry.
-    expires_at: Option<DateTime<Utc>>,
-}
-
-/// Turns the statement's steps into one answer per caller.
+/// Turns the statement's turns into one answer per caller.
 fn answer(
     inventory_id: Uuid,
     batch: &[Waiting],
     ids: &[Uuid],
-    steps: Result<Attempted<Vec<Step>>, DbErr>,
+    turns: Result<Attempted<Vec<Turn>>, DbErr>,
 ) -> Vec<Result<ReserveOutcome, AppError>> {
-    let steps = match steps {
-        Ok(Attempted::Done(steps)) => steps,
+    let turns = match turns {
+        Ok(Attempted::Done(turns)) => turns,
         Ok(Attempted::Exhausted { attempts }) => {
             tracing::warn!(attempts, %inventory_id, "coalesced reserve collisions exhausted");
             return batch.iter().map(|_| Err(AppError::DatabaseUnavailable)).collect();
@@ -264,25 +251,16 @@ fn answer(
             return batch.iter().map(|_| Err(err.clone())).collect();
         }
     };
-    if steps.is_empty() {
+    if turns.is_empty() {
         return batch.iter().map(|_| Ok(ReserveOutcome::InventoryNotFound)).collect();
     }
-    // The statement returns one step per caller, in arrival order (`n`).
+    // The statement returns one turn per caller, in arrival order.
     batch
         .iter()
         .zip(ids)
-        .zip(steps)
-        .map(|((waiting, id), step)| {
-            let inventory = InventoryRow {
-                id: inventory_id,
-                sku: step.sku,
-                name: step.name,
-                stock: step.stock,
-                version: step.version,
-                created_at: step.inventory_created_at,
-                updated_at: step.updated_at,
-            };
-            Ok(if step.granted {
+        .zip(turns)
+        .map(|((waiting, id), turn)| {
+            Ok(if turn.granted {
                 let reservation = ReservationRow {
                     id: *id,
                     inventory_id,
@@ -292,66 +270,14 @@ fn answer(
                     status: ReservationStatus::Active,
                     idempotency_key: None,
                     request_fingerprint: None,
-                    created_at: step.now,
-                    expires_at: step.expires_at,
-                    batch_id: None,
+                    created_at: turn.now,
+                    expires_at: turn.expires_at,
+                    multi_item_id: None,
                 };
-                ReserveOutcome::Reserved { reservation, inventory }
+                ReserveOutcome::Reserved { reservation, inventory: turn.inventory }
             } else {
-                ReserveOutcome::SoldOut { requested: waiting.quantity, inventory }
+                ReserveOutcome::SoldOut { requested: waiting.quantity, inventory: turn.inventory }
             })
         })
         .collect()
 }
-
-/// One statement for a whole batch: `$1` inventory, `$2` reservation ids,
-/// `$3` users, `$4` quantities (in arrival order), `$5` TTL seconds.
-///
-/// This locks the inventory row for the statement (the `FOR UPDATE` in
-/// `inv`), walks the callers in arrival order granting each whose quantity
-/// still fits (a caller that does not fit is refused, a later smaller one may
-/// still be served: exactly what one-at-a-time would do), then writes the new
-/// stock and version once, every granted reservation, and one ledger row per
-/// grant with its own stock and version. No row at all: no such inventory.
-const BATCH_SQL: &str = r#"
-WITH RECURSIVE req AS (
-    SELECT * FROM unnest($2::uuid[], $3::text[], $4::integer[]) WITH ORDINALITY
-        AS r(reservation_id, user_id, quantity, n)
-), inv AS (
-    SELECT id, sku, name, stock, version, created_at, updated_at
-      FROM inventories WHERE id = $1 FOR UPDATE
-), walk AS (
-    SELECT 0::bigint AS n, inv.stock AS stock, inv.version AS version, false AS granted FROM inv
-    UNION ALL
-    SELECT r.n,
-           CASE WHEN w.stock >= r.quantity THEN w.stock - r.quantity ELSE w.stock END,
-           CASE WHEN w.stock >= r.quantity THEN w.version + 1 ELSE w.version END,
-           w.stock >= r.quantity
-      FROM walk w JOIN req r ON r.n = w.n + 1
-), steps AS (
-    SELECT * FROM walk WHERE n > 0
-), taken AS (
-    UPDATE inventories i
-       SET stock = last.stock, version = last.version, updated_at = now()
-      FROM (SELECT stock, version FROM steps ORDER BY n DESC LIMIT 1) last
-     WHERE i.id = $1 AND EXISTS (SELECT 1 FROM steps WHERE granted)
- RETURNING i.updated_at
-), reservation AS (
-    INSERT INTO reservations (id, inventory_id, user_id, quantity, status, expires_at)
-    SELECT r.reservation_id, $1, r.user_id, r.quantity, 'ACTIVE',
-           CASE WHEN $5::integer > 0 THEN now() + $5::integer * interval '1 second' END
-      FROM req r JOIN steps s ON s.n = r.n
-     WHERE s.granted
-), movement AS (
-    INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id)
-    SELECT $1, -r.quantity, 'RESERVED', s.stock, s.version, r.reservation_id
-      FROM req r JOIN steps s ON s.n = r.n
-     WHERE s.granted
-)
-SELECT s.n, s.granted, s.stock, s.version, inv.sku, inv.name,
-       inv.created_at AS inventory_created_at,
-       coalesce((SELECT updated_at FROM taken), inv.updated_at) AS updated_at,
-       now() AS now,
-       CASE WHEN $5::integer > 0 THEN now() + $5::integer * interval '1 second' END AS expires_at
-  FROM steps s, inv
- ORDER BY s.n"#;

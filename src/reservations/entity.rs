@@ -50,7 +50,10 @@ pub struct Model {
     pub expires_at: Option<DateTime<Utc>>,
     /// Shared by the reservations of one multi-item request (`reserveMany`,
     /// `placeOrder`); the first line carries the idempotency key for all.
-    pub batch_id: Option<Uuid>,
+    /// The column keeps its first name, `batch_id`, so that databases and
+    /// server processes of earlier releases go on working beside this one.
+    #[sea_orm(column_name = "batch_id")]
+    pub multi_item_id: Option<Uuid>,
 }
 
 /// No relations are navigated through the ORM; joins are written where needed.

@@ -8,9 +8,10 @@ use uuid::Uuid;
 
 use super::{
     ReservationRow, ReservationStatus,
-    batch::{self, Line, LineInput, Unavailable, UnavailableReason},
     loader::ReservationLoader,
-    store::{self, ExtendOutcome, ReleaseOutcome, ReserveManyOutcome, ReserveOutcome, ReserveRequest},
+    multi_item::{self, LineInput, Unavailable, UnavailableReason},
+    service::{ExtendOutcome, ReleaseOutcome, ReservationService, ReserveManyOutcome, ReserveOutcome, ReserveRequest},
+    store,
 };
 use crate::{
     app::state,
@@ -18,8 +19,18 @@ use crate::{
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Conflict, Inventory, InventoryNotFound, load as load_inventory},
     pagination::{Cursor, Page, connection},
+    stock::taking::Line,
     telemetry, validate,
 };
+
+/// The reservation service the schema was built with. Only the schema that
+/// serves introspection alone is built without it, and no resolver runs there.
+fn service<'a>(ctx: &Context<'a>) -> GqlResult<&'a ReservationService> {
+    ctx.data::<ReservationService>().map_err(|_| {
+        tracing::error!("the schema was built without the reservation service");
+        AppError::Internal.extend()
+    })
+}
 
 /// A reservation row as the API shows it.
 pub struct Reservation(pub ReservationRow);
@@ -179,15 +190,7 @@ impl ReservationMutation {
                 .gql()?,
             ttl_secs: app.limits.reservation_ttl_secs,
         };
-        // Hot items: a conditional reservation without a key can share one
-        // statement with others on the same inventory.
-        let outcome = if app.limits.coalesce && request.expected_version.is_none() && request.idempotency_key.is_none()
-        {
-            app.coalescer.reserve(request.inventory_id, &user.id, request.quantity).await
-        } else {
-            store::reserve(&app.db, &app.statements, &app.collisions, &user.id, &request).await
-        };
-        let outcome = outcome.gql()?;
+        let outcome = service(ctx)?.reserve(&user.id, &request).await.gql()?;
         Ok(telemetry::counted("reserve", ReserveResult::from_outcome(outcome, request.inventory_id)))
     }
 
@@ -199,7 +202,7 @@ impl ReservationMutation {
         let lines = ReserveItemInput::merge(&input.items, app.limits.max_quantity).gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
         let ttl = app.limits.reservation_ttl_secs;
-        let outcome = store::reserve_many(&app.db, &app.collisions, &user.id, &lines, key, ttl).await.gql()?;
+        let outcome = service(ctx)?.reserve_many(&user.id, &lines, key, ttl).await.gql()?;
         Ok(telemetry::counted(
             "reserveMany",
             match outcome {
@@ -217,10 +220,9 @@ impl ReservationMutation {
     /// returns the stock once.
     async fn release_reservation(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<ReleaseResult> {
         let user = auth::user(ctx).gql()?;
-        let app = state(ctx);
         Ok(telemetry::counted(
             "releaseReservation",
-            match store::release(&app.db, &app.collisions, id, &user.id).await.gql()? {
+            match service(ctx)?.release(id, &user.id).await.gql()? {
                 ReleaseOutcome::Released { reservation, inventory } => {
                     ReleaseResult::ReservationReleased(ReservationReleased {
                         reservation: Reservation(reservation),
@@ -246,7 +248,7 @@ impl ReservationMutation {
         let seconds = validate::within("seconds", seconds, 1..=max).gql()?;
         Ok(telemetry::counted(
             "extendReservation",
-            match store::extend(&app.db, id, &user.id, seconds, max).await.gql()? {
+            match service(ctx)?.extend(id, &user.id, seconds, max).await.gql()? {
                 ExtendOutcome::Extended(reservation) => {
                     ExtendResult::ReservationExtended(ReservationExtended { reservation: Reservation(reservation) })
                 }
@@ -285,7 +287,7 @@ impl ReserveItemInput {
                 expected_version: item.expected_version,
             })
             .collect();
-        batch::merge(&lines, max_quantity)
+        multi_item::merge(&lines, max_quantity)
     }
 }
 

@@ -1,11 +1,13 @@
-//! Reservations: taking stock for a user with one statement, idempotency keys,
-//! expiry and the sweeper, and reading reservations back.
+//! Reservations: taking stock for a user (alone or coalesced), several
+//! inventories at once, idempotent replays, release, expiry and the sweeper,
+//! and reading reservations back.
 
-pub mod batch;
 pub mod coalesce;
 pub mod entity;
 pub mod graphql;
 pub mod loader;
+pub mod multi_item;
+pub mod service;
 pub mod store;
 pub mod sweeper;
 

@@ -1,60 +1,26 @@
 //! The sweeper: returns the stock of expired ACTIVE reservations.
 //!
-//! Every server process runs one. Each sweep claims a batch with `FOR UPDATE
-//! SKIP LOCKED`, so processes sweeping together take disjoint batches and no
-//! reservation's stock comes back twice; the same statement marks the
-//! reservations EXPIRED, returns their stock and writes the ledger.
+//! Every server process runs one. Each sweep claims up to a limit of due
+//! reservations with `FOR UPDATE SKIP LOCKED`, so processes sweeping together
+//! claim disjoint sets and no reservation's stock comes back twice; the same
+//! statement marks the reservations EXPIRED, returns their stock and writes
+//! the ledger (the statement is `stock::returning::sweep`).
 
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 use tokio::{sync::watch, task::JoinHandle};
 
-use crate::db::classify;
+use crate::{db::classify, stock::returning};
 
-/// Sweeps one tick may run back to back (full batches, collisions).
+/// Sweeps one tick may run back to back (full sweeps, collisions).
 const MAX_SWEEPS_PER_TICK: usize = 100;
 
-/// Expires at most `batch` due reservations; returns how many it expired.
-/// Two sweeps touching the same inventories may collide (40001, 40P01); that
-/// is safe to run again.
-pub async fn sweep_once(db: &impl ConnectionTrait, batch: i64) -> Result<i64, DbErr> {
-    // Rows another sweeper (or a release, or an extension) holds are skipped,
-    // not waited for: they are either being handled or no longer due.
-    // Each expiry is its own change of its inventory: the version grows by
-    // the number of expired reservations, and each gets its ledger row with
-    // the running stock and version.
-    const SQL: &str = r#"
-WITH due AS (
-    SELECT id FROM reservations
-     WHERE status = 'ACTIVE' AND expires_at <= now()
-     ORDER BY expires_at
-     LIMIT $1
-       FOR UPDATE SKIP LOCKED
-), expired AS (
-    UPDATE reservations r SET status = 'EXPIRED'
-      FROM due WHERE r.id = due.id
- RETURNING r.id, r.inventory_id, r.quantity
-), totals AS (
-    SELECT inventory_id, sum(quantity)::integer AS quantity, count(*)::integer AS n
-      FROM expired GROUP BY inventory_id
-), returned AS (
-    UPDATE inventories i
-       SET stock = i.stock + t.quantity, version = i.version + t.n, updated_at = now()
-      FROM totals t
-     WHERE i.id = t.inventory_id
- RETURNING i.id, i.stock, i.version, t.quantity, t.n
-), movement AS (
-    INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id)
-    SELECT e.inventory_id, e.quantity, 'EXPIRED',
-           (r.stock - r.quantity + sum(e.quantity) OVER w)::integer,
-           (r.version - r.n + row_number() OVER w)::integer,
-           e.id
-      FROM expired e JOIN returned r ON r.id = e.inventory_id
-    WINDOW w AS (PARTITION BY e.inventory_id ORDER BY e.id)
-)
-SELECT count(*) FROM expired"#;
-    let row = db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, [batch.into()])).await?;
+/// Expires at most `limit` due reservations; returns how many it expired.
+/// Two sweeps touching the same inventories may collide (40001); that is
+/// safe to run again.
+pub async fn sweep_once(db: &impl ConnectionTrait, limit: i64) -> Result<i64, DbErr> {
+    let row = db.query_one_raw(returning::sweep(limit)).await?;
     row.map_or(Ok(0), |row| row.try_get_by_index::<i64>(0))
 }
 
@@ -63,7 +29,7 @@ SELECT count(*) FROM expired"#;
 pub fn spawn(
     db: DatabaseConnection,
     interval: Duration,
-    batch: i64,
+    limit: i64,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -75,17 +41,17 @@ pub fn spawn(
                 _ = ticks.tick() => {}
                 _ = stop.changed() => break,
             }
-            // A full batch means more may be due, and a collision with another
+            // A full sweep means more may be due, and a collision with another
             // sweeper or a writer means it made progress: sweep again at once,
             // a bounded number of times per tick.
             for _ in 0..MAX_SWEEPS_PER_TICK {
-                match sweep_once(&db, batch).await {
+                match sweep_once(&db, limit).await {
                     Ok(expired) => {
                         if expired > 0 {
                             tracing::info!(expired, "returned the stock of expired reservations");
                             crate::telemetry::sweeper_returned(expired);
                         }
-                        if expired < batch {
+                        if expired < limit {
                             break;
                         }
                     }

@@ -4,10 +4,10 @@
 use serde_json::{Value, json};
 use stockguard::auth::Role;
 
-use crate::helpers::{TestApp, error_code};
-
-const CREATE: &str = "mutation($input: CreateInventoryInput!) { createInventory(input: $input) { id } }";
-const RESTOCK: &str = "mutation($input: RestockInput!) { restock(input: $input) { __typename } }";
+use crate::{
+    documents::{CREATE_INVENTORY, INVENTORIES, MY_RESERVATIONS},
+    helpers::{TestApp, error_code},
+};
 
 fn assert_bad_input(body: &Value, field: &str) {
     assert_eq!(error_code(body), Some("BAD_USER_INPUT"), "{body}");
@@ -104,25 +104,23 @@ async fn inventory_mutations_refuse_bad_input_and_write_nothing() {
         (json!({ "sku": "OK-1", "name": "x", "stock": -1 }), "input.stock"),
         (json!({ "sku": "TAKEN-1", "name": "x", "stock": 1 }), "input.sku"),
     ] {
-        let body = app.graphql(Some(&operator), CREATE, json!({ "input": input })).await;
+        let body = app.graphql(Some(&operator), CREATE_INVENTORY, json!({ "input": input })).await;
         assert_bad_input(&body, field);
     }
     for quantity in [0, -5] {
-        let body = app
-            .graphql(Some(&operator), RESTOCK, json!({ "input": { "inventoryId": id, "quantity": quantity } }))
-            .await;
+        let body = app.restock(&operator, json!({ "inventoryId": id, "quantity": quantity })).await;
         assert_bad_input(&body, "input.quantity");
     }
     assert_eq!(app.snapshot().await, before);
 
     // Past i32::MAX the database refuses the sum; that too is bad input.
-    let big = json!({ "input": { "inventoryId": id, "quantity": 1_000_000_000 } });
+    let big = json!({ "inventoryId": id, "quantity": 1_000_000_000 });
     for _ in 0..2 {
-        let body = app.graphql(Some(&operator), RESTOCK, big.clone()).await;
-        assert_eq!(body["data"]["restock"]["__typename"], "Restocked", "{body}");
+        let body = app.restock(&operator, big.clone()).await;
+        assert_eq!(body["__typename"], "Restocked", "{body}");
     }
     let before = app.snapshot().await;
-    assert_bad_input(&app.graphql(Some(&operator), RESTOCK, big).await, "input.quantity");
+    assert_bad_input(&app.restock(&operator, big).await, "input.quantity");
     assert_eq!(app.snapshot().await, before);
     app.assert_invariant().await;
 }
@@ -132,19 +130,11 @@ async fn page_sizes_and_cursors_out_of_range_are_refused() {
     let app = TestApp::spawn().await;
     let alice = app.token("alice", Role::Customer);
     for first in [0, -1, 101] {
-        let body = app
-            .graphql(None, "query($f: Int) { inventories(first: $f) { nodes { id } } }", json!({ "f": first }))
-            .await;
+        let body = app.graphql(None, INVENTORIES, json!({ "f": first })).await;
         assert_bad_input(&body, "first");
-        let body = app
-            .graphql(
-                Some(&alice),
-                "query($f: Int) { myReservations(first: $f) { nodes { id } } }",
-                json!({ "f": first }),
-            )
-            .await;
+        let body = app.graphql(Some(&alice), MY_RESERVATIONS, json!({ "f": first })).await;
         assert_bad_input(&body, "first");
     }
-    let body = app.graphql(None, r#"{ inventories(after: "garbage") { nodes { id } } }"#, json!({})).await;
+    let body = app.graphql(None, INVENTORIES, json!({ "after": "garbage" })).await;
     assert_bad_input(&body, "after");
 }

@@ -46,9 +46,9 @@ async fn stockguard_check_passes_a_sound_database_and_reports_drift() {
     let sound = check();
     assert!(sound.status.success(), "{}", String::from_utf8_lossy(&sound.stdout));
 
-    // Stock that appears from nowhere is drift.
+    // A reservation holding a unit that was never taken is drift.
     app.db
-        .execute_unprepared(&format!("UPDATE inventories SET stock = stock + 1 WHERE id = '{id}'"))
+        .execute_unprepared(&format!("UPDATE reservations SET quantity = quantity + 1 WHERE inventory_id = '{id}'"))
         .await
         .expect("tamper");
     let drifted = check();

@@ -10,11 +10,11 @@ use stockguard::{
     auth::Role,
     config::Limits,
     db::{Collisions, StatementPool},
-    reservations::{coalesce::Coalescer, store::ReserveOutcome},
+    reservations::{coalesce::Coalescer, service::ReserveOutcome},
 };
 use tokio::sync::Barrier;
 
-use crate::helpers::{Isolation, TestApp, error_code};
+use crate::helpers::{Isolation, TestApp, at_every_isolation, error_code, eventually};
 
 /// Every caller's whole response body, fired together.
 async fn fire(app: &Arc<TestApp>, requests: Vec<(String, i32)>, id: uuid::Uuid) -> Vec<Value> {
@@ -71,20 +71,7 @@ async fn many_reserves_on_one_item_grant_exactly_the_stock(isolation: Isolation)
     app.assert_invariant().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn many_reserves_on_one_item_grant_exactly_the_stock_at_read_committed() {
-    many_reserves_on_one_item_grant_exactly_the_stock(Isolation::ReadCommitted).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn many_reserves_on_one_item_grant_exactly_the_stock_at_repeatable_read() {
-    many_reserves_on_one_item_grant_exactly_the_stock(Isolation::RepeatableRead).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn many_reserves_on_one_item_grant_exactly_the_stock_at_serializable() {
-    many_reserves_on_one_item_grant_exactly_the_stock(Isolation::Serializable).await;
-}
+at_every_isolation! { many_reserves_on_one_item_grant_exactly_the_stock; }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mixed_quantities_are_granted_as_if_one_at_a_time() {
@@ -161,7 +148,8 @@ async fn callers_queued_behind_a_first_caller_that_goes_away_are_still_served() 
         let coalescer = coalescer.clone();
         async move { coalescer.reserve(id, "first", 1).await }
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The first caller's own statement (the one-statement reserve) waits for the row.
+    app.until_waiting_for_a_lock("WITH taken AS").await;
     // These queue behind the first caller, who then goes away mid-statement.
     let queued: Vec<_> = (0..5)
         .map(|i| {
@@ -169,7 +157,8 @@ async fn callers_queued_behind_a_first_caller_that_goes_away_are_still_served() 
             tokio::spawn(async move { coalescer.reserve(id, &format!("queued-{i}"), 1).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually(Duration::from_secs(10), "five callers queue behind the first", || async { coalescer.queued(id) == 5 })
+        .await;
     first.abort();
     assert!(first.await.expect_err("aborted").is_cancelled());
     holder.rollback().await.expect("release the row");

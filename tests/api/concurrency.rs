@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use stockguard::{auth::Role, config::Limits};
 use tokio::sync::Barrier;
 
-use crate::helpers::{Isolation, TestApp};
+use crate::helpers::{Isolation, TestApp, at_every_isolation};
 
 /// Fires `inputs` at `reserve` all at once, one task each, and returns the results.
 async fn reserve_at_once(app: &Arc<TestApp>, requests: Vec<(String, Value)>) -> Vec<Value> {
@@ -82,64 +82,14 @@ async fn twenty_repeats_of_one_idempotency_key_take_one_unit(isolation: Isolatio
     app.assert_invariant().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn two_hundred_reservations_on_ten_units_grant_exactly_ten_at_read_committed() {
-    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::ReadCommitted, true).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn two_hundred_reservations_on_ten_units_grant_exactly_ten_at_repeatable_read() {
-    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::RepeatableRead, true).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn two_hundred_reservations_on_ten_units_grant_exactly_ten_at_serializable() {
-    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::Serializable, true).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn one_statement_per_request_also_grants_exactly_ten_at_read_committed() {
-    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::ReadCommitted, false).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn one_statement_per_request_also_grants_exactly_ten_at_repeatable_read() {
-    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::RepeatableRead, false).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn one_statement_per_request_also_grants_exactly_ten_at_serializable() {
-    two_hundred_reservations_on_ten_units_grant_exactly_ten(Isolation::Serializable, false).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn the_same_expected_version_lets_exactly_one_of_two_win_at_read_committed() {
-    two_reservations_with_the_same_expected_version_let_exactly_one_win(Isolation::ReadCommitted).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn the_same_expected_version_lets_exactly_one_of_two_win_at_repeatable_read() {
-    two_reservations_with_the_same_expected_version_let_exactly_one_win(Isolation::RepeatableRead).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn the_same_expected_version_lets_exactly_one_of_two_win_at_serializable() {
-    two_reservations_with_the_same_expected_version_let_exactly_one_win(Isolation::Serializable).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn repeats_of_one_idempotency_key_take_one_unit_at_read_committed() {
-    twenty_repeats_of_one_idempotency_key_take_one_unit(Isolation::ReadCommitted).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn repeats_of_one_idempotency_key_take_one_unit_at_repeatable_read() {
-    twenty_repeats_of_one_idempotency_key_take_one_unit(Isolation::RepeatableRead).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn repeats_of_one_idempotency_key_take_one_unit_at_serializable() {
-    twenty_repeats_of_one_idempotency_key_take_one_unit(Isolation::Serializable).await;
+at_every_isolation! {
+    two_hundred_reservations_on_ten_units_grant_exactly_ten
+        => |isolation| two_hundred_reservations_on_ten_units_grant_exactly_ten(isolation, true);
+    one_statement_per_request_also_grants_exactly_ten
+        => |isolation| two_hundred_reservations_on_ten_units_grant_exactly_ten(isolation, false);
+    the_same_expected_version_lets_exactly_one_of_two_win
+        => two_reservations_with_the_same_expected_version_let_exactly_one_win;
+    repeats_of_one_idempotency_key_take_one_unit => twenty_repeats_of_one_idempotency_key_take_one_unit;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -158,17 +108,11 @@ async fn concurrent_restocks_all_count_and_stale_versions_conflict() {
                 json!({ "inventoryId": id, "quantity": 5, "expectedVersion": 1 })
             };
             barrier.wait().await;
-            app.graphql(
-                Some(&operator),
-                "mutation($input: RestockInput!) { restock(input: $input) { __typename } }",
-                json!({ "input": input }),
-            )
-            .await
+            app.restock(&operator, input).await
         })
     });
     let results: Vec<Value> = join_all(tasks).await.into_iter().map(|r| r.expect("task")).collect();
-    let names: Vec<String> =
-        results.iter().map(|r| r["data"]["restock"]["__typename"].as_str().unwrap_or("ERROR").to_owned()).collect();
+    let names: Vec<String> = results.iter().map(|r| r["__typename"].as_str().unwrap_or("ERROR").to_owned()).collect();
     let versioned_wins = count(&names, "Restocked") - 20;
     assert!(count(&names, "ERROR") == 0, "{results:?}");
     assert!(versioned_wins <= 1, "at most one restock from version 1 wins: {names:?}");

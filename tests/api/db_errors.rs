@@ -8,17 +8,17 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, 
 use stockguard::{
     config::DatabaseConfig,
     db::{self, DbFailure, StatementPool, classify},
+    stock::receiving,
 };
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, eventually, server_url};
 
 async fn pool(app: &TestApp, size: u32) -> DatabaseConnection {
     let config = DatabaseConfig {
-        database_url: None,
-        data_dir: ".stockguard/postgres".into(),
         pool_size: size,
         acquire_timeout_ms: 10_000,
         statement_timeout_ms: 10_000,
+        ..DatabaseConfig::default()
     };
     db::connect(&app.database_url, &config).await.expect("connect")
 }
@@ -36,13 +36,21 @@ async fn constraint_and_range_errors_are_classified() {
         failure(app.db.execute_unprepared(insert).await),
         DbFailure::UniqueViolation(Some("inventories_sku_key".into()))
     );
-    let negative = "UPDATE inventories SET stock = -1";
+    let negative = "INSERT INTO inventories (id, sku, name, stock) VALUES (gen_random_uuid(), 'NEG-1', 'x', -1)";
     assert_eq!(
         failure(app.db.execute_unprepared(negative).await),
         DbFailure::CheckViolation(Some("inventories_stock_check".into()))
     );
-    let overflow = "UPDATE inventories SET stock = stock + 2147483647";
+    let overflow =
+        "INSERT INTO inventories (id, sku, name, stock) VALUES (gen_random_uuid(), 'BIG-1', 'x', 2147483647 + 1)";
     assert_eq!(failure(app.db.execute_unprepared(overflow).await), DbFailure::OutOfRange);
+
+    // 42P04: a database of that name exists already.
+    let name = app.database_url.rsplit('/').next().expect("database name");
+    let admin = sea_orm::Database::connect(format!("{}/postgres", server_url())).await.expect("connect");
+    let again = admin.execute_unprepared(&format!("CREATE DATABASE \"{name}\"")).await;
+    assert_eq!(failure(again), DbFailure::DuplicateDatabase);
+    admin.close().await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -52,12 +60,12 @@ async fn a_serialization_failure_and_a_deadlock_are_collisions() {
     let b = app.create_inventory("RACE-B", 10).await;
     let db = pool(&app, 4).await;
 
-    // 40001: a REPEATABLE READ transaction updates a row changed after its snapshot.
+    // 40001: a REPEATABLE READ transaction locks a row changed after its snapshot.
     let txn = db.begin().await.expect("begin");
     txn.execute_unprepared("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.expect("isolation");
     txn.execute_unprepared("SELECT 1 FROM inventories").await.expect("snapshot");
-    db.execute_unprepared(&format!("UPDATE inventories SET stock = 9 WHERE id = '{a}'")).await.expect("concurrent");
-    let err = failure(txn.execute_unprepared(&format!("UPDATE inventories SET stock = 8 WHERE id = '{a}'")).await);
+    db.execute_raw(receiving::restock(a, 1, None)).await.expect("a concurrent restock");
+    let err = failure(txn.execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{a}' FOR UPDATE")).await);
     assert_eq!(err, DbFailure::SerializationFailure);
     assert!(err.is_collision());
     drop(txn);
@@ -109,15 +117,10 @@ async fn a_connection_lost_mid_statement_is_unavailable_and_the_pool_recovers() 
     // Terminate the backend as soon as the statement shows up as running.
     let terminate = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
                      WHERE query LIKE 'SELECT pg_sleep(30) /* to be terminated */%' AND pid <> pg_backend_pid()";
-    for tries in 0.. {
-        assert!(tries < 500, "the statement never showed up in pg_stat_activity");
-        let row =
-            app.db.query_one_raw(Statement::from_string(DbBackend::Postgres, terminate)).await.expect("terminate");
-        if row.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(10), "the statement shows up in pg_stat_activity and is terminated", || async {
+        app.db.query_one_raw(Statement::from_string(DbBackend::Postgres, terminate)).await.expect("terminate").is_some()
+    })
+    .await;
     assert_eq!(failure(running.await.expect("task")), DbFailure::Unavailable);
     // The broken connection is dropped and the next statement gets a new one.
     db.execute_unprepared("SELECT 1").await.expect("the pool reconnects by itself");
@@ -175,9 +178,16 @@ async fn a_full_statement_pool_fails_fast_as_unavailable() {
     );
     let busy = {
         let pool = pool.clone();
-        tokio::spawn(async move { pool.fetch_optional(sqlx::query("SELECT pg_sleep(2)")).await })
+        tokio::spawn(async move {
+            pool.fetch_optional(sqlx::query("SELECT pg_sleep(2) /* holds the one connection */")).await
+        })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                    AND query = 'SELECT pg_sleep(2) /* holds the one connection */'";
+    eventually(Duration::from_secs(10), "the first statement holds the pool's one connection", || async {
+        app.count(sleeping).await > 0
+    })
+    .await;
     let started = std::time::Instant::now();
     let error = backend_pid(&pool).await.expect_err("no connection free");
     assert_eq!(classify(&error), DbFailure::Unavailable, "{error}");

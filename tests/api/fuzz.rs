@@ -28,7 +28,7 @@ use stockguard::{auth::Role, invariant};
 use uuid::Uuid;
 
 use crate::{
-    helpers::{RESERVE, TestApp, error_code},
+    helpers::{RESERVE, TestApp, error_code, request},
     hostile::{aliases, deep_value, fragment_fan_out},
 };
 
@@ -110,21 +110,11 @@ struct Reply {
 /// POSTs `body` to /graphql with `authorization` as the header, if any.
 async fn post(app: &TestApp, authorization: Option<&str>, body: Vec<u8>) -> Reply {
     let sent = body.len();
-    let mut request =
-        app.client.post(format!("{}/graphql", app.address)).header("content-type", "application/json").body(body);
-    if let Some(value) = authorization {
-        request = request.header("authorization", value);
-    }
-    let response = request.send().await.expect("the server answers");
-    let status = response.status().as_u16();
-    let text = response.text().await.expect("a body");
+    let reply = app.post(authorization, body).await.expect("the server answers");
+    assert!(reply.cut_short.is_none(), "a body: {:?}", reply.cut_short);
+    let text = String::from_utf8_lossy(&reply.body).into_owned();
     let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-    Reply { status, body, sent }
-}
-
-/// A GraphQL request with `variables`, as bytes.
-fn request(query: &str, variables: Value) -> Vec<u8> {
-    serde_json::to_vec(&json!({ "query": query, "variables": variables })).expect("serialize")
+    Reply { status: reply.status, body, sent }
 }
 
 /// The transport's part of the contract: never 500, 413 exactly for bodies

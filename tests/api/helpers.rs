@@ -1,24 +1,39 @@
-//! `TestApp`: a real server on port 0 against a database of its own, plus
-//! request helpers and reads straight from the database.
+//! `TestApp`: a real server on port 0 against a database of its own, copied
+//! from one migrated template; the one GraphQL client of the tests (a method
+//! per mutation, all through [`post`]); reads straight from the database;
+//! and the waits that assert what they wait for.
 
 use std::{
+    future::Future,
+    path::Path,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use migration::{Migrator, MigratorTrait};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, Statement,
+    sqlx::{self, Connection as _, postgres::PgConnection},
+};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 use stockguard::{
-    app::{AppState, Workers},
+    app::AppState,
     auth::{DEFAULT_MAX_TOKEN_TTL_SECS, Keys, Role},
     config::{DatabaseConfig, Limits},
-    db, http, invariant, schema,
+    db, http, invariant,
     schema::AppSchema,
+    server::{Server, Workers},
 };
 use uuid::Uuid;
+
+pub use crate::documents::RESERVE;
+use crate::documents::{
+    CANCEL_ORDER, CHANGE_ADDRESS, CONFIRM_ORDER, CREATE_INVENTORY, EXTEND, PLACE_ORDER, RELEASE, RESERVE_MANY, RESTOCK,
+};
 
 /// The server the tests create their databases on.
 pub fn server_url() -> String {
@@ -45,6 +60,37 @@ impl Isolation {
         }
     }
 }
+
+/// One test per isolation level for each `scenario(isolation)`: a module
+/// named after the scenario holding `at_read_committed`,
+/// `at_repeatable_read` and `at_serializable`. With `=> |isolation| ...` the
+/// scenario is any expression of the level.
+macro_rules! at_every_isolation {
+    ($($name:ident $(=> $scenario:expr)?;)+) => {$(
+        mod $name {
+            use super::*;
+            use crate::helpers::Isolation;
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn at_read_committed() {
+                crate::helpers::at_every_isolation!(@run $name $(, $scenario)?)(Isolation::ReadCommitted).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn at_repeatable_read() {
+                crate::helpers::at_every_isolation!(@run $name $(, $scenario)?)(Isolation::RepeatableRead).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn at_serializable() {
+                crate::helpers::at_every_isolation!(@run $name $(, $scenario)?)(Isolation::Serializable).await;
+            }
+        }
+    )+};
+    (@run $name:ident) => { $name };
+    (@run $name:ident, $scenario:expr) => { $scenario };
+}
+pub(crate) use at_every_isolation;
 
 /// What a test server is made of; `Options::default()` is what most tests use.
 pub struct Options {
@@ -86,10 +132,13 @@ pub struct TestApp {
     pub db: DatabaseConnection,
     /// The schema the server serves.
     pub schema: AppSchema,
+    /// The server's parts, to look into (e.g. a request's data).
+    pub server: Server,
     /// Statements the server's pool has run.
     pub statements: Arc<AtomicUsize>,
     /// The database's URL.
     pub database_url: String,
+    /// Mints the tests' tokens with the server's secret.
     keys: Keys,
     /// The sweeper and the live-stock listener, stopped with the test.
     _workers: Workers,
@@ -116,39 +165,24 @@ impl TestApp {
     pub async fn spawn_with_options(options: Options) -> Self {
         let Options { isolation, mut limits, server_url: server, pool_size, acquire_timeout_ms, statement_timeout_ms } =
             options;
+        let server = server.unwrap_or_else(server_url);
         // As generous as the test client: tests assert outcomes, not timing
         // (the attack tests, on their own process, test the timeout itself).
         limits.request_timeout_ms = limits.request_timeout_ms.max(120_000);
         let name = format!("sg_test_{}", Uuid::new_v4().simple());
-        let database_url = format!("{}/{name}", server.unwrap_or_else(server_url));
-        db::ensure_database(&database_url).await.expect("create the test database");
+        copy_of_template(&server, &name, isolation).await;
+        let database_url = format!("{server}/{name}");
         let config = DatabaseConfig {
             database_url: Some(database_url.clone()),
-            data_dir: ".stockguard/postgres".into(),
             pool_size,
             acquire_timeout_ms,
             statement_timeout_ms,
+            ..DatabaseConfig::default()
         };
-        let direct = db::connect(
-            &database_url,
-            &DatabaseConfig {
-                pool_size: 2,
-                acquire_timeout_ms: 30_000,
-                statement_timeout_ms: 30_000,
-                ..config.clone()
-            },
-        )
-        .await
-        .expect("connect for checks");
-        direct
-            .execute_unprepared(&format!(
-                "ALTER DATABASE {name} SET default_transaction_isolation TO '{}'",
-                isolation.sql()
-            ))
-            .await
-            .expect("set the isolation level");
+        let checks =
+            DatabaseConfig { pool_size: 2, acquire_timeout_ms: 30_000, statement_timeout_ms: 30_000, ..config.clone() };
+        let direct = db::connect(&database_url, &checks).await.expect("connect for checks");
         let mut pool = db::connect(&database_url, &config).await.expect("connect the server");
-        db::migrate(&pool).await.expect("migrate");
         let statements = Arc::new(AtomicUsize::new(0));
         let counter = statements.clone();
         pool.set_metric_callback(move |_| {
@@ -158,15 +192,16 @@ impl TestApp {
         let keys = Keys::new(SECRET.as_bytes(), DEFAULT_MAX_TOKEN_TTL_SECS).expect("a long enough secret");
         let connections = http::connection_limits(&limits);
         let state = AppState::new(pool, keys.clone(), limits);
-        let workers = state.spawn_workers();
-        let schema = schema::build(state.clone());
-        let router = http::router(state, None);
+        let server = Server::new(state);
+        let workers = server.spawn_workers();
+        let schema = server.schema();
+        let router = http::router(&server, None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = format!("http://{}", listener.local_addr().expect("addr"));
         tokio::spawn(http::serve(listener, router, connections, std::future::pending()));
 
         let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("client");
-        Self { address, client, db: direct, schema, statements, database_url, keys, _workers: workers }
+        Self { address, client, db: direct, schema, server, statements, database_url, keys, _workers: workers }
     }
 
     /// A token for `sub` with `role`.
@@ -179,37 +214,87 @@ impl TestApp {
         self.token("operator", Role::Operator)
     }
 
+    // ---------- GraphQL over HTTP ----------
+
+    /// POSTs `body` to `/graphql` with the server's client (see [`post`]).
+    pub async fn post(
+        &self,
+        authorization: Option<&str>,
+        body: impl Into<reqwest::Body>,
+    ) -> Result<Reply, reqwest::Error> {
+        post(&self.client, &self.address, authorization, body).await
+    }
+
     /// POSTs a GraphQL request and returns the JSON body.
     pub async fn graphql(&self, token: Option<&str>, query: &str, variables: Value) -> Value {
-        let mut request = self.client.post(format!("{}/graphql", self.address));
-        if let Some(token) = token {
-            request = request.bearer_auth(token);
-        }
-        let response = request.json(&json!({ "query": query, "variables": variables })).send().await.expect("send");
-        assert_eq!(response.status(), 200, "GraphQL answers 200");
-        response.json().await.expect("JSON body")
+        let bearer = token.map(|token| format!("Bearer {token}"));
+        let reply = self.post(bearer.as_deref(), request(query, variables)).await.expect("send");
+        assert_eq!(reply.status, 200, "GraphQL answers 200");
+        serde_json::from_slice(&reply.body).expect("JSON body")
+    }
+
+    /// Runs a mutation of `field` as `token`: `data.<field>` when it was
+    /// answered, or the whole body when it has errors.
+    pub async fn mutate(&self, token: &str, field: &str, query: &str, variables: Value) -> Value {
+        let body = self.graphql(Some(token), query, variables).await;
+        if body.get("errors").is_some() { body } else { body["data"][field].clone() }
     }
 
     /// Creates an inventory as operator and returns its id.
     pub async fn create_inventory(&self, sku: &str, stock: i32) -> Uuid {
-        let body = self
-            .graphql(
-                Some(&self.operator()),
-                "mutation($input: CreateInventoryInput!) { createInventory(input: $input) { id } }",
-                json!({ "input": { "sku": sku, "name": format!("Item {sku}"), "stock": stock } }),
-            )
-            .await;
-        body["data"]["createInventory"]["id"]
-            .as_str()
-            .and_then(|id| id.parse().ok())
-            .unwrap_or_else(|| panic!("created: {body}"))
+        let input = json!({ "sku": sku, "name": format!("Item {sku}"), "stock": stock });
+        let created =
+            self.mutate(&self.operator(), "createInventory", CREATE_INVENTORY, json!({ "input": input })).await;
+        created["id"].as_str().and_then(|id| id.parse().ok()).unwrap_or_else(|| panic!("created: {created}"))
     }
 
-    /// `reserve` with `input`; returns `data.reserve` or the whole body on errors.
+    /// `reserve` with `input`.
     pub async fn reserve(&self, token: &str, input: Value) -> Value {
-        let body = self.graphql(Some(token), RESERVE, json!({ "input": input })).await;
-        if body.get("errors").is_some() { body } else { body["data"]["reserve"].clone() }
+        self.mutate(token, "reserve", RESERVE, json!({ "input": input })).await
     }
+
+    /// `reserveMany` of `items`.
+    pub async fn reserve_many(&self, token: &str, items: Value) -> Value {
+        self.mutate(token, "reserveMany", RESERVE_MANY, json!({ "input": { "items": items } })).await
+    }
+
+    /// `releaseReservation`.
+    pub async fn release(&self, token: &str, id: impl std::fmt::Display) -> Value {
+        self.mutate(token, "releaseReservation", RELEASE, json!({ "id": id.to_string() })).await
+    }
+
+    /// `extendReservation` by `seconds`.
+    pub async fn extend(&self, token: &str, id: impl std::fmt::Display, seconds: i32) -> Value {
+        self.mutate(token, "extendReservation", EXTEND, json!({ "id": id.to_string(), "s": seconds })).await
+    }
+
+    /// `restock` with `input`, as `token`.
+    pub async fn restock(&self, token: &str, input: Value) -> Value {
+        self.mutate(token, "restock", RESTOCK, json!({ "input": input })).await
+    }
+
+    /// `placeOrder` with `input`.
+    pub async fn place_order(&self, token: &str, input: Value) -> Value {
+        self.mutate(token, "placeOrder", PLACE_ORDER, json!({ "input": input })).await
+    }
+
+    /// `confirmOrder`.
+    pub async fn confirm(&self, token: &str, id: Uuid) -> Value {
+        self.mutate(token, "confirmOrder", CONFIRM_ORDER, json!({ "id": id })).await
+    }
+
+    /// `cancelOrder`.
+    pub async fn cancel(&self, token: &str, id: Uuid) -> Value {
+        self.mutate(token, "cancelOrder", CANCEL_ORDER, json!({ "id": id })).await
+    }
+
+    /// `changeShippingAddress` of order `id`, seen at `expected_version`, to `to`.
+    pub async fn change_address(&self, token: &str, id: Uuid, expected_version: i32, to: &Value) -> Value {
+        let input = json!({ "orderId": id, "expectedVersion": expected_version, "shippingAddress": to });
+        self.mutate(token, "changeShippingAddress", CHANGE_ADDRESS, json!({ "input": input })).await
+    }
+
+    // ---------- straight from the database ----------
 
     /// `(stock, version)` of an inventory, from the database.
     pub async fn stock_and_version(&self, id: Uuid) -> (i32, i32) {
@@ -233,6 +318,23 @@ impl TestApp {
         row.try_get_by_index(0).expect("count")
     }
 
+    /// The rows of `sql`, as JSON objects (column name → value), in no promised
+    /// order: callers that compare lists sort them.
+    pub async fn rows(&self, sql: &str) -> Vec<Value> {
+        let wrapped = format!("SELECT coalesce(json_agg(t), '[]'::json)::text FROM ({sql}) t");
+        let row = self
+            .db
+            .query_one_raw(Statement::from_string(DbBackend::Postgres, wrapped))
+            .await
+            .expect("query")
+            .expect("one row");
+        let text: String = row.try_get_by_index(0).expect("json text");
+        match serde_json::from_str(&text).expect("json") {
+            Value::Array(rows) => rows,
+            other => panic!("not an array: {other}"),
+        }
+    }
+
     /// Everything a rejected request must leave untouched, as one string.
     pub async fn snapshot(&self) -> String {
         let sql = "SELECT coalesce(string_agg(concat_ws(':', sku, stock, version), ',' ORDER BY sku), '') \
@@ -248,23 +350,206 @@ impl TestApp {
         let drifts = invariant::check(&self.db).await.expect("check");
         assert!(drifts.is_empty(), "invariant broken: {drifts:?}");
     }
+
+    /// Waits (10 s at most) until a statement of this test's database whose
+    /// text starts with `prefix` waits for a lock, and fails the test if none does.
+    pub async fn until_waiting_for_a_lock(&self, prefix: &str) {
+        let sql = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND ltrim(query, E' \\t\\r\\n') LIKE '{}%'",
+            prefix.replace('\'', "''")
+        );
+        eventually(Duration::from_secs(10), &format!("a statement {prefix:?}... waits for a lock"), || async {
+            self.count(&sql).await > 0
+        })
+        .await;
+    }
 }
 
-/// The reserve mutation with every union member spelled out.
-pub const RESERVE: &str = r#"
-mutation($input: ReserveInput!) {
-  reserve(input: $input) {
-    __typename
-    ... on Reserved { reservation { id quantity status userId } inventory { id stock version } }
-    ... on Conflict { expectedVersion inventory { id stock version } }
-    ... on SoldOut { requested inventory { id stock version } }
-    ... on InventoryNotFound { inventoryId }
-  }
-}"#;
+/// An HTTP answer: the status and the body as it came.
+#[derive(Debug)]
+pub struct Reply {
+    /// The HTTP status.
+    pub status: u16,
+    /// The body, or as much of it as arrived.
+    pub body: Vec<u8>,
+    /// Why the body stopped short, if it did.
+    pub cut_short: Option<String>,
+}
+
+/// POSTs `body` to the `/graphql` of the server at `address` with `client`
+/// (whose timeout bounds the wait), `authorization` as the header when given:
+/// every request of the tests goes through here. `Err` when no response came
+/// back at all.
+pub async fn post(
+    client: &reqwest::Client,
+    address: &str,
+    authorization: Option<&str>,
+    body: impl Into<reqwest::Body>,
+) -> Result<Reply, reqwest::Error> {
+    let mut request = client.post(format!("{address}/graphql")).header("content-type", "application/json").body(body);
+    if let Some(value) = authorization {
+        request = request.header("authorization", value);
+    }
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    Ok(match response.bytes().await {
+        Ok(body) => Reply { status, body: body.to_vec(), cut_short: None },
+        Err(err) => Reply { status, body: Vec::new(), cut_short: Some(err.to_string()) },
+    })
+}
+
+/// A GraphQL request with `variables`, as bytes.
+pub fn request(query: &str, variables: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({ "query": query, "variables": variables })).expect("serialize")
+}
+
+/// The `__typename` of a mutation's answer, or `"ERROR"` when the body has
+/// errors (or no typename).
+pub fn typename(answer: &Value) -> &str {
+    answer["__typename"].as_str().unwrap_or("ERROR")
+}
+
+/// A mutation's answer beside its [`typename`], for tests that compare many.
+pub fn named(answer: Value) -> (String, Value) {
+    (typename(&answer).to_owned(), answer)
+}
 
 /// The `extensions.code` of the first error of a response.
 pub fn error_code(body: &Value) -> Option<&str> {
     body["errors"][0]["extensions"]["code"].as_str()
+}
+
+/// Polls `probe` every 20 ms until it holds, and fails the test (naming
+/// `what`) when it has not within `limit`: a wait that cannot pass without
+/// the condition. Returns how long it took.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut probe: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if probe().await {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// ---------- test databases ----------
+
+/// The template for this migration set: named after a hash of the
+/// migrations' names and of the migration crate's sources, so a template of
+/// other (or edited) migrations is never used.
+fn template_name() -> String {
+    let mut hasher = Sha256::new();
+    for migration in Migrator::migrations() {
+        hasher.update(migration.name());
+        hasher.update(b"\n");
+    }
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migration/src");
+    let mut sources: Vec<_> =
+        std::fs::read_dir(&dir).expect("the migration sources").map(|entry| entry.expect("entry").path()).collect();
+    sources.sort();
+    for source in sources {
+        hasher.update(source.file_name().expect("a file").as_encoded_bytes());
+        hasher.update(std::fs::read(&source).expect("a migration source"));
+    }
+    format!("sg_template_{}", &hex::encode(hasher.finalize())[..16])
+}
+
+async fn admin(server: &str) -> PgConnection {
+    PgConnection::connect(&format!("{server}/postgres")).await.expect("connect to the postgres database")
+}
+
+async fn exists(admin: &mut PgConnection, name: &str) -> bool {
+    let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+        .bind(name)
+        .fetch_optional(admin)
+        .await
+        .expect("look for a database");
+    found.is_some()
+}
+
+async fn run(admin: &mut PgConnection, sql: String) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(admin).await.map(drop)
+}
+
+/// Creates database `name` on `server` as a copy of the migrated template,
+/// defaulting to `isolation`.
+async fn copy_of_template(server: &str, name: &str, isolation: Isolation) {
+    let template = template(server).await;
+    let mut admin = admin(server).await;
+    // The template takes no connections, so none can be open while it is copied.
+    run(&mut admin, format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\"")).await.expect("copy the template");
+    run(&mut admin, format!("ALTER DATABASE \"{name}\" SET default_transaction_isolation TO '{}'", isolation.sql()))
+        .await
+        .expect("set the isolation level");
+    let _ = admin.close().await;
+}
+
+/// The migrated template on `server`, made first if it is not there yet.
+///
+/// Test processes sharing a server (two CI runs, or tests of one run) take
+/// turns on an advisory lock named after the template, and the template gets
+/// its name only once it is complete: it is migrated under a name of its own
+/// and renamed last, so a half-built one (its builder died) is never used.
+/// It accepts no connections, which `CREATE DATABASE ... TEMPLATE` needs.
+async fn template(server: &str) -> String {
+    let name = template_name();
+    let mut admin = admin(server).await;
+    if !exists(&mut admin, &name).await {
+        let lock = u64::from_str_radix(&name["sg_template_".len()..], 16).map_or(0, |bits| bits as i64);
+        sqlx::query("SELECT pg_advisory_lock($1)").bind(lock).execute(&mut admin).await.expect("lock");
+        if !exists(&mut admin, &name).await {
+            build_template(&mut admin, server, &name).await;
+        }
+        sqlx::query("SELECT pg_advisory_unlock($1)").bind(lock).execute(&mut admin).await.expect("unlock");
+    }
+    let _ = admin.close().await;
+    name
+}
+
+/// Migrates a new database and renames it `name`; it is dropped again if
+/// anything fails before (it is this run's own).
+async fn build_template(admin: &mut PgConnection, server: &str, name: &str) {
+    let building = format!("{name}_build_{}", &Uuid::new_v4().simple().to_string()[..8]);
+    match run(admin, format!("CREATE DATABASE \"{building}\"")).await {
+        Ok(()) => {}
+        Err(err) => panic!("create {building}: {err}"),
+    }
+    let url = format!("{server}/{building}");
+    let config = DatabaseConfig { database_url: Some(url.clone()), pool_size: 2, ..DatabaseConfig::default() };
+    let migrated = async {
+        let db = db::connect(&url, &config).await?;
+        let result = db::migrate(&db).await;
+        db.close().await?;
+        result
+    }
+    .await;
+    let finished = match migrated {
+        Ok(()) => {
+            let sealed =
+                run(admin, format!("ALTER DATABASE \"{building}\" WITH ALLOW_CONNECTIONS false IS_TEMPLATE true"));
+            match sealed.await {
+                Ok(()) => run(admin, format!("ALTER DATABASE \"{building}\" RENAME TO \"{name}\"")).await,
+                Err(err) => Err(err),
+            }
+        }
+        Err(err) => panic_after_drop(admin, &building, &format!("migrate the template: {err}")).await,
+    };
+    if let Err(err) = finished {
+        panic_after_drop(admin, &building, &format!("seal the template: {err}")).await;
+    }
+}
+
+/// Drops this run's half-built template `building`, then fails with `why`.
+async fn panic_after_drop(admin: &mut PgConnection, building: &str, why: &str) -> ! {
+    let _ = run(admin, format!("ALTER DATABASE \"{building}\" WITH IS_TEMPLATE false")).await;
+    let _ = run(admin, format!("DROP DATABASE IF EXISTS \"{building}\" WITH (FORCE)")).await;
+    panic!("{why}");
 }
 
 impl Drop for TestApp {

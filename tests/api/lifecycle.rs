@@ -12,17 +12,15 @@ use stockguard::{
     config::{DatabaseConfig, Limits},
     db::{self, classify},
     reservations::sweeper,
+    server::Server,
 };
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
-use crate::helpers::{Isolation, TestApp, error_code};
-
-const STATUS: &str = "query($id: UUID!) { reservation(id: $id) { status expiresAt } }";
-const RELEASE: &str = "mutation($id: UUID!) { releaseReservation(id: $id) { __typename } }";
-const EXTEND: &str = "mutation($id: UUID!, $s: Int!) { extendReservation(id: $id, seconds: $s) { __typename
-    ... on ReservationExtended { reservation { expiresAt } }
-    ... on ReservationNotActive { reservation { status } } } }";
+use crate::{
+    documents::{MOVEMENTS, RESERVATION_STATUS},
+    helpers::{Isolation, TestApp, at_every_isolation, error_code, eventually},
+};
 
 /// A server whose sweeper stays out of the way: the tests sweep by hand.
 async fn app_without_sweeper(isolation: Isolation) -> TestApp {
@@ -53,6 +51,11 @@ async fn a_new_reservation_expires_after_the_configured_ttl() {
         .await;
     assert_eq!(ttl, 900, "the default TTL is 15 minutes");
     // Order lines never expire.
+    let address =
+        json!({ "name": "Alice", "line1": "1 Main St", "city": "Osaka", "postalCode": "530-0001", "country": "JP" });
+    let placed = app.place_order(&alice, json!({ "items": [{ "inventoryId": id }], "shippingAddress": address })).await;
+    assert_eq!(placed["__typename"], "OrderPlaced", "{placed}");
+    assert_eq!(app.count("SELECT count(*) FROM reservations WHERE status = 'ORDERED'").await, 1, "an order line");
     let never =
         app.count("SELECT count(*) FROM reservations WHERE status = 'ORDERED' AND expires_at IS NOT NULL").await;
     assert_eq!(never, 0);
@@ -68,12 +71,12 @@ async fn an_expired_reservation_reads_expired_cannot_be_released_and_the_sweep_r
     expire(&app, &format!("'{rid}'")).await;
 
     // Expired from the moment it expires, before any sweep.
-    let read = app.graphql(Some(&alice), STATUS, json!({ "id": rid })).await;
+    let read = app.graphql(Some(&alice), RESERVATION_STATUS, json!({ "id": rid })).await;
     assert_eq!(read["data"]["reservation"]["status"], "EXPIRED", "{read}");
-    let release = app.graphql(Some(&alice), RELEASE, json!({ "id": rid })).await;
-    assert_eq!(release["data"]["releaseReservation"]["__typename"], "ReservationNotActive", "{release}");
-    let extend = app.graphql(Some(&alice), EXTEND, json!({ "id": rid, "s": 60 })).await;
-    assert_eq!(extend["data"]["extendReservation"]["__typename"], "ReservationNotActive", "{extend}");
+    let release = app.release(&alice, &rid).await;
+    assert_eq!(release["__typename"], "ReservationNotActive", "{release}");
+    let extend = app.extend(&alice, &rid, 60).await;
+    assert_eq!(extend["__typename"], "ReservationNotActive", "{extend}");
     assert_eq!(app.stock_and_version(id).await, (3, 2), "nothing returned before the sweep");
 
     assert_eq!(sweeper::sweep_once(&app.db, 100).await.expect("sweep"), 1);
@@ -94,13 +97,10 @@ async fn the_running_sweeper_returns_expired_stock_by_itself() {
     let alice = app.token("alice", Role::Customer);
     app.reserve(&alice, json!({ "inventoryId": id, "quantity": 3 })).await;
     assert_eq!(app.stock_and_version(id).await.0, 0);
-    // Bounded wait for a background task; the assertion is on the outcome.
-    for _ in 0..100 {
-        if app.stock_and_version(id).await.0 == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(Duration::from_secs(10), "the sweeper returns the stock", || async {
+        app.stock_and_version(id).await.0 == 3
+    })
+    .await;
     assert_eq!(app.stock_and_version(id).await, (3, 3));
     assert_eq!(app.count("SELECT count(*) FROM reservations WHERE status = 'EXPIRED'").await, 1);
     app.assert_invariant().await;
@@ -125,16 +125,15 @@ async fn two_sweepers_return_every_expired_unit_once(isolation: Isolation) {
     // A second server process on the same database, with its own pool and sweeper.
     let config = DatabaseConfig {
         database_url: Some(app.database_url.clone()),
-        data_dir: ".stockguard/postgres".into(),
         pool_size: 4,
         acquire_timeout_ms: 30_000,
         statement_timeout_ms: 30_000,
+        ..DatabaseConfig::default()
     };
     let other = db::connect(&app.database_url, &config).await.expect("second pool");
     let limits = Limits { sweep_interval_ms: 10, sweep_batch: 7, ..Limits::default() };
-    let second =
-        AppState::new(other.clone(), Keys::new(b"another-secret-of-thirty-two-bytes!!", 3600).expect("secret"), limits)
-            .spawn_workers();
+    let keys = Keys::new(b"another-secret-of-thirty-two-bytes!!", 3600).expect("secret");
+    let second = Server::new(AppState::new(other.clone(), keys, limits)).spawn_workers();
     // And eight sweeps by hand at once, in small batches, racing it.
     let barrier = Arc::new(Barrier::new(8));
     let sweeps = (0..8).map(|_| {
@@ -153,12 +152,10 @@ async fn two_sweepers_return_every_expired_unit_once(isolation: Isolation) {
         })
     });
     let by_hand: i64 = join_all(sweeps).await.into_iter().map(|r| r.expect("task")).sum();
-    for _ in 0..100 {
-        if app.count("SELECT count(*) FROM reservations WHERE status = 'ACTIVE'").await == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(10), "every reservation is swept", || async {
+        app.count("SELECT count(*) FROM reservations WHERE status = 'ACTIVE'").await == 0
+    })
+    .await;
     second.shutdown().await;
 
     assert_eq!(app.count("SELECT count(*) FROM reservations WHERE status = 'EXPIRED'").await, 120);
@@ -170,20 +167,7 @@ async fn two_sweepers_return_every_expired_unit_once(isolation: Isolation) {
     app.assert_invariant().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn two_sweepers_return_every_expired_unit_once_at_read_committed() {
-    two_sweepers_return_every_expired_unit_once(Isolation::ReadCommitted).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn two_sweepers_return_every_expired_unit_once_at_repeatable_read() {
-    two_sweepers_return_every_expired_unit_once(Isolation::RepeatableRead).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn two_sweepers_return_every_expired_unit_once_at_serializable() {
-    two_sweepers_return_every_expired_unit_once(Isolation::Serializable).await;
-}
+at_every_isolation! { two_sweepers_return_every_expired_unit_once; }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn extending_moves_the_expiry_up_to_the_cap_for_the_owner_only() {
@@ -192,33 +176,31 @@ async fn extending_moves_the_expiry_up_to_the_cap_for_the_owner_only() {
     let (alice, bob) = (app.token("alice", Role::Customer), app.token("bob", Role::Customer));
     let reserved = app.reserve(&alice, json!({ "inventoryId": id })).await;
     let rid = reserved["reservation"]["id"].as_str().expect("reserved").to_owned();
-    let expiry = |body: &serde_json::Value| {
-        chrono::DateTime::parse_from_rfc3339(
-            body["data"]["extendReservation"]["reservation"]["expiresAt"].as_str().expect("expiresAt"),
-        )
-        .expect("rfc3339")
+    let expiry = |answer: &serde_json::Value| {
+        chrono::DateTime::parse_from_rfc3339(answer["reservation"]["expiresAt"].as_str().expect("expiresAt"))
+            .expect("rfc3339")
     };
     let before = chrono::DateTime::parse_from_rfc3339(
-        app.graphql(Some(&alice), STATUS, json!({ "id": rid })).await["data"]["reservation"]["expiresAt"]
+        app.graphql(Some(&alice), RESERVATION_STATUS, json!({ "id": rid })).await["data"]["reservation"]["expiresAt"]
             .as_str()
             .expect("at"),
     )
     .expect("rfc3339");
 
-    let extended = app.graphql(Some(&alice), EXTEND, json!({ "id": rid, "s": 60 })).await;
+    let extended = app.extend(&alice, &rid, 60).await;
     assert_eq!((expiry(&extended) - before).num_seconds(), 60, "{extended}");
     // Far past the cap: held at one hour from now.
-    let capped = app.graphql(Some(&alice), EXTEND, json!({ "id": rid, "s": 3600 })).await;
+    let capped = app.extend(&alice, &rid, 3600).await;
     let from_now = (expiry(&capped).with_timezone(&chrono::Utc) - chrono::Utc::now()).num_seconds();
     assert!((3590..=3600).contains(&from_now), "capped at the maximum: {from_now} s");
 
     let snapshot = app.snapshot().await;
     for seconds in [0, -5, 3601] {
-        let refused = app.graphql(Some(&alice), EXTEND, json!({ "id": rid, "s": seconds })).await;
+        let refused = app.extend(&alice, &rid, seconds).await;
         assert_eq!(error_code(&refused), Some("BAD_USER_INPUT"), "{refused}");
     }
-    let bobs = app.graphql(Some(&bob), EXTEND, json!({ "id": rid, "s": 60 })).await;
-    assert_eq!(bobs["data"]["extendReservation"]["__typename"], "ReservationNotFound");
+    let bobs = app.extend(&bob, &rid, 60).await;
+    assert_eq!(bobs["__typename"], "ReservationNotFound");
     assert_eq!(app.snapshot().await, snapshot, "extensions do not touch stock or versions");
 }
 
@@ -229,21 +211,13 @@ async fn the_ledger_reads_back_every_change_for_operators_only() {
     let alice = app.token("alice", Role::Customer);
     let reserved = app.reserve(&alice, json!({ "inventoryId": id, "quantity": 3 })).await;
     let rid = reserved["reservation"]["id"].as_str().expect("reserved").to_owned();
-    app.graphql(Some(&alice), RELEASE, json!({ "id": rid })).await;
-    app.graphql(
-        Some(&app.operator()),
-        "mutation($i: RestockInput!) { restock(input: $i) { __typename } }",
-        json!({ "i": { "inventoryId": id, "quantity": 5 } }),
-    )
-    .await;
+    app.release(&alice, &rid).await;
+    app.restock(&app.operator(), json!({ "inventoryId": id, "quantity": 5 })).await;
 
-    let query = "query($id: UUID!, $after: String) { inventory(id: $id) { stock version
-        movements(first: 2, after: $after) { nodes { delta reason stockAfter versionAfter reservationId }
-        pageInfo { hasNextPage endCursor } } } }";
     let mut rows = Vec::new();
     let mut after: Option<String> = None;
     loop {
-        let body = app.graphql(Some(&app.operator()), query, json!({ "id": id, "after": after })).await;
+        let body = app.graphql(Some(&app.operator()), MOVEMENTS, json!({ "id": id, "first": 2, "after": after })).await;
         let connection = &body["data"]["inventory"]["movements"];
         rows.extend(connection["nodes"].as_array().expect("nodes").iter().cloned());
         if connection["pageInfo"]["hasNextPage"] != true {
@@ -260,13 +234,7 @@ async fn the_ledger_reads_back_every_change_for_operators_only() {
     assert_eq!(rows[1]["reservationId"], rid.as_str());
     assert_eq!(rows[3]["stockAfter"], 15);
 
-    let as_customer = app
-        .graphql(
-            Some(&alice),
-            "query($id: UUID!) { inventory(id: $id) { movements { nodes { delta } } } }",
-            json!({ "id": id }),
-        )
-        .await;
+    let as_customer = app.graphql(Some(&alice), MOVEMENTS, json!({ "id": id })).await;
     assert_eq!(error_code(&as_customer), Some("FORBIDDEN"), "{as_customer}");
     app.assert_invariant().await;
 }

@@ -9,6 +9,7 @@ mod cli;
 mod coalescing;
 mod concurrency;
 mod db_errors;
+mod documents;
 mod faults;
 mod fuzz;
 mod helpers;

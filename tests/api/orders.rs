@@ -10,7 +10,7 @@ use std::{
 };
 
 use futures::future::{BoxFuture, FutureExt, join_all};
-use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+use sea_orm::{ConnectionTrait, TransactionTrait};
 use serde_json::{Value, json};
 use stockguard::{
     auth::Role,
@@ -19,116 +19,12 @@ use stockguard::{
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
-use crate::helpers::{Isolation, TestApp, error_code};
-
-// ---------- queries ----------
-
-macro_rules! order_fields {
-    () => {
-        "fragment OrderFields on Order {
-           id status userId version confirmedAt confirmedBy createdAt
-           items { inventory { id stock } quantity }
-           shippingAddress { name line1 line2 city postalCode country }
-         }"
-    };
-}
-
-const PLACE_ORDER: &str = concat!(
-    "mutation($input: PlaceOrderInput!) { placeOrder(input: $input) { __typename
-       ... on OrderPlaced { order { ...OrderFields } }
-       ... on ItemsUnavailable { items { inventoryId reason inventory { id stock version } } }
-     } }",
-    order_fields!()
-);
-
-const CONFIRM_ORDER: &str = concat!(
-    "mutation($id: UUID!) { confirmOrder(id: $id) { __typename
-       ... on OrderConfirmed { order { ...OrderFields } }
-       ... on OrderCannotBeConfirmed { order { ...OrderFields } }
-       ... on OrderNotFound { orderId }
-       ... on OrderModifiedConcurrently { orderId attempts }
-     } }",
-    order_fields!()
-);
-
-const CANCEL_ORDER: &str = concat!(
-    "mutation($id: UUID!) { cancelOrder(id: $id) { __typename
-       ... on OrderCancelled { order { ...OrderFields } }
-       ... on OrderCannotBeCancelled { order { ...OrderFields } }
-       ... on OrderNotFound { orderId }
-       ... on OrderModifiedConcurrently { orderId attempts }
-     } }",
-    order_fields!()
-);
-
-const CHANGE_ADDRESS: &str = concat!(
-    "mutation($input: ChangeShippingAddressInput!) { changeShippingAddress(input: $input) { __typename
-       ... on ShippingAddressChanged { order { ...OrderFields } }
-       ... on OrderVersionConflict {
-         expectedVersion
-         current { ...OrderFields }
-         submitted { name line1 line2 city postalCode country }
-       }
-       ... on OrderNotEditable { order { ...OrderFields } }
-       ... on OrderNotFound { orderId }
-     } }",
-    order_fields!()
-);
-
-const RESERVE_MANY: &str = "mutation($input: ReserveManyInput!) { reserveMany(input: $input) { __typename
-   ... on ReservedAll { reservations { id quantity status userId inventory { id } } }
-   ... on ItemsUnavailable { items { inventoryId reason inventory { id stock version } } }
- } }";
-
-const RELEASE: &str = "mutation($id: UUID!) { releaseReservation(id: $id) { __typename
-   ... on ReservationReleased { reservation { id status } inventory { id stock version } }
-   ... on ReservationNotFound { reservationId }
-   ... on ReservationNotActive { reservation { id status } }
- } }";
-
-const ORDER: &str = "query($id: UUID!) { order(id: $id) { id userId status } }";
-
-const ORDERS: &str =
-    "query($status: OrderStatus) { orders(first: 100, status: $status) { nodes { id userId status } } }";
+use crate::{
+    documents::{ORDER, ORDERS},
+    helpers::{Isolation, TestApp, at_every_isolation, error_code, named},
+};
 
 // ---------- helpers ----------
-
-/// Runs a mutation and returns `(__typename, result)`; on GraphQL errors
-/// `("ERROR", whole body)`.
-async fn mutate(app: &TestApp, token: &str, query: &str, variables: Value) -> (String, Value) {
-    let body = app.graphql(Some(token), query, variables).await;
-    if body.get("errors").is_some() {
-        return ("ERROR".into(), body);
-    }
-    let result = body["data"].as_object().and_then(|data| data.values().next()).cloned().unwrap_or(Value::Null);
-    let typename = result["__typename"].as_str().map_or_else(|| format!("MISSING in {body}"), str::to_owned);
-    (typename, result)
-}
-
-async fn place_order(app: &TestApp, token: &str, input: Value) -> (String, Value) {
-    mutate(app, token, PLACE_ORDER, json!({ "input": input })).await
-}
-
-async fn confirm(app: &TestApp, token: &str, id: Uuid) -> (String, Value) {
-    mutate(app, token, CONFIRM_ORDER, json!({ "id": id })).await
-}
-
-async fn cancel(app: &TestApp, token: &str, id: Uuid) -> (String, Value) {
-    mutate(app, token, CANCEL_ORDER, json!({ "id": id })).await
-}
-
-async fn change_address(app: &TestApp, token: &str, id: Uuid, expected_version: i32, to: &Value) -> (String, Value) {
-    let input = json!({ "orderId": id, "expectedVersion": expected_version, "shippingAddress": to });
-    mutate(app, token, CHANGE_ADDRESS, json!({ "input": input })).await
-}
-
-async fn reserve_many(app: &TestApp, token: &str, items: Value) -> (String, Value) {
-    mutate(app, token, RESERVE_MANY, json!({ "input": { "items": items } })).await
-}
-
-async fn release(app: &TestApp, token: &str, id: Uuid) -> (String, Value) {
-    mutate(app, token, RELEASE, json!({ "id": id })).await
-}
 
 /// A complete shipping address whose first line is `line1`.
 fn address(line1: &str) -> Value {
@@ -141,7 +37,7 @@ async fn new_order(app: &TestApp, token: &str, inventory: Uuid, quantity: i32) -
         "items": [{ "inventoryId": inventory, "quantity": quantity }],
         "shippingAddress": address("1 Main Street"),
     });
-    let (name, result) = place_order(app, token, input).await;
+    let (name, result) = named(app.place_order(token, input).await);
     assert_eq!(name, "OrderPlaced", "{result}");
     uuid(&result["order"]["id"])
 }
@@ -150,33 +46,17 @@ fn uuid(value: &Value) -> Uuid {
     value.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not a UUID: {value}"))
 }
 
-/// The rows of `sql`, as JSON objects (column name → value), in no promised
-/// order: callers that compare lists sort them.
-async fn rows(app: &TestApp, sql: &str) -> Vec<Value> {
-    let wrapped = format!("SELECT coalesce(json_agg(t), '[]'::json)::text FROM ({sql}) t");
-    let row = app
-        .db
-        .query_one_raw(Statement::from_string(DbBackend::Postgres, wrapped))
-        .await
-        .expect("query")
-        .expect("one row");
-    let text: String = row.try_get_by_index(0).expect("json text");
-    match serde_json::from_str(&text).expect("json") {
-        Value::Array(rows) => rows,
-        other => panic!("not an array: {other}"),
-    }
-}
-
 /// The order's row in `orders`, every column.
 async fn order_row(app: &TestApp, id: Uuid) -> Value {
-    let mut found = rows(app, &format!("SELECT * FROM orders WHERE id = '{id}'")).await;
+    let mut found = app.rows(&format!("SELECT * FROM orders WHERE id = '{id}'")).await;
     assert_eq!(found.len(), 1, "order {id} has one row");
     found.remove(0)
 }
 
 /// The statuses of an order's lines (its reservations), sorted.
 async fn line_statuses(app: &TestApp, order: Uuid) -> Vec<String> {
-    let mut statuses: Vec<String> = rows(app, &format!("SELECT status FROM reservations WHERE order_id = '{order}'"))
+    let mut statuses: Vec<String> = app
+        .rows(&format!("SELECT status FROM reservations WHERE order_id = '{order}'"))
         .await
         .iter()
         .map(|row| row["status"].as_str().expect("status").to_owned())
@@ -187,7 +67,7 @@ async fn line_statuses(app: &TestApp, order: Uuid) -> Vec<String> {
 
 /// Everything about one order the database holds: its row and its lines.
 async fn order_state(app: &TestApp, order: Uuid) -> Value {
-    let mut lines = rows(app, &format!("SELECT * FROM reservations WHERE order_id = '{order}'")).await;
+    let mut lines = app.rows(&format!("SELECT * FROM reservations WHERE order_id = '{order}'")).await;
     lines.sort_by_key(|line| line["id"].as_str().map(str::to_owned));
     json!({ "order": order_row(app, order).await, "lines": lines })
 }
@@ -233,7 +113,7 @@ async fn placing_an_order_merges_lines_takes_stock_and_holds_it_as_ordered_reser
         ],
         "shippingAddress": address("1 Main Street"),
     });
-    let (name, placed) = place_order(&app, &alice, input).await;
+    let (name, placed) = named(app.place_order(&alice, input).await);
     assert_eq!(name, "OrderPlaced", "{placed}");
     let order = &placed["order"];
     let id = uuid(&order["id"]);
@@ -261,14 +141,12 @@ async fn placing_an_order_merges_lines_takes_stock_and_holds_it_as_ordered_reser
         (Some("PENDING"), Some("alice"), Some(1))
     );
     assert!(row["confirmed_at"].is_null() && row["confirmed_by"].is_null(), "{row}");
-    let held = rows(
-        &app,
-        &format!(
+    let held = app
+        .rows(&format!(
             "SELECT inventory_id, sum(quantity)::int AS quantity FROM reservations \
              WHERE order_id = '{id}' AND status = 'ORDERED' AND user_id = 'alice' GROUP BY inventory_id"
-        ),
-    )
-    .await;
+        ))
+        .await;
     let mut held: Vec<(Uuid, i64)> =
         held.iter().map(|r| (uuid(&r["inventory_id"]), r["quantity"].as_i64().expect("quantity"))).collect();
     held.sort();
@@ -281,7 +159,7 @@ async fn placing_an_order_merges_lines_takes_stock_and_holds_it_as_ordered_reser
     assert_eq!(read["data"]["order"]["id"], id.to_string(), "{read}");
 
     // Cancelling gives every unit back and releases the lines.
-    let (name, cancelled) = cancel(&app, &alice, id).await;
+    let (name, cancelled) = named(app.cancel(&alice, id).await);
     assert_eq!(name, "OrderCancelled", "{cancelled}");
     assert_eq!(cancelled["order"]["status"], "CANCELLED");
     assert_eq!(cancelled["order"]["version"], 2);
@@ -302,7 +180,7 @@ async fn an_order_with_an_unavailable_line_is_not_placed_and_takes_nothing() {
         "items": [{ "inventoryId": x, "quantity": 1 }, { "inventoryId": y, "quantity": 3 }],
         "shippingAddress": address("1 Main Street"),
     });
-    let (name, result) = place_order(&app, &alice, input).await;
+    let (name, result) = named(app.place_order(&alice, input).await);
     assert_eq!(name, "ItemsUnavailable", "{result}");
     assert_eq!(
         result["items"],
@@ -327,11 +205,11 @@ async fn confirm_racing_cancel_lets_exactly_one_win(isolation: Isolation, lockin
         let id = new_order(&app, &alice, item, 1).await;
         let confirming = {
             let (app, token) = (app.clone(), operator.clone());
-            async move { confirm(&app, &token, id).await }.boxed()
+            async move { named(app.confirm(&token, id).await) }.boxed()
         };
         let cancelling = {
             let (app, token) = (app.clone(), alice.clone());
-            async move { cancel(&app, &token, id).await }.boxed()
+            async move { named(app.cancel(&token, id).await) }.boxed()
         };
         let results = at_once(vec![confirming, cancelling]).await;
         let ((confirm_name, confirm_body), (cancel_name, cancel_body)) = (&results[0], &results[1]);
@@ -384,34 +262,21 @@ async fn confirm_racing_cancel_lets_exactly_one_win(isolation: Isolation, lockin
     app.assert_invariant().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn confirm_racing_cancel_lets_exactly_one_win_at_read_committed_optimistic() {
-    confirm_racing_cancel_lets_exactly_one_win(Isolation::ReadCommitted, OrderLocking::Optimistic, 100).await;
+/// Rounds of a race: most where races are cheapest to run (READ COMMITTED, optimistic).
+fn race_rounds(isolation: Isolation, locking: OrderLocking) -> usize {
+    match (isolation, locking) {
+        (Isolation::ReadCommitted, OrderLocking::Optimistic) => 100,
+        _ => 25,
+    }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn confirm_racing_cancel_lets_exactly_one_win_at_read_committed_pessimistic() {
-    confirm_racing_cancel_lets_exactly_one_win(Isolation::ReadCommitted, OrderLocking::Pessimistic, 25).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn confirm_racing_cancel_lets_exactly_one_win_at_repeatable_read_optimistic() {
-    confirm_racing_cancel_lets_exactly_one_win(Isolation::RepeatableRead, OrderLocking::Optimistic, 25).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn confirm_racing_cancel_lets_exactly_one_win_at_repeatable_read_pessimistic() {
-    confirm_racing_cancel_lets_exactly_one_win(Isolation::RepeatableRead, OrderLocking::Pessimistic, 25).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn confirm_racing_cancel_lets_exactly_one_win_at_serializable_optimistic() {
-    confirm_racing_cancel_lets_exactly_one_win(Isolation::Serializable, OrderLocking::Optimistic, 25).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn confirm_racing_cancel_lets_exactly_one_win_at_serializable_pessimistic() {
-    confirm_racing_cancel_lets_exactly_one_win(Isolation::Serializable, OrderLocking::Pessimistic, 25).await;
+at_every_isolation! {
+    confirm_racing_cancel_lets_exactly_one_win_optimistic => |isolation| {
+        confirm_racing_cancel_lets_exactly_one_win(isolation, OrderLocking::Optimistic, race_rounds(isolation, OrderLocking::Optimistic))
+    };
+    confirm_racing_cancel_lets_exactly_one_win_pessimistic => |isolation| {
+        confirm_racing_cancel_lets_exactly_one_win(isolation, OrderLocking::Pessimistic, race_rounds(isolation, OrderLocking::Pessimistic))
+    };
 }
 
 // ---------- 2. reserveMany ----------
@@ -427,7 +292,7 @@ async fn opposite_reserve_many_requests_never_deadlock_or_oversell(isolation: Is
             let token = app.token(&format!("user-{i}"), Role::Customer);
             let (first, second) = if i % 2 == 0 { (x, y) } else { (y, x) };
             let items = json!([{ "inventoryId": first, "quantity": 1 }, { "inventoryId": second, "quantity": 1 }]);
-            async move { reserve_many(&app, &token, items).await }.boxed()
+            async move { named(app.reserve_many(&token, items).await) }.boxed()
         })
         .collect();
     let results = at_once(requests).await;
@@ -473,7 +338,7 @@ async fn opposite_reserve_many_requests_never_deadlock_or_oversell(isolation: Is
     let taken = i32::try_from(granted).expect("small");
     assert_eq!(app.stock_and_version(x).await.0, 60 - taken, "X lost exactly one unit per ReservedAll");
     assert_eq!(app.stock_and_version(y).await.0, 60 - taken, "Y lost exactly one unit per ReservedAll");
-    let stored = rows(&app, "SELECT id, inventory_id, quantity, status FROM reservations").await;
+    let stored = app.rows("SELECT id, inventory_id, quantity, status FROM reservations").await;
     assert_eq!(stored.len(), 2 * granted, "two reservations per ReservedAll, none for a refusal");
     assert!(stored.iter().all(|r| r["quantity"] == 1 && r["status"] == "ACTIVE"), "{stored:?}");
     let stored_ids: HashSet<Uuid> = stored.iter().map(|r| uuid(&r["id"])).collect();
@@ -485,20 +350,7 @@ async fn opposite_reserve_many_requests_never_deadlock_or_oversell(isolation: Is
     app.assert_invariant().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn opposite_reserve_many_requests_never_deadlock_or_oversell_at_read_committed() {
-    opposite_reserve_many_requests_never_deadlock_or_oversell(Isolation::ReadCommitted).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn opposite_reserve_many_requests_never_deadlock_or_oversell_at_repeatable_read() {
-    opposite_reserve_many_requests_never_deadlock_or_oversell(Isolation::RepeatableRead).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn opposite_reserve_many_requests_never_deadlock_or_oversell_at_serializable() {
-    opposite_reserve_many_requests_never_deadlock_or_oversell(Isolation::Serializable).await;
-}
+at_every_isolation! { opposite_reserve_many_requests_never_deadlock_or_oversell; }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reserve_many_lists_only_the_lines_it_cannot_serve_and_takes_nothing() {
@@ -531,7 +383,7 @@ async fn reserve_many_lists_only_the_lines_it_cannot_serve_and_takes_nothing() {
         ),
     ];
     for (items, expected) in cases {
-        let (name, result) = reserve_many(&app, &alice, items.clone()).await;
+        let (name, result) = named(app.reserve_many(&alice, items.clone()).await);
         assert_eq!(name, "ItemsUnavailable", "{items}: {result}");
         assert_eq!(result["items"], expected, "{items}");
         assert_eq!(app.snapshot().await, before, "{items} took nothing");
@@ -543,7 +395,7 @@ async fn reserve_many_lists_only_the_lines_it_cannot_serve_and_takes_nothing() {
         { "inventoryId": y, "quantity": 1 },
         { "inventoryId": x, "quantity": 2, "expectedVersion": 1 },
     ]);
-    let (name, result) = reserve_many(&app, &alice, items).await;
+    let (name, result) = named(app.reserve_many(&alice, items).await);
     assert_eq!(name, "ReservedAll", "{result}");
     assert_eq!(app.stock_and_version(x).await.0, 1);
     assert_eq!(app.stock_and_version(y).await.0, 4);
@@ -564,7 +416,7 @@ async fn a_stale_address_change_returns_the_current_order_and_writes_nothing(iso
     let id = new_order(&app, &alice, item, 1).await;
     let (first, second) = (address("2 First Avenue"), address("3 Second Road"));
 
-    let (name, changed) = change_address(&app, &alice, id, 1, &first).await;
+    let (name, changed) = named(app.change_address(&alice, id, 1, &first).await);
     assert_eq!(name, "ShippingAddressChanged", "{changed}");
     assert_eq!(changed["order"]["version"], 2);
     assert_eq!(changed["order"]["shippingAddress"], first);
@@ -572,7 +424,7 @@ async fn a_stale_address_change_returns_the_current_order_and_writes_nothing(iso
     let snapshot = app.snapshot().await;
 
     // A second screen that also saw version 1.
-    let (name, conflict) = change_address(&app, &alice, id, 1, &second).await;
+    let (name, conflict) = named(app.change_address(&alice, id, 1, &second).await);
     assert_eq!(name, "OrderVersionConflict", "{conflict}");
     assert_eq!(conflict["expectedVersion"], 1);
     assert_eq!(conflict["current"]["id"], id.to_string());
@@ -589,20 +441,7 @@ async fn a_stale_address_change_returns_the_current_order_and_writes_nothing(iso
     app.assert_invariant().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_stale_address_change_returns_the_current_order_and_writes_nothing_at_read_committed() {
-    a_stale_address_change_returns_the_current_order_and_writes_nothing(Isolation::ReadCommitted).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_stale_address_change_returns_the_current_order_and_writes_nothing_at_repeatable_read() {
-    a_stale_address_change_returns_the_current_order_and_writes_nothing(Isolation::RepeatableRead).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_stale_address_change_returns_the_current_order_and_writes_nothing_at_serializable() {
-    a_stale_address_change_returns_the_current_order_and_writes_nothing(Isolation::Serializable).await;
-}
+at_every_isolation! { a_stale_address_change_returns_the_current_order_and_writes_nothing; }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cancelled_and_confirmed_orders_are_not_editable() {
@@ -611,15 +450,15 @@ async fn cancelled_and_confirmed_orders_are_not_editable() {
     let alice = app.token("alice", Role::Customer);
 
     let cancelled = new_order(&app, &alice, item, 1).await;
-    assert_eq!(cancel(&app, &alice, cancelled).await.0, "OrderCancelled");
+    assert_eq!(named(app.cancel(&alice, cancelled).await).0, "OrderCancelled");
     let confirmed = new_order(&app, &alice, item, 1).await;
-    assert_eq!(confirm(&app, &app.operator(), confirmed).await.0, "OrderConfirmed");
+    assert_eq!(named(app.confirm(&app.operator(), confirmed).await).0, "OrderConfirmed");
 
     for (id, status) in [(cancelled, "CANCELLED"), (confirmed, "CONFIRMED")] {
         let before = order_state(&app, id).await;
         let snapshot = app.snapshot().await;
         // The current version, so only the status stands in the way.
-        let (name, result) = change_address(&app, &alice, id, 2, &address("9 Late Lane")).await;
+        let (name, result) = named(app.change_address(&alice, id, 2, &address("9 Late Lane")).await);
         assert_eq!(name, "OrderNotEditable", "{result}");
         assert_eq!(result["order"]["status"], status);
         assert_eq!(result["order"]["version"], 2);
@@ -649,8 +488,11 @@ async fn confirm_and_cancel_report_modified_concurrently_after_three_lost_races(
     let snapshot = app.snapshot().await;
 
     for what in ["confirm", "cancel"] {
-        let (name, result) =
-            if what == "confirm" { confirm(&app, &app.operator(), id).await } else { cancel(&app, &alice, id).await };
+        let (name, result) = if what == "confirm" {
+            named(app.confirm(&app.operator(), id).await)
+        } else {
+            named(app.cancel(&alice, id).await)
+        };
         assert_eq!(name, "OrderModifiedConcurrently", "{what}: {result}");
         assert_eq!(result["orderId"], id.to_string(), "{what}");
         assert_eq!(result["attempts"], 3, "{what}: at most 3 attempts");
@@ -662,27 +504,14 @@ async fn confirm_and_cancel_report_modified_concurrently_after_three_lost_races(
 
     // Once races can be won again, the order is as good as new.
     app.db.execute_unprepared("DROP TRIGGER lose_every_race ON orders").await.expect("drop the trigger");
-    let (name, result) = cancel(&app, &alice, id).await;
+    let (name, result) = named(app.cancel(&alice, id).await);
     assert_eq!(name, "OrderCancelled", "{result}");
     assert_eq!(order_row(&app, id).await["version"], 2);
     assert_eq!(app.stock_and_version(item).await.0, 10);
     app.assert_invariant().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn confirm_and_cancel_report_modified_concurrently_after_three_lost_races_at_read_committed() {
-    confirm_and_cancel_report_modified_concurrently_after_three_lost_races(Isolation::ReadCommitted).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn confirm_and_cancel_report_modified_concurrently_after_three_lost_races_at_repeatable_read() {
-    confirm_and_cancel_report_modified_concurrently_after_three_lost_races(Isolation::RepeatableRead).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn confirm_and_cancel_report_modified_concurrently_after_three_lost_races_at_serializable() {
-    confirm_and_cancel_report_modified_concurrently_after_three_lost_races(Isolation::Serializable).await;
-}
+at_every_isolation! { confirm_and_cancel_report_modified_concurrently_after_three_lost_races; }
 
 // ---------- 5. lock timeout ----------
 
@@ -699,8 +528,11 @@ async fn a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mo
     txn.execute_unprepared(&format!("SELECT 1 FROM orders WHERE id = '{id}' FOR UPDATE")).await.expect("lock the row");
     for what in ["confirm", "cancel"] {
         let started = Instant::now();
-        let (name, result) =
-            if what == "confirm" { confirm(&app, &app.operator(), id).await } else { cancel(&app, &alice, id).await };
+        let (name, result) = if what == "confirm" {
+            named(app.confirm(&app.operator(), id).await)
+        } else {
+            named(app.cancel(&alice, id).await)
+        };
         let elapsed = started.elapsed();
         assert_eq!(name, "OrderModifiedConcurrently", "{what}: {result}");
         assert_eq!(result["orderId"], id.to_string());
@@ -713,26 +545,13 @@ async fn a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mo
     assert_eq!(order_state(&app, id).await, before, "nothing written while the row was held");
     assert_eq!(app.snapshot().await, snapshot);
     // The lock is gone, and so is the obstacle.
-    let (name, result) = confirm(&app, &app.operator(), id).await;
+    let (name, result) = named(app.confirm(&app.operator(), id).await);
     assert_eq!(name, "OrderConfirmed", "{result}");
     assert_eq!(order_row(&app, id).await["status"], "CONFIRMED");
     app.assert_invariant().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode_at_read_committed() {
-    a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode(Isolation::ReadCommitted).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode_at_repeatable_read() {
-    a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode(Isolation::RepeatableRead).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode_at_serializable() {
-    a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode(Isolation::Serializable).await;
-}
+at_every_isolation! { a_held_order_row_times_out_into_modified_concurrently_in_pessimistic_mode; }
 
 // ---------- 6. releasing reservations ----------
 
@@ -747,7 +566,7 @@ async fn ten_releases_of_one_reservation_return_its_stock_once(isolation: Isolat
     let requests = (0..10)
         .map(|_| {
             let (app, token) = (app.clone(), alice.clone());
-            async move { release(&app, &token, reservation).await }.boxed()
+            async move { named(app.release(&token, reservation).await) }.boxed()
         })
         .collect();
     let results = at_once(requests).await;
@@ -761,25 +580,12 @@ async fn ten_releases_of_one_reservation_return_its_stock_once(isolation: Isolat
     assert_eq!(released["inventory"]["version"], 3);
 
     assert_eq!(app.stock_and_version(item).await, (10, 3), "stock returned exactly once");
-    let stored = rows(&app, &format!("SELECT status FROM reservations WHERE id = '{reservation}'")).await;
+    let stored = app.rows(&format!("SELECT status FROM reservations WHERE id = '{reservation}'")).await;
     assert_eq!(stored, [json!({ "status": "RELEASED" })]);
     app.assert_invariant().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn ten_releases_of_one_reservation_return_its_stock_once_at_read_committed() {
-    ten_releases_of_one_reservation_return_its_stock_once(Isolation::ReadCommitted).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn ten_releases_of_one_reservation_return_its_stock_once_at_repeatable_read() {
-    ten_releases_of_one_reservation_return_its_stock_once(Isolation::RepeatableRead).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn ten_releases_of_one_reservation_return_its_stock_once_at_serializable() {
-    ten_releases_of_one_reservation_return_its_stock_once(Isolation::Serializable).await;
-}
+at_every_isolation! { ten_releases_of_one_reservation_return_its_stock_once; }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn only_the_owner_releases_a_reservation_and_order_lines_are_not_releasable() {
@@ -789,19 +595,19 @@ async fn only_the_owner_releases_a_reservation_and_order_lines_are_not_releasabl
     let reserved = app.reserve(&alice, json!({ "inventoryId": item, "quantity": 1 })).await;
     let reservation = uuid(&reserved["reservation"]["id"]);
     let order = new_order(&app, &alice, item, 2).await;
-    let line = uuid(&rows(&app, &format!("SELECT id FROM reservations WHERE order_id = '{order}'")).await[0]["id"]);
+    let line = uuid(&app.rows(&format!("SELECT id FROM reservations WHERE order_id = '{order}'")).await[0]["id"]);
     let snapshot = app.snapshot().await;
 
-    let (name, result) = release(&app, &bob, reservation).await;
+    let (name, result) = named(app.release(&bob, reservation).await);
     assert_eq!(name, "ReservationNotFound", "someone else's reservation reads as absent: {result}");
     assert_eq!(result["reservationId"], reservation.to_string());
-    let (name, result) = release(&app, &alice, line).await;
+    let (name, result) = named(app.release(&alice, line).await);
     assert_eq!(name, "ReservationNotActive", "an order line is released by cancelling the order: {result}");
     assert_eq!(result["reservation"]["status"], "ORDERED");
 
     assert_eq!(app.snapshot().await, snapshot, "nothing written");
     let mut statuses: Vec<String> =
-        rows(&app, "SELECT status FROM reservations").await.iter().map(|r| r["status"].to_string()).collect();
+        app.rows("SELECT status FROM reservations").await.iter().map(|r| r["status"].to_string()).collect();
     statuses.sort();
     assert_eq!(statuses, [r#""ACTIVE""#, r#""ORDERED""#], "both untouched");
     assert_eq!(order_row(&app, order).await["version"], 1);
@@ -822,7 +628,7 @@ async fn ten_repeats_of_one_checkout_place_one_order(isolation: Isolation) {
     let requests = (0..10)
         .map(|_| {
             let (app, token, input) = (app.clone(), alice.clone(), input.clone());
-            async move { place_order(&app, &token, input).await }.boxed()
+            async move { named(app.place_order(&token, input).await) }.boxed()
         })
         .collect();
     let results = at_once(requests).await;
@@ -836,20 +642,7 @@ async fn ten_repeats_of_one_checkout_place_one_order(isolation: Isolation) {
     app.assert_invariant().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn ten_repeats_of_one_checkout_place_one_order_at_read_committed() {
-    ten_repeats_of_one_checkout_place_one_order(Isolation::ReadCommitted).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn ten_repeats_of_one_checkout_place_one_order_at_repeatable_read() {
-    ten_repeats_of_one_checkout_place_one_order(Isolation::RepeatableRead).await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn ten_repeats_of_one_checkout_place_one_order_at_serializable() {
-    ten_repeats_of_one_checkout_place_one_order(Isolation::Serializable).await;
-}
+at_every_isolation! { ten_repeats_of_one_checkout_place_one_order; }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_checkout_key_reused_for_other_items_is_refused_and_writes_nothing() {
@@ -857,7 +650,7 @@ async fn a_checkout_key_reused_for_other_items_is_refused_and_writes_nothing() {
     let (x, y) = (app.create_inventory("REUSE-X", 20).await, app.create_inventory("REUSE-Y", 20).await);
     let alice = app.token("alice", Role::Customer);
     let input = |items: Value| json!({ "items": items, "shippingAddress": address("1 Main Street"), "idempotencyKey": "checkout-2" });
-    let (name, first) = place_order(&app, &alice, input(json!([{ "inventoryId": x, "quantity": 1 }]))).await;
+    let (name, first) = named(app.place_order(&alice, input(json!([{ "inventoryId": x, "quantity": 1 }]))).await);
     assert_eq!(name, "OrderPlaced", "{first}");
     let snapshot = app.snapshot().await;
 
@@ -866,7 +659,7 @@ async fn a_checkout_key_reused_for_other_items_is_refused_and_writes_nothing() {
         json!([{ "inventoryId": y, "quantity": 1 }]),
         json!([{ "inventoryId": x, "quantity": 1 }, { "inventoryId": y, "quantity": 1 }]),
     ] {
-        let (name, body) = place_order(&app, &alice, input(items.clone())).await;
+        let (name, body) = named(app.place_order(&alice, input(items.clone())).await);
         assert_eq!(name, "ERROR", "{items}: {body}");
         assert_eq!(error_code(&body), Some("IDEMPOTENCY_KEY_REUSED"), "{items}: {body}");
     }
@@ -874,7 +667,7 @@ async fn a_checkout_key_reused_for_other_items_is_refused_and_writes_nothing() {
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
 
     // The same request still replays the first order.
-    let (name, replay) = place_order(&app, &alice, input(json!([{ "inventoryId": x, "quantity": 1 }]))).await;
+    let (name, replay) = named(app.place_order(&alice, input(json!([{ "inventoryId": x, "quantity": 1 }]))).await);
     assert_eq!(name, "OrderPlaced", "{replay}");
     assert_eq!(replay["order"]["id"], first["order"]["id"]);
     assert_eq!(app.snapshot().await, snapshot);
@@ -893,15 +686,15 @@ async fn customers_may_not_confirm_and_cannot_touch_other_customers_orders() {
     let snapshot = app.snapshot().await;
 
     for token in [&alice, &bob] {
-        let (name, body) = confirm(&app, token, id).await;
+        let (name, body) = named(app.confirm(token, id).await);
         assert_eq!(name, "ERROR", "{body}");
         assert_eq!(error_code(&body), Some("FORBIDDEN"), "{body}");
     }
     let read = app.graphql(Some(&bob), ORDER, json!({ "id": id })).await;
     assert!(read.get("errors").is_none() && read["data"]["order"].is_null(), "alice's order reads as absent: {read}");
-    let (name, result) = cancel(&app, &bob, id).await;
+    let (name, result) = named(app.cancel(&bob, id).await);
     assert_eq!((name.as_str(), &result["orderId"]), ("OrderNotFound", &json!(id)), "{result}");
-    let (name, result) = change_address(&app, &bob, id, 1, &address("6 Thief Street")).await;
+    let (name, result) = named(app.change_address(&bob, id, 1, &address("6 Thief Street")).await);
     assert_eq!((name.as_str(), &result["orderId"]), ("OrderNotFound", &json!(id)), "{result}");
     let anonymous = app.graphql(None, ORDER, json!({ "id": id })).await;
     assert_eq!(error_code(&anonymous), Some("UNAUTHENTICATED"), "{anonymous}");
@@ -923,7 +716,7 @@ async fn customers_list_only_their_own_orders_and_operators_list_all() {
     let (alice, bob, operator) = (app.token("alice", Role::Customer), app.token("bob", Role::Customer), app.operator());
     let alice_pending = new_order(&app, &alice, item, 1).await;
     let alice_cancelled = new_order(&app, &alice, item, 1).await;
-    assert_eq!(cancel(&app, &alice, alice_cancelled).await.0, "OrderCancelled");
+    assert_eq!(named(app.cancel(&alice, alice_cancelled).await).0, "OrderCancelled");
     let bob_pending = new_order(&app, &bob, item, 1).await;
 
     let listed = |token: String, status: Value| {
@@ -987,7 +780,7 @@ async fn bad_order_input_is_refused_and_writes_nothing() {
         ),
     ];
     for (what, input) in cases {
-        let (name, body) = place_order(&app, &alice, input).await;
+        let (name, body) = named(app.place_order(&alice, input).await);
         assert_eq!(name, "ERROR", "{what}: {body}");
         assert_eq!(error_code(&body), Some("BAD_USER_INPUT"), "{what}: {body}");
         assert!(body["data"].is_null(), "{what}: no data for a refused mutation: {body}");
@@ -999,9 +792,9 @@ async fn bad_order_input_is_refused_and_writes_nothing() {
         { "inventoryId": y, "quantity": 1, "expectedVersion": 1 },
         { "inventoryId": y, "quantity": 1, "expectedVersion": 2 },
     ]);
-    let (name, body) = reserve_many(&app, &alice, items).await;
+    let (name, body) = named(app.reserve_many(&alice, items).await);
     assert_eq!((name.as_str(), error_code(&body)), ("ERROR", Some("BAD_USER_INPUT")), "{body}");
-    let (name, body) = change_address(&app, &alice, existing, 1, &with_name(" ")).await;
+    let (name, body) = named(app.change_address(&alice, existing, 1, &with_name(" ")).await);
     assert_eq!((name.as_str(), error_code(&body)), ("ERROR", Some("BAD_USER_INPUT")), "{body}");
 
     assert_eq!(app.snapshot().await, snapshot);

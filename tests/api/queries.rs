@@ -4,12 +4,13 @@
 use std::sync::atomic::Ordering;
 
 use serde_json::json;
-use stockguard::auth::Role;
+use stockguard::{auth::Role, config::Limits, server::request_data};
 use uuid::Uuid;
 
-use stockguard::config::Limits;
-
-use crate::helpers::{Isolation, TestApp};
+use crate::{
+    documents::{INVENTORIES, MY_RESERVATIONS},
+    helpers::{Isolation, TestApp},
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn each_reserve_outcome_carries_the_state_a_screen_needs() {
@@ -52,13 +53,7 @@ async fn pages_of_inventories_cover_every_row_once() {
     let mut seen = Vec::new();
     let mut after: Option<String> = None;
     loop {
-        let body = app
-            .graphql(
-                None,
-                "query($after: String) { inventories(first: 3, after: $after) { nodes { sku } pageInfo { hasNextPage endCursor } } }",
-                json!({ "after": after }),
-            )
-            .await;
+        let body = app.graphql(None, INVENTORIES, json!({ "f": 3, "after": after })).await;
         let connection = &body["data"]["inventories"];
         seen.extend(
             connection["nodes"].as_array().expect("nodes").iter().map(|n| n["sku"].as_str().expect("sku").to_owned()),
@@ -83,9 +78,7 @@ async fn a_page_of_fifty_reservations_loads_their_inventories_in_one_batch() {
         assert_eq!(reserved["__typename"], "Reserved");
     }
     let before = app.statements.load(Ordering::SeqCst);
-    let body = app
-        .graphql(Some(&alice), "{ myReservations(first: 50) { nodes { id inventory { sku stock } } } }", json!({}))
-        .await;
+    let body = app.graphql(Some(&alice), MY_RESERVATIONS, json!({ "f": 50 })).await;
     let statements = app.statements.load(Ordering::SeqCst) - before;
     let nodes = body["data"]["myReservations"]["nodes"].as_array().expect("nodes");
     assert_eq!(nodes.len(), 50);
@@ -93,6 +86,17 @@ async fn a_page_of_fifty_reservations_loads_their_inventories_in_one_batch() {
     // One for the page and one batch for the fifty inventories; the loader's
     // 1 ms window may close early on a loaded machine and split the batch once.
     assert!((2..=3).contains(&statements), "{statements} statements for a page of 50: the loader does not batch");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_with_the_composition_root_s_data_loads_through_its_dataloader() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("DATA-1", 4).await;
+    let request = async_graphql::Request::new(format!(r#"{{ inventory(id: "{id}") {{ sku stock }} }}"#));
+    let response = app.schema.execute(request_data(app.server.state(), request)).await;
+    assert!(response.errors.is_empty(), "{:?}", response.errors);
+    let data = response.data.into_json().expect("json");
+    assert_eq!(data, json!({ "inventory": { "sku": "DATA-1", "stock": 4 } }));
 }
 
 #[test]

@@ -8,26 +8,20 @@
 
 use std::collections::BTreeMap;
 
-use sea_orm::{DatabaseTransaction, DbBackend, DbErr, FromQueryResult, Statement, Value};
-use sha2::{Digest, Sha256};
+use sea_orm::{DatabaseConnection, DatabaseTransaction, DbErr, FromQueryResult};
 use uuid::Uuid;
 
 use super::ReservationRow;
-use crate::{error::AppError, inventory::InventoryRow, validate};
+use crate::{
+    error::AppError,
+    idempotency::Key,
+    inventory::{InventoryRow, store as inventory_store},
+    stock::taking::{self, Line, Purpose},
+    validate,
+};
 
 /// Most lines in one request, after merging.
 pub const MAX_LINES: usize = 100;
-
-/// One merged, checked line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Line {
-    /// The inventory.
-    pub inventory_id: Uuid,
-    /// Units, summed over the request's lines for this inventory.
-    pub quantity: i32,
-    /// The version the client saw, if it sent one.
-    pub expected_version: Option<i32>,
-}
 
 /// A line as the client sent it.
 #[derive(Debug, Clone)]
@@ -74,17 +68,10 @@ pub fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>, AppErr
     Ok(merged.into_values().collect())
 }
 
-/// A hash of an operation and its merged lines (plus anything else that
-/// makes the request what it is), to tell an idempotent replay from a reuse.
-pub fn fingerprint(operation: &str, lines: &[Line], extra: &str) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(operation.as_bytes());
-    for line in lines {
-        hasher.update(format!("\n{}:{}:{:?}", line.inventory_id, line.quantity, line.expected_version));
-    }
-    hasher.update(b"\n");
-    hasher.update(extra.as_bytes());
-    hex::encode(hasher.finalize())
+/// The idempotency key of a multi-item `operation` over `lines`, with
+/// `extra` for anything else that makes the request what it is.
+pub fn key(key: String, operation: &str, lines: &[Line], extra: &str) -> Key {
+    Key::multi_item(key, operation, lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version)), extra)
 }
 
 /// Why a line could not be served.
@@ -109,28 +96,6 @@ pub struct Unavailable {
     pub inventory: Option<InventoryRow>,
 }
 
-/// What the lines are taken for.
-#[derive(Debug, Clone, Copy)]
-pub enum Purpose {
-    /// Plain reservations (`reserveMany`): ACTIVE for `ttl_secs` (0 = never
-    /// expire), ledger reason RESERVED.
-    Reservations {
-        /// Seconds until they expire.
-        ttl_secs: i32,
-    },
-    /// The lines of this order (`placeOrder`): ORDERED, ledger reason ORDERED.
-    Order(Uuid),
-}
-
-/// An idempotency key and the fingerprint of the request that carries it.
-#[derive(Debug, Clone)]
-pub struct Keyed {
-    /// The client's key.
-    pub key: String,
-    /// The request's fingerprint.
-    pub fingerprint: String,
-}
-
 /// Takes every line or none, inside `txn`. `Ok(Err(..))` lists every line
 /// that cannot be served; the caller then rolls back (nothing was written).
 pub async fn take(
@@ -138,85 +103,21 @@ pub async fn take(
     user_id: &str,
     lines: &[Line],
     purpose: Purpose,
-    keyed: Option<&Keyed>,
+    key: Option<&Key>,
 ) -> Result<Result<Vec<ReservationRow>, Vec<Unavailable>>, DbErr> {
     let ids: Vec<Uuid> = lines.iter().map(|l| l.inventory_id).collect();
-    // This locks the rows in id order for the rest of the transaction, so two
-    // requests naming the same inventories in opposite orders wait for each
-    // other instead of deadlocking, and the judgement below cannot go stale.
-    let locked = InventoryRow::find_by_statement(Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "SELECT id, sku, name, stock, version, created_at, updated_at
-           FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-        [ids_value(&ids)],
-    ))
-    .all(txn)
-    .await?;
+    let locked = InventoryRow::find_by_statement(taking::lock_lines(&ids)).all(txn).await?;
     let unavailable = judge(lines, &locked);
     if !unavailable.is_empty() {
         return Ok(Err(unavailable));
     }
-
-    // The same conditions again in the UPDATE's WHERE: with the rows locked
-    // they hold, and a line that did not match shows up as a missing row.
-    const SQL: &str = r#"
-WITH line AS (
-    SELECT inventory_id, quantity, CASE WHEN checked THEN expected_version END AS expected_version, n
-      FROM unnest($1::uuid[], $2::integer[], $3::integer[], $11::boolean[]) WITH ORDINALITY
-        AS l(inventory_id, quantity, expected_version, checked, n)
-), taken AS (
-    UPDATE inventories i
-       SET stock = i.stock - line.quantity, version = i.version + 1, updated_at = now()
-      FROM line
-     WHERE i.id = line.inventory_id AND i.stock >= line.quantity
-       AND (line.expected_version IS NULL OR i.version = line.expected_version)
- RETURNING i.id, i.stock, i.version, line.quantity, line.n
-), reservation AS (
-    INSERT INTO reservations (id, inventory_id, order_id, user_id, quantity, status,
-                              idempotency_key, request_fingerprint, batch_id, expires_at)
-    SELECT gen_random_uuid(), id, $4, $5, quantity, $6,
-           CASE WHEN n = 1 THEN $7 END, CASE WHEN n = 1 THEN $8 END, $9,
-           CASE WHEN $12::integer > 0 THEN now() + $12::integer * interval '1 second' END
-      FROM taken
- RETURNING *
-), movement AS (
-    INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id)
-    SELECT t.id, -t.quantity, $10, t.stock, t.version, r.id, $4
-      FROM taken t JOIN reservation r ON r.inventory_id = t.id
-)
-SELECT * FROM reservation ORDER BY inventory_id"#;
-    // Order lines never expire: they hold stock until the order is cancelled.
-    let (order_id, status, reason, ttl_secs) = match purpose {
-        Purpose::Reservations { ttl_secs } => (None, "ACTIVE", "RESERVED", ttl_secs),
-        Purpose::Order(id) => (Some(id), "ORDERED", "ORDERED", 0),
-    };
-    let values: Vec<Value> = vec![
-        ids_value(&ids),
-        Value::from(lines.iter().map(|l| l.quantity).collect::<Vec<i32>>()),
-        // Arrays cannot carry NULLs through the driver, so "no expected
-        // version" travels as `false` in $11 beside a placeholder 0.
-        Value::from(lines.iter().map(|l| l.expected_version.unwrap_or(0)).collect::<Vec<i32>>()),
-        order_id.into(),
-        user_id.into(),
-        status.into(),
-        keyed.map(|k| k.key.clone()).into(),
-        keyed.map(|k| k.fingerprint.clone()).into(),
-        Uuid::new_v4().into(),
-        reason.into(),
-        Value::from(lines.iter().map(|l| l.expected_version.is_some()).collect::<Vec<bool>>()),
-        ttl_secs.into(),
-    ];
-    let rows = ReservationRow::find_by_statement(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values))
-        .all(txn)
-        .await?;
+    let key = key.map(|k| (k.key.as_str(), k.fingerprint.as_str()));
+    let statement = taking::take_lines(lines, purpose, user_id, key, Uuid::new_v4());
+    let rows = ReservationRow::find_by_statement(statement).all(txn).await?;
     if rows.len() != lines.len() {
         return Err(DbErr::Custom(format!("{} of {} locked lines were taken", rows.len(), lines.len())));
     }
     Ok(Ok(rows))
-}
-
-fn ids_value(ids: &[Uuid]) -> Value {
-    Value::from(ids.to_vec())
 }
 
 /// Every line the locked rows cannot serve.
@@ -235,6 +136,21 @@ fn judge(lines: &[Line], locked: &[InventoryRow]) -> Vec<Unavailable> {
             Some(Unavailable { inventory_id: line.inventory_id, reason, inventory: row.cloned() })
         })
         .collect()
+}
+
+/// Every line as a conflict, with the latest rows: what a request reports
+/// when each of its runs collided.
+pub async fn all_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
+    tracing::warn!(lines = lines.len(), "multi-item collisions exhausted");
+    let rows = inventory_store::find_many(db, lines.iter().map(|l| l.inventory_id)).await?;
+    Ok(lines
+        .iter()
+        .map(|line| {
+            let inventory = rows.iter().find(|row| row.id == line.inventory_id).cloned();
+            let reason = if inventory.is_some() { UnavailableReason::Conflict } else { UnavailableReason::NotFound };
+            Unavailable { inventory_id: line.inventory_id, reason, inventory }
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -1,0 +1,338 @@
+//! The benchmark: one command, its own server, its own database.
+//!
+//! ```sh
+//! cargo run --release --example bench              # the full run (about 5 minutes)
+//! cargo run --example bench -- --smoke             # 2-second smoke, as CI runs it
+//! ```
+//!
+//! It builds and starts the `stockguard` server of the same profile as this
+//! example on a fresh database `sg_bench_<random>`, seeds HOT (one row) and
+//! SPREAD (10,000 rows) with a stock of 10^9, and drives `reserve` over HTTP
+//! with keep-alive clients, each with its own token, at every `--clients`
+//! count for `--duration-secs`. In the same cell it measures the raw-SQL
+//! limit: the server's own reserve statement (`RESERVE_SQL`, with the
+//! server's TTL), prepared, through as many direct database connections,
+//! with no HTTP and no GraphQL. The two sides take turns in `--rounds`
+//! rounds (each after `--warmup-secs`), so whatever else the machine does
+//! falls on both alike; before each cell the inventories are vacuumed and a
+//! checkpoint is taken, as pgbench does. Then it compares strategies on HOT (plain
+//! `reserve` vs `expectedVersion` with re-read and up to 3 retries) and one
+//! contested order in optimistic vs pessimistic locking (the server is
+//! restarted for the second mode).
+//!
+//! After every run the DESIGN.md invariant is checked from the database; a
+//! violation (or a reserve run with no successful reservation at all) makes
+//! the benchmark exit 1. The report is a markdown table on stdout and, for a
+//! full run (or with `--out`), `bench/results/latest.md` and the chart
+//! `bench/results/reservations.svg`. Progress goes to stderr.
+//!
+//! `bench load` drives the same client loops against a server that is
+//! already running (not part of the tests), reporting requests per second,
+//! latency percentiles and outcome counts:
+//!
+//! ```sh
+//! STOCKGUARD_JWT_SECRET=load cargo run --release &
+//! cargo run --release --example bench -- load --secret load reserve --clients 64 --total 10000
+//! cargo run --release --example bench -- load --secret load order --clients 64 --seconds 10
+//! ```
+//!
+//! The code: `measure.rs` (what was used and recorded, the statistics),
+//! `scenarios.rs` (the client loops and the benchmark's runs), `report.rs`
+//! (markdown and chart), `load.rs` (the load tool); the server, the
+//! database, the GraphQL client and the documents are `examples/support`,
+//! shared with the soak.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::Arc,
+    time::Duration,
+};
+
+use anyhow::bail;
+use clap::{Parser, Subcommand};
+use stockguard::auth::{Keys, Role};
+
+use measure::{clk_tck, machine};
+use report::{Report, Strategy};
+use scenarios::{Bench, Scenario, seed_spread, server_ttl_secs, show};
+use support::{ServerProcess, ThrowAway, client::Gql, server_binary, status_kb};
+
+mod load;
+mod measure;
+mod report;
+mod scenarios;
+// Each example compiles its own copy of `support` and uses only part of it,
+// so what the other example uses would read as dead code here.
+#[allow(dead_code, reason = "shared with the soak, which uses other parts")]
+#[path = "../support/mod.rs"]
+mod support;
+
+#[derive(Parser, Debug)]
+#[command(
+    about = "Stockguard's benchmark: the server against the raw-SQL limit, on a fresh database",
+    args_conflicts_with_subcommands = true
+)]
+struct Args {
+    /// Instead of the benchmark: a load against a running server.
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Measured seconds per run (for a reserve cell: per side, over all its rounds).
+    #[arg(long, default_value_t = 10)]
+    duration_secs: u64,
+    /// Warm-up seconds before each run or round (requests not counted).
+    #[arg(long, default_value_t = 1)]
+    warmup_secs: u64,
+    /// Rounds per reserve cell: Stockguard and raw SQL take turns this many
+    /// times, so a slow patch of the machine (a checkpoint, another process)
+    /// falls on both sides alike.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// Concurrent clients, one cell per count.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    clients: Vec<usize>,
+    /// CI smoke: 2 s, no warm-up, 4 clients, a tiny strategy comparison, no
+    /// files written unless `--out` is given.
+    #[arg(long)]
+    smoke: bool,
+    /// Where latest.md and reservations.svg go (default for a full run: bench/results).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// PostgreSQL server URL without a database name; `sg_bench_<random>` is created there.
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
+    database_url_base: String,
+    /// The server binary. Default: `stockguard` of this example's profile
+    /// (target/<profile>/stockguard), built first with cargo.
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// A load against a server that is already running.
+    Load(load::Args),
+}
+
+/// What a benchmark run is told to do.
+pub struct Settings {
+    /// Measured time per run (per side of a reserve cell).
+    pub duration: Duration,
+    /// Warm-up before each run or round.
+    pub warmup: Duration,
+    /// Rounds per reserve cell.
+    pub rounds: u32,
+    /// Client counts, one cell each, ascending.
+    pub clients: Vec<usize>,
+    /// The CI smoke.
+    pub smoke: bool,
+    /// Where the report files go, if anywhere.
+    pub out: Option<PathBuf>,
+}
+
+impl Settings {
+    fn from(args: &Args) -> anyhow::Result<Self> {
+        let (duration, warmup, rounds, mut clients) = if args.smoke {
+            (Duration::from_secs(2), Duration::ZERO, 1, vec![4])
+        } else {
+            let warmup = Duration::from_secs(args.warmup_secs);
+            (Duration::from_secs(args.duration_secs), warmup, args.rounds.max(1), args.clients.clone())
+        };
+        clients.sort_unstable();
+        clients.dedup();
+        if clients.is_empty() || clients.contains(&0) || duration.is_zero() {
+            bail!("--clients needs counts of 1 or more and --duration-secs must be at least 1");
+        }
+        let out = match (&args.out, args.smoke) {
+            (Some(out), _) => Some(out.clone()),
+            (None, true) => None,
+            (None, false) => Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/results")),
+        };
+        Ok(Self { duration, warmup, rounds, clients, smoke: args.smoke, out })
+    }
+
+    /// Clients of the strategy comparison: 64 when measured, else the most measured.
+    pub fn strategy_clients(&self) -> usize {
+        if self.clients.contains(&64) { 64 } else { self.clients.last().copied().unwrap_or(1) }
+    }
+}
+
+// One thread, as pgbench's default: on two cores shared with the server and
+// PostgreSQL, a second load thread costs more in wake-ups than it adds, and
+// the raw-SQL limit should be the highest this machine gives.
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<std::process::ExitCode> {
+    let args = Args::parse();
+    if let Some(Command::Load(load)) = args.command {
+        return load::run(load).await;
+    }
+    let settings = Settings::from(&args)?;
+    let server_bin = server_binary(args.server_bin.as_deref(), "bench")?;
+    let database = ThrowAway::create(&args.database_url_base, "bench").await?;
+    eprintln!("bench: database {}, server {}", database.name, server_bin.display());
+
+    let result = run(settings, &server_bin, &database.url).await;
+    database.drop("bench").await;
+    let (markdown, ok) = result?;
+    println!("{markdown}");
+    Ok(if ok {
+        std::process::ExitCode::SUCCESS
+    } else {
+        eprintln!("bench: FAILED (see above)");
+        std::process::ExitCode::FAILURE
+    })
+}
+
+/// Everything between creating and dropping the database. Returns the
+/// report and whether the benchmark passed (invariant held, every reserve
+/// run reserved something).
+async fn run(settings: Settings, server_bin: &Path, database_url: &str) -> anyhow::Result<(String, bool)> {
+    let secret = Keys::random_secret();
+    let keys = Keys::new(secret.as_bytes(), stockguard::auth::DEFAULT_MAX_TOKEN_TTL_SECS)?;
+    let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
+    let server = ServerProcess::start(server_bin, database_url, &secret, &locking, Stdio::inherit()).await?;
+    let result = main_matrix(settings, keys, &server, server_bin, database_url, &secret).await;
+    let stopped = server.stop().await;
+    let (markdown, ok) = result?;
+    let status = stopped?;
+    if !status.success() {
+        bail!("the server exited with {status} after SIGTERM");
+    }
+    Ok((markdown, ok))
+}
+
+async fn main_matrix(
+    settings: Settings,
+    keys: Keys,
+    server: &ServerProcess,
+    server_bin: &Path,
+    database_url: &str,
+    secret: &str,
+) -> anyhow::Result<(String, bool)> {
+    let db_config = stockguard::config::DatabaseConfig {
+        database_url: Some(database_url.to_owned()),
+        pool_size: 2,
+        acquire_timeout_ms: 10_000,
+        statement_timeout_ms: 300_000,
+        ..stockguard::config::DatabaseConfig::default()
+    };
+    let db = stockguard::db::connect(database_url, &db_config).await?;
+
+    eprintln!("bench: seeding HOT (GraphQL) and SPREAD (10,000 rows, SQL)");
+    let operator = keys.mint("bench-operator", Role::Operator, chrono::Duration::hours(4))?;
+    let hot = Gql::new(&server.url, 1)?.create_inventory(&operator, "HOT", "bench HOT", 1_000_000_000).await?;
+    let spread = Arc::new(seed_spread(&db).await?);
+
+    // The server inherits the environment, so STOCKGUARD_* settings can be benchmarked.
+    const SET_BY_BENCH: [&str; 4] =
+        ["STOCKGUARD_ADDR", "STOCKGUARD_JWT_SECRET", "STOCKGUARD_NO_SEED", "STOCKGUARD_ORDER_LOCKING"];
+    let overrides: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("STOCKGUARD_") && !SET_BY_BENCH.contains(&k.as_str()))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let server_settings = if overrides.is_empty() {
+        "default settings (two pools of 16 connections)".to_owned()
+    } else {
+        format!("default settings except {}", overrides.join(", "))
+    };
+    let header = format!(
+        "- date: {}\n- machine: {}\n- PostgreSQL: {}; synchronous_commit = {}, shared_buffers = {}, \
+         max_connections = {}\n- server: `{}` ({} build), {server_settings}, \
+         RUST_LOG=warn; load generator, server and PostgreSQL share the machine\n",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
+        machine(),
+        show(&db, "SELECT version()").await.split(" on ").next().unwrap_or("?"),
+        show(&db, "SHOW synchronous_commit").await,
+        show(&db, "SHOW shared_buffers").await,
+        show(&db, "SHOW max_connections").await,
+        server_bin.file_name().and_then(|n| n.to_str()).unwrap_or("stockguard"),
+        server_bin.parent().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or("?"),
+    );
+
+    let mut bench = Bench {
+        settings,
+        keys,
+        database_url: database_url.to_owned(),
+        db,
+        hot,
+        spread,
+        clk_tck: clk_tck(),
+        ttl_secs: server_ttl_secs()?,
+        invariant_checks: 0,
+        violations: Vec::new(),
+    };
+    bench.check_invariant("seeding").await?;
+
+    let mut cells = Vec::new();
+    for scenario in [Scenario::Hot, Scenario::Spread] {
+        for clients in bench.settings.clients.clone() {
+            eprintln!(
+                "bench: {} x{clients}: Stockguard and raw SQL, {} rounds",
+                scenario.name(),
+                bench.settings.rounds
+            );
+            let cell = bench.cell(server, scenario, clients).await?;
+            for (side, stats) in [("Stockguard", &cell.stockguard), ("raw SQL", &cell.raw)] {
+                eprintln!(
+                    "bench:   {side}: {:.0} res/s, p99 {:.2} ms, {}",
+                    stats.per_sec(stats.successes),
+                    stats.p99_ms,
+                    stats.outcomes_text()
+                );
+            }
+            cells.push(cell);
+        }
+    }
+    let main_hwm_kb = status_kb(server.pid, "VmHWM").unwrap_or(0);
+
+    let clients = bench.settings.strategy_clients();
+    eprintln!("bench: strategies on HOT x{clients}: expectedVersion with re-read and retries");
+    let expected = bench.expected_version(server, clients).await?;
+    eprintln!("bench: contested order x{clients}, optimistic");
+    let optimistic = bench.contested_order(server, clients, "optimistic").await?;
+    eprintln!("bench: restarting the server with STOCKGUARD_ORDER_LOCKING=pessimistic");
+    let locking = [("STOCKGUARD_ORDER_LOCKING", "pessimistic".to_owned())];
+    let pessimistic_server = ServerProcess::start(server_bin, database_url, secret, &locking, Stdio::inherit()).await?;
+    let pessimistic = bench.contested_order(&pessimistic_server, clients, "pessimistic").await;
+    pessimistic_server.stop().await?;
+    let pessimistic = pessimistic?;
+    bench.check_invariant("the pessimistic server stopped").await?;
+
+    let strategy = Strategy {
+        clients,
+        plain: cells.iter().find(|c| c.scenario == Scenario::Hot && c.clients == clients).map(|c| c.stockguard.clone()),
+        expected,
+        orders: vec![("optimistic", optimistic), ("pessimistic", pessimistic)],
+    };
+    let report = Report {
+        settings: &bench.settings,
+        header,
+        cells: &cells,
+        strategy: &strategy,
+        invariant_checks: bench.invariant_checks,
+        violations: &bench.violations,
+        main_hwm_kb,
+    };
+    let markdown = report.markdown();
+    if let Some(out) = &bench.settings.out {
+        std::fs::create_dir_all(out)?;
+        std::fs::write(out.join("latest.md"), &markdown)?;
+        report.chart(&out.join("reservations.svg"))?;
+        eprintln!("bench: wrote {} and {}", out.join("latest.md").display(), out.join("reservations.svg").display());
+    }
+
+    let idle: Vec<String> = cells
+        .iter()
+        .filter(|c| c.stockguard.successes == 0 || c.raw.successes == 0)
+        .map(|c| format!("{} x{}", c.scenario.name(), c.clients))
+        .collect();
+    if !idle.is_empty() {
+        eprintln!("bench: no successful reservation in {}", idle.join(", "));
+    }
+    if bench.violations.is_empty() {
+        eprintln!("bench: invariant: holds after every run ({} checks)", bench.invariant_checks);
+    } else {
+        eprintln!("bench: invariant: VIOLATED ({} drifts)", bench.violations.len());
+    }
+    bench.db.close().await?;
+    Ok((markdown, bench.violations.is_empty() && idle.is_empty()))
+}

@@ -1,0 +1,486 @@
+//! The workloads: what each client does in a loop (the hot or spread
+//! `reserve`, `reserve` at an expected version with retries, one contested
+//! order), the raw-SQL side of a reserve cell, and the benchmark's runs of
+//! them against its own server and database. The load tool (`load.rs`) runs
+//! the same client loops against a server that is already running.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicI64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use reqwest::header::HeaderValue;
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait,
+    sqlx::{Connection as _, postgres::PgConnection},
+};
+use serde_json::{Value, json};
+use stockguard::{
+    auth::{Keys, Role},
+    stock::{receiving, taking::Reserve},
+};
+use tokio::sync::RwLock;
+use uuid::Uuid;
+
+use crate::{
+    Settings,
+    measure::{Extra, Measured, ONE_REQUEST, Recorder, Stats, Usage, measure, run_tasks, window_of},
+    report::Cell,
+    support::{
+        ServerProcess,
+        client::{Gql, Outcome},
+        documents::{CANCEL, CHANGE_ADDRESS, CONFIRM, INVENTORY_VERSION, ORDER_VERSION, RESERVE_TYPENAME},
+    },
+};
+
+/// Which inventories a reserve cell takes from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Scenario {
+    /// One row everyone wants.
+    Hot,
+    /// 10,000 rows, picked at random.
+    Spread,
+}
+
+impl Scenario {
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Hot => "HOT",
+            Self::Spread => "SPREAD",
+        }
+    }
+}
+
+/// A fast PRNG for picking SPREAD rows (xorshift64*).
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    /// A number below `n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 32) as usize % n
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One client's loop
+
+/// One client reserving one unit of a random one of `targets` over and over
+/// until `until`, or until `budget` units have been asked for (shared by all
+/// clients), whichever comes first.
+pub async fn reserve_client(
+    gql: Arc<Gql>,
+    token: String,
+    targets: Arc<Vec<Uuid>>,
+    seed: u64,
+    mut rec: Recorder,
+    until: Instant,
+    budget: Option<Arc<AtomicI64>>,
+) -> anyhow::Result<Recorder> {
+    let authorization = HeaderValue::from_str(&format!("Bearer {token}"))?;
+    let mut rng = Rng::new(seed);
+    while Instant::now() < until && budget.as_ref().is_none_or(|left| left.fetch_sub(1, Ordering::SeqCst) > 0) {
+        let id = targets[rng.below(targets.len())];
+        let start = Instant::now();
+        let outcome = gql.reserve_lean(&authorization, id).await;
+        rec.record(start, &outcome, ONE_REQUEST);
+    }
+    Ok(rec)
+}
+
+/// One client of a contested order: mostly address changes (read the
+/// version, then change at it), every 50th operation a confirm or a cancel;
+/// when the order is confirmed or cancelled the next one is placed.
+pub struct OrderContest {
+    /// The client.
+    pub gql: Arc<Gql>,
+    /// The order being contested now.
+    pub current: Arc<RwLock<Uuid>>,
+    /// Confirms and cancels.
+    pub operator: String,
+    /// Owns the orders and changes their address.
+    pub customer: String,
+    /// What the orders hold.
+    pub inventory: Uuid,
+}
+
+/// The outcomes that count as a success in a contested order.
+pub const ORDER_SUCCESSES: [&str; 3] =
+    ["changeShippingAddress → ShippingAddressChanged", "confirmOrder → OrderConfirmed", "cancelOrder → OrderCancelled"];
+
+impl OrderContest {
+    /// Client `i`'s loop until `until`.
+    pub async fn client(self: Arc<Self>, i: usize, mut rec: Recorder, until: Instant) -> anyhow::Result<Recorder> {
+        let mut n = 0usize;
+        while Instant::now() < until {
+            n += 1;
+            let order = *self.current.read().await;
+            let (op, query) = match (i + n) % 50 {
+                0 => ("confirmOrder", CONFIRM),
+                1 => ("cancelOrder", CANCEL),
+                _ => ("changeShippingAddress", CHANGE_ADDRESS),
+            };
+            let start = Instant::now();
+            let mut extra = ONE_REQUEST;
+            let outcome = if op == "changeShippingAddress" {
+                extra.requests = 2;
+                match self.gql.data(&self.customer, ORDER_VERSION, json!({ "id": order })).await {
+                    Ok(seen) => {
+                        let version = seen["data"]["order"]["version"].as_i64().unwrap_or(0);
+                        let input = json!({ "i": { "orderId": order, "expectedVersion": version,
+                            "shippingAddress": address(&format!("client {i} #{n}")) } });
+                        self.gql.call(&self.customer, query, input, op).await
+                    }
+                    Err(err) => Outcome::Error(err),
+                }
+            } else {
+                self.gql.call(&self.operator, query, json!({ "id": order }), op).await
+            };
+            if let Outcome::Ok(name, _) = &outcome
+                && (name == "OrderVersionConflict" || name == "OrderModifiedConcurrently")
+            {
+                extra.conflicts = 1;
+            }
+            let named = match outcome {
+                Outcome::Ok(name, data) => Outcome::Ok(format!("{op} → {name}"), data),
+                Outcome::Error(err) => Outcome::Error(format!("{op} → {err}")),
+            };
+            let finished =
+                matches!(&named, Outcome::Ok(n, _) if n.ends_with("OrderConfirmed") || n.ends_with("OrderCancelled"));
+            rec.record(start, &named, extra);
+            if finished {
+                let next = self.gql.place_order(&self.customer, self.inventory, address("start")).await?;
+                let mut current = self.current.write().await;
+                if *current == order {
+                    *current = next;
+                }
+            }
+        }
+        Ok(rec)
+    }
+}
+
+/// A shipping address whose first line is `line1`.
+pub fn address(line1: &str) -> Value {
+    json!({ "name": "Bench", "line1": line1, "city": "Osaka", "postalCode": "530-0001", "country": "JP" })
+}
+
+// ---------------------------------------------------------------------------
+// The benchmark's runs
+
+/// The benchmark's state between runs: its database, the seeded
+/// inventories, and the invariant checks made so far.
+pub struct Bench {
+    /// The run's settings.
+    pub settings: Settings,
+    /// Mints the clients' tokens.
+    pub keys: Keys,
+    /// The throw-away database.
+    pub database_url: String,
+    /// A connection for settling and checking.
+    pub db: DatabaseConnection,
+    /// The one HOT inventory.
+    pub hot: Uuid,
+    /// The SPREAD inventories.
+    pub spread: Arc<Vec<Uuid>>,
+    /// Clock ticks per second, for /proc CPU times.
+    pub clk_tck: f64,
+    /// The server's reservation TTL, which the raw-SQL runs pass too, so both
+    /// write the same rows (an expiring reservation is also in the sweeper's index).
+    pub ttl_secs: i32,
+    /// Invariant checks made.
+    pub invariant_checks: u32,
+    /// What the checks found.
+    pub violations: Vec<String>,
+}
+
+impl Bench {
+    fn targets(&self, scenario: Scenario) -> Arc<Vec<Uuid>> {
+        match scenario {
+            Scenario::Hot => Arc::new(vec![self.hot]),
+            Scenario::Spread => self.spread.clone(),
+        }
+    }
+
+    fn tokens(&self, clients: usize) -> anyhow::Result<Vec<String>> {
+        (0..clients)
+            .map(|i| Ok(self.keys.mint(&format!("bench-{i}"), Role::Customer, chrono::Duration::hours(4))?))
+            .collect()
+    }
+
+    /// The window of one run of the configured duration.
+    fn window(&self) -> (Instant, Instant) {
+        window_of(self.settings.warmup, self.settings.duration)
+    }
+
+    /// One reserve cell: Stockguard and raw SQL take turns for
+    /// `settings.rounds` rounds, each measured for its share of the duration.
+    pub async fn cell(&mut self, server: &ServerProcess, scenario: Scenario, clients: usize) -> anyhow::Result<Cell> {
+        self.settle().await?;
+        let rounds = self.settings.rounds;
+        let slice = self.settings.duration / rounds;
+        let (mut stockguard, mut raw) = (Measured::default(), Measured::default());
+        for _ in 0..rounds {
+            stockguard.add(self.stockguard(server, scenario, clients, slice).await?);
+            raw.add(self.raw_sql(scenario, clients, slice).await?);
+        }
+        self.check_invariant(&format!("{} x{clients}, Stockguard and raw SQL", scenario.name())).await?;
+        let seconds = (slice * rounds).as_secs_f64();
+        Ok(Cell { scenario, clients, stockguard: stockguard.stats(seconds), raw: raw.stats(seconds) })
+    }
+
+    /// `reserve` over HTTP for `measured`: one task per client, each with its own token.
+    async fn stockguard(
+        &mut self,
+        server: &ServerProcess,
+        scenario: Scenario,
+        clients: usize,
+        measured: Duration,
+    ) -> anyhow::Result<(Recorder, Usage)> {
+        let gql = Arc::new(Gql::new(&server.url, clients)?);
+        let targets = self.targets(scenario);
+        let (measure_from, until) = window_of(self.settings.warmup, measured);
+        let tasks = (self.tokens(clients)?.into_iter().enumerate())
+            .map(|(i, token)| {
+                let rec = Recorder::new(measure_from, until);
+                tokio::spawn(reserve_client(gql.clone(), token, targets.clone(), i as u64 + 1, rec, until, None))
+            })
+            .collect();
+        measure(Some(server.pid), self.clk_tck, measure_from, run_tasks(tasks)).await
+    }
+
+    /// The server's own reserve statement for `measured`, prepared, through
+    /// one dedicated connection per client.
+    async fn raw_sql(
+        &mut self,
+        scenario: Scenario,
+        clients: usize,
+        measured: Duration,
+    ) -> anyhow::Result<(Recorder, Usage)> {
+        let targets = self.targets(scenario);
+        let ttl_secs = self.ttl_secs;
+        let mut connections = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            connections.push(connect_patiently(&self.database_url).await.context("raw SQL: connect")?);
+        }
+        let (measure_from, until) = window_of(self.settings.warmup, measured);
+        let tasks = connections
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut conn)| {
+                let targets = targets.clone();
+                tokio::spawn(async move {
+                    let user = format!("bench-raw-{i}");
+                    let mut rec = Recorder::new(measure_from, until);
+                    let mut rng = Rng::new(i as u64 + 1_000);
+                    while Instant::now() < until {
+                        let reserve = Reserve {
+                            inventory_id: targets[rng.below(targets.len())],
+                            quantity: 1,
+                            expected_version: None,
+                            reservation_id: Uuid::new_v4(),
+                            user_id: &user,
+                            idempotency_key: None,
+                            fingerprint: None,
+                            ttl_secs,
+                        };
+                        let start = Instant::now();
+                        let outcome = match reserve.query().fetch_optional(&mut conn).await {
+                            Ok(Some(_)) => Outcome::Ok("Reserved".into(), Value::Null),
+                            Ok(None) => Outcome::Ok("no row".into(), Value::Null),
+                            Err(err) => Outcome::Error(match err.as_database_error().and_then(|e| e.code()) {
+                                Some(code) => format!("SQLSTATE {code}"),
+                                None => "database".into(),
+                            }),
+                        };
+                        rec.record(start, &outcome, ONE_REQUEST);
+                    }
+                    let _ = conn.close().await;
+                    anyhow::Ok(rec)
+                })
+            })
+            .collect();
+        measure(None, self.clk_tck, measure_from, run_tasks(tasks)).await
+    }
+
+    /// HOT with `expectedVersion`: read the version, reserve at it, on
+    /// `Conflict` read again and retry (at most 3 retries).
+    pub async fn expected_version(&mut self, server: &ServerProcess, clients: usize) -> anyhow::Result<Stats> {
+        let gql = Arc::new(Gql::new(&server.url, clients)?);
+        let tokens = self.tokens(clients)?;
+        let hot = self.hot;
+        self.settle().await?;
+        let (measure_from, until) = self.window();
+        let tasks = tokens
+            .into_iter()
+            .map(|token| {
+                let gql = gql.clone();
+                tokio::spawn(async move {
+                    let mut rec = Recorder::new(measure_from, until);
+                    while Instant::now() < until {
+                        let start = Instant::now();
+                        let mut extra = Extra { conflicts: 0, retries: 0, requests: 0 };
+                        let mut outcome = Outcome::Ok("gave up".into(), Value::Null);
+                        for attempt in 0..4 {
+                            if attempt > 0 {
+                                extra.retries += 1;
+                            }
+                            extra.requests += 2;
+                            let seen = match gql.data(&token, INVENTORY_VERSION, json!({ "id": hot })).await {
+                                Ok(body) => body["data"]["inventory"]["version"].as_i64(),
+                                Err(err) => {
+                                    outcome = Outcome::Error(err);
+                                    break;
+                                }
+                            };
+                            let Some(version) = seen else {
+                                outcome = Outcome::Error("no version".into());
+                                break;
+                            };
+                            let input = json!({ "i": { "inventoryId": hot, "expectedVersion": version } });
+                            match gql.call(&token, RESERVE_TYPENAME, input, "reserve").await {
+                                Outcome::Ok(name, _) if name == "Conflict" => extra.conflicts += 1,
+                                other => {
+                                    outcome = other;
+                                    break;
+                                }
+                            }
+                        }
+                        rec.record(start, &outcome, extra);
+                    }
+                    anyhow::Ok(rec)
+                })
+            })
+            .collect();
+        let (recorder, usage) = measure(Some(server.pid), self.clk_tck, measure_from, run_tasks(tasks)).await?;
+        let mut stats = Stats::from(recorder, self.settings.duration.as_secs_f64(), &["Reserved"]);
+        stats.usage = usage;
+        self.check_invariant(&format!("expectedVersion HOT x{clients}")).await?;
+        Ok(stats)
+    }
+
+    /// One order contested by `clients` (see [`OrderContest`]).
+    pub async fn contested_order(
+        &mut self,
+        server: &ServerProcess,
+        clients: usize,
+        mode: &str,
+    ) -> anyhow::Result<Stats> {
+        let gql = Arc::new(Gql::new(&server.url, clients)?);
+        let operator = self.keys.mint("bench-operator", Role::Operator, chrono::Duration::hours(4))?;
+        let customer = self.keys.mint("bench-order-customer", Role::Customer, chrono::Duration::hours(4))?;
+        let sku = format!("ORDER-{mode}");
+        let inventory = gql.create_inventory(&operator, &sku, &format!("bench {sku}"), 1_000_000_000).await?;
+        let first = gql.place_order(&customer, inventory, address("start")).await?;
+        let contest =
+            Arc::new(OrderContest { gql, current: Arc::new(RwLock::new(first)), operator, customer, inventory });
+        self.settle().await?;
+        let (measure_from, until) = self.window();
+        let tasks = (0..clients)
+            .map(|i| tokio::spawn(contest.clone().client(i, Recorder::new(measure_from, until), until)))
+            .collect();
+        let (recorder, usage) = measure(Some(server.pid), self.clk_tck, measure_from, run_tasks(tasks)).await?;
+        let mut stats = Stats::from(recorder, self.settings.duration.as_secs_f64(), &ORDER_SUCCESSES);
+        stats.usage = usage;
+        self.check_invariant(&format!("contested order, {mode}")).await?;
+        Ok(stats)
+    }
+
+    /// Brings the database to the same state before every run, as pgbench
+    /// does: the inventories vacuumed (earlier runs left dead row versions)
+    /// and a checkpoint taken, so no run pays for the one before it and a
+    /// checkpoint falls inside a measured window less often.
+    async fn settle(&self) -> anyhow::Result<()> {
+        for sql in ["VACUUM (ANALYZE) inventories", "CHECKPOINT"] {
+            self.db.execute_unprepared(sql).await.with_context(|| format!("before a run: {sql}"))?;
+        }
+        Ok(())
+    }
+
+    /// The DESIGN.md invariant, from the database; a violation is remembered
+    /// (and makes the benchmark exit 1).
+    pub async fn check_invariant(&mut self, after: &str) -> anyhow::Result<()> {
+        let drifts = stockguard::invariant::check(&self.db).await.context("invariant check")?;
+        self.invariant_checks += 1;
+        if drifts.is_empty() {
+            eprintln!("bench:   invariant holds after {after}");
+        } else {
+            for drift in &drifts {
+                eprintln!("bench:   INVARIANT VIOLATED after {after}: {drift}");
+                self.violations.push(format!("after {after}: {drift}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Setting up
+
+/// A direct connection. PostgreSQL's `max_connections` is shared with
+/// whatever else runs on the machine, so "too many clients" (53300) is waited
+/// out for up to a minute.
+async fn connect_patiently(url: &str) -> anyhow::Result<PgConnection> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut told = false;
+    loop {
+        match PgConnection::connect(url).await {
+            Ok(conn) => return Ok(conn),
+            Err(err)
+                if Instant::now() < deadline
+                    && err.as_database_error().and_then(|e| e.code()).as_deref() == Some("53300") =>
+            {
+                if !told {
+                    eprintln!("bench:   PostgreSQL has too many clients; waiting for connections to free up");
+                    told = true;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+}
+
+/// The 10,000 SPREAD inventories, created with the server's own statement
+/// (each with its ledger row) in one transaction, so seeding commits once.
+pub async fn seed_spread(db: &DatabaseConnection) -> anyhow::Result<Vec<Uuid>> {
+    let txn = db.begin().await?;
+    let mut ids = Vec::with_capacity(10_000);
+    for n in 1..=10_000 {
+        let id = Uuid::new_v4();
+        txn.execute_raw(receiving::create(id, &format!("SPREAD-{n}"), &format!("spread {n}"), 1_000_000_000)).await?;
+        ids.push(id);
+    }
+    txn.commit().await?;
+    db.execute_unprepared("ANALYZE inventories; ANALYZE stock_movements;").await?;
+    Ok(ids)
+}
+
+/// One text value of `sql`, or `?`.
+pub async fn show(db: &DatabaseConnection, sql: &str) -> String {
+    match db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await {
+        Ok(Some(row)) => row.try_get_by_index::<String>(0).unwrap_or_else(|_| "?".into()),
+        _ => "?".into(),
+    }
+}
+
+/// The reservation TTL the server runs with: its default, or the
+/// `STOCKGUARD_RESERVATION_TTL_SECS` it inherits from this process.
+pub fn server_ttl_secs() -> anyhow::Result<i32> {
+    match std::env::var("STOCKGUARD_RESERVATION_TTL_SECS") {
+        Ok(ttl) => ttl.parse().context("STOCKGUARD_RESERVATION_TTL_SECS"),
+        Err(_) => Ok(stockguard::config::Limits::default().reservation_ttl_secs),
+    }
+}

@@ -1,0 +1,176 @@
+//! The one GraphQL client of the examples: keep-alive connections for many
+//! concurrent callers, answers read as an [`Outcome`], and the lean
+//! `reserve` of the benchmark's measured loop.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use reqwest::{StatusCode, header::HeaderValue};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::documents::{CREATE_INVENTORY, PLACE_ORDER, RESERVE_TYPENAME};
+
+/// How one operation ended: a union member's `__typename` with
+/// `data.<field>`, or an error (an `extensions.code`, or what went wrong
+/// over HTTP).
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// Answered with this union member.
+    Ok(String, Value),
+    /// Not answered: the error's code, or `HTTP ...`.
+    Error(String),
+}
+
+/// GraphQL over HTTP for many concurrent callers: keep-alive connections
+/// (one per caller), TCP_NODELAY, a 30 s timeout.
+pub struct Gql {
+    http: reqwest::Client,
+    url: String,
+    /// [`RESERVE_TYPENAME`] as a JSON string, for [`Gql::reserve_lean`].
+    reserve_json: String,
+}
+
+impl Gql {
+    /// A client of the server at `base` for `clients` concurrent callers.
+    pub fn new(base: &str, clients: usize) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(clients + 16)
+            .tcp_nodelay(true)
+            .timeout(Duration::from_secs(30))
+            .build()?;
+        Ok(Self { http, url: format!("{base}/graphql"), reserve_json: serde_json::to_string(RESERVE_TYPENAME)? })
+    }
+
+    /// Posts one operation: the HTTP status and the body when it is JSON. A
+    /// request that got no answer is `HTTP timeout` or `HTTP transport`.
+    pub async fn post(
+        &self,
+        token: &str,
+        query: &str,
+        variables: Value,
+    ) -> Result<(StatusCode, Option<Value>), String> {
+        let sent =
+            self.http.post(&self.url).bearer_auth(token).json(&json!({ "query": query, "variables": variables }));
+        let response = sent.send().await.map_err(transport)?;
+        let status = response.status();
+        Ok((status, response.json().await.ok()))
+    }
+
+    /// The whole body of a successful answer, or what went wrong.
+    pub async fn data(&self, token: &str, query: &str, variables: Value) -> Result<Value, String> {
+        match self.post(token, query, variables).await? {
+            (status, _) if !status.is_success() => Err(format!("HTTP {}", status.as_u16())),
+            (_, Some(body)) => Ok(body),
+            (_, None) => Err("HTTP bad body".to_owned()),
+        }
+    }
+
+    /// One operation, read as the `__typename` of `data.<field>`.
+    pub async fn call(&self, token: &str, query: &str, variables: Value, field: &str) -> Outcome {
+        let (status, body) = match self.post(token, query, variables).await {
+            Ok(answer) => answer,
+            Err(err) => return Outcome::Error(err),
+        };
+        let Some(body) = body else { return Outcome::Error(format!("HTTP {} (no JSON)", status.as_u16())) };
+        if let Some(error) = body["errors"].as_array().and_then(|errors| errors.first()) {
+            return Outcome::Error(error["extensions"]["code"].as_str().unwrap_or("no code").to_owned());
+        }
+        if !status.is_success() {
+            return Outcome::Error(format!("HTTP {}", status.as_u16()));
+        }
+        match body["data"][field]["__typename"].as_str() {
+            Some(name) => Outcome::Ok(name.to_owned(), body["data"][field].clone()),
+            None => Outcome::Error(format!("no data.{field}")),
+        }
+    }
+
+    /// `reserve` of one unit: the benchmark's measured request, lean on
+    /// purpose. The load generator shares the machine with what it measures,
+    /// so the body is written straight to text and only `__typename` is read back.
+    pub async fn reserve_lean(&self, authorization: &HeaderValue, inventory: Uuid) -> Outcome {
+        let body = format!(r#"{{"query":{},"variables":{{"i":{{"inventoryId":"{inventory}"}}}}}}"#, self.reserve_json);
+        let sent = self
+            .http
+            .post(&self.url)
+            .header(reqwest::header::AUTHORIZATION, authorization)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) if response.status().is_success() => response,
+            Ok(response) => return Outcome::Error(format!("HTTP {}", response.status().as_u16())),
+            Err(err) => return Outcome::Error(transport(err)),
+        };
+        let Ok(bytes) = response.bytes().await else { return Outcome::Error("HTTP bad body".into()) };
+        match serde_json::from_slice::<ReserveAnswer<'_>>(&bytes) {
+            Ok(answer) if !answer.errors.is_empty() => {
+                let code = answer.errors[0].extensions.as_ref().and_then(|e| e.code.as_deref()).unwrap_or("no code");
+                Outcome::Error(code.to_owned())
+            }
+            Ok(ReserveAnswer { data: Some(ReserveData { reserve: Some(name) }), .. }) => {
+                Outcome::Ok(name.typename.into_owned(), Value::Null)
+            }
+            Ok(_) => Outcome::Error("no data.reserve".into()),
+            Err(_) => Outcome::Error("HTTP bad body".into()),
+        }
+    }
+
+    /// Creates an inventory as `operator`; its id.
+    pub async fn create_inventory(&self, operator: &str, sku: &str, name: &str, stock: i64) -> anyhow::Result<Uuid> {
+        let input = json!({ "i": { "sku": sku, "name": name, "stock": stock } });
+        match self.call(operator, CREATE_INVENTORY, input, "createInventory").await {
+            Outcome::Ok(_, data) => Ok(data["id"].as_str().context("an id")?.parse()?),
+            Outcome::Error(err) => anyhow::bail!("createInventory {sku}: {err}"),
+        }
+    }
+
+    /// Places an order of one unit of `inventory` as `customer`; its id.
+    pub async fn place_order(&self, customer: &str, inventory: Uuid, address: Value) -> anyhow::Result<Uuid> {
+        let input = json!({ "i": { "items": [{ "inventoryId": inventory }], "shippingAddress": address } });
+        match self.call(customer, PLACE_ORDER, input, "placeOrder").await {
+            Outcome::Ok(name, data) if name == "OrderPlaced" => {
+                Ok(data["order"]["id"].as_str().context("an id")?.parse()?)
+            }
+            Outcome::Ok(name, _) => anyhow::bail!("placeOrder: {name}"),
+            Outcome::Error(err) => anyhow::bail!("placeOrder: {err}"),
+        }
+    }
+}
+
+/// A request that got no answer, by why.
+fn transport(err: reqwest::Error) -> String {
+    format!("HTTP {}", if err.is_timeout() { "timeout" } else { "transport" })
+}
+
+/// Only what [`Gql::reserve_lean`] reads of an answer.
+#[derive(serde::Deserialize)]
+struct ReserveAnswer<'a> {
+    #[serde(borrow)]
+    data: Option<ReserveData<'a>>,
+    #[serde(default)]
+    errors: Vec<AnswerError>,
+}
+
+#[derive(serde::Deserialize)]
+struct ReserveData<'a> {
+    #[serde(borrow)]
+    reserve: Option<Typename<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct Typename<'a> {
+    #[serde(borrow, rename = "__typename")]
+    typename: std::borrow::Cow<'a, str>,
+}
+
+#[derive(serde::Deserialize)]
+struct AnswerError {
+    extensions: Option<AnswerCode>,
+}
+
+#[derive(serde::Deserialize)]
+struct AnswerCode {
+    code: Option<String>,
+}

@@ -1,0 +1,38 @@
+//! Every GraphQL document the examples send.
+
+/// `reserve` reading back only the union member: the measured loop's request.
+pub const RESERVE_TYPENAME: &str = "mutation($i: ReserveInput!) { reserve(input: $i) { __typename } }";
+
+/// `reserve` with what a client keeps: the reservation and the inventory's version.
+pub const RESERVE: &str = r#"mutation($i: ReserveInput!) { reserve(input: $i) { __typename
+  ... on Reserved { reservation { id } inventory { id version } }
+  ... on Conflict { inventory { id version } }
+  ... on SoldOut { inventory { id version } } } }"#;
+
+pub const RESERVE_MANY: &str = r#"mutation($i: ReserveManyInput!) { reserveMany(input: $i) { __typename
+  ... on ReservedAll { reservations { id } } } }"#;
+
+pub const RELEASE: &str = r#"mutation($id: UUID!) { releaseReservation(id: $id) { __typename
+  ... on ReservationNotActive { reservation { status } } } }"#;
+
+pub const EXTEND: &str = r#"mutation($id: UUID!, $s: Int!) { extendReservation(id: $id, seconds: $s) { __typename
+  ... on ReservationNotActive { reservation { status } } } }"#;
+
+pub const CREATE_INVENTORY: &str =
+    "mutation($i: CreateInventoryInput!) { createInventory(input: $i) { __typename id } }";
+
+pub const INVENTORY_VERSION: &str = "query($id: UUID!) { inventory(id: $id) { __typename version } }";
+
+pub const PLACE_ORDER: &str = r#"mutation($i: PlaceOrderInput!) { placeOrder(input: $i) { __typename
+  ... on OrderPlaced { order { id version } } } }"#;
+
+pub const ORDER_VERSION: &str = "query($id: UUID!) { order(id: $id) { version } }";
+
+pub const CONFIRM: &str = "mutation($id: UUID!) { confirmOrder(id: $id) { __typename } }";
+
+pub const CANCEL: &str = "mutation($id: UUID!) { cancelOrder(id: $id) { __typename } }";
+
+pub const CHANGE_ADDRESS: &str = r#"mutation($i: ChangeShippingAddressInput!) { changeShippingAddress(input: $i) {
+  __typename
+  ... on ShippingAddressChanged { order { version } }
+  ... on OrderVersionConflict { current { version } } } }"#;

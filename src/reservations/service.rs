@@ -1,0 +1,303 @@
+//! Reservation use cases: reserve (coalesced or alone), reserve many,
+//! release, extend. This is where it is decided which path a reservation
+//! takes, whether a request is the replay of an idempotency key, and what a
+//! statement that took nothing means (sold out, conflict, not found); the
+//! SQL runs in `store.rs`, the statements come from `stock`.
+
+use std::time::Duration;
+
+use sea_orm::{DatabaseConnection, TransactionTrait};
+use uuid::Uuid;
+
+use super::{
+    ReservationRow,
+    coalesce::Coalescer,
+    multi_item::{self, Unavailable},
+    store,
+};
+use crate::{
+    app::AppState,
+    db::{Attempted, Collisions, StatementPool},
+    error::AppError,
+    idempotency::{self, Key},
+    inventory::{InventoryRow, store as inventory_store},
+    stock::taking::{Line, Purpose, Reserve},
+};
+
+/// A checked reservation request.
+#[derive(Debug, Clone)]
+pub struct ReserveRequest {
+    /// The inventory to take from.
+    pub inventory_id: Uuid,
+    /// Units, already checked against the limits.
+    pub quantity: i32,
+    /// The version the client saw, for the optimistic check.
+    pub expected_version: Option<i32>,
+    /// The client's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Seconds until the reservation expires; 0 = never.
+    pub ttl_secs: i32,
+}
+
+/// How a reservation request ended.
+#[derive(Debug)]
+pub enum ReserveOutcome {
+    /// Stock was taken (now, or by the first request with this idempotency key).
+    Reserved {
+        /// The reservation.
+        reservation: ReservationRow,
+        /// The inventory as the reserving statement left it (for a replay: the latest row).
+        inventory: InventoryRow,
+    },
+    /// The row is no longer at the expected version; nothing was taken.
+    Conflict {
+        /// The version the request expected (or, without one, the last seen).
+        expected_version: i32,
+        /// The latest committed row.
+        inventory: InventoryRow,
+    },
+    /// Not enough stock; nothing was taken.
+    SoldOut {
+        /// Units asked for.
+        requested: i32,
+        /// The latest committed row.
+        inventory: InventoryRow,
+    },
+    /// No inventory has that id.
+    InventoryNotFound,
+}
+
+/// How a multi-item reservation ended.
+#[derive(Debug)]
+pub enum ReserveManyOutcome {
+    /// Every line was reserved (now, or by the first request with this key).
+    ReservedAll(Vec<ReservationRow>),
+    /// Nothing was reserved; the lines that could not be served.
+    ItemsUnavailable(Vec<Unavailable>),
+}
+
+/// How a release ended.
+#[derive(Debug)]
+pub enum ReleaseOutcome {
+    /// The stock went back; the reservation and inventory as the statement left them.
+    Released {
+        /// The reservation, now RELEASED.
+        reservation: ReservationRow,
+        /// The inventory after the stock came back.
+        inventory: InventoryRow,
+    },
+    /// No such reservation visible to the caller.
+    NotFound,
+    /// Visible, but no longer ACTIVE (released, expired or an order line).
+    NotActive(ReservationRow),
+}
+
+/// How an extension ended.
+#[derive(Debug)]
+pub enum ExtendOutcome {
+    /// The new expiry is saved.
+    Extended(ReservationRow),
+    /// No such reservation of the caller's.
+    NotFound,
+    /// Not ACTIVE any more (released, expired or an order line).
+    NotActive(ReservationRow),
+}
+
+/// The reservations feature as the resolvers see it: one per server
+/// process, built by the composition root and handed to the schema as data.
+#[derive(Clone)]
+pub struct ReservationService {
+    /// The connection pool.
+    db: DatabaseConnection,
+    /// Connections for one-statement reservations.
+    statements: StatementPool,
+    /// Re-runs collided statements.
+    collisions: Collisions,
+    /// Serves concurrent conditional reservations of one inventory together;
+    /// none when coalescing is switched off.
+    coalescer: Option<Coalescer>,
+}
+
+impl ReservationService {
+    /// The service over `state`'s pools, coalescing if its limits say so.
+    pub fn new(state: &AppState) -> Self {
+        let limits = &state.limits;
+        let coalescer = limits.coalesce.then(|| {
+            Coalescer::new(
+                state.db.clone(),
+                state.statements.clone(),
+                state.collisions.clone(),
+                limits.coalesce_max_batch,
+                Duration::from_micros(limits.coalesce_window_us),
+                limits.reservation_ttl_secs,
+            )
+        });
+        Self {
+            db: state.db.clone(),
+            statements: state.statements.clone(),
+            collisions: state.collisions.clone(),
+            coalescer,
+        }
+    }
+
+    /// Takes stock for `user_id`. Hot items: a conditional reservation
+    /// without a key can share one statement with others on the same
+    /// inventory; any other goes alone.
+    pub async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
+        match &self.coalescer {
+            Some(coalescer) if request.expected_version.is_none() && request.idempotency_key.is_none() => {
+                coalescer.reserve(request.inventory_id, user_id, request.quantity).await
+            }
+            _ => reserve_alone(&self.db, &self.statements, &self.collisions, user_id, request).await,
+        }
+    }
+
+    /// Reserves every line or none (see [`multi_item`]).
+    pub async fn reserve_many(
+        &self,
+        user_id: &str,
+        lines: &[Line],
+        idempotency_key: Option<String>,
+        ttl_secs: i32,
+    ) -> Result<ReserveManyOutcome, AppError> {
+        let key = idempotency_key.map(|key| multi_item::key(key, "reserveMany", lines, ""));
+        if let Some(first) = replay_multi_item(&self.db, user_id, key.as_ref()).await? {
+            return Ok(ReserveManyOutcome::ReservedAll(first));
+        }
+        let run = || async {
+            let txn = self.db.begin().await?;
+            let purpose = Purpose::Reservations { ttl_secs };
+            let taken = multi_item::take(&txn, user_id, lines, purpose, key.as_ref()).await?;
+            if taken.is_ok() {
+                txn.commit().await?;
+            }
+            Ok(taken)
+        };
+        match self.collisions.run(lines[0].inventory_id, run).await {
+            Ok(Attempted::Done(Ok(rows))) => Ok(ReserveManyOutcome::ReservedAll(rows)),
+            Ok(Attempted::Done(Err(unavailable))) => Ok(ReserveManyOutcome::ItemsUnavailable(unavailable)),
+            Ok(Attempted::Exhausted { .. }) => {
+                Ok(ReserveManyOutcome::ItemsUnavailable(multi_item::all_in_conflict(&self.db, lines).await?))
+            }
+            // The key's first request committed while this one waited.
+            Err(err) if idempotency::is_taken(&err) => replay_multi_item(&self.db, user_id, key.as_ref())
+                .await?
+                .map(ReserveManyOutcome::ReservedAll)
+                .ok_or(AppError::Internal),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Gives an ACTIVE, unexpired reservation of `owner`'s stock back, once.
+    pub async fn release(&self, id: Uuid, owner: &str) -> Result<ReleaseOutcome, AppError> {
+        if let Attempted::Done(Some(change)) = store::release(&self.db, &self.collisions, id, owner).await? {
+            return Ok(ReleaseOutcome::Released { reservation: change.reservation, inventory: change.inventory });
+        }
+        Ok(match store::find(&self.db, id).await?.filter(|r| r.user_id == owner) {
+            None => ReleaseOutcome::NotFound,
+            Some(reservation) => ReleaseOutcome::NotActive(reservation),
+        })
+    }
+
+    /// Moves an ACTIVE, unexpired reservation's expiry `seconds` later, but
+    /// never past `max_ttl_secs` from now.
+    pub async fn extend(
+        &self,
+        id: Uuid,
+        owner: &str,
+        seconds: i32,
+        max_ttl_secs: i32,
+    ) -> Result<ExtendOutcome, AppError> {
+        if let Some(extended) = store::extend(&self.db, id, owner, seconds, max_ttl_secs).await? {
+            return Ok(ExtendOutcome::Extended(extended));
+        }
+        Ok(match store::find(&self.db, id).await?.filter(|r| r.user_id == owner) {
+            None => ExtendOutcome::NotFound,
+            Some(reservation) => ExtendOutcome::NotActive(reservation),
+        })
+    }
+}
+
+/// Takes `quantity` units for `user_id` with the one-statement reserve: a
+/// request with a version or a key, a hot item's caller alone, or every
+/// request when coalescing is off.
+///
+/// The reservation and its ledger entry are written by the same statement
+/// as the decrement, so a reservation exists exactly when stock was taken;
+/// when nothing was taken, one read of the latest row tells why.
+pub async fn reserve_alone(
+    db: &DatabaseConnection,
+    statements: &StatementPool,
+    collisions: &Collisions,
+    user_id: &str,
+    request: &ReserveRequest,
+) -> Result<ReserveOutcome, AppError> {
+    let key = request
+        .idempotency_key
+        .clone()
+        .map(|key| Key::reserve(key, request.inventory_id, request.quantity, request.expected_version));
+    let reserve = Reserve {
+        inventory_id: request.inventory_id,
+        quantity: request.quantity,
+        expected_version: request.expected_version,
+        reservation_id: Uuid::new_v4(),
+        user_id,
+        idempotency_key: key.as_ref().map(|k| k.key.as_str()),
+        fingerprint: key.as_ref().map(|k| k.fingerprint.as_str()),
+        ttl_secs: request.ttl_secs,
+    };
+    let attempted = match store::reserve(statements, collisions, &reserve).await {
+        Ok(attempted) => attempted,
+        // The key was used first by a request that has committed.
+        Err(err) if idempotency::is_taken(&err) => {
+            return replay(db, user_id, key.as_ref()).await?.ok_or(AppError::Internal);
+        }
+        Err(err) => return Err(err.into()),
+    };
+    if let Attempted::Done(Some(change)) = attempted {
+        return Ok(ReserveOutcome::Reserved { reservation: change.reservation, inventory: change.inventory });
+    }
+    // Nothing taken. A replay of a request that did take stock must return
+    // that first outcome, not a `Conflict` with its own old version.
+    if let Some(outcome) = replay(db, user_id, key.as_ref()).await? {
+        return Ok(outcome);
+    }
+    let Some(inventory) = inventory_store::find(db, request.inventory_id).await? else {
+        return Ok(ReserveOutcome::InventoryNotFound);
+    };
+    Ok(match (attempted, request.expected_version) {
+        (Attempted::Done(_), _) if inventory.stock < request.quantity => {
+            ReserveOutcome::SoldOut { requested: request.quantity, inventory }
+        }
+        (Attempted::Done(_), Some(expected_version)) => ReserveOutcome::Conflict { expected_version, inventory },
+        // Enough stock and no version asked for, yet nothing taken: only a
+        // change between the statement and this read can do that, so the
+        // reservation is decided as of the statement: sold out.
+        (Attempted::Done(_), None) => ReserveOutcome::SoldOut { requested: request.quantity, inventory },
+        (Attempted::Exhausted { attempts }, expected) => {
+            tracing::warn!(attempts, inventory_id = %request.inventory_id, "reserve collisions exhausted");
+            ReserveOutcome::Conflict { expected_version: expected.unwrap_or(inventory.version), inventory }
+        }
+    })
+}
+
+/// The first outcome of a single `reserve` with this key, if one took stock
+/// (its reservation, and the inventory as it is now).
+async fn replay(db: &DatabaseConnection, user_id: &str, key: Option<&Key>) -> Result<Option<ReserveOutcome>, AppError> {
+    let Some(key) = key else { return Ok(None) };
+    let Some(first) = idempotency::first_use(db, user_id, key).await? else { return Ok(None) };
+    let inventory = inventory_store::find(db, first.inventory_id).await?.ok_or(AppError::Internal)?;
+    Ok(Some(ReserveOutcome::Reserved { reservation: first, inventory }))
+}
+
+/// The reservations of the multi-item request that first used this key, if any.
+async fn replay_multi_item(
+    db: &DatabaseConnection,
+    user_id: &str,
+    key: Option<&Key>,
+) -> Result<Option<Vec<ReservationRow>>, AppError> {
+    match key {
+        Some(key) => idempotency::replay_multi_item(db, user_id, key).await,
+        None => Ok(None),
+    }
+}

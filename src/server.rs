@@ -1,0 +1,94 @@
+//! The composition root: the one module that knows every feature's runtime
+//! parts and wires them together. It builds the reservation service (with
+//! its coalescer) and live stock once per process, hands them to the schema
+//! as data, starts the background work (the sweeper, the live-stock
+//! listener), and makes each request's DataLoaders. Features never import
+//! it, and the shared state (`app.rs`) knows no feature.
+
+use std::time::Duration;
+
+use async_graphql::{Request, dataloader::DataLoader};
+use tokio::{sync::watch, task::JoinHandle};
+
+use crate::{
+    app::AppState,
+    inventory::loader::{InventoryBySkuLoader, InventoryLoader},
+    live::LiveStock,
+    orders::loader::{OrderLinesLoader, OrderLoader},
+    reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
+    schema::{self, AppSchema},
+};
+
+/// One server process's parts: the shared state and each feature's runtime state.
+#[derive(Clone)]
+pub struct Server {
+    /// The state every request shares.
+    state: AppState,
+    /// Reservations, with the coalescer of hot items.
+    reservations: ReservationService,
+    /// Committed inventory changes, for subscriptions.
+    live: LiveStock,
+}
+
+impl Server {
+    /// The parts of a process serving `state`.
+    pub fn new(state: AppState) -> Self {
+        let reservations = ReservationService::new(&state);
+        Self { state, reservations, live: LiveStock::default() }
+    }
+
+    /// The shared state.
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// The schema this process serves, with every feature's runtime state as data.
+    pub fn schema(&self) -> AppSchema {
+        schema::build(self.state.clone(), self.reservations.clone(), self.live.clone())
+    }
+
+    /// Starts the background work of a server process: the sweeper and the
+    /// live-stock listener.
+    pub fn spawn_workers(&self) -> Workers {
+        let (stop, stopped) = watch::channel(false);
+        let limits = &self.state.limits;
+        let sweeper = sweeper::spawn(
+            self.state.db.clone(),
+            Duration::from_millis(limits.sweep_interval_ms),
+            limits.sweep_batch,
+            stopped.clone(),
+        );
+        let listener = self.live.spawn_listener(self.state.db.clone(), stopped);
+        Workers { stop, tasks: vec![sweeper, listener] }
+    }
+}
+
+/// `request` with its own DataLoaders over `state`'s pool, so nothing is
+/// cached past it. The transport adds the caller.
+pub fn request_data(state: &AppState, request: Request) -> Request {
+    let db = &state.db;
+    request
+        .data(DataLoader::new(InventoryLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(InventoryBySkuLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(ReservationLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(OrderLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(OrderLinesLoader { db: db.clone() }, tokio::spawn))
+}
+
+/// The background tasks of a server process.
+pub struct Workers {
+    /// Turns true to ask the tasks to stop between steps.
+    stop: watch::Sender<bool>,
+    /// The tasks, awaited on shutdown.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Workers {
+    /// Asks every task to stop and waits until they have.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! Taking stock: one reservation ([`RESERVE_SQL`]), the reservations of
+//! callers coalesced on one hot inventory ([`COALESCED_RESERVE_SQL`]), and
+//! the lines of a multi-item request (`reserveMany`, `placeOrder`).
+
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use sea_orm::{
+    DbBackend, DbErr, FromQueryResult, QueryResult, Statement, Value,
+    sqlx::{self, Postgres, postgres::PgArguments, query::Query},
+};
+use uuid::Uuid;
+
+use super::fragments::{INVENTORY_COLUMNS, LEDGER, expiry, reservation_columns_as_r, set, step};
+use crate::{inventory::InventoryRow, reservations::ReservationRow};
+
+/// The one-statement reservation. Parameters: `$1` inventory id, `$2`
+/// quantity, `$3` expected version (NULL: none), `$4` the new reservation's
+/// id, `$5` user id, `$6` idempotency key, `$7` request fingerprint (both
+/// NULL without a key), `$8` TTL in seconds (0: never expires). One row (the
+/// inventory as left, then the reservation as `r_*`) when stock was taken.
+///
+/// The decision is the UPDATE's own WHERE (`stock >= qty`, and `version =
+/// expected` when given), never an earlier SELECT, so two requests can never
+/// both see the last unit. 0 rows means: no such row, too little stock, or
+/// the version moved; one read afterwards tells which. A second request
+/// with the same idempotency key fails on the unique index and the whole
+/// statement is rolled back, so the stock its UPDATE took is given back.
+pub static RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
+WITH taken AS (
+    UPDATE inventories
+       {set}
+     WHERE id = $1 AND stock >= $2 AND ($3::integer IS NULL OR version = $3)
+ RETURNING {INVENTORY_COLUMNS}
+), reservation AS (
+    INSERT INTO reservations
+           (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
+    SELECT $4, id, $5, $2, 'ACTIVE', $6, $7, {expires}
+      FROM taken
+ RETURNING *
+), movement AS (
+    {LEDGER}
+    SELECT id, -$2, 'RESERVED', stock, version, $4, NULL FROM taken
+)
+SELECT taken.*, {reservation} FROM taken, reservation r"#,
+        set = step("", "- $2"),
+        expires = expiry("$8"),
+        reservation = reservation_columns_as_r(),
+    )
+});
+
+/// The bind values of [`RESERVE_SQL`].
+#[derive(Debug, Clone, Copy)]
+pub struct Reserve<'a> {
+    /// The inventory to take from.
+    pub inventory_id: Uuid,
+    /// Units.
+    pub quantity: i32,
+    /// The version the client saw, for the optimistic check.
+    pub expected_version: Option<i32>,
+    /// The new reservation's id.
+    pub reservation_id: Uuid,
+    /// The owner.
+    pub user_id: &'a str,
+    /// The client's idempotency key.
+    pub idempotency_key: Option<&'a str>,
+    /// The fingerprint of the request carrying the key.
+    pub fingerprint: Option<&'a str>,
+    /// Seconds until the reservation expires; 0 = never.
+    pub ttl_secs: i32,
+}
+
+impl Reserve<'_> {
+    /// [`RESERVE_SQL`] with these values, for the statement pool.
+    pub fn query(&self) -> Query<'static, Postgres, PgArguments> {
+        self.bind(sqlx::query(RESERVE_SQL.as_str()))
+    }
+
+    /// `query` (of [`RESERVE_SQL`]'s parameters) with these values bound.
+    pub(super) fn bind<'q>(&self, query: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
+        query
+            .bind(self.inventory_id)
+            .bind(self.quantity)
+            .bind(self.expected_version)
+            .bind(self.reservation_id)
+            .bind(self.user_id)
+            .bind(self.idempotency_key)
+            .bind(self.fingerprint)
+            .bind(self.ttl_secs)
+    }
+}
+
+/// A reservation and its inventory as the statement that changed both left
+/// them (a row of [`RESERVE_SQL`] or of a release).
+#[derive(Debug)]
+pub struct ReservationChange {
+    /// The inventory after the change.
+    pub inventory: InventoryRow,
+    /// The reservation after the change.
+    pub reservation: ReservationRow,
+}
+
+impl ReservationChange {
+    /// The change a statement's row describes.
+    pub fn from_row(row: &QueryResult) -> Result<Self, DbErr> {
+        Ok(Self {
+            inventory: InventoryRow::from_query_result(row, "")?,
+            reservation: ReservationRow::from_query_result(row, "r_")?,
+        })
+    }
+}
+
+/// One statement for the coalesced callers of one inventory: `$1`
+/// inventory, `$2` reservation ids, `$3` users, `$4` quantities (in arrival
+/// order), `$5` TTL seconds.
+///
+/// This locks the inventory row for the statement (the `FOR UPDATE` in
+/// `inv`), walks the callers in arrival order granting each whose quantity
+/// still fits (a caller that does not fit is refused, a later smaller one may
+/// still be served: exactly what one-at-a-time would do), then writes the new
+/// stock and version once (one version step per grant), every granted
+/// reservation, and one ledger row per grant with its own stock and version.
+/// One row per caller in arrival order, the inventory as it stood after that
+/// caller's turn; no row at all: no such inventory.
+pub static COALESCED_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
+WITH RECURSIVE req AS (
+    SELECT * FROM unnest($2::uuid[], $3::text[], $4::integer[]) WITH ORDINALITY
+        AS r(reservation_id, user_id, quantity, n)
+), inv AS (
+    SELECT {INVENTORY_COLUMNS}
+      FROM inventories WHERE id = $1 FOR UPDATE
+), walk AS (
+    SELECT 0::bigint AS n, inv.stock AS stock, inv.version AS version, false AS granted FROM inv
+    UNION ALL
+    SELECT r.n,
+           CASE WHEN w.stock >= r.quantity THEN w.stock - r.quantity ELSE w.stock END,
+           CASE WHEN w.stock >= r.quantity THEN w.version + 1 ELSE w.version END,
+           w.stock >= r.quantity
+      FROM walk w JOIN req r ON r.n = w.n + 1
+), steps AS (
+    SELECT * FROM walk WHERE n > 0
+), taken AS (
+    UPDATE inventories i
+       {set}
+      FROM (SELECT stock, version FROM steps ORDER BY n DESC LIMIT 1) last
+     WHERE i.id = $1 AND EXISTS (SELECT 1 FROM steps WHERE granted)
+ RETURNING i.updated_at
+), reservation AS (
+    INSERT INTO reservations (id, inventory_id, user_id, quantity, status, expires_at)
+    SELECT r.reservation_id, $1, r.user_id, r.quantity, 'ACTIVE', {expires}
+      FROM req r JOIN steps s ON s.n = r.n
+     WHERE s.granted
+), movement AS (
+    {LEDGER}
+    SELECT $1, -r.quantity, 'RESERVED', s.stock, s.version, r.reservation_id, NULL
+      FROM req r JOIN steps s ON s.n = r.n
+     WHERE s.granted
+)
+SELECT s.granted, inv.id, inv.sku, inv.name, s.stock, s.version, inv.created_at,
+       coalesce((SELECT updated_at FROM taken), inv.updated_at) AS updated_at,
+       now() AS now, {expires} AS expires_at
+  FROM steps s, inv
+ ORDER BY s.n"#,
+        set = set("last.stock", "last.version"),
+        expires = expiry("$5"),
+    )
+});
+
+/// The bind values of [`COALESCED_RESERVE_SQL`]: the callers, in arrival order.
+#[derive(Debug, Clone, Copy)]
+pub struct CoalescedReserve<'a> {
+    /// The one inventory they all take from.
+    pub inventory_id: Uuid,
+    /// The new reservations' ids, one per caller.
+    pub reservation_ids: &'a [Uuid],
+    /// The callers.
+    pub user_ids: &'a [&'a str],
+    /// What each caller asks for.
+    pub quantities: &'a [i32],
+    /// Seconds until the reservations expire; 0 = never.
+    pub ttl_secs: i32,
+}
+
+impl CoalescedReserve<'_> {
+    /// [`COALESCED_RESERVE_SQL`] with these values, for the statement pool.
+    pub fn query(&self) -> Query<'static, Postgres, PgArguments> {
+        self.bind(sqlx::query(COALESCED_RESERVE_SQL.as_str()))
+    }
+
+    /// `query` (of [`COALESCED_RESERVE_SQL`]'s parameters) with these values bound.
+    pub(super) fn bind<'q>(&self, query: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
+        query
+            .bind(self.inventory_id)
+            .bind(self.reservation_ids)
+            .bind(self.user_ids)
+            .bind(self.quantities)
+            .bind(self.ttl_secs)
+    }
+}
+
+/// One caller's turn in a coalesced statement (a row of
+/// [`COALESCED_RESERVE_SQL`]).
+#[derive(Debug)]
+pub struct Turn {
+    /// Whether the caller got its units.
+    pub granted: bool,
+    /// The inventory right after its turn.
+    pub inventory: InventoryRow,
+    /// When the granted reservations were made (the transaction's start).
+    pub now: DateTime<Utc>,
+    /// Their expiry.
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl Turn {
+    /// The turn a statement's row describes.
+    pub fn from_row(row: &QueryResult) -> Result<Self, DbErr> {
+        Ok(Self {
+            granted: row.try_get("", "granted")?,
+            inventory: InventoryRow::from_query_result(row, "")?,
+            now: row.try_get("", "now")?,
+            expires_at: row.try_get("", "expires_at")?,
+        })
+    }
+}
+
+/// This locks the rows of `inventory_ids` in id order for the rest of the
+/// transaction, so two multi-item requests naming the same inventories in
+/// opposite orders wait for each other instead of deadlocking, and what is
+/// judged against the locked rows cannot go stale before [`take_lines`].
+pub fn lock_lines(inventory_ids: &[Uuid]) -> Statement {
+    Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        format!("SELECT {INVENTORY_COLUMNS} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE"),
+        [Value::from(inventory_ids.to_vec())],
+    )
+}
+
+/// What the lines of a multi-item request are taken for.
+#[derive(Debug, Clone, Copy)]
+pub enum Purpose {
+    /// Plain reservations (`reserveMany`): ACTIVE for `ttl_secs` (0 = never
+    /// expire), ledger reason RESERVED.
+    Reservations {
+        /// Seconds until they expire.
+        ttl_secs: i32,
+    },
+    /// The lines of this order (`placeOrder`): ORDERED, ledger reason ORDERED.
+    Order(Uuid),
+}
+
+/// One line of a multi-item request, merged and checked (one per inventory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Line {
+    /// The inventory.
+    pub inventory_id: Uuid,
+    /// Units, summed over the request's lines for this inventory.
+    pub quantity: i32,
+    /// The version the client saw, if it sent one.
+    pub expected_version: Option<i32>,
+}
+
+/// Takes every line at once, inside the transaction that locked them with
+/// [`lock_lines`]: one reservation and one ledger row per line, all carrying
+/// `multi_item_id`; the first line carries the idempotency key (and its
+/// fingerprint) for the whole request. Returns the reservations, ordered by
+/// inventory id.
+///
+/// The lines' conditions stand again in the UPDATE's WHERE: with the rows
+/// locked they hold, and a line that did not match shows up as a missing
+/// row, which the caller must treat as a failure.
+pub fn take_lines(
+    lines: &[Line],
+    purpose: Purpose,
+    user_id: &str,
+    key: Option<(&str, &str)>,
+    multi_item_id: Uuid,
+) -> Statement {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
+WITH line AS (
+    SELECT inventory_id, quantity, CASE WHEN checked THEN expected_version END AS expected_version, n
+      FROM unnest($1::uuid[], $2::integer[], $3::integer[], $11::boolean[]) WITH ORDINALITY
+        AS l(inventory_id, quantity, expected_version, checked, n)
+), taken AS (
+    UPDATE inventories i
+       {set}
+      FROM line
+     WHERE i.id = line.inventory_id AND i.stock >= line.quantity
+       AND (line.expected_version IS NULL OR i.version = line.expected_version)
+ RETURNING i.id, i.stock, i.version, line.quantity, line.n
+), reservation AS (
+    INSERT INTO reservations (id, inventory_id, order_id, user_id, quantity, status,
+                              idempotency_key, request_fingerprint, batch_id, expires_at)
+    SELECT gen_random_uuid(), id, $4, $5, quantity, $6,
+           CASE WHEN n = 1 THEN $7 END, CASE WHEN n = 1 THEN $8 END, $9, {expires}
+      FROM taken
+ RETURNING *
+), movement AS (
+    {LEDGER}
+    SELECT t.id, -t.quantity, $10, t.stock, t.version, r.id, $4
+      FROM taken t JOIN reservation r ON r.inventory_id = t.id
+)
+SELECT * FROM reservation ORDER BY inventory_id"#,
+            set = step("i.", "- line.quantity"),
+            expires = expiry("$12"),
+        )
+    });
+    // Order lines never expire: they hold stock until the order is cancelled.
+    let (order_id, status, reason, ttl_secs) = match purpose {
+        Purpose::Reservations { ttl_secs } => (None, "ACTIVE", "RESERVED", ttl_secs),
+        Purpose::Order(id) => (Some(id), "ORDERED", "ORDERED", 0),
+    };
+    let values: Vec<Value> = vec![
+        Value::from(lines.iter().map(|l| l.inventory_id).collect::<Vec<Uuid>>()),
+        Value::from(lines.iter().map(|l| l.quantity).collect::<Vec<i32>>()),
+        // Arrays cannot carry NULLs through the driver, so "no expected
+        // version" travels as `false` in $11 beside a placeholder 0.
+        Value::from(lines.iter().map(|l| l.expected_version.unwrap_or(0)).collect::<Vec<i32>>()),
+        order_id.into(),
+        user_id.into(),
+        status.into(),
+        key.map(|(key, _)| key.to_owned()).into(),
+        key.map(|(_, fingerprint)| fingerprint.to_owned()).into(),
+        multi_item_id.into(),
+        reason.into(),
+        Value::from(lines.iter().map(|l| l.expected_version.is_some()).collect::<Vec<bool>>()),
+        ttl_secs.into(),
+    ];
+    Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), values)
+}

@@ -1,0 +1,102 @@
+//! Every GraphQL document the tests send (but the hostile ones they make up),
+//! each with the union members spelled out that the tests read.
+
+/// The fields of an order every order test reads.
+macro_rules! order_fields {
+    () => {
+        "fragment OrderFields on Order {
+           id status userId version confirmedAt confirmedBy createdAt
+           items { inventory { id stock } quantity }
+           shippingAddress { name line1 line2 city postalCode country }
+         }"
+    };
+}
+
+pub const CREATE_INVENTORY: &str = "mutation($input: CreateInventoryInput!) { createInventory(input: $input) { id } }";
+
+pub const RESTOCK: &str = "mutation($input: RestockInput!) { restock(input: $input) { __typename } }";
+
+pub const RESERVE: &str = r#"
+mutation($input: ReserveInput!) {
+  reserve(input: $input) {
+    __typename
+    ... on Reserved { reservation { id quantity status userId } inventory { id stock version } }
+    ... on Conflict { expectedVersion inventory { id stock version } }
+    ... on SoldOut { requested inventory { id stock version } }
+    ... on InventoryNotFound { inventoryId }
+  }
+}"#;
+
+pub const RESERVE_MANY: &str = "mutation($input: ReserveManyInput!) { reserveMany(input: $input) { __typename
+   ... on ReservedAll { reservations { id quantity status userId inventory { id } } }
+   ... on ItemsUnavailable { items { inventoryId reason inventory { id stock version } } }
+ } }";
+
+pub const RELEASE: &str = "mutation($id: UUID!) { releaseReservation(id: $id) { __typename
+   ... on ReservationReleased { reservation { id status } inventory { id stock version } }
+   ... on ReservationNotFound { reservationId }
+   ... on ReservationNotActive { reservation { id status } }
+ } }";
+
+pub const EXTEND: &str = "mutation($id: UUID!, $s: Int!) { extendReservation(id: $id, seconds: $s) { __typename
+    ... on ReservationExtended { reservation { expiresAt } }
+    ... on ReservationNotActive { reservation { status } } } }";
+
+pub const PLACE_ORDER: &str = concat!(
+    "mutation($input: PlaceOrderInput!) { placeOrder(input: $input) { __typename
+       ... on OrderPlaced { order { ...OrderFields } }
+       ... on ItemsUnavailable { items { inventoryId reason inventory { id stock version } } }
+     } }",
+    order_fields!()
+);
+
+pub const CONFIRM_ORDER: &str = concat!(
+    "mutation($id: UUID!) { confirmOrder(id: $id) { __typename
+       ... on OrderConfirmed { order { ...OrderFields } }
+       ... on OrderCannotBeConfirmed { order { ...OrderFields } }
+       ... on OrderNotFound { orderId }
+       ... on OrderModifiedConcurrently { orderId attempts }
+     } }",
+    order_fields!()
+);
+
+pub const CANCEL_ORDER: &str = concat!(
+    "mutation($id: UUID!) { cancelOrder(id: $id) { __typename
+       ... on OrderCancelled { order { ...OrderFields } }
+       ... on OrderCannotBeCancelled { order { ...OrderFields } }
+       ... on OrderNotFound { orderId }
+       ... on OrderModifiedConcurrently { orderId attempts }
+     } }",
+    order_fields!()
+);
+
+pub const CHANGE_ADDRESS: &str = concat!(
+    "mutation($input: ChangeShippingAddressInput!) { changeShippingAddress(input: $input) { __typename
+       ... on ShippingAddressChanged { order { ...OrderFields } }
+       ... on OrderVersionConflict {
+         expectedVersion
+         current { ...OrderFields }
+         submitted { name line1 line2 city postalCode country }
+       }
+       ... on OrderNotEditable { order { ...OrderFields } }
+       ... on OrderNotFound { orderId }
+     } }",
+    order_fields!()
+);
+
+pub const ORDER: &str = "query($id: UUID!) { order(id: $id) { id userId status } }";
+
+pub const ORDERS: &str =
+    "query($status: OrderStatus) { orders(first: 100, status: $status) { nodes { id userId status } } }";
+
+pub const RESERVATION_STATUS: &str = "query($id: UUID!) { reservation(id: $id) { status expiresAt } }";
+
+pub const MY_RESERVATIONS: &str =
+    "query($f: Int) { myReservations(first: $f) { nodes { id inventory { sku stock } } } }";
+
+pub const INVENTORIES: &str = "query($f: Int, $after: String) { inventories(first: $f, after: $after) {
+   nodes { id sku stock version } pageInfo { hasNextPage endCursor } } }";
+
+pub const MOVEMENTS: &str = "query($id: UUID!, $first: Int, $after: String) { inventory(id: $id) { stock version
+   movements(first: $first, after: $after) { nodes { delta reason stockAfter versionAfter reservationId }
+   pageInfo { hasNextPage endCursor } } } }";
