@@ -31,6 +31,8 @@ pub mod invariant;
 pub mod inventory;
 /// Live stock: `inventoryChanged` subscriptions fed by LISTEN/NOTIFY.
 pub mod live;
+/// Relay's object identification: the `Node` interface, global ids, `node` and `nodes`.
+pub mod node;
 /// Orders: the version-checked aggregate, confirm/cancel with retry or report, the pessimistic path.
 pub mod orders;
 /// Relay cursor pagination shared by every connection.

@@ -12,7 +12,7 @@ use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
     app::AppState,
-    inventory::loader::{InventoryBySkuLoader, InventoryLoader},
+    inventory::loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader},
     live::LiveStock,
     orders::loader::{OrderLinesLoader, OrderLoader},
     reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
@@ -73,6 +73,7 @@ pub fn request_data(state: &AppState, request: Request) -> Request {
         .data(DataLoader::new(ReservationLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLinesLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(MovementLoader { db: db.clone() }, tokio::spawn))
 }
 
 /// The background tasks of a server process.

@@ -101,7 +101,7 @@ impl Gateway {
         let bounds = Bounds { max_tokens: app.limits.max_tokens, max_selections: app.limits.max_complexity };
         let schema = server.schema();
         Self {
-            shapes: Arc::new(Shapes::from_sdl(&schema.sdl())),
+            shapes: Arc::new(Shapes::from_sdl(&schema::sdl_of(&schema))),
             introspection: schema::build_for_introspection(app.clone()),
             schema,
             documents: Documents::new(bounds),

@@ -45,3 +45,19 @@ impl Loader<String> for InventoryBySkuLoader {
         Ok(rows.into_iter().map(|row| (row.sku.clone(), row)).collect())
     }
 }
+
+/// Loads ledger rows by id in batches (for `node(id:)`).
+pub struct MovementLoader {
+    /// The pool the batch statement runs on.
+    pub db: DatabaseConnection,
+}
+
+impl Loader<Uuid> for MovementLoader {
+    type Value = super::movements::Model;
+    type Error = Arc<DbErr>;
+
+    async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Self::Value>, Self::Error> {
+        let rows = super::movements::find_many(&self.db, keys).await?;
+        Ok(rows.into_iter().map(|row| (row.id, row)).collect())
+    }
+}

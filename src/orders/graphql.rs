@@ -1,8 +1,7 @@
 //! GraphQL types and resolvers for orders.
 
 use async_graphql::{
-    Context, ErrorExtensions, InputObject, Object, OutputType, SimpleObject, Union, connection::Connection,
-    dataloader::DataLoader,
+    Context, ErrorExtensions, ID, InputObject, Object, OutputType, SimpleObject, Union, dataloader::DataLoader,
 };
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -18,7 +17,8 @@ use crate::{
     auth::{self, User},
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Inventory, load as load_inventory},
-    pagination::{Cursor, Page, connection},
+    node,
+    pagination::{Connection, Cursor, Page, connection},
     reservations::{
         ReservationRow,
         graphql::{ItemsUnavailable, ReserveItemInput},
@@ -37,6 +37,11 @@ impl Order {
         self.0.id
     }
 
+    /// The order's global id, for `node(id:)` (Relay).
+    pub async fn node_id(&self) -> ID {
+        node::global_id(node::Kind::Order, self.0.id)
+    }
+
     /// Life-cycle state.
     async fn status(&self) -> OrderStatus {
         self.0.status()
@@ -50,7 +55,7 @@ impl Order {
     /// The lines, one per inventory (batched per request).
     async fn items(&self, ctx: &Context<'_>) -> GqlResult<Vec<OrderItem>> {
         let loader = ctx.data_unchecked::<DataLoader<OrderLinesLoader>>();
-        let lines = loader.load_one(self.0.id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
+        let lines = loader.load_one(self.0.id).await.gql()?;
         Ok(lines.unwrap_or_default().into_iter().map(OrderItem).collect())
     }
 
@@ -366,6 +371,16 @@ pub enum ChangeShippingAddressResult {
     OrderNotFound(OrderNotFound),
 }
 
+/// The order with `id` if the caller may see it (their own, or any for
+/// operators), through the request's DataLoader; `UNAUTHENTICATED` without
+/// a token.
+pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Order>> {
+    let user = auth::user(ctx).gql()?;
+    let loader = ctx.data_unchecked::<DataLoader<OrderLoader>>();
+    let order = loader.load_one(id).await.gql()?;
+    Ok(order.filter(|order| user.may_see(&order.user_id)).map(Order))
+}
+
 /// Order queries; signed-in users.
 #[derive(Default)]
 pub struct OrderQuery;
@@ -373,11 +388,12 @@ pub struct OrderQuery;
 #[Object]
 impl OrderQuery {
     /// One order: the caller's own, or any for operators; others read as null.
-    async fn order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Order>> {
-        let user = auth::user(ctx).gql()?;
-        let loader = ctx.data_unchecked::<DataLoader<OrderLoader>>();
-        let order = loader.load_one(id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
-        Ok(order.filter(|order| user.may_see(&order.user_id)).map(Order))
+    async fn order(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The order's id.")] id: Uuid,
+    ) -> GqlResult<Option<Order>> {
+        visible(ctx, id).await
     }
 
     /// Orders, oldest first: the caller's own, or all for operators.
@@ -405,7 +421,11 @@ pub struct OrderMutation;
 #[Object]
 impl OrderMutation {
     /// Takes the stock of every line and creates the order: all or nothing.
-    async fn place_order(&self, ctx: &Context<'_>, input: PlaceOrderInput) -> GqlResult<PlaceOrderResult> {
+    async fn place_order(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The lines, the address and an optional idempotency key.")] input: PlaceOrderInput,
+    ) -> GqlResult<PlaceOrderResult> {
         let user = auth::user(ctx).gql()?;
         let app = state(ctx);
         let lines = ReserveItemInput::merge(&input.items, app.limits.max_quantity).gql()?;
@@ -424,14 +444,22 @@ impl OrderMutation {
     }
 
     /// Confirms a PENDING order (operators). Re-reads and retries a lost race.
-    async fn confirm_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<ConfirmOrderResult> {
+    async fn confirm_order(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The order's id.")] id: Uuid,
+    ) -> GqlResult<ConfirmOrderResult> {
         let user = auth::operator(ctx).gql()?;
         transition(ctx, user, id, Transition::Confirm, "confirmOrder").await
     }
 
     /// Cancels a PENDING order and returns its stock (the owner or an
     /// operator). Re-reads and retries a lost race.
-    async fn cancel_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<CancelOrderResult> {
+    async fn cancel_order(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The order's id.")] id: Uuid,
+    ) -> GqlResult<CancelOrderResult> {
         let user = auth::user(ctx).gql()?;
         transition(ctx, user, id, Transition::Cancel, "cancelOrder").await
     }
@@ -441,6 +469,7 @@ impl OrderMutation {
     async fn change_shipping_address(
         &self,
         ctx: &Context<'_>,
+        #[graphql(desc = "The order, the version the client saw, and the new address.")]
         input: ChangeShippingAddressInput,
     ) -> GqlResult<ChangeShippingAddressResult> {
         let user = auth::user(ctx).gql()?;

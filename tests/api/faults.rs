@@ -706,7 +706,13 @@ async fn orders_abandoned_mid_transaction_leave_no_transaction_open_and_nothing_
     let orders = app.count("SELECT count(*) FROM orders").await;
     let whole = "SELECT count(*) FROM orders o WHERE (SELECT count(*) FROM reservations r \
                  WHERE r.order_id = o.id AND r.status = 'ORDERED') = 2";
-    assert_eq!(app.count(whole).await, orders, "every order that exists has both its lines");
+    let broken = "SELECT coalesce(json_agg(json_build_object('order', o.id, 'lines', \
+                  (SELECT json_agg(json_build_object('status', r.status, 'inventory', r.inventory_id, 'qty', r.quantity)) \
+                   FROM reservations r WHERE r.order_id = o.id))), '[]')::text FROM orders o \
+                  WHERE (SELECT count(*) FROM reservations r WHERE r.order_id = o.id AND r.status = 'ORDERED') <> 2";
+    let row = app.db.query_one_raw(Statement::from_string(DbBackend::Postgres, broken)).await.expect("query");
+    let broken: String = row.expect("one row").try_get_by_index(0).expect("json");
+    assert_eq!(app.count(whole).await, orders, "every order that exists has both its lines: {broken}");
     assert_eq!(app.count("SELECT count(*) FROM reservations WHERE order_id IS NULL").await, 0);
 
     // Every pooled connection is fit for use: each reserve is committed (seen
