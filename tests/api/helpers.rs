@@ -35,9 +35,10 @@ use crate::documents::{
     CANCEL_ORDER, CHANGE_ADDRESS, CONFIRM_ORDER, CREATE_INVENTORY, EXTEND, PLACE_ORDER, RELEASE, RESERVE_MANY, RESTOCK,
 };
 
-/// The server the tests create their databases on.
+/// The server the tests create their databases on: `STOCKGUARD_TEST_DATABASE_URL`,
+/// the one on 127.0.0.1:5432, or a private one (see `embedded::test_server_url`).
 pub fn server_url() -> String {
-    std::env::var("STOCKGUARD_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+    stockguard::embedded::test_server_url().unwrap_or_else(|missing| panic!("{missing}"))
 }
 
 /// The secret every test server signs with.
