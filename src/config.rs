@@ -47,7 +47,7 @@ impl DatabaseConfig {
     }
 }
 
-/// The API's limits (API.md "Limits") and the write policies: order
+/// The API's limits (docs/api.md "Limits") and the write policies: order
 /// locking, reservation lifetimes, the sweeper, coalescing, collision re-runs.
 #[derive(Args, Debug, Clone)]
 pub struct Limits {

@@ -1,4 +1,4 @@
-//! The invariant of DESIGN.md, checked straight from the tables: for every
+//! The invariant of docs/design.md, checked straight from the tables: for every
 //! inventory row
 //!
 //! - `stock >= 0`;

@@ -11,7 +11,7 @@
 //! hold a place under their own caps instead (see `ws.rs`).
 //!
 //! Every error an operation can end in carries an `extensions.code`
-//! ([`ErrorCodes`]); the README's error table lists them.
+//! ([`ErrorCodes`]); `docs/operations.md` lists them.
 
 mod codes;
 mod persisted;

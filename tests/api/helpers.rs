@@ -346,7 +346,7 @@ impl TestApp {
         row.try_get_by_index(0).expect("snapshot")
     }
 
-    /// Fails the test when any inventory breaks the DESIGN.md invariant.
+    /// Fails the test when any inventory breaks the docs/design.md invariant.
     pub async fn assert_invariant(&self) {
         let drifts = invariant::check(&self.db).await.expect("check");
         assert!(drifts.is_empty(), "invariant broken: {drifts:?}");

@@ -10,9 +10,12 @@ use std::{
 
 use tokio::process::Command;
 
-/// `clients/<name>`, with its `node_modules` installed (`npm ci`) if missing.
+/// `clients/<name>`, with its `node_modules` installed (`npm ci`) if missing;
+/// one install at a time, since tests run side by side.
 pub async fn package(name: &str) -> PathBuf {
+    static INSTALLING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients").join(name);
+    let _one = INSTALLING.lock().await;
     if !dir.join("node_modules").exists() {
         run(&dir, "npm", &["ci", "--no-audit", "--no-fund"], Duration::from_secs(300)).await;
     }
