@@ -37,7 +37,7 @@ use futures::{SinkExt, StreamExt, stream::BoxStream};
 use super::Http;
 use crate::{
     auth::{Keys, Viewer},
-    gateway::Gateway,
+    gateway::{Gateway, Refusal},
 };
 
 /// Live subscriptions of the whole process, shared by every socket.
@@ -185,8 +185,17 @@ impl Executor for SocketExecutor {
             Err(refusal) => return once(refusal.into_response()),
         };
         if prepared.kind() != OperationType::Subscription {
+            // Started at once in a task of its own: an operation that reached
+            // the server runs to its end even if its socket closes right
+            // after sending it (an HTTP request is kept running the same way).
             return match prepared.admit() {
-                Ok(admitted) => admitted.stream(),
+                Ok(admitted) => {
+                    let work = tokio::spawn(admitted.execute());
+                    futures::stream::once(
+                        async move { work.await.unwrap_or_else(|_| Refusal::internal().into_response()) },
+                    )
+                    .boxed()
+                }
                 Err(refusal) => once(refusal.into_response()),
             };
         }
