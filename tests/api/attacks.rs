@@ -528,3 +528,25 @@ fn nested_selection(levels: usize) -> String {
     let inner = format!("{}name{}", "fields { type { ".repeat(levels), " } }".repeat(levels));
     format!("inventories {{ nodes {{ id }} }} __schema {{ types {{ {inner} }} }}")
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watcher_rows_of_a_process_that_died_are_cleared_when_a_listener_connects() {
+    let app = Process::start(&[]).await;
+    let id = app.create_inventory("STALE-1", 5).await;
+    // What a crashed process leaves: its row, tied to a listener no backend has.
+    let stale = format!(
+        "INSERT INTO inventory_watchers (process_id, inventory_id, listener_pid) VALUES ('{}', '{id}', 2147483647)",
+        Uuid::new_v4()
+    );
+    app.count(&format!("WITH i AS ({stale} RETURNING 1) SELECT count(*) FROM i")).await;
+    // A listener connects (as at start, or after losing its connection).
+    let listener = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'";
+    app.count(&format!("SELECT count(pg_terminate_backend(pid)) FROM ({listener}) l")).await;
+    for tries in 0.. {
+        assert!(tries < 400, "the stale watcher row was never cleared");
+        if app.count("SELECT count(*) FROM inventory_watchers").await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
