@@ -5,10 +5,10 @@
 //! checked within the bounds of `documents.rs` (parsed once and kept), the
 //! operation picked by name, the caller, a fresh set of per-request
 //! DataLoaders, the schema with the right depth bound, and a permit of the
-//! in-flight limit. The permit travels with the work ([`Admitted::execute`],
-//! [`Admitted::stream`]) and is given back only when the work really ends,
-//! even if the client went away first. Subscriptions are long-lived, so they
-//! hold a place under their own caps instead (see `ws.rs`).
+//! in-flight limit. The permit travels with the work ([`Admitted::execute`])
+//! and is given back only when the work really ends, even if the client went
+//! away first. Subscriptions are long-lived, so they hold a place under
+//! their own caps instead (see `ws.rs`).
 //!
 //! Every error an operation can end in carries an `extensions.code`
 //! ([`ErrorCodes`]); `docs/operations.md` lists them.
