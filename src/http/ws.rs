@@ -40,6 +40,10 @@ use crate::{
     gateway::{Gateway, Refusal},
 };
 
+/// A socket's read buffer (and its write buffer's flush threshold): GraphQL
+/// messages are small, and a larger one grows as needed up to the limit.
+const READ_BUFFER: usize = 4096;
+
 /// Live subscriptions of the whole process, shared by every socket.
 #[derive(Clone, Default)]
 pub struct Subscriptions(Arc<AtomicUsize>);
@@ -60,6 +64,11 @@ pub async fn upgrade(State(http): State<Http>, headers: HeaderMap, upgrade: WebS
         .protocols(ALL_WEBSOCKET_PROTOCOLS)
         .max_message_size(limit)
         .max_frame_size(limit)
+        // Buffers that grow with the messages instead of 128 KiB per socket
+        // up front, and a bound on what waits for a client that stops reading.
+        .read_buffer_size(READ_BUFFER)
+        .write_buffer_size(READ_BUFFER)
+        .max_write_buffer_size(limit.saturating_mul(4))
         .on_upgrade(move |socket| serve(socket, http, protocol, authorization))
 }
 
