@@ -128,11 +128,21 @@ async fn serve(socket: Socket, http: Http, protocol: WebSocketProtocols, authori
             }
         };
         let closing = matches!(outgoing, Message::Close(_));
-        if sink.send(outgoing).await.is_err() || closing {
-            break;
+        if sink.send(outgoing).await.is_err() {
+            return;
+        }
+        if closing {
+            // The closing handshake: read (and drop) what the client still
+            // sends until its own Close, so the socket ends cleanly rather
+            // than with a reset that could lose our Close frame; bounded.
+            let _ = tokio::time::timeout(CLOSING_GRACE, async { while messages.next().await.is_some() {} }).await;
+            return;
         }
     }
 }
+
+/// How long a closing socket waits for the client's Close.
+const CLOSING_GRACE: Duration = Duration::from_secs(1);
 
 fn close(code: u16, reason: String) -> Message {
     Message::Close(Some(CloseFrame { code, reason: reason.into() }))
