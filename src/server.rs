@@ -12,7 +12,7 @@ use tokio::{sync::watch, task::JoinHandle};
 
 use crate::{
     app::AppState,
-    inventory::loader::{InventoryBySkuLoader, InventoryLoader},
+    inventory::loader::{InventoryBySkuLoader, InventoryLoader, StockStatesLoader},
     live::LiveStock,
     orders::loader::{OrderLinesLoader, OrderLoader},
     reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
@@ -70,6 +70,7 @@ pub fn request_data(state: &AppState, request: Request) -> Request {
     request
         .data(DataLoader::new(InventoryLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(InventoryBySkuLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(StockStatesLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(ReservationLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLinesLoader { db: db.clone() }, tokio::spawn))
