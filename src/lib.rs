@@ -31,7 +31,7 @@ pub mod invariant;
 pub mod inventory;
 /// Live stock: `inventoryChanged` subscriptions fed by LISTEN/NOTIFY.
 pub mod live;
-/// Orders: the version-checked aggregate, confirm/cancel with retry or report, the pessimistic path.
+/// Orders: the version-checked aggregate, checkout of a cart, confirm/cancel/fulfil with retry or report, the pessimistic path.
 pub mod orders;
 /// Relay cursor pagination shared by every connection.
 pub mod pagination;

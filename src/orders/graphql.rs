@@ -11,7 +11,10 @@ use super::{
     domain::{self, Order as OrderValue},
     entity::OrderStatus,
     loader::{OrderLinesLoader, OrderLoader},
-    service::{self, AddressOutcome, PlaceOutcome, Transition, TransitionOutcome},
+    service::{
+        self, AddressOutcome, CheckoutOutcome, PlaceOutcome, Transition, TransitionOutcome,
+        UnavailableReservationReason,
+    },
 };
 use crate::{
     app::state,
@@ -21,7 +24,7 @@ use crate::{
     pagination::{Cursor, Page, connection},
     reservations::{
         ReservationRow,
-        graphql::{ItemsUnavailable, ReserveItemInput},
+        graphql::{ItemsUnavailable, Reservation, ReserveItemInput},
     },
     telemetry, validate,
 };
@@ -29,7 +32,7 @@ use crate::{
 /// An order as the API shows it.
 pub struct Order(pub OrderValue);
 
-/// An order: its lines hold stock until it is cancelled.
+/// An order: its lines hold stock until it is cancelled or fulfilled.
 #[Object]
 impl Order {
     /// The order's id.
@@ -59,12 +62,14 @@ impl Order {
         ShippingAddress::from(self.0.address())
     }
 
-    /// When it was confirmed; set exactly when CONFIRMED.
+    /// When it was confirmed; set exactly when CONFIRMED, and kept when it
+    /// is then FULFILLED.
     async fn confirmed_at(&self) -> Option<DateTime<Utc>> {
         self.0.confirmation().map(|c| c.at)
     }
 
-    /// The operator who confirmed it; set exactly when CONFIRMED.
+    /// The operator who confirmed it; set exactly when CONFIRMED, and kept
+    /// when it is then FULFILLED.
     async fn confirmed_by(&self) -> Option<&str> {
         self.0.confirmation().map(|c| c.by.as_str())
     }
@@ -78,6 +83,16 @@ impl Order {
     /// When it was placed.
     async fn created_at(&self) -> DateTime<Utc> {
         self.0.created_at
+    }
+
+    /// When its units left the warehouse; set exactly when FULFILLED.
+    async fn fulfilled_at(&self) -> Option<DateTime<Utc>> {
+        self.0.fulfilment().map(|f| f.at)
+    }
+
+    /// The operator who fulfilled it; set exactly when FULFILLED.
+    async fn fulfilled_by(&self) -> Option<&str> {
+        self.0.fulfilment().map(|f| f.by.as_str())
     }
 }
 
@@ -186,11 +201,53 @@ pub struct ChangeShippingAddressInput {
     pub shipping_address: ShippingAddressInput,
 }
 
-/// The order was placed: stock taken, lines ORDERED.
+/// The order was placed: stock taken (or, for a checkout, kept from the
+/// cart), lines ORDERED.
 #[derive(SimpleObject)]
 pub struct OrderPlaced {
-    /// The order.
+    /// The order (for a replayed idempotency key: the first one, as it is now).
     pub order: Order,
+}
+
+/// A cart to check out.
+#[derive(InputObject)]
+pub struct CheckoutInput {
+    /// The caller's ACTIVE reservations (at most 100; repeats count once).
+    /// Each becomes a line of the order with its quantity.
+    pub reservation_ids: Vec<Uuid>,
+    /// Where the order goes.
+    pub shipping_address: ShippingAddressInput,
+    /// Same key from the same user = same order, the cart checked out at
+    /// most once. One key space with `reserve`, `reserveMany` and `placeOrder`.
+    pub idempotency_key: Option<String>,
+}
+
+/// A reservation of the cart that cannot be checked out.
+#[derive(SimpleObject)]
+pub struct UnavailableReservation {
+    /// The reservation the request named.
+    pub reservation_id: Uuid,
+    /// Why it cannot be checked out.
+    pub reason: UnavailableReservationReason,
+    /// Its latest state; null when NOT_FOUND (unknown, or someone else's).
+    pub reservation: Option<Reservation>,
+}
+
+/// Nothing was written: every reservation of the cart that cannot be
+/// checked out, and why.
+#[derive(SimpleObject)]
+pub struct ReservationsUnavailable {
+    /// Only the failing ones.
+    pub reservations: Vec<UnavailableReservation>,
+}
+
+/// How a checkout ended.
+#[derive(Union)]
+pub enum CheckoutResult {
+    /// The order was placed; its lines are the cart's reservations.
+    OrderPlaced(OrderPlaced),
+    /// Nothing was written.
+    ReservationsUnavailable(ReservationsUnavailable),
 }
 
 /// How `placeOrder` ended.
@@ -223,9 +280,23 @@ pub struct OrderCannotBeConfirmed {
     pub order: Order,
 }
 
-/// The order is not PENDING (e.g. already confirmed); nothing changed.
+/// The order is not PENDING (e.g. already confirmed or fulfilled); nothing changed.
 #[derive(SimpleObject)]
 pub struct OrderCannotBeCancelled {
+    /// The order as it is.
+    pub order: Order,
+}
+
+/// The order's units left the warehouse.
+#[derive(SimpleObject)]
+pub struct OrderFulfilled {
+    /// The order, FULFILLED.
+    pub order: Order,
+}
+
+/// The order is not CONFIRMED (pending, cancelled or already fulfilled); nothing changed.
+#[derive(SimpleObject)]
+pub struct OrderCannotBeFulfilled {
     /// The order as it is.
     pub order: Order,
 }
@@ -273,12 +344,25 @@ pub enum CancelOrderResult {
     OrderModifiedConcurrently(OrderModifiedConcurrently),
 }
 
-/// A union that tells how a confirm or cancel ended: one member per
-/// [`TransitionOutcome`].
+/// How `fulfillOrder` ended.
+#[derive(Union)]
+pub enum FulfillOrderResult {
+    /// Fulfilled; the lines shipped.
+    OrderFulfilled(OrderFulfilled),
+    /// Not CONFIRMED.
+    OrderCannotBeFulfilled(OrderCannotBeFulfilled),
+    /// Not found.
+    OrderNotFound(OrderNotFound),
+    /// Retries or lock wait exhausted.
+    OrderModifiedConcurrently(OrderModifiedConcurrently),
+}
+
+/// A union that tells how a confirm, cancel or fulfilment ended: one member
+/// per [`TransitionOutcome`].
 trait TransitionResult: OutputType + From<OrderNotFound> + From<OrderModifiedConcurrently> {
     /// Done; the order as saved.
     fn done(order: Order) -> Self;
-    /// The order is not PENDING.
+    /// The order's status does not allow the change.
     fn not_allowed(order: Order) -> Self;
 
     /// The union member of `outcome` for order `id`.
@@ -314,7 +398,17 @@ impl TransitionResult for CancelOrderResult {
     }
 }
 
-/// Runs a confirm or cancel for `user` and answers with its union member,
+impl TransitionResult for FulfillOrderResult {
+    fn done(order: Order) -> Self {
+        Self::OrderFulfilled(OrderFulfilled { order })
+    }
+
+    fn not_allowed(order: Order) -> Self {
+        Self::OrderCannotBeFulfilled(OrderCannotBeFulfilled { order })
+    }
+}
+
+/// Runs a confirm, cancel or fulfilment for `user` and answers with its union member,
 /// counted under `field`.
 async fn transition<R: TransitionResult>(
     ctx: &Context<'_>,
@@ -478,5 +572,46 @@ impl OrderMutation {
                 }
             },
         ))
+    }
+
+    /// Checks out the caller's cart: its ACTIVE, unexpired reservations
+    /// become the lines of one new PENDING order, all or nothing, without
+    /// taking stock again (their units move from `reserved` to
+    /// `committed`). Any reservation that is unknown, someone else's,
+    /// expired (swept or not), released or already ordered writes nothing
+    /// and is listed with why.
+    async fn checkout(&self, ctx: &Context<'_>, input: CheckoutInput) -> GqlResult<CheckoutResult> {
+        let user = auth::user(ctx).gql()?;
+        let app = state(ctx);
+        let cart = service::cart(&input.reservation_ids).gql()?;
+        let address = input.shipping_address.parse("input.shippingAddress").gql()?;
+        let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
+        let outcome = service::checkout(&app.db, &app.collisions, &user.id, &cart, address, key).await.gql()?;
+        Ok(telemetry::counted(
+            "checkout",
+            match outcome {
+                CheckoutOutcome::Placed(order) => CheckoutResult::OrderPlaced(OrderPlaced { order: Order(order) }),
+                CheckoutOutcome::ReservationsUnavailable(unavailable) => {
+                    CheckoutResult::ReservationsUnavailable(ReservationsUnavailable {
+                        reservations: unavailable
+                            .into_iter()
+                            .map(|u| UnavailableReservation {
+                                reservation_id: u.reservation_id,
+                                reason: u.reason,
+                                reservation: u.reservation.map(Reservation),
+                            })
+                            .collect(),
+                    })
+                }
+            },
+        ))
+    }
+
+    /// Records that a CONFIRMED order's units left the warehouse
+    /// (operators): it turns FULFILLED and its lines leave `committed` and
+    /// `onHand` (`available` does not move). Re-reads and retries a lost race.
+    async fn fulfill_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<FulfillOrderResult> {
+        let user = auth::operator(ctx).gql()?;
+        transition(ctx, user, id, Transition::Fulfil, "fulfillOrder").await
     }
 }
