@@ -29,7 +29,7 @@ pub mod idempotency;
 pub mod invariant;
 /// Inventories: reading, creating, restocking, and the per-request DataLoader.
 pub mod inventory;
-/// Live stock: `inventoryChanged` subscriptions fed by LISTEN/NOTIFY.
+/// Live changes: `inventoryChanged` and `orderChanged` subscriptions fed by LISTEN/NOTIFY.
 pub mod live;
 /// Orders: the version-checked aggregate, checkout of a cart, confirm/cancel/fulfil with retry or report, the pessimistic path.
 pub mod orders;

@@ -1,6 +1,6 @@
 //! The composition root: the one module that knows every feature's runtime
 //! parts and wires them together. It builds the reservation service (with
-//! its coalescer) and live stock once per process, hands them to the schema
+//! its coalescer) and the live feeds once per process, hands them to the schema
 //! as data, starts the background work (the sweeper, the live-stock
 //! listener), and makes each request's DataLoaders. Features never import
 //! it, and the shared state (`app.rs`) knows no feature.
@@ -13,7 +13,7 @@ use tokio::{sync::watch, task::JoinHandle};
 use crate::{
     app::AppState,
     inventory::loader::{InventoryBySkuLoader, InventoryLoader, StockStatesLoader},
-    live::LiveStock,
+    live::Live,
     orders::loader::{OrderLinesLoader, OrderLoader},
     reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
     schema::{self, AppSchema},
@@ -26,15 +26,15 @@ pub struct Server {
     state: AppState,
     /// Reservations, with the coalescer of hot items.
     reservations: ReservationService,
-    /// Committed inventory changes, for subscriptions.
-    live: LiveStock,
+    /// Committed inventory and order changes, for subscriptions.
+    live: Live,
 }
 
 impl Server {
     /// The parts of a process serving `state`.
     pub fn new(state: AppState) -> Self {
         let reservations = ReservationService::new(&state);
-        Self { state, reservations, live: LiveStock::default() }
+        Self { state, reservations, live: Live::default() }
     }
 
     /// The shared state.
@@ -48,7 +48,7 @@ impl Server {
     }
 
     /// Starts the background work of a server process: the sweeper and the
-    /// live-stock listener.
+    /// live listener.
     pub fn spawn_workers(&self) -> Workers {
         let (stop, stopped) = watch::channel(false);
         let limits = &self.state.limits;

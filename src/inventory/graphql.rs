@@ -20,7 +20,7 @@ use crate::{
     app::state,
     auth,
     error::{AppError, GqlResult, IntoGql},
-    live::{LiveStock, WatchError},
+    live::{Live, WatchError},
     pagination::{Cursor, Page, VersionCursor, connection},
     telemetry, validate,
 };
@@ -339,7 +339,7 @@ impl InventorySubscription {
     ) -> async_graphql::Result<BoxStream<'static, Inventory>> {
         // The schema that serves introspection alone has no live stock, and
         // runs no subscription.
-        let live = ctx.data::<LiveStock>().map_err(|_| AppError::Internal.extend())?;
+        let live = ctx.data::<Live>().map_err(|_| AppError::Internal.extend())?;
         let changes = live.watch(state(ctx).db.clone(), id).await.map_err(|err| match err {
             WatchError::NotFound => AppError::bad_input("id", "no inventory has this id").extend(),
             WatchError::Db(err) => AppError::from(err).extend(),

@@ -5,8 +5,10 @@ use chrono::{DateTime, Utc};
 use sea_orm::entity::prelude::*;
 
 /// Where an order is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum)]
+// It deserializes from the live-order trigger's JSON announcement of a row (`live.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum, serde::Deserialize)]
 #[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OrderStatus {
     /// Placed; may be confirmed, cancelled or edited.
     #[sea_orm(string_value = "PENDING")]
@@ -22,8 +24,8 @@ pub enum OrderStatus {
     Fulfilled,
 }
 
-/// One order row.
-#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+/// One order row, as the table and the live-order trigger's JSON spell it.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Deserialize)]
 #[sea_orm(table_name = "orders")]
 pub struct Model {
     /// Primary key.

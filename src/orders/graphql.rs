@@ -1,10 +1,11 @@
 //! GraphQL types and resolvers for orders.
 
 use async_graphql::{
-    Context, ErrorExtensions, InputObject, Object, OutputType, SimpleObject, Union, connection::Connection,
-    dataloader::DataLoader,
+    Context, ErrorExtensions, InputObject, Object, OutputType, SimpleObject, Subscription, Union,
+    connection::Connection, dataloader::DataLoader,
 };
 use chrono::{DateTime, Utc};
+use futures::{StreamExt, stream::BoxStream};
 use uuid::Uuid;
 
 use super::{
@@ -21,6 +22,7 @@ use crate::{
     auth::{self, User},
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Inventory, load as load_inventory},
+    live::Live,
     pagination::{Cursor, Page, connection},
     reservations::{
         ReservationRow,
@@ -613,5 +615,30 @@ impl OrderMutation {
     async fn fulfill_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<FulfillOrderResult> {
         let user = auth::operator(ctx).gql()?;
         transition(ctx, user, id, Transition::Fulfil, "fulfillOrder").await
+    }
+}
+
+/// Live orders; the owner or an operator.
+#[derive(Default)]
+pub struct OrderSubscription;
+
+#[Subscription]
+impl OrderSubscription {
+    /// Every committed change of one order from now on, in commit order
+    /// (graphql-transport-ws or graphql-ws at `/graphql/ws`); it completes
+    /// after the order is CANCELLED or FULFILLED (at once when it already
+    /// is). The owner's or, for operators, any order; for anyone else the
+    /// order reads as absent: an error, as for an unknown id.
+    async fn order_changed(&self, ctx: &Context<'_>, id: Uuid) -> async_graphql::Result<BoxStream<'static, Order>> {
+        let user = auth::user(ctx).gql()?;
+        // The schema that serves introspection alone has no live feeds, and
+        // runs no subscription.
+        let live = ctx.data::<Live>().map_err(|_| AppError::Internal.extend())?;
+        let db = state(ctx).db.clone();
+        let Some(order) = super::store::find(&db, id).await.gql()?.filter(|order| user.may_see(&order.user_id)) else {
+            return Err(AppError::bad_input("id", "no order has this id").extend());
+        };
+        let changes = live.watch_order(db, &order).await.gql()?;
+        Ok(changes.map(Order).boxed())
     }
 }
