@@ -10,7 +10,7 @@ use stockguard::{
     app::AppState,
     auth::{Keys, Role},
     config::{DatabaseConfig, Limits},
-    db::{self, classify},
+    db,
     reservations::sweeper,
     server::Server,
 };
@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::{
     documents::{MOVEMENTS, RESERVATION_STATUS},
-    helpers::{Isolation, TestApp, at_every_isolation, error_code, eventually},
+    helpers::{Isolation, TestApp, at_every_isolation, error_code, eventually, sweep_all},
 };
 
 /// A server whose sweeper stays out of the way: the tests sweep by hand.
@@ -140,15 +140,8 @@ async fn two_sweepers_return_every_expired_unit_once(isolation: Isolation) {
         let (app, barrier) = (app.clone(), barrier.clone());
         tokio::spawn(async move {
             barrier.wait().await;
-            let mut total = 0;
-            loop {
-                match sweeper::sweep_once(&app.db, 5).await {
-                    Ok(0) => return total,
-                    Ok(expired) => total += expired,
-                    // Two sweeps on one inventory: a collision, safe to run again.
-                    Err(err) => assert!(classify(&err).is_collision(), "{err}"),
-                }
-            }
+            // Two sweeps on one inventory collide, and run again.
+            sweep_all(&app.db, 5).await
         })
     });
     let by_hand: i64 = join_all(sweeps).await.into_iter().map(|r| r.expect("task")).sum();
