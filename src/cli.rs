@@ -53,6 +53,8 @@ enum Command {
     Migrate,
     /// Print the GraphQL schema (SDL).
     Schema,
+    /// Print which object types each union and interface may be (Apollo's `possibleTypes`).
+    PossibleTypes,
     /// Print a bearer token signed with STOCKGUARD_JWT_SECRET.
     Token {
         /// The user id.
@@ -91,6 +93,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Some(Command::Serve(config)) => serve(cli.database, config).await.map(|()| ExitCode::SUCCESS),
         Some(Command::Schema) => {
             print!("{}", schema::sdl());
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::PossibleTypes) => {
+            print!("{}", schema::possible_types());
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Token { sub, role, ttl_hours, jwt_secret }) => {

@@ -47,7 +47,7 @@ impl DatabaseConfig {
     }
 }
 
-/// The API's limits (API.md "Limits") and the write policies: order
+/// The API's limits (docs/api.md "Limits") and the write policies: order
 /// locking, reservation lifetimes, the sweeper, coalescing, collision re-runs.
 #[derive(Args, Debug, Clone)]
 pub struct Limits {
@@ -107,7 +107,7 @@ pub struct Limits {
     pub ws_keepalive_ms: u64,
 
     /// Most live subscriptions on one websocket.
-    #[arg(long, env = "STOCKGUARD_MAX_SUBSCRIPTIONS_PER_SOCKET", default_value_t = 100)]
+    #[arg(long, env = "STOCKGUARD_MAX_SUBSCRIPTIONS_PER_SOCKET", default_value_t = 50)]
     pub max_subscriptions_per_socket: usize,
 
     /// Origins whose browser apps may call the API (CORS), comma-separated,
@@ -117,8 +117,10 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
 
-    /// Most live subscriptions in one server process.
-    #[arg(long, env = "STOCKGUARD_MAX_SUBSCRIPTIONS", default_value_t = 10_000)]
+    /// Most live subscriptions in one server process. Each costs about 15 KB
+    /// (async-graphql's stream and context), so the default bounds them at
+    /// about 30 MB; raise it with the memory to match.
+    #[arg(long, env = "STOCKGUARD_MAX_SUBSCRIPTIONS", default_value_t = 2000)]
     pub max_subscriptions: usize,
 
     /// Most GraphQL requests in flight per process; more are refused at once

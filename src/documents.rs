@@ -95,7 +95,7 @@ impl Refused {
         }
     }
 
-    /// The `extensions.code` of this refusal (README: Errors).
+    /// The `extensions.code` of this refusal (docs/operations.md, Errors).
     pub fn code(&self) -> &'static str {
         match self {
             Self::Parse { .. } => "GRAPHQL_PARSE_FAILED",

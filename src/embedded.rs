@@ -153,3 +153,58 @@ fn find_bin_dir() -> Option<PathBuf> {
     versions.sort();
     versions.pop().map(|(_, bin)| bin)
 }
+
+/// The port of the tests' private PostgreSQL, beside the server's.
+const TEST_PORT: u16 = 54339;
+
+/// The PostgreSQL server the tests (the integration tests and this crate's
+/// own) create their databases on: `STOCKGUARD_TEST_DATABASE_URL` if set;
+/// else the server on 127.0.0.1:5432 if one listens; else a private cluster
+/// in `target/test-postgres` from the installed binaries, as the server
+/// itself does without a database, started by the first test that needs it
+/// and left running for the next run (`pg_ctl -D target/test-postgres stop`
+/// stops it). `Err` is one line saying what is missing. Found once per process.
+pub fn test_server_url() -> Result<String, String> {
+    static FOUND: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    FOUND.get_or_init(find_test_server).clone()
+}
+
+fn find_test_server() -> Result<String, String> {
+    if let Ok(url) = std::env::var("STOCKGUARD_TEST_DATABASE_URL") {
+        return Ok(url);
+    }
+    let local: std::net::SocketAddr = ([127, 0, 0, 1], 5432).into();
+    if std::net::TcpStream::connect_timeout(&local, std::time::Duration::from_millis(500)).is_ok() {
+        return Ok("postgres://postgres@127.0.0.1:5432".to_owned());
+    }
+    let data_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-postgres");
+    // Its own thread and runtime: the tests ask from inside theirs, and
+    // starting the cluster awaits its tools.
+    let started = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        runtime.block_on(async {
+            let cluster = EmbeddedPostgres::new(&data_dir, TEST_PORT).map_err(|err| match err {
+                EmbeddedError::NoBinaries => "no PostgreSQL for the tests: nothing listens on 127.0.0.1:5432, \
+                     STOCKGUARD_TEST_DATABASE_URL is not set, and no PostgreSQL binaries are installed \
+                     (Debian/Ubuntu: `apt-get install postgresql`)"
+                    .to_owned(),
+                other => other.to_string(),
+            })?;
+            // Another test process may be starting the same cluster: then it runs soon.
+            let url = format!("postgres://postgres@127.0.0.1:{TEST_PORT}");
+            let mut last = String::new();
+            for _ in 0..60 {
+                match cluster.start().await {
+                    Ok(_) => return Ok(url),
+                    Err(err) => last = err.to_string(),
+                }
+                if cluster.is_running().await {
+                    return Ok(url);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(format!("the tests' private PostgreSQL (target/test-postgres) did not start: {last}"))
+        })
+    });
+    started.join().unwrap_or_else(|_| Err("the thread that starts the tests' PostgreSQL panicked".into()))
+}

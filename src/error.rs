@@ -111,3 +111,10 @@ impl<T> IntoGql<T> for Result<T, DbErr> {
         self.map_err(|err| AppError::from(err).extend())
     }
 }
+
+/// A DataLoader's error: the database error it shares with every key of its batch.
+impl<T> IntoGql<T> for Result<T, std::sync::Arc<DbErr>> {
+    fn gql(self) -> GqlResult<T> {
+        self.map_err(|err| AppError::from((*err).clone()).extend())
+    }
+}

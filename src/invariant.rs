@@ -1,5 +1,5 @@
-//! The invariant of DESIGN.md and API.md, checked straight from the tables:
-//! for every inventory row
+//! The invariant of docs/design.md, extended by the checkout contract
+//! (docs/checkout.md), checked straight from the tables: for every inventory row
 //!
 //! - `stock >= 0` (`stock` is `available`);
 //! - `received - fulfilled = available + reserved + committed`, where

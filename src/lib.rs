@@ -1,7 +1,7 @@
 //! Stockguard: a GraphQL API that reserves stock and changes orders under heavy
 //! concurrency on PostgreSQL, and never oversells or silently loses an update.
 //!
-//! `DESIGN.md`'s reasoning lives in the modules' own docs; the tour:
+//! The reasoning is in `docs/design.md` and in the modules' own docs; the tour:
 
 /// The state every request shares.
 pub mod app;
@@ -25,12 +25,14 @@ pub mod gateway;
 pub mod http;
 /// Idempotency keys for every operation: fingerprints, first uses, replays.
 pub mod idempotency;
-/// The DESIGN.md invariant, checked from the tables and the stock ledger.
+/// The docs/design.md invariant, checked from the tables and the stock ledger.
 pub mod invariant;
 /// Inventories: reading, creating, restocking, and the per-request DataLoader.
 pub mod inventory;
 /// Live changes: `inventoryChanged` and `orderChanged` subscriptions fed by LISTEN/NOTIFY.
 pub mod live;
+/// Relay's object identification: the `Node` interface, global ids, `node` and `nodes`.
+pub mod node;
 /// Orders: the version-checked aggregate, checkout of a cart, confirm/cancel/fulfil with retry or report, the pessimistic path.
 pub mod orders;
 /// Relay cursor pagination shared by every connection.

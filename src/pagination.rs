@@ -2,7 +2,12 @@
 //! connection here is ordered by: stable under concurrent inserts, and one
 //! index range scan per page.
 
-use async_graphql::connection::{Connection, CursorType, Edge};
+use std::borrow::Cow;
+
+use async_graphql::{
+    Object, OutputType, TypeName,
+    connection::{CursorType, Edge, EmptyFields, PageInfo},
+};
 use chrono::{DateTime, Utc};
 use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select};
 use uuid::Uuid;
@@ -105,7 +110,7 @@ pub fn keyset<E: EntityTrait, C: ColumnTrait>(query: Select<E>, created_at: C, i
 }
 
 /// Builds a forward connection from rows fetched with one extra row.
-pub fn connection<C: CursorType + Send + Sync, Row, Node: async_graphql::OutputType>(
+pub fn connection<C: CursorType + Send + Sync, Row, Node: OutputType>(
     page: Page<C>,
     mut rows: Vec<Row>,
     cursor: impl Fn(&Row) -> C,
@@ -113,9 +118,48 @@ pub fn connection<C: CursorType + Send + Sync, Row, Node: async_graphql::OutputT
 ) -> Connection<C, Node> {
     let has_next = rows.len() as u64 > page.first;
     rows.truncate(page.first as usize);
-    let mut connection = Connection::new(page.after.is_some(), has_next);
-    connection.edges.extend(rows.into_iter().map(|row| Edge::new(cursor(&row), node(row))));
-    connection
+    let edges = rows.into_iter().map(|row| Edge::new(cursor(&row), node(row))).collect();
+    Connection { edges, has_previous_page: page.after.is_some(), has_next_page: has_next }
+}
+
+/// A connection: one page of a list in Relay's shape. async-graphql's own
+/// has the same fields but no description; this is it with one, named
+/// `<Node>Connection` as before.
+pub struct Connection<C: CursorType + Send + Sync, N: OutputType> {
+    edges: Vec<Edge<C, N, EmptyFields>>,
+    has_previous_page: bool,
+    has_next_page: bool,
+}
+
+/// One page of a list: its rows as `nodes`, or as `edges` with the cursor of
+/// each, and `pageInfo` to ask for the next page (`first` and `after: endCursor`).
+#[Object(name_type)]
+impl<C: CursorType + Send + Sync, N: OutputType> Connection<C, N> {
+    /// Information to aid in pagination.
+    async fn page_info(&self) -> PageInfo {
+        PageInfo {
+            has_previous_page: self.has_previous_page,
+            has_next_page: self.has_next_page,
+            start_cursor: self.edges.first().map(|edge| edge.cursor.encode_cursor()),
+            end_cursor: self.edges.last().map(|edge| edge.cursor.encode_cursor()),
+        }
+    }
+
+    /// The rows of this page, each with its cursor.
+    async fn edges(&self) -> &[Edge<C, N, EmptyFields>] {
+        &self.edges
+    }
+
+    /// The rows of this page.
+    async fn nodes(&self) -> Vec<&N> {
+        self.edges.iter().map(|edge| &edge.node).collect()
+    }
+}
+
+impl<C: CursorType + Send + Sync, N: OutputType> TypeName for Connection<C, N> {
+    fn type_name() -> Cow<'static, str> {
+        format!("{}Connection", N::type_name()).into()
+    }
 }
 
 #[cfg(test)]

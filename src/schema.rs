@@ -3,7 +3,12 @@
 //! (`server::request_data`), and `server.rs` builds the features' runtime
 //! state it is given.
 
-use async_graphql::{MergedObject, MergedSubscription, Schema};
+use std::collections::BTreeMap;
+
+use async_graphql::{
+    MergedObject, MergedSubscription, SDLExportOptions, Schema,
+    parser::types::{TypeKind, TypeSystemDefinition},
+};
 
 use crate::{
     app::AppState,
@@ -11,6 +16,7 @@ use crate::{
     documents, gateway,
     inventory::graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
     live::Live,
+    node::NodeQuery,
     orders::graphql::{OrderMutation, OrderQuery, OrderSubscription},
     reservations::{
         graphql::{ReservationMutation, ReservationQuery},
@@ -21,7 +27,7 @@ use crate::{
 
 /// The root query type.
 #[derive(MergedObject, Default)]
-pub struct Query(InventoryQuery, ReservationQuery, OrderQuery);
+pub struct Query(InventoryQuery, ReservationQuery, OrderQuery, NodeQuery);
 
 /// The root mutation type.
 #[derive(MergedObject, Default)]
@@ -71,5 +77,44 @@ pub fn build_for_introspection(state: AppState) -> AppSchema {
 
 /// The schema as SDL: what `stockguard schema` prints and `schema.graphql` holds.
 pub fn sdl() -> String {
-    builder(&Limits::default()).finish().sdl()
+    sdl_of(&builder(&Limits::default()).finish())
+}
+
+/// `schema` as SDL, with `@specifiedBy` on the scalars that have a spec.
+pub fn sdl_of<Q, M, S>(schema: &Schema<Q, M, S>) -> String
+where
+    Q: async_graphql::ObjectType + 'static,
+    M: async_graphql::ObjectType + 'static,
+    S: async_graphql::SubscriptionType + 'static,
+{
+    schema.sdl_with_options(SDLExportOptions::new().include_specified_by())
+}
+
+/// Which object types each union and interface may be, as Apollo Client's
+/// `possibleTypes` (and graphql-codegen's fragment matcher) take it: what a
+/// client needs to match fragments on `ReserveResult`, `Node` and the other
+/// abstract types. `clients/possible-types.json` holds it, beside
+/// `schema.graphql`.
+pub fn possible_types() -> String {
+    let mut possible: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let document = async_graphql::parser::parse_schema(sdl()).map_err(|err| err.to_string());
+    for definition in document.map(|d| d.definitions).unwrap_or_default() {
+        let TypeSystemDefinition::Type(definition) = definition else { continue };
+        let name = definition.node.name.node.to_string();
+        match definition.node.kind {
+            TypeKind::Union(union) => {
+                possible.entry(name).or_default().extend(union.members.iter().map(|m| m.node.to_string()));
+            }
+            TypeKind::Object(object) => {
+                for interface in object.implements {
+                    possible.entry(interface.node.to_string()).or_default().push(name.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    possible.values_mut().for_each(|members| members.sort());
+    let mut json = serde_json::to_string_pretty(&possible).unwrap_or_default();
+    json.push('\n');
+    json
 }

@@ -5,14 +5,17 @@
 //! listener), and makes each request's DataLoaders. Features never import
 //! it, and the shared state (`app.rs`) knows no feature.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use async_graphql::{Request, dataloader::DataLoader};
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::{
+    sync::{Semaphore, watch},
+    task::JoinHandle,
+};
 
 use crate::{
     app::AppState,
-    inventory::loader::{InventoryBySkuLoader, InventoryLoader, StockStatesLoader},
+    inventory::loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
     live::Live,
     orders::loader::{OrderLinesLoader, OrderLoader},
     reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
@@ -28,13 +31,28 @@ pub struct Server {
     reservations: ReservationService,
     /// Committed inventory and order changes, for subscriptions.
     live: Live,
+    /// One permit per GraphQL operation in flight in this process (the
+    /// gateway takes them, HTTP and websocket alike).
+    in_flight: Arc<Semaphore>,
 }
 
 impl Server {
     /// The parts of a process serving `state`.
     pub fn new(state: AppState) -> Self {
         let reservations = ReservationService::new(&state);
-        Self { state, reservations, live: Live::default() }
+        let in_flight = Arc::new(Semaphore::new(state.limits.max_in_flight.max(1)));
+        Self { state, reservations, live: Live::default(), in_flight }
+    }
+
+    /// The permits of the in-flight limit.
+    pub fn in_flight(&self) -> Arc<Semaphore> {
+        self.in_flight.clone()
+    }
+
+    /// How many operations hold a permit now: those running, including any
+    /// whose client hung up while the work goes on.
+    pub fn operations_in_flight(&self) -> usize {
+        self.state.limits.max_in_flight.max(1) - self.in_flight.available_permits()
     }
 
     /// The shared state.
@@ -74,6 +92,7 @@ pub fn request_data(state: &AppState, request: Request) -> Request {
         .data(DataLoader::new(ReservationLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLinesLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(MovementLoader { db: db.clone() }, tokio::spawn))
 }
 
 /// The background tasks of a server process.

@@ -118,6 +118,12 @@ pub fn http_connections(delta: i8) {
     gauge!("stockguard_http_connections").increment(f64::from(delta));
 }
 
+/// Counts GraphQL operations taking (`1`) and giving back (`-1`) their
+/// place under the in-flight limit, which they hold until their work ends.
+pub fn operations_in_flight(delta: i8) {
+    gauge!("stockguard_operations_in_flight").increment(f64::from(delta));
+}
+
 /// Counts live subscriptions starting (`1`) and ending (`-1`).
 pub fn subscriptions(delta: i8) {
     gauge!("stockguard_subscriptions").increment(f64::from(delta));

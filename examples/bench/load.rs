@@ -2,7 +2,7 @@
 //! already running, for a manual look (not part of the tests). Each
 //! scenario creates its own inventory, runs `--clients` clients and reports
 //! requests per second, latency percentiles and outcome counts; with
-//! `--database-url` the DESIGN.md invariant is checked afterwards. A new
+//! `--database-url` the docs/design.md invariant is checked afterwards. A new
 //! scenario is a [`Scenario`] variant and one function that spawns its
 //! clients.
 

@@ -20,7 +20,7 @@
 //! contested order in optimistic vs pessimistic locking (the server is
 //! restarted for the second mode).
 //!
-//! After every run the DESIGN.md invariant is checked from the database; a
+//! After every run the docs/design.md invariant is checked from the database; a
 //! violation (or a reserve run with no successful reservation at all) makes
 //! the benchmark exit 1. The report is a markdown table on stdout and, for a
 //! full run (or with `--out`), `bench/results/latest.md` and the chart

@@ -513,7 +513,7 @@ impl Bench {
         Ok(())
     }
 
-    /// The DESIGN.md invariant, from the database; a violation is remembered
+    /// The docs/design.md invariant, from the database; a violation is remembered
     /// (and makes the benchmark exit 1).
     pub async fn check_invariant(&mut self, after: &str) -> anyhow::Result<()> {
         let drifts = stockguard::invariant::check(&self.db).await.context("invariant check")?;

@@ -1,6 +1,6 @@
 //! An `extensions.code` on every error an operation can end in: the
 //! async-graphql extension [`ErrorCodes`] gives one to each error that
-//! async-graphql or a resolver left without; the README's error table lists them.
+//! async-graphql or a resolver left without; `docs/operations.md` lists them.
 
 use std::sync::{Arc, Mutex};
 

@@ -5,13 +5,13 @@
 //! checked within the bounds of `documents.rs` (parsed once and kept), the
 //! operation picked by name, the caller, a fresh set of per-request
 //! DataLoaders, the schema with the right depth bound, and a permit of the
-//! in-flight limit. The permit travels with the work ([`Admitted::execute`],
-//! [`Admitted::stream`]) and is given back only when the work really ends,
-//! even if the client went away first. Subscriptions are long-lived, so they
-//! hold a place under their own caps instead (see `ws.rs`).
+//! in-flight limit. The permit travels with the work ([`Admitted::execute`])
+//! and is given back only when the work really ends, even if the client went
+//! away first. Subscriptions are long-lived, so they hold a place under
+//! their own caps instead (see `ws.rs`).
 //!
 //! Every error an operation can end in carries an `extensions.code`
-//! ([`ErrorCodes`]); the README's error table lists them.
+//! ([`ErrorCodes`]); `docs/operations.md` lists them.
 
 mod codes;
 mod persisted;
@@ -71,6 +71,11 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// An operation that failed inside the server (its cause was logged).
+    pub fn internal() -> Self {
+        Self::Request(coded(ServerError::new("internal error", None), "INTERNAL"))
+    }
+
     /// The `extensions.code` of this refusal.
     pub fn code(&self) -> &str {
         match self {
@@ -101,12 +106,12 @@ impl Gateway {
         let bounds = Bounds { max_tokens: app.limits.max_tokens, max_selections: app.limits.max_complexity };
         let schema = server.schema();
         Self {
-            shapes: Arc::new(Shapes::from_sdl(&schema.sdl())),
+            shapes: Arc::new(Shapes::from_sdl(&schema::sdl_of(&schema))),
             introspection: schema::build_for_introspection(app.clone()),
             schema,
             documents: Documents::new(bounds),
             persisted: Persisted::default(),
-            in_flight: Arc::new(Semaphore::new(app.limits.max_in_flight.max(1))),
+            in_flight: server.in_flight(),
             app,
         }
     }
@@ -176,15 +181,11 @@ impl Completion {
         response
     }
 
-    /// `responses`, each completed, holding `permit` (if any) until they end.
-    fn stream(
-        self,
-        responses: BoxStream<'static, Response>,
-        permit: Option<OwnedSemaphorePermit>,
-    ) -> BoxStream<'static, Response> {
-        futures::stream::unfold((responses, self, permit), |(mut responses, completion, permit)| async move {
+    /// `responses`, each completed.
+    fn stream(self, responses: BoxStream<'static, Response>) -> BoxStream<'static, Response> {
+        futures::stream::unfold((responses, self), |(mut responses, completion)| async move {
             let response = responses.next().await?;
-            Some((completion.complete(response), (responses, completion, permit)))
+            Some((completion.complete(response), (responses, completion)))
         })
         .boxed()
     }
@@ -211,21 +212,38 @@ impl Prepared {
             crate::telemetry::db_failure("overloaded");
             return Err(Refusal::Overloaded);
         };
-        Ok(Admitted { prepared: self, permit })
+        Ok(Admitted { prepared: self, permit: InFlight::new(permit) })
     }
 
     /// Runs without a permit: for subscriptions, which hold a place under
     /// their own caps for as long as they live.
     pub fn stream_unmetered(self) -> BoxStream<'static, Response> {
         let responses = self.schema.execute_stream(self.request);
-        self.completion.stream(responses, None)
+        self.completion.stream(responses)
     }
 }
 
 /// An operation that may run: its request prepared, its permit held.
 pub struct Admitted {
     prepared: Prepared,
-    permit: OwnedSemaphorePermit,
+    permit: InFlight,
+}
+
+/// One operation's place under the in-flight limit, counted in
+/// `stockguard_operations_in_flight` until it is given back.
+struct InFlight(#[expect(dead_code, reason = "held for its drop")] OwnedSemaphorePermit);
+
+impl InFlight {
+    fn new(permit: OwnedSemaphorePermit) -> Self {
+        crate::telemetry::operations_in_flight(1);
+        Self(permit)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        crate::telemetry::operations_in_flight(-1);
+    }
 }
 
 impl Admitted {
@@ -244,13 +262,6 @@ impl Admitted {
             completion.complete(response)
         })
         .await
-    }
-
-    /// The operation as a stream of responses (one for a query or mutation);
-    /// the permit is held until the stream ends or is dropped.
-    pub fn stream(self) -> BoxStream<'static, Response> {
-        let Self { prepared: Prepared { request, schema, completion, .. }, permit } = self;
-        completion.stream(schema.execute_stream(request), Some(permit))
     }
 }
 

@@ -37,8 +37,12 @@ use futures::{SinkExt, StreamExt, stream::BoxStream};
 use super::Http;
 use crate::{
     auth::{Keys, Viewer},
-    gateway::Gateway,
+    gateway::{Gateway, Refusal},
 };
+
+/// A socket's read buffer (and its write buffer's flush threshold): GraphQL
+/// messages are small, and a larger one grows as needed up to the limit.
+const READ_BUFFER: usize = 4096;
 
 /// Live subscriptions of the whole process, shared by every socket.
 #[derive(Clone, Default)]
@@ -60,6 +64,11 @@ pub async fn upgrade(State(http): State<Http>, headers: HeaderMap, upgrade: WebS
         .protocols(ALL_WEBSOCKET_PROTOCOLS)
         .max_message_size(limit)
         .max_frame_size(limit)
+        // Buffers that grow with the messages instead of 128 KiB per socket
+        // up front, and a bound on what waits for a client that stops reading.
+        .read_buffer_size(READ_BUFFER)
+        .write_buffer_size(READ_BUFFER)
+        .max_write_buffer_size(limit.saturating_mul(4))
         .on_upgrade(move |socket| serve(socket, http, protocol, authorization))
 }
 
@@ -185,8 +194,17 @@ impl Executor for SocketExecutor {
             Err(refusal) => return once(refusal.into_response()),
         };
         if prepared.kind() != OperationType::Subscription {
+            // Started at once in a task of its own: an operation that reached
+            // the server runs to its end even if its socket closes right
+            // after sending it (an HTTP request is kept running the same way).
             return match prepared.admit() {
-                Ok(admitted) => admitted.stream(),
+                Ok(admitted) => {
+                    let work = tokio::spawn(admitted.execute());
+                    futures::stream::once(
+                        async move { work.await.unwrap_or_else(|_| Refusal::internal().into_response()) },
+                    )
+                    .boxed()
+                }
                 Err(refusal) => once(refusal.into_response()),
             };
         }

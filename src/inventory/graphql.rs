@@ -2,8 +2,7 @@
 //! parse the input and call one service or store function; no SQL here.
 
 use async_graphql::{
-    Context, ErrorExtensions, InputObject, Object, SimpleObject, Subscription, Union, connection::Connection,
-    dataloader::DataLoader,
+    Context, ErrorExtensions, ID, InputObject, Object, SimpleObject, Subscription, Union, dataloader::DataLoader,
 };
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, stream::BoxStream};
@@ -11,7 +10,7 @@ use uuid::Uuid;
 
 use super::{
     InventoryRow,
-    loader::{InventoryBySkuLoader, InventoryLoader, StockStatesLoader},
+    loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
     movements::{self, MovementReason},
     service::{self, RestockOutcome},
     store::{self, StockStates},
@@ -21,7 +20,8 @@ use crate::{
     auth,
     error::{AppError, GqlResult, IntoGql},
     live::{Live, WatchError},
-    pagination::{Cursor, Page, VersionCursor, connection},
+    node,
+    pagination::{Connection, Cursor, Page, VersionCursor, connection},
     telemetry, validate,
 };
 
@@ -40,6 +40,11 @@ impl Inventory {
     /// The inventory's id.
     async fn id(&self) -> Uuid {
         self.0.id
+    }
+
+    /// The inventory's global id, for `node(id:)` (Relay).
+    pub async fn node_id(&self) -> ID {
+        node::global_id(node::Kind::Inventory, self.0.id)
     }
 
     /// Stock keeping unit, unique across inventories.
@@ -138,6 +143,11 @@ impl StockMovement {
         self.0.id
     }
 
+    /// The ledger row's global id, for `node(id:)` (Relay).
+    pub async fn node_id(&self) -> ID {
+        node::global_id(node::Kind::StockMovement, self.0.id)
+    }
+
     /// Units added; negative when stock was taken.
     async fn delta(&self) -> i32 {
         self.0.delta
@@ -180,11 +190,19 @@ impl From<InventoryRow> for Inventory {
     }
 }
 
+/// One ledger row through the request's DataLoader (operators only, as
+/// `Inventory.movements`).
+pub async fn movement(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<StockMovement>> {
+    auth::operator(ctx).gql()?;
+    let loader = ctx.data_unchecked::<DataLoader<MovementLoader>>();
+    Ok(loader.load_one(id).await.gql()?.map(StockMovement))
+}
+
 /// Loads one inventory through the request's DataLoader, so that all the
 /// `inventory` fields of one response cost one statement.
 pub async fn load(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Inventory>> {
     let loader = ctx.data_unchecked::<DataLoader<InventoryLoader>>();
-    let row = loader.load_one(id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
+    let row = loader.load_one(id).await.gql()?;
     Ok(row.map(Inventory))
 }
 
@@ -254,19 +272,27 @@ pub struct InventoryQuery;
 #[Object]
 impl InventoryQuery {
     /// One inventory by id.
-    async fn inventory(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Inventory>> {
+    async fn inventory(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The inventory's id.")] id: Uuid,
+    ) -> GqlResult<Option<Inventory>> {
         load(ctx, id).await
     }
 
     /// One inventory by SKU.
-    async fn inventory_by_sku(&self, ctx: &Context<'_>, sku: String) -> GqlResult<Option<Inventory>> {
+    async fn inventory_by_sku(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The stock keeping unit, exactly.")] sku: String,
+    ) -> GqlResult<Option<Inventory>> {
         // No SKU holds a NUL (`createInventory` refuses one), and PostgreSQL
         // text cannot carry one: the database would fail the lookup.
         if sku.contains('\0') {
             return Ok(None);
         }
         let loader = ctx.data_unchecked::<DataLoader<InventoryBySkuLoader>>();
-        let row = loader.load_one(sku).await.map_err(|err| AppError::from((*err).clone()).extend())?;
+        let row = loader.load_one(sku).await.gql()?;
         Ok(row.map(Inventory))
     }
 
@@ -292,7 +318,11 @@ pub struct InventoryMutation;
 #[Object]
 impl InventoryMutation {
     /// Creates an inventory at version 1 (operators).
-    async fn create_inventory(&self, ctx: &Context<'_>, input: CreateInventoryInput) -> GqlResult<Inventory> {
+    async fn create_inventory(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The new inventory.")] input: CreateInventoryInput,
+    ) -> GqlResult<Inventory> {
         auth::operator(ctx).gql()?;
         let sku = validate::text("input.sku", &input.sku, 64).gql()?;
         let name = validate::text("input.name", &input.name, 200).gql()?;
@@ -302,7 +332,11 @@ impl InventoryMutation {
 
     /// Adds stock (operators). With `expectedVersion`, only if the row is
     /// still at that version.
-    async fn restock(&self, ctx: &Context<'_>, input: RestockInput) -> GqlResult<RestockResult> {
+    async fn restock(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "Which inventory, how many units, and optionally the version seen.")] input: RestockInput,
+    ) -> GqlResult<RestockResult> {
         auth::operator(ctx).gql()?;
         let quantity = validate::within("input.quantity", input.quantity, 1..=MAX_STOCK_CHANGE).gql()?;
         let app = state(ctx);
@@ -335,7 +369,7 @@ impl InventorySubscription {
     async fn inventory_changed(
         &self,
         ctx: &Context<'_>,
-        id: Uuid,
+        #[graphql(desc = "The inventory to follow.")] id: Uuid,
     ) -> async_graphql::Result<BoxStream<'static, Inventory>> {
         // The schema that serves introspection alone has no live stock, and
         // runs no subscription.

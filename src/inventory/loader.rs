@@ -48,6 +48,22 @@ impl Loader<String> for InventoryBySkuLoader {
     }
 }
 
+/// Loads ledger rows by id in batches (for `node(id:)`).
+pub struct MovementLoader {
+    /// The pool the batch statement runs on.
+    pub db: DatabaseConnection,
+}
+
+impl Loader<Uuid> for MovementLoader {
+    type Value = super::movements::Model;
+    type Error = Arc<DbErr>;
+
+    async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Self::Value>, Self::Error> {
+        let rows = super::movements::find_many(&self.db, keys).await?;
+        Ok(rows.into_iter().map(|row| (row.id, row)).collect())
+    }
+}
+
 /// Loads the stock states of inventories by id in batches: the four state
 /// fields of every inventory in a response cost one statement, and the
 /// states of one inventory asked for together come from one snapshot.

@@ -83,3 +83,8 @@ pub async fn page(db: &DatabaseConnection, inventory_id: Uuid, page: Page<Versio
     }
     query.order_by_asc(Column::VersionAfter).limit(page.first + 1).all(db).await
 }
+
+/// The ledger rows with these ids (missing ones are left out).
+pub async fn find_many(db: &DatabaseConnection, ids: &[Uuid]) -> Result<Vec<Model>, DbErr> {
+    Entity::find().filter(Column::Id.is_in(ids.iter().copied())).all(db).await
+}

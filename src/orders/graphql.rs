@@ -1,8 +1,8 @@
 //! GraphQL types and resolvers for orders.
 
 use async_graphql::{
-    Context, ErrorExtensions, InputObject, Object, OutputType, SimpleObject, Subscription, Union,
-    connection::Connection, dataloader::DataLoader,
+    Context, ErrorExtensions, ID, InputObject, Object, OutputType, SimpleObject, Subscription, Union,
+    dataloader::DataLoader,
 };
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, stream::BoxStream};
@@ -23,7 +23,8 @@ use crate::{
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Inventory, load as load_inventory},
     live::Live,
-    pagination::{Cursor, Page, connection},
+    node,
+    pagination::{Connection, Cursor, Page, connection},
     reservations::{
         ReservationRow,
         graphql::{ItemsUnavailable, Reservation, ReserveItemInput},
@@ -42,6 +43,11 @@ impl Order {
         self.0.id
     }
 
+    /// The order's global id, for `node(id:)` (Relay).
+    pub async fn node_id(&self) -> ID {
+        node::global_id(node::Kind::Order, self.0.id)
+    }
+
     /// Life-cycle state.
     async fn status(&self) -> OrderStatus {
         self.0.status()
@@ -55,7 +61,7 @@ impl Order {
     /// The lines, one per inventory (batched per request).
     async fn items(&self, ctx: &Context<'_>) -> GqlResult<Vec<OrderItem>> {
         let loader = ctx.data_unchecked::<DataLoader<OrderLinesLoader>>();
-        let lines = loader.load_one(self.0.id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
+        let lines = loader.load_one(self.0.id).await.gql()?;
         Ok(lines.unwrap_or_default().into_iter().map(OrderItem).collect())
     }
 
@@ -462,6 +468,16 @@ pub enum ChangeShippingAddressResult {
     OrderNotFound(OrderNotFound),
 }
 
+/// The order with `id` if the caller may see it (their own, or any for
+/// operators), through the request's DataLoader; `UNAUTHENTICATED` without
+/// a token.
+pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Order>> {
+    let user = auth::user(ctx).gql()?;
+    let loader = ctx.data_unchecked::<DataLoader<OrderLoader>>();
+    let order = loader.load_one(id).await.gql()?;
+    Ok(order.filter(|order| user.may_see(&order.user_id)).map(Order))
+}
+
 /// Order queries; signed-in users.
 #[derive(Default)]
 pub struct OrderQuery;
@@ -469,11 +485,12 @@ pub struct OrderQuery;
 #[Object]
 impl OrderQuery {
     /// One order: the caller's own, or any for operators; others read as null.
-    async fn order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Order>> {
-        let user = auth::user(ctx).gql()?;
-        let loader = ctx.data_unchecked::<DataLoader<OrderLoader>>();
-        let order = loader.load_one(id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
-        Ok(order.filter(|order| user.may_see(&order.user_id)).map(Order))
+    async fn order(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The order's id.")] id: Uuid,
+    ) -> GqlResult<Option<Order>> {
+        visible(ctx, id).await
     }
 
     /// Orders, oldest first: the caller's own, or all for operators.
@@ -501,7 +518,11 @@ pub struct OrderMutation;
 #[Object]
 impl OrderMutation {
     /// Takes the stock of every line and creates the order: all or nothing.
-    async fn place_order(&self, ctx: &Context<'_>, input: PlaceOrderInput) -> GqlResult<PlaceOrderResult> {
+    async fn place_order(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The lines, the address and an optional idempotency key.")] input: PlaceOrderInput,
+    ) -> GqlResult<PlaceOrderResult> {
         let user = auth::user(ctx).gql()?;
         let app = state(ctx);
         let lines = ReserveItemInput::merge(&input.items, app.limits.max_quantity).gql()?;
@@ -520,14 +541,22 @@ impl OrderMutation {
     }
 
     /// Confirms a PENDING order (operators). Re-reads and retries a lost race.
-    async fn confirm_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<ConfirmOrderResult> {
+    async fn confirm_order(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The order's id.")] id: Uuid,
+    ) -> GqlResult<ConfirmOrderResult> {
         let user = auth::operator(ctx).gql()?;
         transition(ctx, user, id, Transition::Confirm, "confirmOrder").await
     }
 
     /// Cancels a PENDING order and returns its stock (the owner or an
     /// operator). Re-reads and retries a lost race.
-    async fn cancel_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<CancelOrderResult> {
+    async fn cancel_order(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The order's id.")] id: Uuid,
+    ) -> GqlResult<CancelOrderResult> {
         let user = auth::user(ctx).gql()?;
         transition(ctx, user, id, Transition::Cancel, "cancelOrder").await
     }
@@ -537,6 +566,7 @@ impl OrderMutation {
     async fn change_shipping_address(
         &self,
         ctx: &Context<'_>,
+        #[graphql(desc = "The order, the version the client saw, and the new address.")]
         input: ChangeShippingAddressInput,
     ) -> GqlResult<ChangeShippingAddressResult> {
         let user = auth::user(ctx).gql()?;
@@ -582,7 +612,11 @@ impl OrderMutation {
     /// `committed`). Any reservation that is unknown, someone else's,
     /// expired (swept or not), released or already ordered writes nothing
     /// and is listed with why.
-    async fn checkout(&self, ctx: &Context<'_>, input: CheckoutInput) -> GqlResult<CheckoutResult> {
+    async fn checkout(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The cart's reservations, the address and an optional idempotency key.")] input: CheckoutInput,
+    ) -> GqlResult<CheckoutResult> {
         let user = auth::user(ctx).gql()?;
         let app = state(ctx);
         let cart = service::cart(&input.reservation_ids).gql()?;
@@ -612,7 +646,11 @@ impl OrderMutation {
     /// Records that a CONFIRMED order's units left the warehouse
     /// (operators): it turns FULFILLED and its lines leave `committed` and
     /// `onHand` (`available` does not move). Re-reads and retries a lost race.
-    async fn fulfill_order(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<FulfillOrderResult> {
+    async fn fulfill_order(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The CONFIRMED order.")] id: Uuid,
+    ) -> GqlResult<FulfillOrderResult> {
         let user = auth::operator(ctx).gql()?;
         transition(ctx, user, id, Transition::Fulfil, "fulfillOrder").await
     }
@@ -629,7 +667,11 @@ impl OrderSubscription {
     /// after the order is CANCELLED or FULFILLED (at once when it already
     /// is). The owner's or, for operators, any order; for anyone else the
     /// order reads as absent: an error, as for an unknown id.
-    async fn order_changed(&self, ctx: &Context<'_>, id: Uuid) -> async_graphql::Result<BoxStream<'static, Order>> {
+    async fn order_changed(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The order to follow.")] id: Uuid,
+    ) -> async_graphql::Result<BoxStream<'static, Order>> {
         let user = auth::user(ctx).gql()?;
         // The schema that serves introspection alone has no live feeds, and
         // runs no subscription.

@@ -1,8 +1,6 @@
 //! GraphQL types and resolvers for reservations.
 
-use async_graphql::{
-    Context, ErrorExtensions, InputObject, Object, SimpleObject, Union, connection::Connection, dataloader::DataLoader,
-};
+use async_graphql::{Context, ErrorExtensions, ID, InputObject, Object, SimpleObject, Union, dataloader::DataLoader};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -21,7 +19,8 @@ use crate::{
     auth,
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Conflict, Inventory, InventoryNotFound, load as load_inventory},
-    pagination::{Cursor, Page, connection},
+    node,
+    pagination::{Connection, Cursor, Page, connection},
     stock::taking::Line,
     telemetry, validate,
 };
@@ -44,6 +43,11 @@ impl Reservation {
     /// The reservation's id.
     async fn id(&self) -> Uuid {
         self.0.id
+    }
+
+    /// The reservation's global id, for `node(id:)` (Relay).
+    pub async fn node_id(&self) -> ID {
+        node::global_id(node::Kind::Reservation, self.0.id)
     }
 
     /// The inventory the stock was taken from (batched per request).
@@ -144,6 +148,16 @@ impl ReserveResult {
     }
 }
 
+/// The reservation with `id` if the caller may see it (their own, or any
+/// for operators), through the request's DataLoader; `UNAUTHENTICATED`
+/// without a token.
+pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Reservation>> {
+    let user = auth::user(ctx).gql()?;
+    let loader = ctx.data_unchecked::<DataLoader<ReservationLoader>>();
+    let row = loader.load_one(id).await.gql()?;
+    Ok(row.filter(|row| user.may_see(&row.user_id)).map(Reservation))
+}
+
 /// Reservation queries; signed-in users.
 #[derive(Default)]
 pub struct ReservationQuery;
@@ -151,11 +165,12 @@ pub struct ReservationQuery;
 #[Object]
 impl ReservationQuery {
     /// One reservation: the caller's own, or any for operators; others read as null.
-    async fn reservation(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Reservation>> {
-        let user = auth::user(ctx).gql()?;
-        let loader = ctx.data_unchecked::<DataLoader<ReservationLoader>>();
-        let row = loader.load_one(id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
-        Ok(row.filter(|row| user.may_see(&row.user_id)).map(Reservation))
+    async fn reservation(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The reservation's id.")] id: Uuid,
+    ) -> GqlResult<Option<Reservation>> {
+        visible(ctx, id).await
     }
 
     /// The caller's reservations, oldest first.
@@ -182,7 +197,11 @@ pub struct ReservationMutation;
 impl ReservationMutation {
     /// Takes stock for the caller in one statement. Sold out, conflict and not
     /// found are results, not errors.
-    async fn reserve(&self, ctx: &Context<'_>, input: ReserveInput) -> GqlResult<ReserveResult> {
+    async fn reserve(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "What to take, and how to guard it.")] input: ReserveInput,
+    ) -> GqlResult<ReserveResult> {
         let user = auth::user(ctx).gql()?;
         let app = state(ctx);
         let request = ReserveRequest {
@@ -199,7 +218,11 @@ impl ReservationMutation {
 
     /// Reserves several inventories at once: all or nothing. Rows are taken in
     /// one fixed order, so opposite requests never deadlock.
-    async fn reserve_many(&self, ctx: &Context<'_>, input: ReserveManyInput) -> GqlResult<ReserveManyResult> {
+    async fn reserve_many(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The lines, and an optional idempotency key.")] input: ReserveManyInput,
+    ) -> GqlResult<ReserveManyResult> {
         let user = auth::user(ctx).gql()?;
         let app = state(ctx);
         let lines = ReserveItemInput::merge(&input.items, app.limits.max_quantity).gql()?;
@@ -221,7 +244,11 @@ impl ReservationMutation {
 
     /// Gives one of the caller's ACTIVE reservations back. Releasing twice
     /// returns the stock once.
-    async fn release_reservation(&self, ctx: &Context<'_>, id: Uuid) -> GqlResult<ReleaseResult> {
+    async fn release_reservation(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The reservation's id.")] id: Uuid,
+    ) -> GqlResult<ReleaseResult> {
         let user = auth::user(ctx).gql()?;
         Ok(telemetry::counted(
             "releaseReservation",
@@ -244,7 +271,12 @@ impl ReservationMutation {
 
     /// Moves one of the caller's ACTIVE reservations' expiry `seconds` later,
     /// never further than the configured maximum (1 h) from now.
-    async fn extend_reservation(&self, ctx: &Context<'_>, id: Uuid, seconds: i32) -> GqlResult<ExtendResult> {
+    async fn extend_reservation(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The reservation's id.")] id: Uuid,
+        #[graphql(desc = "Seconds to add to its expiry, 1 to the configured maximum (3600).")] seconds: i32,
+    ) -> GqlResult<ExtendResult> {
         let user = auth::user(ctx).gql()?;
         let app = state(ctx);
         let max = app.limits.max_reservation_ttl_secs;
@@ -273,7 +305,7 @@ impl ReservationMutation {
     async fn change_reservation_quantity(
         &self,
         ctx: &Context<'_>,
-        input: ChangeReservationQuantityInput,
+        #[graphql(desc = "The reservation and its new quantity.")] input: ChangeReservationQuantityInput,
     ) -> GqlResult<ChangeReservationQuantityResult> {
         let user = auth::user(ctx).gql()?;
         let app = state(ctx);

@@ -5,7 +5,7 @@
 //! changing a held quantity ([`adjusting`]), and shipping an order's lines
 //! out of the warehouse ([`shipping`]).
 //!
-//! They are built from the same fragments, so DESIGN.md's rule has one
+//! They are built from the same fragments, so docs/design.md's rule has one
 //! home: a change of an inventory is one version step (`version + 1` per
 //! change, `updated_at = now()`) and one ledger row (`INSERT INTO
 //! stock_movements`) written by the same statement, and a statement that

@@ -17,7 +17,7 @@ use crate::config::DatabaseConfig;
 
 /// The server the tests create their databases on, as `tests/api/helpers.rs` finds it.
 fn server_url() -> String {
-    std::env::var("STOCKGUARD_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+    crate::embedded::test_server_url().unwrap_or_else(|missing| panic!("{missing}"))
 }
 
 /// Every statement built with sea-orm values, by name.

@@ -210,14 +210,16 @@ async fn subscriptions_are_capped_per_socket_and_unknown_inventories_cannot_be_w
     app.assert_serving(Duration::from_secs(1)).await;
 }
 
+/// A gauge of the process's `/metrics`, if it is there.
+async fn gauge(app: &Process, name: &str) -> Option<i64> {
+    let text = app.client.get(format!("{}/metrics", app.address)).send().await.ok()?.text().await.ok()?;
+    let value = text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))?;
+    value.trim().parse::<f64>().ok().map(|n| n as i64)
+}
+
 /// The process's live subscriptions, from its `/metrics`.
 async fn live_subscriptions(app: &Process) -> i64 {
-    let text = app.client.get(format!("{}/metrics", app.address)).send().await.expect("metrics");
-    let text = text.text().await.expect("metrics");
-    text.lines()
-        .find_map(|line| line.strip_prefix("stockguard_subscriptions "))
-        .and_then(|n| n.trim().parse::<f64>().ok())
-        .map_or(-1, |n| n as i64)
+    gauge(app, "stockguard_subscriptions").await.unwrap_or(-1)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -314,24 +316,29 @@ async fn a_socket_that_never_initialises_is_closed_and_oversized_messages_are_re
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_server_pings_an_idle_socket() {
+async fn the_server_pings_a_quiet_socket_and_closes_one_that_never_answers() {
     let app = Process::start(&[("STOCKGUARD_WS_KEEPALIVE_MS", "200")]).await;
-    let mut socket = connect(&app.address, "graphql-transport-ws").await;
-    let pinged = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            match socket.next().await {
-                Some(Ok(Message::Ping(_))) => return true,
-                Some(Ok(_)) => {}
-                _ => return false,
+    // Reading answers the pings (the client library pongs): open for five intervals.
+    let mut answering = connect(&app.address, "graphql-transport-ws").await;
+    let mut pings = 0;
+    let reading = tokio::time::timeout(Duration::from_millis(1000), async {
+        while let Some(Ok(message)) = answering.next().await {
+            if matches!(message, Message::Ping(_)) {
+                pings += 1;
             }
         }
     })
     .await;
-    assert_eq!(pinged.ok(), Some(true), "a ping within 5 s");
-    // Answering the pings keeps the socket open past two intervals.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    send(&mut socket, json!({ "id": "1", "type": "subscribe", "payload": { "query": "{ __typename }" } })).await;
-    assert_eq!(next(&mut socket).await["payload"]["data"]["__typename"], "Query");
+    assert!(reading.is_err(), "the answering socket was closed");
+    assert!(pings >= 3, "{pings} pings in five intervals");
+    send(&mut answering, json!({ "id": "1", "type": "subscribe", "payload": { "query": "{ __typename }" } })).await;
+    assert_eq!(next_result(&mut answering).await["payload"]["data"]["__typename"], "Query");
+    // A socket that reads nothing answers no ping: closed after two intervals.
+    let mut silent = connect(&app.address, "graphql-transport-ws").await;
+    let started = Instant::now();
+    // Two keep-alive intervals and a margin, the socket not read meanwhile.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(close_code(&mut silent, Duration::from_secs(5)).await, Some(1001), "after {:?}", started.elapsed());
 }
 
 /// Holds inventory `id`'s row lock in a transaction of the test's own until dropped.
@@ -474,21 +481,29 @@ async fn idle_keep_alive_connections_close_and_slow_bodies_get_408() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_connection_cap_holds_and_newcomers_are_served_once_slow_clients_are_cut() {
+    // Eleven places: the test client's own keep-alive connection and ten silent ones.
     let app =
-        Process::start(&[("STOCKGUARD_MAX_CONNECTIONS", "10"), ("STOCKGUARD_HEADER_READ_TIMEOUT_MS", "1000")]).await;
+        Process::start(&[("STOCKGUARD_MAX_CONNECTIONS", "11"), ("STOCKGUARD_HEADER_READ_TIMEOUT_MS", "1000")]).await;
     let mut idle = Vec::new();
     for _ in 0..10 {
         idle.push(TcpStream::connect(&app.addr).await.expect("connect"));
     }
-    // Let the server accept all ten before the newcomer arrives.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // A fresh client: the test's own would reuse a connection it already has.
+    // The server has accepted all eleven: its own count says so.
+    for tries in 0.. {
+        assert!(tries < 200, "the server never accepted the ten silent connections");
+        if gauge(&app, "stockguard_http_connections").await == Some(11) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // A fresh client (the test's own would reuse its connection) must wait
+    // for a place, which the header timeout frees.
     let newcomer = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
     let started = Instant::now();
     let response = newcomer.post(format!("{}/graphql", app.address)).json(&json!({ "query": "{ __typename }" })).send();
     let status = response.await.expect("served in the end").status();
     let waited = started.elapsed();
-    println!("with 10 of 10 connections taken, a newcomer was served after {waited:?}");
+    println!("with 11 of 11 connections taken, a newcomer was served after {waited:?}");
     assert_eq!(status, 200);
     assert!(waited > Duration::from_millis(300), "it waited for a place: {waited:?}");
     assert!(waited < Duration::from_secs(5), "{waited:?}");
@@ -527,4 +542,26 @@ async fn pages_count_in_the_cost_and_every_refusal_has_a_code() {
 fn nested_selection(levels: usize) -> String {
     let inner = format!("{}name{}", "fields { type { ".repeat(levels), " } }".repeat(levels));
     format!("inventories {{ nodes {{ id }} }} __schema {{ types {{ {inner} }} }}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watcher_rows_of_a_process_that_died_are_cleared_when_a_listener_connects() {
+    let app = Process::start(&[]).await;
+    let id = app.create_inventory("STALE-1", 5).await;
+    // What a crashed process leaves: its row, tied to a listener no backend has.
+    let stale = format!(
+        "INSERT INTO inventory_watchers (process_id, inventory_id, listener_pid) VALUES ('{}', '{id}', 2147483647)",
+        Uuid::new_v4()
+    );
+    app.count(&format!("WITH i AS ({stale} RETURNING 1) SELECT count(*) FROM i")).await;
+    // A listener connects (as at start, or after losing its connection).
+    let listener = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'";
+    app.count(&format!("SELECT count(pg_terminate_backend(pid)) FROM ({listener}) l")).await;
+    for tries in 0.. {
+        assert!(tries < 400, "the stale watcher row was never cleared");
+        if app.count("SELECT count(*) FROM inventory_watchers").await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }

@@ -1,4 +1,4 @@
-//! Who may do what (API.md "Transport"), each check followed by a look at the
+//! Who may do what (docs/api.md "Transport"), each check followed by a look at the
 //! database to see that a refused request wrote nothing.
 
 use jsonwebtoken::{EncodingKey, Header};

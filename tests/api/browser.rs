@@ -4,52 +4,24 @@
 //! result pane and then in the database. Every request for anything but the
 //! server is refused and fails the run: GraphiQL must work offline.
 
-use std::{path::Path, process::Stdio, time::Duration};
+use std::{path::Path, time::Duration};
 
 use serde_json::Value;
 use stockguard::auth::Role;
-use tokio::process::Command;
 
-use crate::helpers::TestApp;
+use crate::{
+    helpers::TestApp,
+    node::{package, run},
+};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
-
-/// Runs `program args` in `dir` for at most `limit`; fails the test on a
-/// non-zero exit or a timeout. Returns stdout.
-async fn run(dir: &Path, program: &str, args: &[&str], limit: Duration) -> String {
-    let child = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|err| panic!("start `{program}` (is Node.js installed?): {err}"));
-    let output = tokio::time::timeout(limit, child.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("`{program} {}` took longer than {limit:?}", args.join(" ")))
-        .unwrap_or_else(|err| panic!("wait for `{program}`: {err}"));
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "`{program} {}` failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
-        args.join(" "),
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    stdout
-}
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs Chromium (apt-get install chromium); .ci/run installs it and runs it"]
 async fn graphiql_in_a_real_browser_runs_a_reservation_with_no_outside_request() {
     assert!(Path::new(CHROMIUM).exists(), "Chromium is not installed at {CHROMIUM} (apt-get install chromium)");
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let client = root.join("clients/browser");
-    if !client.join("node_modules/playwright-core").exists() {
-        run(&client, "npm", &["ci", "--no-audit", "--no-fund"], Duration::from_secs(300)).await;
-    }
+    let client = package("browser").await;
 
     let app = TestApp::spawn().await;
     let id = app.create_inventory("BROWSER-1", 5).await;

@@ -694,19 +694,20 @@ async fn orders_abandoned_mid_transaction_leave_no_transaction_open_and_nothing_
     }
 
     // Whatever was cut off settles: the server finishes the work it started
-    // (it runs each request to completion), and no connection stays in a
-    // transaction.
-    let started = Instant::now();
-    while !open_transactions(&app).await.is_empty() || busy_connections(&app).await > 0 {
-        let open = open_transactions(&app).await;
-        assert!(started.elapsed() < Duration::from_secs(5), "transactions left open: {open:#?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let settled = started.elapsed();
+    // (it runs each request to completion, holding its in-flight place until
+    // then, also while it waits for a pooled connection), and no connection
+    // stays in a transaction.
+    let settled = until_settled(&app).await;
     let orders = app.count("SELECT count(*) FROM orders").await;
     let whole = "SELECT count(*) FROM orders o WHERE (SELECT count(*) FROM reservations r \
                  WHERE r.order_id = o.id AND r.status = 'ORDERED') = 2";
-    assert_eq!(app.count(whole).await, orders, "every order that exists has both its lines");
+    let broken = "SELECT coalesce(json_agg(json_build_object('order', o.id, 'lines', \
+                  (SELECT json_agg(json_build_object('status', r.status, 'inventory', r.inventory_id, 'qty', r.quantity)) \
+                   FROM reservations r WHERE r.order_id = o.id))), '[]')::text FROM orders o \
+                  WHERE (SELECT count(*) FROM reservations r WHERE r.order_id = o.id AND r.status = 'ORDERED') <> 2";
+    let row = app.db.query_one_raw(Statement::from_string(DbBackend::Postgres, broken)).await.expect("query");
+    let broken: String = row.expect("one row").try_get_by_index(0).expect("json");
+    assert_eq!(app.count(whole).await, orders, "every order that exists has both its lines: {broken}");
     assert_eq!(app.count("SELECT count(*) FROM reservations WHERE order_id IS NULL").await, 0);
 
     // Every pooled connection is fit for use: each reserve is committed (seen
@@ -727,6 +728,49 @@ async fn orders_abandoned_mid_transaction_leave_no_transaction_open_and_nothing_
 }
 
 // ---------- 4. a starved pool and slow statements ----------
+
+/// Waits until the server has no operation in flight (its clients may have
+/// gone), no connection in a transaction and none running a statement.
+async fn until_settled(app: &TestApp) -> Duration {
+    let started = Instant::now();
+    while app.server.operations_in_flight() > 0
+        || !open_transactions(app).await.is_empty()
+        || busy_connections(app).await > 0
+    {
+        let open = open_transactions(app).await;
+        assert!(started.elapsed() < Duration::from_secs(10), "transactions left open: {open:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    started.elapsed()
+}
+
+/// Orders placed over websockets that close right after sending: a mutation
+/// that reached the server runs to its end (it is not dropped with its
+/// socket), so every one is placed, whole, and no transaction stays open.
+#[tokio::test(flavor = "multi_thread")]
+async fn orders_over_websockets_that_close_mid_transaction_finish_whole() {
+    const ROUNDS: usize = 20;
+    let app = TestApp::spawn_with_options(Options { pool_size: 4, ..Options::default() }).await;
+    let (a, b) = (app.create_inventory("WS-CUT-A", 10_000).await, app.create_inventory("WS-CUT-B", 10_000).await);
+    let authorization = json!({ "Authorization": format!("Bearer {}", app.token("dave", Role::Customer)) });
+    let mut rng = StdRng::seed_from_u64(0xC7);
+    for round in 0..ROUNDS {
+        let lines = json!([{ "inventoryId": a, "quantity": 1 }, { "inventoryId": b, "quantity": 2 }]);
+        let input = json!({ "items": lines, "shippingAddress": address(&format!("{round} Socket Lane")) });
+        let mut socket = crate::ws::connect_with(&app.address, "graphql-transport-ws", authorization.clone()).await;
+        let payload = json!({ "query": PLACE_ORDER, "variables": { "input": input } });
+        send(&mut socket, json!({ "id": "order", "type": "subscribe", "payload": payload })).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..=15))).await;
+        drop(socket);
+    }
+    until_settled(&app).await;
+    let orders = app.count("SELECT count(*) FROM orders").await;
+    let whole = "SELECT count(*) FROM orders o WHERE (SELECT count(*) FROM reservations r \
+                 WHERE r.order_id = o.id AND r.status = 'ORDERED') = 2";
+    assert_eq!(orders, ROUNDS as i64, "every order that reached the server was placed, socket closed or not");
+    assert_eq!(app.count(whole).await, orders, "every order has both its lines");
+    app.assert_invariant().await;
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_held_row_lock_and_a_starved_pool_give_fast_retryable_errors_and_write_nothing() {

@@ -9,7 +9,7 @@
 //!   `extensions.code` that is a client's fault ([`CLIENT_CODES`]), never
 //!   `INTERNAL` or `DATABASE_UNAVAILABLE`, and never missing;
 //! - a refused request leaves the database exactly as it was;
-//! - an answered one (a union member) keeps the DESIGN.md invariant.
+//! - an answered one (a union member) keeps the docs/design.md invariant.
 //!
 //! proptest runs synchronously, so each test runs its cases on a blocking
 //! thread and drives every case's requests with the runtime's `block_on`.

@@ -38,9 +38,10 @@ use crate::documents::{
     PLACE_ORDER, RELEASE, RESERVE_MANY, RESTOCK, STOCK_STATES,
 };
 
-/// The server the tests create their databases on.
+/// The server the tests create their databases on: `STOCKGUARD_TEST_DATABASE_URL`,
+/// the one on 127.0.0.1:5432, or a private one (see `embedded::test_server_url`).
 pub fn server_url() -> String {
-    std::env::var("STOCKGUARD_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+    stockguard::embedded::test_server_url().unwrap_or_else(|missing| panic!("{missing}"))
 }
 
 /// The secret every test server signs with.
@@ -373,7 +374,7 @@ impl TestApp {
         row.try_get_by_index(0).expect("snapshot")
     }
 
-    /// Fails the test when any inventory breaks the DESIGN.md invariant.
+    /// Fails the test when any inventory breaks the docs/design.md invariant.
     pub async fn assert_invariant(&self) {
         let drifts = invariant::check(&self.db).await.expect("check");
         assert!(drifts.is_empty(), "invariant broken: {drifts:?}");

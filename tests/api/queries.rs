@@ -114,5 +114,51 @@ async fn the_server_serves_the_schema_in_the_file() {
     let app = TestApp::spawn().await;
     let committed =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/schema.graphql")).expect("schema.graphql");
-    assert!(committed == app.schema.sdl(), "the served schema differs from schema.graphql");
+    assert!(committed == stockguard::schema::sdl_of(&app.schema), "the served schema differs from schema.graphql");
+}
+
+#[test]
+fn the_committed_possible_types_are_the_schema_s() {
+    let committed = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/clients/possible-types.json"))
+        .expect("clients/possible-types.json");
+    assert!(
+        committed == stockguard::schema::possible_types(),
+        "clients/possible-types.json is stale: run `cargo run -- possible-types > clients/possible-types.json`"
+    );
+    let parsed: serde_json::Value = serde_json::from_str(&committed).expect("json");
+    assert_eq!(parsed["Node"], json!(["Inventory", "Order", "Reservation", "StockMovement"]));
+    assert_eq!(parsed["ReserveResult"], json!(["Conflict", "InventoryNotFound", "Reserved", "SoldOut"]));
+}
+
+#[test]
+fn every_type_and_argument_has_a_description_and_scalars_their_spec() {
+    let document = async_graphql::parser::parse_schema(stockguard::schema::sdl()).expect("the SDL parses");
+    let mut missing = Vec::new();
+    for definition in document.definitions {
+        let async_graphql::parser::types::TypeSystemDefinition::Type(definition) = definition else { continue };
+        let node = definition.node;
+        if node.description.is_none() {
+            missing.push(node.name.node.to_string());
+        }
+        let fields = match node.kind {
+            async_graphql::parser::types::TypeKind::Object(object) => object.fields,
+            async_graphql::parser::types::TypeKind::Interface(interface) => interface.fields,
+            async_graphql::parser::types::TypeKind::Scalar => {
+                let spec = node.directives.iter().any(|d| d.node.name.node == "specifiedBy");
+                if !spec {
+                    missing.push(format!("@specifiedBy on {}", node.name.node));
+                }
+                continue;
+            }
+            _ => continue,
+        };
+        for field in fields {
+            for argument in &field.node.arguments {
+                if argument.node.description.is_none() {
+                    missing.push(format!("{}.{}({})", node.name.node, field.node.name.node, argument.node.name.node));
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "without a description: {missing:?}");
 }
