@@ -13,7 +13,7 @@ use std::{
 use futures::future::FutureExt;
 use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
-use stockguard::{auth::Role, config::Limits};
+use stockguard::auth::Role;
 use uuid::Uuid;
 
 use crate::{
@@ -22,11 +22,6 @@ use crate::{
 };
 
 // ---------- helpers ----------
-
-/// A server whose sweeper stays out of the way: the tests sweep by hand.
-async fn app_without_sweeper(isolation: Isolation) -> TestApp {
-    TestApp::spawn_configured(isolation, Limits { sweep_interval_ms: 3_600_000, ..Limits::default() }).await
-}
 
 /// Reserves each `(inventory, quantity)` for `token`; the reservations' ids, in order.
 async fn cart(app: &TestApp, token: &str, lines: &[(Uuid, i32)]) -> Vec<Uuid> {
@@ -86,7 +81,7 @@ async fn ledger(app: &TestApp, inventory: Uuid) -> Vec<(String, i64, i64, i64)> 
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cart_is_checked_out_confirmed_and_fulfilled_and_every_stock_state_follows() {
-    let app = app_without_sweeper(Isolation::ReadCommitted).await;
+    let app = TestApp::without_sweeper(Isolation::ReadCommitted).await;
     let (x, y) = (app.create_inventory("FLOW-X", 10).await, app.create_inventory("FLOW-Y", 5).await);
     let (alice, operator) = (app.token("alice", Role::Customer), app.operator());
     // Two lines of X (reserved twice) and one of Y.
@@ -216,7 +211,7 @@ async fn cancelling_a_checked_out_order_returns_every_line_even_two_of_one_inven
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_expired_cart_cannot_be_checked_out() {
-    let app = app_without_sweeper(Isolation::ReadCommitted).await;
+    let app = TestApp::without_sweeper(Isolation::ReadCommitted).await;
     let (x, y) = (app.create_inventory("EXPIRED-X", 10).await, app.create_inventory("EXPIRED-Y", 10).await);
     let alice = app.token("alice", Role::Customer);
     let ids = cart(&app, &alice, &[(x, 2), (y, 1)]).await;
@@ -287,7 +282,7 @@ async fn a_cart_with_one_released_line_places_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_checkout_lists_every_failing_reservation_with_its_reason() {
-    let app = app_without_sweeper(Isolation::ReadCommitted).await;
+    let app = TestApp::without_sweeper(Isolation::ReadCommitted).await;
     let item = app.create_inventory("REASONS-1", 20).await;
     let (alice, bob) = (app.token("alice", Role::Customer), app.token("bob", Role::Customer));
     let [good, expired, released, ordered] =
@@ -461,7 +456,7 @@ const ROUNDS: usize = 25;
 /// the order holds the line and its stock stays taken, or the reservation is
 /// EXPIRED and its stock is back; never both (an oversell), never neither.
 async fn checkout_racing_the_sweeper_lets_exactly_one_win(isolation: Isolation) {
-    let app = Arc::new(app_without_sweeper(isolation).await);
+    let app = Arc::new(TestApp::without_sweeper(isolation).await);
     let item = app.create_inventory("EXPIRING-1", 1000).await;
     let alice = app.token("alice", Role::Customer);
     let (mut ordered, mut expired) = (0, 0);

@@ -165,6 +165,12 @@ impl TestApp {
         Self::spawn_with_options(Options { isolation, limits, ..Options::default() }).await
     }
 
+    /// A server whose sweeper stays out of the way, for tests that expire
+    /// reservations and sweep by hand (or must see them unswept).
+    pub async fn without_sweeper(isolation: Isolation) -> Self {
+        Self::spawn_configured(isolation, Limits { sweep_interval_ms: 3_600_000, ..Limits::default() }).await
+    }
+
     /// A server with every knob the tests turn.
     pub async fn spawn_with_options(options: Options) -> Self {
         let Options { isolation, mut limits, server_url: server, pool_size, acquire_timeout_ms, statement_timeout_ms } =

@@ -75,7 +75,8 @@ async fn a_held_quantity_grows_by_taking_the_difference_and_shrinks_by_giving_it
 
 #[tokio::test(flavor = "multi_thread")]
 async fn only_the_owner_s_active_unexpired_reservations_change() {
-    let app = TestApp::spawn().await;
+    // The expired one must stay unswept: the test checks nothing is written.
+    let app = TestApp::without_sweeper(Isolation::ReadCommitted).await;
     let item = app.create_inventory("RESIZE-2", 20).await;
     let (alice, bob) = (app.token("alice", Role::Customer), app.token("bob", Role::Customer));
     let active = hold(&app, &alice, item, 1).await;

@@ -95,8 +95,7 @@ async fn the_stock_states_add_up_in_every_read_while_carts_move() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_stock_states_of_a_page_of_inventories_load_in_one_batch() {
     // The sweeper's statements run on the same pool: keep it out of the count.
-    let limits = Limits { sweep_interval_ms: 3_600_000, ..Limits::default() };
-    let app = TestApp::spawn_configured(Isolation::ReadCommitted, limits).await;
+    let app = TestApp::without_sweeper(Isolation::ReadCommitted).await;
     let alice = app.token("alice", Role::Customer);
     for i in 0..50 {
         let id = app.create_inventory(&format!("BATCH-{i}"), 5).await;
@@ -114,7 +113,8 @@ async fn the_stock_states_of_a_page_of_inventories_load_in_one_batch() {
             "{node}"
         );
     }
-    // One for the page and one batch for every state of the fifty; the
-    // loader's 1 ms window may close early on a loaded machine and split it once.
-    assert!((2..=3).contains(&statements), "{statements} statements for a page of 50: the states do not batch");
+    // One for the page and one batch for every state of the fifty (one per
+    // inventory would be 51). The loader's 1 ms window may close early on a
+    // loaded machine and split the batch: a few at most.
+    assert!((2..=5).contains(&statements), "{statements} statements for a page of 50: the states do not batch");
 }
