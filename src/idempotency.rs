@@ -1,16 +1,23 @@
-//! Idempotency keys, for `reserve`, `reserveMany` and `placeOrder` alike.
+//! Idempotency keys, for `reserve`, `reserveMany`, `placeOrder` and
+//! `checkout` alike.
 //!
-//! A user has one key space for all three. The first request with a key
-//! stores the key on the (first) reservation it writes, under the unique
-//! index `reservations_user_idempotency_key`, so a second statement with the
-//! same key fails on the index and is rolled back whole: stock is taken at
-//! most once. Beside the key goes the request's fingerprint, a hash of what
-//! makes it that request, so a true replay (same key, same request) gets
-//! the first outcome and a reuse (same key, other request) is refused with
-//! `IDEMPOTENCY_KEY_REUSED`. Fingerprints are stored, so their text must
-//! never change: the tests below pin them.
+//! A user has one key space for all four, held by the primary key of
+//! `idempotency_keys` (user, key). The first request with a key claims it in
+//! the statement that writes its outcome, so a second statement with the
+//! same key fails on the key and is rolled back whole: stock is taken (or a
+//! cart checked out) at most once. A request that writes reservations
+//! stores the key on the (first) reservation, under the unique index
+//! `reservations_user_idempotency_key`, and a trigger claims it in the same
+//! statement; a checkout, which writes no reservation, claims its key beside
+//! the order it inserts. Beside the key goes the request's fingerprint, a
+//! hash of what makes it that request, so a true replay (same key, same
+//! request) gets the first outcome and a reuse (same key, other request, or
+//! another operation) is refused with `IDEMPOTENCY_KEY_REUSED`. Fingerprints
+//! are stored, so their text must never change: the tests below pin them.
 
-use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder};
+use sea_orm::{
+    ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter, QueryOrder, Statement,
+};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -23,8 +30,10 @@ use crate::{
     },
 };
 
-/// The unique index that holds one idempotency key per user.
-const INDEX: &str = "reservations_user_idempotency_key";
+/// The unique indexes that refuse a second use of a user's key: the key
+/// space itself, and the reservations' own (which a second `reserve` of the
+/// same key meets first).
+const INDEXES: [&str; 2] = ["idempotency_keys_pkey", "reservations_user_idempotency_key"];
 
 /// A client's idempotency key and the fingerprint of the request that carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,25 +69,64 @@ impl Key {
         hasher.update(extra.as_bytes());
         Self { key, fingerprint: hex::encode(hasher.finalize()) }
     }
+
+    /// The key of a `checkout` of these reservations (sorted, without
+    /// repeats, as the request is merged), plus `extra`: anything else that
+    /// makes the request what it is.
+    pub fn checkout(key: String, reservation_ids: &[Uuid], extra: &str) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(b"checkout");
+        for id in reservation_ids {
+            hasher.update(format!("\n{id}"));
+        }
+        hasher.update(b"\n");
+        hasher.update(extra.as_bytes());
+        Self { key, fingerprint: hex::encode(hasher.finalize()) }
+    }
 }
 
-/// Whether `err` is the index refusing a second use of a key: the key's
-/// first request has committed meanwhile, so its outcome can be replayed.
+/// A user's claim of a key: which request made it, and its order if it placed one.
+#[derive(Debug, FromQueryResult)]
+struct Claim {
+    /// The fingerprint of the request that claimed the key.
+    request_fingerprint: String,
+    /// The order it placed (`placeOrder`, `checkout`).
+    order_id: Option<Uuid>,
+}
+
+/// The claim of this user's key, if any; `IDEMPOTENCY_KEY_REUSED` when a
+/// different request (of any operation) made it.
+async fn claim(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Claim>, AppError> {
+    let claim = Claim::find_by_statement(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT request_fingerprint, order_id FROM idempotency_keys WHERE user_id = $1 AND idempotency_key = $2",
+        [user_id.into(), key.key.as_str().into()],
+    ))
+    .one(db)
+    .await?;
+    match claim {
+        Some(claim) if claim.request_fingerprint != key.fingerprint => Err(AppError::IdempotencyKeyReused),
+        claim => Ok(claim),
+    }
+}
+
+/// Whether `err` is an index refusing a second use of a key: the key's
+/// first request has committed meanwhile, so its outcome can be replayed
+/// (or, for another request, refused).
 pub fn is_taken(err: &DbErr) -> bool {
-    classify(err) == DbFailure::UniqueViolation(Some(INDEX.into()))
+    matches!(classify(err), DbFailure::UniqueViolation(Some(index)) if INDEXES.contains(&index.as_str()))
 }
 
 /// The reservation that first used this user's key, if any;
 /// `IDEMPOTENCY_KEY_REUSED` when that was a different request.
 pub async fn first_use(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<ReservationRow>, AppError> {
+    if claim(db, user_id, key).await?.is_none() {
+        return Ok(None);
+    }
     let first =
         Entity::find().filter(Column::UserId.eq(user_id)).filter(Column::IdempotencyKey.eq(&key.key)).one(db).await?;
-    match first {
-        Some(first) if first.request_fingerprint.as_deref() != Some(key.fingerprint.as_str()) => {
-            Err(AppError::IdempotencyKeyReused)
-        }
-        first => Ok(first),
-    }
+    // Claimed by this very request, so it wrote its reservation in the same statement.
+    first.map(Some).ok_or(AppError::Internal)
 }
 
 /// Every reservation of the multi-item request that first used the key,
@@ -95,10 +143,11 @@ pub async fn replay_multi_item(
     Ok(Some(lines))
 }
 
-/// The order placed by the request that first used the key, if any.
+/// The order placed by the request (`placeOrder`, `checkout`) that first
+/// used the key, if any.
 pub async fn replay_order(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Uuid>, AppError> {
-    let Some(first) = first_use(db, user_id, key).await? else { return Ok(None) };
-    Ok(Some(first.order_id.ok_or(AppError::Internal)?))
+    let Some(claim) = claim(db, user_id, key).await? else { return Ok(None) };
+    Ok(Some(claim.order_id.ok_or(AppError::Internal)?))
 }
 
 #[cfg(test)]
@@ -122,5 +171,12 @@ mod tests {
         let address = r#"ShippingAddress { name: "Alice", line1: "1 Main St", line2: None, city: "Osaka", postal_code: "530-0001", country: "JP" }"#;
         let order = Key::multi_item("k".into(), "placeOrder", lines, address);
         assert_eq!(order.fingerprint, "f7765cbbe731b738278329a9605cfa30124996f60a61fe5ee181d87f1aa9331c");
+    }
+
+    #[test]
+    fn the_fingerprint_of_a_checkout_never_changes() {
+        let address = r#"ShippingAddress { name: "Alice", line1: "1 Main St", line2: None, city: "Osaka", postal_code: "530-0001", country: "JP" }"#;
+        let key = Key::checkout("k".into(), &[Uuid::from_u128(1), Uuid::from_u128(2)], address);
+        assert_eq!(key.fingerprint, "3ffc95a42fdaf8f5153e4279acb60f7765bcb164755129f082b41041197df284");
     }
 }

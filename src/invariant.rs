@@ -1,13 +1,21 @@
-//! The invariant of docs/design.md, checked straight from the tables: for every
-//! inventory row
+//! The invariant of docs/design.md, extended by the checkout contract
+//! (docs/checkout.md), checked straight from the tables: for every inventory row
 //!
-//! - `stock >= 0`;
-//! - `stock + held = received`, where `held` is the quantity of its ACTIVE and
-//!   ORDERED reservations and `received` is its initial stock plus restocks;
+//! - `stock >= 0` (`stock` is `available`);
+//! - `received - fulfilled = available + reserved + committed`, where
+//!   `received` is its initial stock plus restocks, `fulfilled` the units of
+//!   its FULFILLED lines, `reserved` the units of its ACTIVE reservations and
+//!   `committed` those of its ORDERED ones (lines of PENDING and CONFIRMED
+//!   orders). An ACTIVE reservation past its expiry counts as `reserved`
+//!   until the sweeper returns its stock: its units are not `available`
+//!   before that, so counting them anywhere else would break the sum;
 //! - `version` = 1 + its committed changes = its number of ledger entries;
-//! - the ledger adds up: the sum of its deltas is `stock`.
+//! - the ledger agrees: the deltas of every change of available stock add up
+//!   to `stock`, and the FULFILLED entries to minus the fulfilled lines' units.
 //!
-//! `stockguard check`, every concurrency test and the benchmark use this one check.
+//! One statement, so every number comes from one snapshot and the check holds
+//! at every moment, not only when writers are idle. `stockguard check`, every
+//! concurrency test and the benchmark use this one check.
 
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, FromQueryResult, Statement};
 use uuid::Uuid;
@@ -19,26 +27,43 @@ pub struct Drift {
     pub id: Uuid,
     /// Its SKU.
     pub sku: String,
-    /// Units on hand.
+    /// Units available (the `stock` column).
     pub stock: i32,
     /// Its version.
     pub version: i32,
-    /// Units held by ACTIVE and ORDERED reservations.
-    pub held: i64,
+    /// Units held by ACTIVE reservations.
+    pub reserved: i64,
+    /// Units held by ORDERED reservations (order lines not yet fulfilled).
+    pub committed: i64,
+    /// Units of FULFILLED lines.
+    pub fulfilled: i64,
     /// Initial stock plus restocks, from the ledger.
     pub received: i64,
     /// Number of ledger entries (should equal `version`).
     pub changes: i64,
-    /// Sum of the ledger's deltas (should equal `stock`).
+    /// Sum of the ledger's deltas of available stock (should equal `stock`).
     pub ledger_stock: i64,
+    /// Minus the sum of the ledger's FULFILLED deltas (should equal `fulfilled`).
+    pub ledger_fulfilled: i64,
 }
 
 impl std::fmt::Display for Drift {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} ({}): stock {} + held {} vs received {}; version {} vs {} ledger entries; ledger sums to {}",
-            self.sku, self.id, self.stock, self.held, self.received, self.version, self.changes, self.ledger_stock
+            "{} ({}): received {} - fulfilled {} vs available {} + reserved {} + committed {}; \
+             version {} vs {} ledger entries; ledger sums to {} available and {} fulfilled",
+            self.sku,
+            self.id,
+            self.received,
+            self.fulfilled,
+            self.stock,
+            self.reserved,
+            self.committed,
+            self.version,
+            self.changes,
+            self.ledger_stock,
+            self.ledger_fulfilled
         )
     }
 }
@@ -47,28 +72,37 @@ impl std::fmt::Display for Drift {
 /// statement, so all the numbers come from one snapshot.
 pub async fn check(db: &impl ConnectionTrait) -> Result<Vec<Drift>, DbErr> {
     const SQL: &str = r#"
-WITH held AS (
-    SELECT inventory_id, sum(quantity) AS held
-      FROM reservations WHERE status IN ('ACTIVE', 'ORDERED') GROUP BY inventory_id
+WITH lines AS (
+    SELECT inventory_id,
+           coalesce(sum(quantity) FILTER (WHERE status = 'ACTIVE'), 0) AS reserved,
+           coalesce(sum(quantity) FILTER (WHERE status = 'ORDERED'), 0) AS committed,
+           coalesce(sum(quantity) FILTER (WHERE status = 'FULFILLED'), 0) AS fulfilled
+      FROM reservations WHERE status IN ('ACTIVE', 'ORDERED', 'FULFILLED') GROUP BY inventory_id
 ), ledger AS (
     SELECT inventory_id,
            count(*) AS changes,
-           sum(delta) AS ledger_stock,
+           coalesce(sum(delta) FILTER (WHERE reason <> 'FULFILLED'), 0) AS ledger_stock,
+           coalesce(-sum(delta) FILTER (WHERE reason = 'FULFILLED'), 0) AS ledger_fulfilled,
            coalesce(sum(delta) FILTER (WHERE reason IN ('CREATED', 'RESTOCKED')), 0) AS received
       FROM stock_movements GROUP BY inventory_id
 )
 SELECT i.id, i.sku, i.stock, i.version,
-       coalesce(h.held, 0)::bigint AS held,
+       coalesce(h.reserved, 0)::bigint AS reserved,
+       coalesce(h.committed, 0)::bigint AS committed,
+       coalesce(h.fulfilled, 0)::bigint AS fulfilled,
        coalesce(l.received, 0)::bigint AS received,
        coalesce(l.changes, 0)::bigint AS changes,
-       coalesce(l.ledger_stock, 0)::bigint AS ledger_stock
+       coalesce(l.ledger_stock, 0)::bigint AS ledger_stock,
+       coalesce(l.ledger_fulfilled, 0)::bigint AS ledger_fulfilled
   FROM inventories i
-  LEFT JOIN held h ON h.inventory_id = i.id
+  LEFT JOIN lines h ON h.inventory_id = i.id
   LEFT JOIN ledger l ON l.inventory_id = i.id
  WHERE NOT (i.stock >= 0
-            AND i.stock + coalesce(h.held, 0) = coalesce(l.received, 0)
+            AND coalesce(l.received, 0) - coalesce(h.fulfilled, 0)
+                = i.stock + coalesce(h.reserved, 0) + coalesce(h.committed, 0)
             AND i.version = coalesce(l.changes, 0)
-            AND i.stock = coalesce(l.ledger_stock, 0))
+            AND i.stock = coalesce(l.ledger_stock, 0)
+            AND coalesce(h.fulfilled, 0) = coalesce(l.ledger_fulfilled, 0))
  ORDER BY i.sku"#;
     Drift::find_by_statement(Statement::from_string(DbBackend::Postgres, SQL)).all(db).await
 }

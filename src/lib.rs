@@ -29,11 +29,11 @@ pub mod idempotency;
 pub mod invariant;
 /// Inventories: reading, creating, restocking, and the per-request DataLoader.
 pub mod inventory;
-/// Live stock: `inventoryChanged` subscriptions fed by LISTEN/NOTIFY.
+/// Live changes: `inventoryChanged` and `orderChanged` subscriptions fed by LISTEN/NOTIFY.
 pub mod live;
 /// Relay's object identification: the `Node` interface, global ids, `node` and `nodes`.
 pub mod node;
-/// Orders: the version-checked aggregate, confirm/cancel with retry or report, the pessimistic path.
+/// Orders: the version-checked aggregate, checkout of a cart, confirm/cancel/fulfil with retry or report, the pessimistic path.
 pub mod orders;
 /// Relay cursor pagination shared by every connection.
 pub mod pagination;

@@ -1,18 +1,26 @@
-//! Live stock: `Subscription.inventoryChanged`, fed by PostgreSQL
-//! LISTEN/NOTIFY.
+//! Live changes: `Subscription.inventoryChanged` and
+//! `Subscription.orderChanged`, fed by PostgreSQL LISTEN/NOTIFY.
 //!
-//! A trigger NOTIFYs inside the changing transaction, so only committed states
+//! Triggers NOTIFY inside the changing transaction, so only committed states
 //! are announced, in commit order. Each server process keeps one listening
-//! connection and fans the announcements out in memory through a bounded
-//! broadcast channel: a subscriber that falls behind skips ahead (and is sent
-//! the latest row) instead of slowing the others or any writer. The listener
-//! reconnects by itself when the database goes away, then resends every
-//! watched inventory's current row, so nothing committed in the gap is lost.
+//! connection for every channel and fans the announcements out in memory
+//! through a bounded broadcast channel per feed (stock, orders): a
+//! subscriber that falls behind skips ahead (and is sent the latest row)
+//! instead of slowing the others or any writer. The listener reconnects by
+//! itself when the database goes away, then resends every watched row's
+//! current state, so nothing committed in the gap is lost.
 //!
-//! The trigger only notifies for watched inventories (see the migrations),
-//! so each watched inventory holds a row in `inventory_watchers` while this
-//! process has a subscription of it (see [`Watched`]), and only an
-//! inventory that exists can be watched.
+//! PostgreSQL serializes the commits of every transaction that NOTIFYs, so
+//! the triggers only notify for watched rows (see the migrations): each
+//! watched inventory or order holds a row in `inventory_watchers` or
+//! `order_watchers` while this process has a subscription of it (see
+//! [`Watched`]), and only a row that exists can be watched.
+//!
+//! A checkout changes an inventory's `reserved` and `committed` without
+//! changing its row; its trigger announces only the inventory's id (on
+//! `inventory_states_changed`), and the subscriptions of that inventory
+//! read the row afresh, so what they send is never older than what they sent
+//! before.
 
 use std::{
     collections::HashMap,
@@ -24,33 +32,67 @@ use std::{
 };
 
 use futures::{StreamExt, stream::BoxStream};
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, FromQueryResult, Statement, sqlx::postgres::PgListener,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, sqlx::postgres::PgListener};
 use tokio::{
     sync::{Mutex, broadcast, watch},
     task::JoinHandle,
 };
 use uuid::Uuid;
 
-use crate::inventory::{InventoryRow, store as inventory_store};
+use crate::{
+    inventory::{InventoryRow, store as inventory_store},
+    orders::{
+        domain::Order,
+        entity::{Model as OrderRow, OrderStatus},
+        store as order_store,
+    },
+};
 
-/// The NOTIFY channel the trigger announces on.
-const CHANNEL: &str = "inventory_changed";
+/// The channel the inventory trigger announces a changed row on (the row as JSON).
+const INVENTORY_CHANGED: &str = "inventory_changed";
 
-/// Announcements buffered per process before slow subscribers skip ahead.
+/// The channel a checkout's trigger announces an inventory on whose states
+/// changed without its row (the id alone).
+const INVENTORY_STATES_CHANGED: &str = "inventory_states_changed";
+
+/// The channel the order trigger announces a changed row on (the row as JSON).
+const ORDER_CHANGED: &str = "order_changed";
+
+/// Announcements buffered per feed and process before slow subscribers skip ahead.
 const BUFFER: usize = 4096;
 
-/// The in-process fan-out of committed inventory changes.
-#[derive(Clone)]
-pub struct LiveStock {
-    sender: broadcast::Sender<InventoryRow>,
-    watched: Arc<Watched>,
+/// One committed inventory change as the listener heard it.
+#[derive(Debug, Clone)]
+enum Heard {
+    /// The row as committed.
+    Row(InventoryRow),
+    /// The inventory with this id changed in a way its row does not show
+    /// (a checkout moved units from `reserved` to `committed`): read it afresh.
+    Moved(Uuid),
 }
 
-impl Default for LiveStock {
+/// The in-process fan-out of committed inventory and order changes.
+#[derive(Clone)]
+pub struct Live {
+    /// Inventory changes.
+    stock: broadcast::Sender<Heard>,
+    /// Order changes, as orders.
+    orders: broadcast::Sender<Order>,
+    /// The inventories this process watches.
+    watched_inventories: Arc<Watched>,
+    /// The orders this process watches.
+    watched_orders: Arc<Watched>,
+}
+
+impl Default for Live {
     fn default() -> Self {
-        Self { sender: broadcast::channel(BUFFER).0, watched: Arc::new(Watched::new()) }
+        let process = Uuid::new_v4();
+        Self {
+            stock: broadcast::channel(BUFFER).0,
+            orders: broadcast::channel(BUFFER).0,
+            watched_inventories: Arc::new(Watched::new(process, &INVENTORIES)),
+            watched_orders: Arc::new(Watched::new(process, &ORDERS)),
+        }
     }
 }
 
@@ -65,21 +107,21 @@ pub enum WatchError {
     Db(#[from] DbErr),
 }
 
-impl LiveStock {
+impl Live {
     /// Listens on one connection until `stop` turns true, re-connecting after
     /// failures, and broadcasts every announcement.
     pub fn spawn_listener(&self, db: DatabaseConnection, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
-        let (sender, watched) = (self.sender.clone(), self.watched.clone());
+        let live = self.clone();
         tokio::spawn(async move {
             let mut reconnect = false;
             loop {
                 let listened = tokio::select! {
-                    result = listen(&db, &sender, &watched, reconnect) => result,
+                    result = live.listen(&db, reconnect) => result,
                     _ = stop.changed() => return,
                 };
                 reconnect = true;
                 if let Err(err) = listened {
-                    tracing::warn!(error = %err, "live stock listener lost its connection; reconnecting");
+                    tracing::warn!(error = %err, "the live listener lost its connection; reconnecting");
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
@@ -101,176 +143,273 @@ impl LiveStock {
         }
         // Subscribe before the watcher row exists, so nothing announced
         // after the row commits can be missed.
-        let receiver = self.sender.subscribe();
-        let watcher = self.watched.register(&db, id).await?;
+        let receiver = self.stock.subscribe();
+        let watcher = self.watched_inventories.register(&db, id).await?;
         let changes = futures::stream::unfold((receiver, watcher), move |(mut receiver, watcher)| {
             let db = db.clone();
             async move {
                 loop {
-                    match receiver.recv().await {
-                        Ok(row) if row.id == id => return Some((row, (receiver, watcher))),
-                        Ok(_) => {}
+                    let fresh = match receiver.recv().await {
+                        Ok(Heard::Row(row)) if row.id == id => return Some((row, (receiver, watcher))),
+                        Ok(Heard::Moved(moved)) if moved == id => true,
+                        Ok(_) => false,
                         // Fell behind: skip to the latest committed row.
                         Err(broadcast::error::RecvError::Lagged(skipped)) => {
                             tracing::debug!(skipped, %id, "slow subscriber skipped ahead");
-                            if let Ok(Some(row)) = inventory_store::find(&db, id).await {
-                                return Some((row, (receiver, watcher)));
-                            }
+                            true
                         }
                         Err(broadcast::error::RecvError::Closed) => return None,
+                    };
+                    if fresh && let Ok(Some(row)) = inventory_store::find(&db, id).await {
+                        return Some((row, (receiver, watcher)));
                     }
                 }
             }
         });
         Ok(changes.boxed())
     }
-}
 
-async fn listen(
-    db: &DatabaseConnection,
-    sender: &broadcast::Sender<InventoryRow>,
-    watched: &Watched,
-    reconnect: bool,
-) -> Result<(), sea_orm::sqlx::Error> {
-    let mut listener = PgListener::connect_with(db.get_postgres_connection_pool()).await?;
-    // Asked before LISTEN, so that the connection's last statement (what
-    // `pg_stat_activity` shows) stays the LISTEN.
-    let pid: i32 = sea_orm::sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut listener).await?;
-    listener.listen(CHANNEL).await?;
-    match watched.listening_on(db, pid).await {
-        // Changes committed while no one listened were not announced: after a
-        // reconnect, send every watched inventory's current row once, so
-        // subscribers catch up.
-        Ok(rows) if reconnect => rows.into_iter().for_each(|row| drop(sender.send(row))),
-        Ok(_) => {}
-        Err(err) => tracing::warn!(error = %err, "could not register the watched inventories with the new listener"),
+    /// The committed states of `order` (as the caller was shown it) from
+    /// now on, each once, in commit order; the stream ends after a final
+    /// state (CANCELLED, FULFILLED), and at once for an order already final.
+    /// Who may watch is the caller's decision.
+    pub async fn watch_order(&self, db: DatabaseConnection, order: &Order) -> Result<BoxStream<'static, Order>, DbErr> {
+        if is_final(order) {
+            return Ok(futures::stream::empty().boxed());
+        }
+        let id = order.id;
+        let receiver = self.orders.subscribe();
+        let watcher = self.watched_orders.register(&db, id).await?;
+        // A change committed after the caller read the order but before the
+        // watcher row committed was not announced: read it again now.
+        let missed = order_store::find(&db, id).await?.filter(|latest| latest.version > order.version);
+        let state = (receiver, watcher, order.version, missed, false);
+        let changes = futures::stream::unfold(state, move |(mut receiver, watcher, mut seen, mut missed, done)| {
+            let db = db.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    let latest = match missed.take() {
+                        Some(order) => order,
+                        None => match receiver.recv().await {
+                            Ok(order) if order.id == id => order,
+                            Ok(_) => continue,
+                            Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                                tracing::debug!(skipped, %id, "slow order subscriber skipped ahead");
+                                match order_store::find(&db, id).await {
+                                    Ok(Some(order)) => order,
+                                    _ => continue,
+                                }
+                            }
+                            Err(broadcast::error::RecvError::Closed) => return None,
+                        },
+                    };
+                    // A state read afresh may come again as its announcement.
+                    if latest.version <= seen {
+                        continue;
+                    }
+                    seen = latest.version;
+                    let done = is_final(&latest);
+                    return Some((latest, (receiver, watcher, seen, None, done)));
+                }
+            }
+        });
+        Ok(changes.boxed())
     }
-    loop {
-        // `None`: the connection was lost; announcements may have been missed
-        // while it was, so start over with a fresh LISTEN.
-        let Some(notification) = listener.try_recv().await? else {
-            return Err(sea_orm::sqlx::Error::Protocol("the listening connection closed".into()));
+
+    /// One listening connection: LISTEN on every channel, register the
+    /// watched rows with it, then broadcast until the connection is lost.
+    async fn listen(&self, db: &DatabaseConnection, reconnect: bool) -> Result<(), sea_orm::sqlx::Error> {
+        let mut listener = PgListener::connect_with(db.get_postgres_connection_pool()).await?;
+        // Asked before LISTEN, so that the connection's last statement (what
+        // `pg_stat_activity` shows) stays the LISTEN.
+        let pid: i32 = sea_orm::sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut listener).await?;
+        listener.listen_all([INVENTORY_CHANGED, INVENTORY_STATES_CHANGED, ORDER_CHANGED]).await?;
+        let registered = async {
+            let inventories = self.watched_inventories.listening_on(db, pid).await?;
+            let orders = self.watched_orders.listening_on(db, pid).await?;
+            // Changes committed while no one listened were not announced:
+            // after a reconnect, send every watched row's current state once,
+            // so subscribers catch up.
+            if reconnect {
+                inventory_store::find_many(db, inventories).await?.into_iter().for_each(|row| {
+                    drop(self.stock.send(Heard::Row(row)));
+                });
+                order_store::find_many(db, &orders).await?.into_iter().for_each(|order| drop(self.orders.send(order)));
+            }
+            Ok::<_, DbErr>(())
         };
-        // The trigger sends the row as committed, one key per column.
-        match serde_json::from_str::<InventoryRow>(notification.payload()) {
+        if let Err(err) = registered.await {
+            tracing::warn!(error = %err, "could not register the watched rows with the new listener");
+        }
+        loop {
+            // `None`: the connection was lost; announcements may have been missed
+            // while it was, so start over with a fresh LISTEN.
+            let Some(notification) = listener.try_recv().await? else {
+                return Err(sea_orm::sqlx::Error::Protocol("the listening connection closed".into()));
+            };
             // No receivers is fine: nobody in this process is watching.
-            Ok(row) => drop(sender.send(row)),
-            Err(err) => tracing::warn!(error = %err, "unreadable inventory announcement"),
+            let payload = notification.payload();
+            match notification.channel() {
+                // The trigger sends the row as committed, one key per column.
+                INVENTORY_CHANGED => match serde_json::from_str::<InventoryRow>(payload) {
+                    Ok(row) => drop(self.stock.send(Heard::Row(row))),
+                    Err(err) => tracing::warn!(error = %err, "unreadable inventory announcement"),
+                },
+                INVENTORY_STATES_CHANGED => match payload.parse::<Uuid>() {
+                    Ok(id) => drop(self.stock.send(Heard::Moved(id))),
+                    Err(err) => tracing::warn!(error = %err, "unreadable inventory states announcement"),
+                },
+                ORDER_CHANGED => match serde_json::from_str::<OrderRow>(payload).map(Order::reconstitute) {
+                    Ok(Ok(order)) => drop(self.orders.send(order)),
+                    Ok(Err(err)) => tracing::warn!(error = %err, "an announced order breaks the order rules"),
+                    Err(err) => tracing::warn!(error = %err, "unreadable order announcement"),
+                },
+                channel => tracing::warn!(channel, "an announcement on a channel nobody listens to"),
+            }
         }
     }
 }
 
-/// The inventories this process watches, and their rows in
-/// `inventory_watchers`: one row per (process, inventory) however many
+/// Whether `order` can no longer change.
+fn is_final(order: &Order) -> bool {
+    matches!(order.status(), OrderStatus::Cancelled | OrderStatus::Fulfilled)
+}
+
+/// What is watched: the table of watcher rows and its key column.
+struct Kind {
+    /// `inventory_watchers` or `order_watchers`.
+    table: &'static str,
+    /// The watched row's id column in it.
+    key: &'static str,
+}
+
+/// Watched inventories.
+const INVENTORIES: Kind = Kind { table: "inventory_watchers", key: "inventory_id" };
+
+/// Watched orders.
+const ORDERS: Kind = Kind { table: "order_watchers", key: "order_id" };
+
+/// The rows of one kind this process watches, and their rows in the
+/// kind's watcher table: one row per (process, watched row) however many
 /// subscriptions share it, carrying the backend pid of this process's
 /// listening connection, so that rows of a process that died (whose
 /// listener is gone from `pg_stat_activity`) are found and removed by the
 /// next process that starts listening.
 struct Watched {
-    /// This process in `inventory_watchers`.
+    /// This process in the watcher tables.
     process: Uuid,
-    /// Subscriptions per watched inventory. A tokio mutex, held across the
-    /// statement that adds or removes a row, so that a row is never removed
-    /// while a subscription that needs it is starting.
+    /// What is watched.
+    kind: &'static Kind,
+    /// Subscriptions per watched row. A tokio mutex, held across the
+    /// statement that adds or removes a watcher row, so that a watcher row is
+    /// never removed while a subscription that needs it is starting.
     counts: Mutex<HashMap<Uuid, usize>>,
     /// The backend pid of the current listening connection (0 before the first).
     listener_pid: AtomicI32,
 }
 
 impl Watched {
-    fn new() -> Self {
-        Self { process: Uuid::new_v4(), counts: Mutex::default(), listener_pid: AtomicI32::new(0) }
+    fn new(process: Uuid, kind: &'static Kind) -> Self {
+        Self { process, kind, counts: Mutex::default(), listener_pid: AtomicI32::new(0) }
     }
 
-    /// One more subscription of `inventory_id`; its row is written by the first.
-    async fn register(self: &Arc<Self>, db: &DatabaseConnection, inventory_id: Uuid) -> Result<Watcher, DbErr> {
+    /// One more subscription of `id`; its watcher row is written by the first.
+    async fn register(self: &Arc<Self>, db: &DatabaseConnection, id: Uuid) -> Result<Watcher, DbErr> {
         let mut counts = self.counts.lock().await;
-        let count = counts.entry(inventory_id).or_default();
+        let count = counts.entry(id).or_default();
         if *count == 0 {
+            let Kind { table, key } = self.kind;
             let written = db
                 .execute_raw(Statement::from_sql_and_values(
                     DbBackend::Postgres,
-                    "INSERT INTO inventory_watchers (process_id, inventory_id, listener_pid) VALUES ($1, $2, $3) \
-                     ON CONFLICT DO NOTHING",
-                    [self.process.into(), inventory_id.into(), self.listener_pid.load(Ordering::Acquire).into()],
+                    format!(
+                        "INSERT INTO {table} (process_id, {key}, listener_pid) VALUES ($1, $2, $3) \
+                         ON CONFLICT DO NOTHING"
+                    ),
+                    [self.process.into(), id.into(), self.listener_pid.load(Ordering::Acquire).into()],
                 ))
                 .await;
             if let Err(err) = written {
-                counts.remove(&inventory_id);
+                counts.remove(&id);
                 return Err(err);
             }
         }
         *count += 1;
-        Ok(Watcher { watched: self.clone(), db: db.clone(), inventory_id })
+        Ok(Watcher { watched: self.clone(), db: db.clone(), id })
     }
 
-    /// One subscription fewer; the last one removes the row.
-    async fn unregister(&self, db: &DatabaseConnection, inventory_id: Uuid) {
+    /// One subscription fewer; the last one removes the watcher row.
+    async fn unregister(&self, db: &DatabaseConnection, id: Uuid) {
         let mut counts = self.counts.lock().await;
-        let Some(count) = counts.get_mut(&inventory_id) else { return };
+        let Some(count) = counts.get_mut(&id) else { return };
         *count -= 1;
         if *count > 0 {
             return;
         }
-        counts.remove(&inventory_id);
+        counts.remove(&id);
+        let Kind { table, key } = self.kind;
         let removed = db
             .execute_raw(Statement::from_sql_and_values(
                 DbBackend::Postgres,
-                "DELETE FROM inventory_watchers WHERE process_id = $1 AND inventory_id = $2",
-                [self.process.into(), inventory_id.into()],
+                format!("DELETE FROM {table} WHERE process_id = $1 AND {key} = $2"),
+                [self.process.into(), id.into()],
             ))
             .await;
         if let Err(err) = removed {
-            tracing::debug!(error = %err, "could not remove an inventory watcher");
+            tracing::debug!(error = %err, table, "could not remove a watcher");
         }
     }
 
     /// A new listening connection (backend `pid`) has started: removes the
-    /// rows of processes whose listener is gone, writes this process's rows
-    /// afresh (a failover's new primary has none: the table is unlogged),
-    /// and returns the current rows of the inventories this process watches.
-    async fn listening_on(&self, db: &DatabaseConnection, pid: i32) -> Result<Vec<InventoryRow>, DbErr> {
+    /// watcher rows of processes whose listener is gone, writes this
+    /// process's rows afresh (a failover's new primary has none: the tables
+    /// are unlogged), and returns the ids this process watches.
+    async fn listening_on(&self, db: &DatabaseConnection, pid: i32) -> Result<Vec<Uuid>, DbErr> {
         let counts = self.counts.lock().await;
         self.listener_pid.store(pid, Ordering::Release);
         let ids: Vec<Uuid> = counts.keys().copied().collect();
         // One statement, so the rows of this process are never half replaced.
         // (Its parts see one snapshot, so a row is updated in place rather
         // than deleted and inserted again.)
-        const SQL: &str = r#"
+        let Kind { table, key } = self.kind;
+        let sql = format!(
+            r#"
 WITH stale AS (
-    DELETE FROM inventory_watchers
-     WHERE (process_id = $1 AND inventory_id <> ALL ($3))
+    DELETE FROM {table}
+     WHERE (process_id = $1 AND {key} <> ALL ($3))
         OR (process_id <> $1 AND listener_pid <> ALL (SELECT pid FROM pg_stat_activity))
-), fresh AS (
-    INSERT INTO inventory_watchers (process_id, inventory_id, listener_pid)
-    SELECT $1, inventory_id, $2 FROM unnest($3::uuid[]) AS w(inventory_id)
-        ON CONFLICT (process_id, inventory_id) DO UPDATE SET listener_pid = excluded.listener_pid
 )
-SELECT id, sku, name, stock, version, created_at, updated_at FROM inventories WHERE id = ANY($3)"#;
-        InventoryRow::find_by_statement(Statement::from_sql_and_values(
+INSERT INTO {table} (process_id, {key}, listener_pid)
+SELECT $1, id, $2 FROM unnest($3::uuid[]) AS w(id)
+    ON CONFLICT (process_id, {key}) DO UPDATE SET listener_pid = excluded.listener_pid"#
+        );
+        db.execute_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
-            SQL,
-            [self.process.into(), pid.into(), ids.into()],
+            sql,
+            [self.process.into(), pid.into(), ids.clone().into()],
         ))
-        .all(db)
-        .await
+        .await?;
+        Ok(ids)
     }
 }
 
-/// One subscription's hold on its inventory's watcher row.
+/// One subscription's hold on its watcher row.
 struct Watcher {
     watched: Arc<Watched>,
     db: DatabaseConnection,
-    inventory_id: Uuid,
+    id: Uuid,
 }
 
 impl Drop for Watcher {
     fn drop(&mut self) {
-        let (watched, db, inventory_id) = (self.watched.clone(), self.db.clone(), self.inventory_id);
+        let (watched, db, id) = (self.watched.clone(), self.db.clone(), self.id);
         // Without a runtime (the process is ending) the row stays: the next
         // process to listen removes it.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { watched.unregister(&db, inventory_id).await });
+            runtime.spawn(async move { watched.unregister(&db, id).await });
         }
     }
 }

@@ -15,9 +15,9 @@ use crate::{
     config::Limits,
     documents, gateway,
     inventory::graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
-    live::LiveStock,
+    live::Live,
     node::NodeQuery,
-    orders::graphql::{OrderMutation, OrderQuery},
+    orders::graphql::{OrderMutation, OrderQuery, OrderSubscription},
     reservations::{
         graphql::{ReservationMutation, ReservationQuery},
         service::ReservationService,
@@ -35,7 +35,7 @@ pub struct Mutation(InventoryMutation, ReservationMutation, OrderMutation);
 
 /// The root subscription type.
 #[derive(MergedSubscription, Default)]
-pub struct Subscription(InventorySubscription);
+pub struct Subscription(InventorySubscription, OrderSubscription);
 
 /// The schema Stockguard serves.
 pub type AppSchema = Schema<Query, Mutation, Subscription>;
@@ -51,7 +51,7 @@ fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, Sub
 
 /// The schema over `state` and the features' runtime state, with the
 /// configured depth and complexity limits.
-pub fn build(state: AppState, reservations: ReservationService, live: LiveStock) -> AppSchema {
+pub fn build(state: AppState, reservations: ReservationService, live: Live) -> AppSchema {
     let limits = state.limits.clone();
     builder(&limits)
         .data(state)

@@ -1,6 +1,6 @@
 //! The composition root: the one module that knows every feature's runtime
 //! parts and wires them together. It builds the reservation service (with
-//! its coalescer) and live stock once per process, hands them to the schema
+//! its coalescer) and the live feeds once per process, hands them to the schema
 //! as data, starts the background work (the sweeper, the live-stock
 //! listener), and makes each request's DataLoaders. Features never import
 //! it, and the shared state (`app.rs`) knows no feature.
@@ -15,8 +15,8 @@ use tokio::{
 
 use crate::{
     app::AppState,
-    inventory::loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader},
-    live::LiveStock,
+    inventory::loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
+    live::Live,
     orders::loader::{OrderLinesLoader, OrderLoader},
     reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
     schema::{self, AppSchema},
@@ -29,8 +29,8 @@ pub struct Server {
     state: AppState,
     /// Reservations, with the coalescer of hot items.
     reservations: ReservationService,
-    /// Committed inventory changes, for subscriptions.
-    live: LiveStock,
+    /// Committed inventory and order changes, for subscriptions.
+    live: Live,
     /// One permit per GraphQL operation in flight in this process (the
     /// gateway takes them, HTTP and websocket alike).
     in_flight: Arc<Semaphore>,
@@ -41,7 +41,7 @@ impl Server {
     pub fn new(state: AppState) -> Self {
         let reservations = ReservationService::new(&state);
         let in_flight = Arc::new(Semaphore::new(state.limits.max_in_flight.max(1)));
-        Self { state, reservations, live: LiveStock::default(), in_flight }
+        Self { state, reservations, live: Live::default(), in_flight }
     }
 
     /// The permits of the in-flight limit.
@@ -66,7 +66,7 @@ impl Server {
     }
 
     /// Starts the background work of a server process: the sweeper and the
-    /// live-stock listener.
+    /// live listener.
     pub fn spawn_workers(&self) -> Workers {
         let (stop, stopped) = watch::channel(false);
         let limits = &self.state.limits;
@@ -88,6 +88,7 @@ pub fn request_data(state: &AppState, request: Request) -> Request {
     request
         .data(DataLoader::new(InventoryLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(InventoryBySkuLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(StockStatesLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(ReservationLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLinesLoader { db: db.clone() }, tokio::spawn))

@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use crate::{
     measure::{Recorder, Stats, run_tasks},
-    scenarios::{ORDER_SUCCESSES, OrderContest, address, reserve_client},
+    scenarios::{CHECKOUT_SUCCESSES, CheckoutContest, ORDER_SUCCESSES, OrderContest, address, reserve_client},
     support::client::Gql,
 };
 
@@ -62,6 +62,25 @@ enum Scenario {
         /// How long.
         #[arg(long, default_value_t = 10)]
         seconds: u64,
+    },
+    /// Many customers checking out carts on a few hot inventories, each
+    /// cart submitted several times at once (see `CheckoutContest`).
+    Checkout {
+        /// Concurrent clients (customers).
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// How long.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// Hot inventories the carts hold.
+        #[arg(long, default_value_t = 4)]
+        inventories: usize,
+        /// Holds per cart.
+        #[arg(long, default_value_t = 3)]
+        lines: usize,
+        /// Checkouts sent at once per cart.
+        #[arg(long, default_value_t = 2)]
+        submits: usize,
     },
 }
 
@@ -105,6 +124,28 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
                 .map(|i| tokio::spawn(contest.clone().client(i, Recorder::new(Instant::now(), until), until)))
                 .collect();
             (tasks, &ORDER_SUCCESSES)
+        }
+        Scenario::Checkout { clients, seconds, inventories, lines, submits } => {
+            let gql = Arc::new(Gql::new(&args.url, clients * (submits + 1))?);
+            let mut hot = Vec::with_capacity(inventories);
+            for n in 0..inventories.max(1) {
+                let sku = format!("CHECKOUT-LOAD-{n}-{}", Uuid::new_v4().simple());
+                hot.push(gql.create_inventory(&operator, &sku, "checkout load", 1_000_000_000).await?);
+            }
+            let contest = Arc::new(CheckoutContest {
+                gql,
+                inventories: Arc::new(hot),
+                lines: lines.max(1),
+                submits: submits.max(1),
+            });
+            let until = Instant::now() + Duration::from_secs(seconds);
+            let mut tasks = Vec::with_capacity(clients);
+            for i in 0..clients {
+                let customer = token(&keys, &format!("load-cart-{i}"), Role::Customer)?;
+                let rec = Recorder::new(Instant::now(), until);
+                tasks.push(tokio::spawn(contest.clone().client(i, customer, rec, until)));
+            }
+            (tasks, &CHECKOUT_SUCCESSES)
         }
     };
     let recorder = run_tasks(tasks).await?;

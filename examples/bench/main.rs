@@ -34,6 +34,7 @@
 //! STOCKGUARD_JWT_SECRET=load cargo run --release &
 //! cargo run --release --example bench -- load --secret load reserve --clients 64 --total 10000
 //! cargo run --release --example bench -- load --secret load order --clients 64 --seconds 10
+//! cargo run --release --example bench -- load --secret load checkout --clients 32 --seconds 10
 //! ```
 //!
 //! The code: `measure.rs` (what was used and recorded, the statistics),

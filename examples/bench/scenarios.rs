@@ -1,6 +1,6 @@
 //! The workloads: what each client does in a loop (the hot or spread
 //! `reserve`, `reserve` at an expected version with retries, one contested
-//! order), the raw-SQL side of a reserve cell, and the benchmark's runs of
+//! order, contested checkouts of carts), the raw-SQL side of a reserve cell, and the benchmark's runs of
 //! them against its own server and database. The load tool (`load.rs`) runs
 //! the same client loops against a server that is already running.
 
@@ -33,7 +33,10 @@ use crate::{
     support::{
         ServerProcess,
         client::{Gql, Outcome},
-        documents::{CANCEL, CHANGE_ADDRESS, CONFIRM, INVENTORY_VERSION, ORDER_VERSION, RESERVE_TYPENAME},
+        documents::{
+            CANCEL, CHANGE_ADDRESS, CHECKOUT, CONFIRM, INVENTORY_VERSION, ORDER_VERSION, RELEASE, RESERVE,
+            RESERVE_TYPENAME,
+        },
     },
 };
 
@@ -153,10 +156,7 @@ impl OrderContest {
             {
                 extra.conflicts = 1;
             }
-            let named = match outcome {
-                Outcome::Ok(name, data) => Outcome::Ok(format!("{op} → {name}"), data),
-                Outcome::Error(err) => Outcome::Error(format!("{op} → {err}")),
-            };
+            let named = named(op, outcome);
             let finished =
                 matches!(&named, Outcome::Ok(n, _) if n.ends_with("OrderConfirmed") || n.ends_with("OrderCancelled"));
             rec.record(start, &named, extra);
@@ -169,6 +169,110 @@ impl OrderContest {
             }
         }
         Ok(rec)
+    }
+}
+
+/// One client of contested checkouts: it fills a cart with `lines` holds of
+/// one unit on a few hot inventories, then submits its checkout `submits`
+/// times at once (a double submit, no idempotency key); every 10th cart its
+/// owner also releases the last line at the same moment. Exactly one submit
+/// may place the order; the others must be refused as ORDERED (or, when the
+/// release won, every submit as RELEASED).
+pub struct CheckoutContest {
+    /// The client.
+    pub gql: Arc<Gql>,
+    /// What the carts hold.
+    pub inventories: Arc<Vec<Uuid>>,
+    /// Holds per cart.
+    pub lines: usize,
+    /// Checkouts sent at once per cart.
+    pub submits: usize,
+}
+
+/// The outcome that counts as a success in contested checkouts: a placed order.
+pub const CHECKOUT_SUCCESSES: [&str; 1] = ["checkout → OrderPlaced"];
+
+impl CheckoutContest {
+    /// Client `i`'s loop, as customer `token`, until `until`.
+    pub async fn client(
+        self: Arc<Self>,
+        i: usize,
+        token: String,
+        mut rec: Recorder,
+        until: Instant,
+    ) -> anyhow::Result<Recorder> {
+        let mut rng = Rng::new(i as u64 + 1);
+        let mut n = 0usize;
+        while Instant::now() < until {
+            n += 1;
+            let mut cart = Vec::with_capacity(self.lines);
+            for _ in 0..self.lines {
+                let inventory = self.inventories[rng.below(self.inventories.len())];
+                let start = Instant::now();
+                let outcome =
+                    self.gql.call(&token, RESERVE, json!({ "i": { "inventoryId": inventory } }), "reserve").await;
+                if let Outcome::Ok(name, data) = &outcome
+                    && name == "Reserved"
+                {
+                    cart.push(data["reservation"]["id"].clone());
+                }
+                rec.record(start, &named("reserve", outcome), ONE_REQUEST);
+            }
+            if cart.is_empty() {
+                continue;
+            }
+            let input =
+                json!({ "i": { "reservationIds": cart, "shippingAddress": address(&format!("cart {i} #{n}")) } });
+            let checkouts = (0..self.submits).map(|_| async {
+                let start = Instant::now();
+                (start, self.gql.call(&token, CHECKOUT, input.clone(), "checkout").await)
+            });
+            let release = async {
+                if !n.is_multiple_of(10) {
+                    return None;
+                }
+                let start = Instant::now();
+                let id = cart.last().cloned().unwrap_or(Value::Null);
+                Some((start, self.gql.call(&token, RELEASE, json!({ "id": id }), "releaseReservation").await))
+            };
+            let (answers, released) = tokio::join!(futures::future::join_all(checkouts), release);
+            let placed =
+                answers.iter().filter(|(_, o)| matches!(o, Outcome::Ok(name, _) if name == "OrderPlaced")).count();
+            for (start, outcome) in answers {
+                let outcome = match outcome {
+                    Outcome::Ok(name, data) if name == "ReservationsUnavailable" => {
+                        let mut reasons: Vec<&str> = data["reservations"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|r| r["reason"].as_str())
+                            .collect();
+                        reasons.sort_unstable();
+                        reasons.dedup();
+                        Outcome::Ok(format!("{name} {}", reasons.join("+")), data.clone())
+                    }
+                    outcome => outcome,
+                };
+                let extra = Extra {
+                    conflicts: u64::from(placed > 0 && !matches!(&outcome, Outcome::Ok(n, _) if n == "OrderPlaced")),
+                    ..ONE_REQUEST
+                };
+                rec.record(start, &named("checkout", outcome), extra);
+            }
+            if let Some((start, outcome)) = released {
+                rec.record(start, &named("releaseReservation", outcome), ONE_REQUEST);
+            }
+            anyhow::ensure!(placed <= 1, "one cart placed {placed} orders");
+        }
+        Ok(rec)
+    }
+}
+
+/// `outcome` named after the operation `op` (`"checkout → OrderPlaced"`).
+fn named(op: &str, outcome: Outcome) -> Outcome {
+    match outcome {
+        Outcome::Ok(name, data) => Outcome::Ok(format!("{op} → {name}"), data),
+        Outcome::Error(err) => Outcome::Error(format!("{op} → {err}")),
     }
 }
 

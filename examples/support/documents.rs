@@ -36,3 +36,7 @@ pub const CHANGE_ADDRESS: &str = r#"mutation($i: ChangeShippingAddressInput!) { 
   __typename
   ... on ShippingAddressChanged { order { version } }
   ... on OrderVersionConflict { current { version } } } }"#;
+
+pub const CHECKOUT: &str = r#"mutation($i: CheckoutInput!) { checkout(input: $i) { __typename
+  ... on OrderPlaced { order { id } }
+  ... on ReservationsUnavailable { reservations { reason } } } }"#;

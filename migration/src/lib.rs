@@ -16,6 +16,9 @@ mod m20261130_140000_create_inventory_tables;
 mod m20261130_150000_create_orders;
 mod m20261130_160000_create_live_stock;
 mod m20261201_090000_tie_watchers_to_processes;
+mod m20261202_090000_add_checkout_and_fulfilment;
+mod m20261202_091000_create_idempotency_keys;
+mod m20261202_092000_announce_orders_and_checkouts;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -28,6 +31,9 @@ impl MigratorTrait for Migrator {
             Box::new(m20261130_150000_create_orders::Migration),
             Box::new(m20261130_160000_create_live_stock::Migration),
             Box::new(m20261201_090000_tie_watchers_to_processes::Migration),
+            Box::new(m20261202_090000_add_checkout_and_fulfilment::Migration),
+            Box::new(m20261202_091000_create_idempotency_keys::Migration),
+            Box::new(m20261202_092000_announce_orders_and_checkouts::Migration),
         ]
     }
 }

@@ -10,16 +10,16 @@ use uuid::Uuid;
 
 use super::{
     InventoryRow,
-    loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader},
+    loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
     movements::{self, MovementReason},
     service::{self, RestockOutcome},
-    store,
+    store::{self, StockStates},
 };
 use crate::{
     app::state,
     auth,
     error::{AppError, GqlResult, IntoGql},
-    live::{LiveStock, WatchError},
+    live::{Live, WatchError},
     node,
     pagination::{Connection, Cursor, Page, VersionCursor, connection},
     telemetry, validate,
@@ -32,7 +32,9 @@ const MAX_STOCK_CHANGE: i32 = 1_000_000_000;
 pub struct Inventory(pub InventoryRow);
 
 /// A stocked item. `version` grows by exactly 1 for every change of the row:
-/// each reservation, release, expiry and restock counts as one.
+/// each reservation, release, expiry, restock, change of a held quantity and
+/// fulfilled order line counts as one (a checkout moves no stock and counts
+/// as none).
 #[Object]
 impl Inventory {
     /// The inventory's id.
@@ -85,6 +87,49 @@ impl Inventory {
         let rows = movements::page(&app.db, self.0.id, page).await.gql()?;
         Ok(connection(page, rows, |row| VersionCursor(row.version_after), StockMovement))
     }
+
+    /// Units free to reserve: the same number as `stock`, read in one
+    /// snapshot with `reserved` and `committed` (batched per request).
+    async fn available(&self, ctx: &Context<'_>) -> GqlResult<i32> {
+        units(self.states(ctx).await?.available)
+    }
+
+    /// Units held by ACTIVE reservations (carts). A reservation past its
+    /// `expiresAt` reads as EXPIRED at once, but its units count here until
+    /// the sweeper returns them to `available`: they are not free before.
+    async fn reserved(&self, ctx: &Context<'_>) -> GqlResult<i32> {
+        units(self.states(ctx).await?.reserved)
+    }
+
+    /// Units held by the lines of PENDING and CONFIRMED orders.
+    async fn committed(&self, ctx: &Context<'_>) -> GqlResult<i32> {
+        units(self.states(ctx).await?.committed)
+    }
+
+    /// Units in the warehouse: `available + reserved + committed`, from one
+    /// snapshot. Falls only when an order is fulfilled; grows with restocks.
+    async fn on_hand(&self, ctx: &Context<'_>) -> GqlResult<i32> {
+        units(self.states(ctx).await?.on_hand())
+    }
+}
+
+impl Inventory {
+    /// This inventory's stock states, through the request's DataLoader.
+    async fn states(&self, ctx: &Context<'_>) -> GqlResult<StockStates> {
+        let loader = ctx.data_unchecked::<DataLoader<StockStatesLoader>>();
+        let states = loader.load_one(self.0.id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
+        // The row was read, so it exists; it cannot be deleted.
+        states.ok_or_else(|| AppError::Internal.extend())
+    }
+}
+
+/// A count of units as a GraphQL `Int`. Sums of holds are wider than a
+/// row's stock; one past `i32::MAX` is a broken database, not a client's fault.
+fn units(n: i64) -> GqlResult<i32> {
+    i32::try_from(n).map_err(|_| {
+        tracing::error!(n, "a stock state does not fit in an Int");
+        AppError::Internal.extend()
+    })
 }
 
 /// A ledger row as the API shows it.
@@ -328,7 +373,7 @@ impl InventorySubscription {
     ) -> async_graphql::Result<BoxStream<'static, Inventory>> {
         // The schema that serves introspection alone has no live stock, and
         // runs no subscription.
-        let live = ctx.data::<LiveStock>().map_err(|_| AppError::Internal.extend())?;
+        let live = ctx.data::<Live>().map_err(|_| AppError::Internal.extend())?;
         let changes = live.watch(state(ctx).db.clone(), id).await.map_err(|err| match err {
             WatchError::NotFound => AppError::bad_input("id", "no inventory has this id").extend(),
             WatchError::Db(err) => AppError::from(err).extend(),

@@ -34,6 +34,13 @@ pub enum MovementReason {
     /// An order was cancelled and its line's stock returned.
     #[sea_orm(string_value = "ORDER_CANCELLED")]
     OrderCancelled,
+    /// An order line's units left the warehouse: `delta` is the change of
+    /// on-hand units (available stock does not move, `stockAfter` is unchanged).
+    #[sea_orm(string_value = "FULFILLED")]
+    Fulfilled,
+    /// A reservation's quantity was changed; `delta` is the change of available stock.
+    #[sea_orm(string_value = "QUANTITY_CHANGED")]
+    QuantityChanged,
 }
 
 /// One ledger row.

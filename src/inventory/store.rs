@@ -3,7 +3,10 @@
 //! so the ledger can never disagree with the row). `service.rs` decides what
 //! a result means.
 
-use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, FromQueryResult, QueryFilter};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
+    Statement, Value,
+};
 use uuid::Uuid;
 
 use super::entity::{Column, Entity, Model};
@@ -31,6 +34,51 @@ pub async fn find_by_skus(db: &DatabaseConnection, skus: &[String]) -> Result<Ve
 /// One page in `(created_at, id)` order, with one extra row when more follow.
 pub async fn page(db: &DatabaseConnection, page: Page) -> Result<Vec<Model>, DbErr> {
     pagination::keyset(Entity::find(), Column::CreatedAt, Column::Id, page).all(db).await
+}
+
+/// Where the units of one inventory are, read together by one statement
+/// (one snapshot), so they always add up to what the inventory holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromQueryResult)]
+pub struct StockStates {
+    /// The inventory.
+    pub inventory_id: Uuid,
+    /// Free to reserve: the `stock` column.
+    pub available: i64,
+    /// Held by ACTIVE reservations, including any past their expiry whose
+    /// stock the sweeper has not returned yet (those units are not
+    /// available until it has).
+    pub reserved: i64,
+    /// Held by ORDERED reservations: the lines of PENDING and CONFIRMED orders.
+    pub committed: i64,
+}
+
+impl StockStates {
+    /// Units in the warehouse: available, reserved and committed.
+    pub fn on_hand(&self) -> i64 {
+        self.available + self.reserved + self.committed
+    }
+}
+
+/// The stock states of these inventories (missing ones are left out), in
+/// one statement: the inventory rows and their holding reservations come
+/// from one snapshot. Only holding rows are summed (`reservations_held`),
+/// however many released and expired ones an inventory has had.
+pub async fn states(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<StockStates>, DbErr> {
+    const SQL: &str = r#"
+SELECT i.id AS inventory_id, i.stock::bigint AS available,
+       coalesce(h.reserved, 0)::bigint AS reserved, coalesce(h.committed, 0)::bigint AS committed
+  FROM inventories i
+  LEFT JOIN (
+    SELECT inventory_id,
+           sum(quantity) FILTER (WHERE status = 'ACTIVE') AS reserved,
+           sum(quantity) FILTER (WHERE status = 'ORDERED') AS committed
+      FROM reservations
+     WHERE status IN ('ACTIVE', 'ORDERED') AND inventory_id = ANY($1)
+     GROUP BY inventory_id
+  ) h ON h.inventory_id = i.id
+ WHERE i.id = ANY($1)"#;
+    let statement = Statement::from_sql_and_values(DbBackend::Postgres, SQL, [Value::from(ids.to_vec())]);
+    StockStates::find_by_statement(statement).all(db).await
 }
 
 /// Runs the creation of an inventory with its `CREATED` ledger entry; the row as created.

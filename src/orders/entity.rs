@@ -5,22 +5,27 @@ use chrono::{DateTime, Utc};
 use sea_orm::entity::prelude::*;
 
 /// Where an order is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum)]
+// It deserializes from the live-order trigger's JSON announcement of a row (`live.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum, serde::Deserialize)]
 #[sea_orm(rs_type = "String", db_type = "Text")]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OrderStatus {
     /// Placed; may be confirmed, cancelled or edited.
     #[sea_orm(string_value = "PENDING")]
     Pending,
-    /// Confirmed by an operator; final.
+    /// Confirmed by an operator; may be fulfilled, no longer cancelled.
     #[sea_orm(string_value = "CONFIRMED")]
     Confirmed,
     /// Cancelled; its stock went back. Final.
     #[sea_orm(string_value = "CANCELLED")]
     Cancelled,
+    /// Its units left the warehouse (operators). Final.
+    #[sea_orm(string_value = "FULFILLED")]
+    Fulfilled,
 }
 
-/// One order row.
-#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+/// One order row, as the table and the live-order trigger's JSON spell it.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Deserialize)]
 #[sea_orm(table_name = "orders")]
 pub struct Model {
     /// Primary key.
@@ -42,14 +47,18 @@ pub struct Model {
     pub ship_postal_code: String,
     /// Country.
     pub ship_country: String,
-    /// When it was confirmed (exactly when CONFIRMED).
+    /// When it was confirmed (exactly when CONFIRMED or FULFILLED).
     pub confirmed_at: Option<DateTime<Utc>>,
-    /// Who confirmed it (exactly when CONFIRMED).
+    /// Who confirmed it (exactly when CONFIRMED or FULFILLED).
     pub confirmed_by: Option<String>,
     /// Optimistic-lock version: 1 when placed, +1 with every save.
     pub version: i32,
     /// When it was placed.
     pub created_at: DateTime<Utc>,
+    /// When its units left the warehouse (exactly when FULFILLED).
+    pub fulfilled_at: Option<DateTime<Utc>>,
+    /// The operator who fulfilled it (exactly when FULFILLED).
+    pub fulfilled_by: Option<String>,
 }
 
 /// No relations are navigated through the ORM; joins are written where needed.

@@ -1,27 +1,33 @@
 //! GraphQL types and resolvers for orders.
 
 use async_graphql::{
-    Context, ErrorExtensions, ID, InputObject, Object, OutputType, SimpleObject, Union, dataloader::DataLoader,
+    Context, ErrorExtensions, ID, InputObject, Object, OutputType, SimpleObject, Subscription, Union,
+    dataloader::DataLoader,
 };
 use chrono::{DateTime, Utc};
+use futures::{StreamExt, stream::BoxStream};
 use uuid::Uuid;
 
 use super::{
     domain::{self, Order as OrderValue},
     entity::OrderStatus,
     loader::{OrderLinesLoader, OrderLoader},
-    service::{self, AddressOutcome, PlaceOutcome, Transition, TransitionOutcome},
+    service::{
+        self, AddressOutcome, CheckoutOutcome, PlaceOutcome, Transition, TransitionOutcome,
+        UnavailableReservationReason,
+    },
 };
 use crate::{
     app::state,
     auth::{self, User},
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Inventory, load as load_inventory},
+    live::Live,
     node,
     pagination::{Connection, Cursor, Page, connection},
     reservations::{
         ReservationRow,
-        graphql::{ItemsUnavailable, ReserveItemInput},
+        graphql::{ItemsUnavailable, Reservation, ReserveItemInput},
     },
     telemetry, validate,
 };
@@ -29,7 +35,7 @@ use crate::{
 /// An order as the API shows it.
 pub struct Order(pub OrderValue);
 
-/// An order: its lines hold stock until it is cancelled.
+/// An order: its lines hold stock until it is cancelled or fulfilled.
 #[Object]
 impl Order {
     /// The order's id.
@@ -64,12 +70,14 @@ impl Order {
         ShippingAddress::from(self.0.address())
     }
 
-    /// When it was confirmed; set exactly when CONFIRMED.
+    /// When it was confirmed; set exactly when CONFIRMED, and kept when it
+    /// is then FULFILLED.
     async fn confirmed_at(&self) -> Option<DateTime<Utc>> {
         self.0.confirmation().map(|c| c.at)
     }
 
-    /// The operator who confirmed it; set exactly when CONFIRMED.
+    /// The operator who confirmed it; set exactly when CONFIRMED, and kept
+    /// when it is then FULFILLED.
     async fn confirmed_by(&self) -> Option<&str> {
         self.0.confirmation().map(|c| c.by.as_str())
     }
@@ -83,6 +91,16 @@ impl Order {
     /// When it was placed.
     async fn created_at(&self) -> DateTime<Utc> {
         self.0.created_at
+    }
+
+    /// When its units left the warehouse; set exactly when FULFILLED.
+    async fn fulfilled_at(&self) -> Option<DateTime<Utc>> {
+        self.0.fulfilment().map(|f| f.at)
+    }
+
+    /// The operator who fulfilled it; set exactly when FULFILLED.
+    async fn fulfilled_by(&self) -> Option<&str> {
+        self.0.fulfilment().map(|f| f.by.as_str())
     }
 }
 
@@ -191,11 +209,53 @@ pub struct ChangeShippingAddressInput {
     pub shipping_address: ShippingAddressInput,
 }
 
-/// The order was placed: stock taken, lines ORDERED.
+/// The order was placed: stock taken (or, for a checkout, kept from the
+/// cart), lines ORDERED.
 #[derive(SimpleObject)]
 pub struct OrderPlaced {
-    /// The order.
+    /// The order (for a replayed idempotency key: the first one, as it is now).
     pub order: Order,
+}
+
+/// A cart to check out.
+#[derive(InputObject)]
+pub struct CheckoutInput {
+    /// The caller's ACTIVE reservations (at most 100; repeats count once).
+    /// Each becomes a line of the order with its quantity.
+    pub reservation_ids: Vec<Uuid>,
+    /// Where the order goes.
+    pub shipping_address: ShippingAddressInput,
+    /// Same key from the same user = same order, the cart checked out at
+    /// most once. One key space with `reserve`, `reserveMany` and `placeOrder`.
+    pub idempotency_key: Option<String>,
+}
+
+/// A reservation of the cart that cannot be checked out.
+#[derive(SimpleObject)]
+pub struct UnavailableReservation {
+    /// The reservation the request named.
+    pub reservation_id: Uuid,
+    /// Why it cannot be checked out.
+    pub reason: UnavailableReservationReason,
+    /// Its latest state; null when NOT_FOUND (unknown, or someone else's).
+    pub reservation: Option<Reservation>,
+}
+
+/// Nothing was written: every reservation of the cart that cannot be
+/// checked out, and why.
+#[derive(SimpleObject)]
+pub struct ReservationsUnavailable {
+    /// Only the failing ones.
+    pub reservations: Vec<UnavailableReservation>,
+}
+
+/// How a checkout ended.
+#[derive(Union)]
+pub enum CheckoutResult {
+    /// The order was placed; its lines are the cart's reservations.
+    OrderPlaced(OrderPlaced),
+    /// Nothing was written.
+    ReservationsUnavailable(ReservationsUnavailable),
 }
 
 /// How `placeOrder` ended.
@@ -228,9 +288,23 @@ pub struct OrderCannotBeConfirmed {
     pub order: Order,
 }
 
-/// The order is not PENDING (e.g. already confirmed); nothing changed.
+/// The order is not PENDING (e.g. already confirmed or fulfilled); nothing changed.
 #[derive(SimpleObject)]
 pub struct OrderCannotBeCancelled {
+    /// The order as it is.
+    pub order: Order,
+}
+
+/// The order's units left the warehouse.
+#[derive(SimpleObject)]
+pub struct OrderFulfilled {
+    /// The order, FULFILLED.
+    pub order: Order,
+}
+
+/// The order is not CONFIRMED (pending, cancelled or already fulfilled); nothing changed.
+#[derive(SimpleObject)]
+pub struct OrderCannotBeFulfilled {
     /// The order as it is.
     pub order: Order,
 }
@@ -278,12 +352,25 @@ pub enum CancelOrderResult {
     OrderModifiedConcurrently(OrderModifiedConcurrently),
 }
 
-/// A union that tells how a confirm or cancel ended: one member per
-/// [`TransitionOutcome`].
+/// How `fulfillOrder` ended.
+#[derive(Union)]
+pub enum FulfillOrderResult {
+    /// Fulfilled; the lines shipped.
+    OrderFulfilled(OrderFulfilled),
+    /// Not CONFIRMED.
+    OrderCannotBeFulfilled(OrderCannotBeFulfilled),
+    /// Not found.
+    OrderNotFound(OrderNotFound),
+    /// Retries or lock wait exhausted.
+    OrderModifiedConcurrently(OrderModifiedConcurrently),
+}
+
+/// A union that tells how a confirm, cancel or fulfilment ended: one member
+/// per [`TransitionOutcome`].
 trait TransitionResult: OutputType + From<OrderNotFound> + From<OrderModifiedConcurrently> {
     /// Done; the order as saved.
     fn done(order: Order) -> Self;
-    /// The order is not PENDING.
+    /// The order's status does not allow the change.
     fn not_allowed(order: Order) -> Self;
 
     /// The union member of `outcome` for order `id`.
@@ -319,7 +406,17 @@ impl TransitionResult for CancelOrderResult {
     }
 }
 
-/// Runs a confirm or cancel for `user` and answers with its union member,
+impl TransitionResult for FulfillOrderResult {
+    fn done(order: Order) -> Self {
+        Self::OrderFulfilled(OrderFulfilled { order })
+    }
+
+    fn not_allowed(order: Order) -> Self {
+        Self::OrderCannotBeFulfilled(OrderCannotBeFulfilled { order })
+    }
+}
+
+/// Runs a confirm, cancel or fulfilment for `user` and answers with its union member,
 /// counted under `field`.
 async fn transition<R: TransitionResult>(
     ctx: &Context<'_>,
@@ -507,5 +604,83 @@ impl OrderMutation {
                 }
             },
         ))
+    }
+
+    /// Checks out the caller's cart: its ACTIVE, unexpired reservations
+    /// become the lines of one new PENDING order, all or nothing, without
+    /// taking stock again (their units move from `reserved` to
+    /// `committed`). Any reservation that is unknown, someone else's,
+    /// expired (swept or not), released or already ordered writes nothing
+    /// and is listed with why.
+    async fn checkout(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The cart's reservations, the address and an optional idempotency key.")] input: CheckoutInput,
+    ) -> GqlResult<CheckoutResult> {
+        let user = auth::user(ctx).gql()?;
+        let app = state(ctx);
+        let cart = service::cart(&input.reservation_ids).gql()?;
+        let address = input.shipping_address.parse("input.shippingAddress").gql()?;
+        let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
+        let outcome = service::checkout(&app.db, &app.collisions, &user.id, &cart, address, key).await.gql()?;
+        Ok(telemetry::counted(
+            "checkout",
+            match outcome {
+                CheckoutOutcome::Placed(order) => CheckoutResult::OrderPlaced(OrderPlaced { order: Order(order) }),
+                CheckoutOutcome::ReservationsUnavailable(unavailable) => {
+                    CheckoutResult::ReservationsUnavailable(ReservationsUnavailable {
+                        reservations: unavailable
+                            .into_iter()
+                            .map(|u| UnavailableReservation {
+                                reservation_id: u.reservation_id,
+                                reason: u.reason,
+                                reservation: u.reservation.map(Reservation),
+                            })
+                            .collect(),
+                    })
+                }
+            },
+        ))
+    }
+
+    /// Records that a CONFIRMED order's units left the warehouse
+    /// (operators): it turns FULFILLED and its lines leave `committed` and
+    /// `onHand` (`available` does not move). Re-reads and retries a lost race.
+    async fn fulfill_order(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The CONFIRMED order.")] id: Uuid,
+    ) -> GqlResult<FulfillOrderResult> {
+        let user = auth::operator(ctx).gql()?;
+        transition(ctx, user, id, Transition::Fulfil, "fulfillOrder").await
+    }
+}
+
+/// Live orders; the owner or an operator.
+#[derive(Default)]
+pub struct OrderSubscription;
+
+#[Subscription]
+impl OrderSubscription {
+    /// Every committed change of one order from now on, in commit order
+    /// (graphql-transport-ws or graphql-ws at `/graphql/ws`); it completes
+    /// after the order is CANCELLED or FULFILLED (at once when it already
+    /// is). The owner's or, for operators, any order; for anyone else the
+    /// order reads as absent: an error, as for an unknown id.
+    async fn order_changed(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The order to follow.")] id: Uuid,
+    ) -> async_graphql::Result<BoxStream<'static, Order>> {
+        let user = auth::user(ctx).gql()?;
+        // The schema that serves introspection alone has no live feeds, and
+        // runs no subscription.
+        let live = ctx.data::<Live>().map_err(|_| AppError::Internal.extend())?;
+        let db = state(ctx).db.clone();
+        let Some(order) = super::store::find(&db, id).await.gql()?.filter(|order| user.may_see(&order.user_id)) else {
+            return Err(AppError::bad_input("id", "no order has this id").extend());
+        };
+        let changes = live.watch_order(db, &order).await.gql()?;
+        Ok(changes.map(Order).boxed())
     }
 }

@@ -1,9 +1,12 @@
-//! Order use cases: place, confirm, cancel, change the address.
+//! Order use cases: place, check out a cart, confirm, cancel, fulfil, change
+//! the address.
 //!
-//! Confirm and cancel depend only on the current state, so they re-read and
-//! retry the whole transaction (at most [`MAX_ATTEMPTS`], never inside an
-//! outer transaction). Changing the address is based on what a person saw, so
-//! it is never retried: a stale version is reported with the current order.
+//! Confirm, cancel and fulfil depend only on the current state, so they
+//! re-read and retry the whole transaction (at most [`MAX_ATTEMPTS`], never
+//! inside an outer transaction). Changing the address is based on what a
+//! person saw, so it is never retried: a stale version is reported with the
+//! current order. A checkout is one statement, re-run on collisions; when it
+//! wrote nothing, one read of the cart's latest rows says why.
 
 use chrono::Utc;
 use sea_orm::{DatabaseConnection, DbErr, TransactionTrait};
@@ -19,7 +22,11 @@ use crate::{
     db::{Attempted, Collisions, DbFailure, classify},
     error::AppError,
     idempotency::{self, Key},
-    reservations::multi_item::{self, Unavailable},
+    reservations::{
+        ReservationRow, ReservationStatus,
+        multi_item::{self, MAX_LINES, Unavailable},
+        store as reservation_store,
+    },
     stock::taking::{Line, Purpose},
     telemetry,
 };
@@ -89,6 +96,139 @@ async fn replay(db: &DatabaseConnection, user_id: &str, key: Option<&Key>) -> Re
     Ok(Some(store::find(db, order_id).await?.ok_or(AppError::Internal)?))
 }
 
+/// The reservations of a checkout as the request names them: sorted (the
+/// locking order) and without repeats, at least one and at most
+/// [`MAX_LINES`]; else `BAD_USER_INPUT`.
+pub fn cart(reservation_ids: &[Uuid]) -> Result<Vec<Uuid>, AppError> {
+    let mut ids = reservation_ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    match ids.len() {
+        0 => {
+            Err(AppError::bad_input("input.reservationIds", "input.reservationIds must name at least one reservation"))
+        }
+        n if n > MAX_LINES => {
+            Err(AppError::bad_input("input.reservationIds", format!("at most {MAX_LINES} reservations per checkout")))
+        }
+        _ => Ok(ids),
+    }
+}
+
+/// Why a reservation of a cart cannot be checked out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, async_graphql::Enum)]
+pub enum UnavailableReservationReason {
+    /// No such reservation, or someone else's.
+    NotFound,
+    /// Past its expiry, whether or not the sweeper has returned its stock yet.
+    Expired,
+    /// Given back.
+    Released,
+    /// Already a line of an order (this one's, another checkout's, or a fulfilled one's).
+    Ordered,
+}
+
+/// A reservation of a cart that cannot be checked out, with its latest state.
+#[derive(Debug, Clone)]
+pub struct UnavailableReservation {
+    /// The reservation the request named.
+    pub reservation_id: Uuid,
+    /// Why.
+    pub reason: UnavailableReservationReason,
+    /// The latest committed row (none when not found).
+    pub reservation: Option<ReservationRow>,
+}
+
+/// How a checkout ended.
+#[derive(Debug)]
+pub enum CheckoutOutcome {
+    /// The order and its lines exist (now, or from the first request with this key).
+    Placed(Order),
+    /// Nothing was written; the reservations that could not be checked out.
+    ReservationsUnavailable(Vec<UnavailableReservation>),
+}
+
+/// Checks out the caller's cart (`cart` made `reservation_ids`) into one new
+/// PENDING order, all or nothing, without moving stock (see
+/// [`store::checkout`]).
+pub async fn checkout(
+    db: &DatabaseConnection,
+    collisions: &Collisions,
+    user_id: &str,
+    reservation_ids: &[Uuid],
+    address: ShippingAddress,
+    idempotency_key: Option<String>,
+) -> Result<CheckoutOutcome, AppError> {
+    let key = idempotency_key.map(|key| Key::checkout(key, reservation_ids, &fingerprinted(&address)));
+    if let Some(order) = replay(db, user_id, key.as_ref()).await? {
+        return Ok(CheckoutOutcome::Placed(order));
+    }
+    let order = Order::place(Uuid::new_v4(), user_id.to_owned(), address, Utc::now());
+    let run = || store::checkout(db, &order, reservation_ids, key.as_ref());
+    let attempted = match collisions.run(reservation_ids[0], run).await {
+        Ok(attempted) => attempted,
+        // The key was claimed first by a request that has committed.
+        Err(err) if idempotency::is_taken(&err) => {
+            return replay(db, user_id, key.as_ref()).await?.map(CheckoutOutcome::Placed).ok_or(AppError::Internal);
+        }
+        Err(err) => return Err(err.into()),
+    };
+    if let Attempted::Done(lines) = &attempted
+        && !lines.is_empty()
+    {
+        if lines.len() != reservation_ids.len() {
+            tracing::error!(lines = lines.len(), asked = reservation_ids.len(), "a checkout wrote part of a cart");
+            return Err(AppError::Internal);
+        }
+        return Ok(CheckoutOutcome::Placed(order));
+    }
+    // Nothing written. A concurrent replay of this key that won must get the
+    // first order, not the lines it has just ordered reported as ORDERED.
+    if let Some(first) = replay(db, user_id, key.as_ref()).await? {
+        return Ok(CheckoutOutcome::Placed(first));
+    }
+    let unavailable = unavailable_reservations(db, user_id, reservation_ids).await?;
+    if !unavailable.is_empty() {
+        return Ok(CheckoutOutcome::ReservationsUnavailable(unavailable));
+    }
+    // Every line is available now, yet nothing was written: only collisions
+    // that ran out do that (a statement that ran judged every line as it
+    // committed, and no line becomes available again). The client may retry.
+    match attempted {
+        Attempted::Exhausted { attempts } => tracing::warn!(attempts, "checkout collisions exhausted"),
+        Attempted::Done(_) => tracing::error!("a checkout that ran wrote nothing, yet every line is available"),
+    }
+    Err(AppError::DatabaseUnavailable)
+}
+
+/// Every reservation of the cart that cannot be checked out now, with why,
+/// from one read of the latest rows.
+async fn unavailable_reservations(
+    db: &DatabaseConnection,
+    user_id: &str,
+    reservation_ids: &[Uuid],
+) -> Result<Vec<UnavailableReservation>, AppError> {
+    let rows = reservation_store::find_many(db, reservation_ids).await?;
+    let now = Utc::now();
+    Ok(reservation_ids
+        .iter()
+        .filter_map(|&reservation_id| {
+            // Someone else's reservation reads as absent, so ids do not leak.
+            let row = rows.iter().find(|row| row.id == reservation_id && row.user_id == user_id);
+            let reason = match row.map(|row| (row.status, row.expires_at)) {
+                None => UnavailableReservationReason::NotFound,
+                Some((ReservationStatus::Active, Some(at))) if at <= now => UnavailableReservationReason::Expired,
+                Some((ReservationStatus::Active, _)) => return None,
+                Some((ReservationStatus::Expired, _)) => UnavailableReservationReason::Expired,
+                Some((ReservationStatus::Released, _)) => UnavailableReservationReason::Released,
+                Some((ReservationStatus::Ordered | ReservationStatus::Fulfilled, _)) => {
+                    UnavailableReservationReason::Ordered
+                }
+            };
+            Some(UnavailableReservation { reservation_id, reason, reservation: row.cloned() })
+        })
+        .collect())
+}
+
 /// A change of status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
@@ -96,14 +236,17 @@ pub enum Transition {
     Confirm,
     /// PENDING → CANCELLED, stock back.
     Cancel,
+    /// CONFIRMED → FULFILLED (operators), the lines shipped.
+    Fulfil,
 }
 
-/// How a confirm or cancel ended.
+/// How a confirm, cancel or fulfilment ended.
 #[derive(Debug)]
 pub enum TransitionOutcome {
     /// Done; the order as saved.
     Done(Order),
-    /// The order is not PENDING any more; as it is now.
+    /// The order's status does not allow it (no longer PENDING; for a
+    /// fulfilment, not CONFIRMED); as it is now.
     NotAllowed(Order),
     /// No such order visible to the caller.
     NotFound,
@@ -114,7 +257,7 @@ pub enum TransitionOutcome {
     },
 }
 
-/// How one attempt of a confirm or cancel ended.
+/// How one attempt of a confirm, cancel or fulfilment ended.
 enum Attempt {
     /// With an outcome to report.
     Finished(TransitionOutcome),
@@ -122,7 +265,7 @@ enum Attempt {
     LostRace,
 }
 
-/// Confirms or cancels, re-reading and retrying on a lost race.
+/// Confirms, cancels or fulfils, re-reading and retrying on a lost race.
 pub async fn transition(
     db: &DatabaseConnection,
     limits: &Limits,
@@ -175,11 +318,12 @@ async fn attempt_transition(
         return Ok(Attempt::Finished(TransitionOutcome::NotFound));
     };
     let seen = order.version;
-    let applied = match transition {
-        Transition::Confirm => order.confirm(&user.id, Utc::now()),
-        Transition::Cancel => order.cancel(),
+    let allowed = match transition {
+        Transition::Confirm => order.confirm(&user.id, Utc::now()).is_ok(),
+        Transition::Cancel => order.cancel().is_ok(),
+        Transition::Fulfil => order.fulfil(&user.id, Utc::now()).is_ok(),
     };
-    if applied.is_err() {
+    if !allowed {
         return Ok(Attempt::Finished(TransitionOutcome::NotAllowed(order)));
     }
     // The order is saved first: whoever loses the race on the order row learns
@@ -187,8 +331,10 @@ async fn attempt_transition(
     if !store::save(&txn, &order, seen).await? {
         return Ok(Attempt::LostRace);
     }
-    if transition == Transition::Cancel {
-        store::return_stock(&txn, order.id).await?;
+    match transition {
+        Transition::Confirm => {}
+        Transition::Cancel => store::return_stock(&txn, order.id).await?,
+        Transition::Fulfil => store::ship(&txn, order.id).await?,
     }
     txn.commit().await?;
     order.version = seen + 1;

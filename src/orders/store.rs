@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sea_orm::{
     ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction,
-    DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter, Statement,
+    DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter, Statement, Value,
 };
 use uuid::Uuid;
 
@@ -15,9 +15,10 @@ use super::{
     entity::{ActiveModel, Column, Entity, Model, OrderStatus},
 };
 use crate::{
+    idempotency::Key,
     pagination::{self, Page},
     reservations::{ReservationRow, entity as reservations},
-    stock::returning,
+    stock::{self, returning, shipping},
 };
 
 /// A row that cannot be an order is a broken database, never the client's fault.
@@ -76,6 +77,8 @@ pub async fn insert(txn: &DatabaseTransaction, order: &Order) -> Result<(), DbEr
         confirmed_by: Set(None),
         version: Set(order.version),
         created_at: Set(order.created_at),
+        fulfilled_at: Set(None),
+        fulfilled_by: Set(None),
     }
     .insert(txn)
     .await?;
@@ -91,14 +94,15 @@ pub async fn save(db: &impl ConnectionTrait, order: &Order, seen: i32) -> Result
 UPDATE orders
    SET status = $3, ship_name = $4, ship_line1 = $5, ship_line2 = $6, ship_city = $7,
        ship_postal_code = $8, ship_country = $9, confirmed_at = $10, confirmed_by = $11,
-       version = version + 1
+       fulfilled_at = $12, fulfilled_by = $13, version = version + 1
  WHERE id = $1 AND version = $2"#;
     let address = order.address();
-    let confirmation = order.confirmation();
+    let (confirmation, fulfilment) = (order.confirmation(), order.fulfilment());
     let status = match order.status() {
         OrderStatus::Pending => "PENDING",
         OrderStatus::Confirmed => "CONFIRMED",
         OrderStatus::Cancelled => "CANCELLED",
+        OrderStatus::Fulfilled => "FULFILLED",
     };
     let result = db
         .execute_raw(Statement::from_sql_and_values(
@@ -116,6 +120,8 @@ UPDATE orders
                 address.country.clone().into(),
                 confirmation.map(|c| c.at).into(),
                 confirmation.map(|c| c.by.clone()).into(),
+                fulfilment.map(|f| f.at).into(),
+                fulfilment.map(|f| f.by.clone()).into(),
             ],
         ))
         .await?;
@@ -126,9 +132,85 @@ UPDATE orders
 /// turn RELEASED and each inventory and the ledger change in one statement,
 /// after its inventories are locked in id order (see `stock::returning`).
 pub async fn return_stock(txn: &DatabaseTransaction, order_id: Uuid) -> Result<(), DbErr> {
-    txn.execute_raw(returning::lock_order(order_id)).await?;
-    txn.execute_raw(returning::cancel_order(order_id)).await?;
+    move_lines(txn, order_id, returning::cancel_order(order_id)).await
+}
+
+/// Ships a fulfilled order's lines, in `txn`: they turn FULFILLED and each
+/// inventory and the ledger change in one statement, after its inventories
+/// are locked in id order (see `stock::shipping`).
+pub async fn ship(txn: &DatabaseTransaction, order_id: Uuid) -> Result<(), DbErr> {
+    move_lines(txn, order_id, shipping::fulfil_order(order_id)).await
+}
+
+/// Runs `statement`, which moves the order's lines, after locking their
+/// inventories in id order (`stock::lock_order`).
+async fn move_lines(txn: &DatabaseTransaction, order_id: Uuid, statement: Statement) -> Result<(), DbErr> {
+    txn.execute_raw(stock::lock_order(order_id)).await?;
+    txn.execute_raw(statement).await?;
     Ok(())
+}
+
+/// Checks out the caller's reservations `reservation_ids` (sorted, without
+/// repeats) into the new PENDING `order`, in one statement: the order row,
+/// every reservation turned ORDERED with the order's id and no expiry, and
+/// the claim of the idempotency key, all or nothing. No stock moves: the
+/// units were taken when the reservations were made. Returns the order's
+/// lines, or none when nothing was written.
+///
+/// This locks the listed reservations in id order for the statement
+/// (`lines`), so two checkouts of overlapping carts queue instead of
+/// deadlocking. Only rows that are the caller's, ACTIVE and unexpired lock
+/// and count, and a row a concurrent writer changed is judged again as it
+/// committed: a release, an expiry by the sweeper (which skips rows locked
+/// here, so a line is never both ordered and expired), or another checkout
+/// that won leaves it out, an extension keeps it in. The order is inserted
+/// only when every listed row counted; 0 rows means some line was
+/// unavailable, and one read afterwards tells which and why.
+pub async fn checkout(
+    db: &DatabaseConnection,
+    order: &Order,
+    reservation_ids: &[Uuid],
+    key: Option<&Key>,
+) -> Result<Vec<ReservationRow>, DbErr> {
+    const SQL: &str = r#"
+WITH lines AS (
+    SELECT id FROM reservations
+     WHERE id = ANY($1) AND user_id = $2 AND status = 'ACTIVE' AND (expires_at IS NULL OR expires_at > now())
+     ORDER BY id
+       FOR UPDATE
+), placed AS (
+    INSERT INTO orders (id, user_id, status, ship_name, ship_line1, ship_line2, ship_city, ship_postal_code,
+                        ship_country, version, created_at)
+    SELECT $3, $2, 'PENDING', $4, $5, $6, $7, $8, $9, $10, $11
+     WHERE (SELECT count(*) FROM lines) = cardinality($1::uuid[])
+ RETURNING id
+), ordered AS (
+    UPDATE reservations r SET status = 'ORDERED', order_id = p.id, expires_at = NULL
+      FROM placed p, lines l
+     WHERE r.id = l.id
+ RETURNING r.*
+), claimed AS (
+    INSERT INTO idempotency_keys (user_id, idempotency_key, request_fingerprint, order_id)
+    SELECT $2, $12, $13, id FROM placed WHERE $12::text IS NOT NULL
+)
+SELECT * FROM ordered ORDER BY id"#;
+    let address = order.address();
+    let values: Vec<Value> = vec![
+        Value::from(reservation_ids.to_vec()),
+        order.user_id.as_str().into(),
+        order.id.into(),
+        address.name.as_str().into(),
+        address.line1.as_str().into(),
+        address.line2.clone().into(),
+        address.city.as_str().into(),
+        address.postal_code.as_str().into(),
+        address.country.as_str().into(),
+        order.version.into(),
+        order.created_at.into(),
+        key.map(|k| k.key.clone()).into(),
+        key.map(|k| k.fingerprint.clone()).into(),
+    ];
+    ReservationRow::find_by_statement(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values)).all(db).await
 }
 
 /// One page of orders in `(created_at, id)` order, with one extra row when

@@ -18,9 +18,12 @@ pub enum ReservationStatus {
     /// Ran past `expiresAt`; its stock was returned.
     #[sea_orm(string_value = "EXPIRED")]
     Expired,
-    /// A line of an order; holds stock until the order is cancelled.
+    /// A line of an order; holds stock until the order is cancelled or fulfilled.
     #[sea_orm(string_value = "ORDERED")]
     Ordered,
+    /// A line of a fulfilled order: its units have left the warehouse. Final.
+    #[sea_orm(string_value = "FULFILLED")]
+    Fulfilled,
 }
 
 /// One reservation of `quantity` units of one inventory for one user.

@@ -8,7 +8,10 @@ use super::{
     ReservationRow, ReservationStatus,
     loader::ReservationLoader,
     multi_item::{self, LineInput, Unavailable, UnavailableReason},
-    service::{ExtendOutcome, ReleaseOutcome, ReservationService, ReserveManyOutcome, ReserveOutcome, ReserveRequest},
+    service::{
+        ChangeOutcome, ExtendOutcome, ReleaseOutcome, ReservationService, ReserveManyOutcome, ReserveOutcome,
+        ReserveRequest,
+    },
     store,
 };
 use crate::{
@@ -293,6 +296,76 @@ impl ReservationMutation {
             },
         ))
     }
+
+    /// Changes one of the caller's ACTIVE, unexpired reservations to a new
+    /// quantity in one statement: more takes the difference with the
+    /// conditional decrement (`SoldOut.requested` is the difference when it
+    /// does not fit), fewer gives the difference back. One change of the
+    /// inventory (version + 1, one QUANTITY_CHANGED ledger row).
+    async fn change_reservation_quantity(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The reservation and its new quantity.")] input: ChangeReservationQuantityInput,
+    ) -> GqlResult<ChangeReservationQuantityResult> {
+        let user = auth::user(ctx).gql()?;
+        let app = state(ctx);
+        let quantity = validate::quantity("input.quantity", input.quantity, app.limits.max_quantity).gql()?;
+        let id = input.reservation_id;
+        Ok(telemetry::counted(
+            "changeReservationQuantity",
+            match service(ctx)?.change_quantity(id, &user.id, quantity).await.gql()? {
+                ChangeOutcome::Changed { reservation, inventory } => {
+                    ChangeReservationQuantityResult::ReservationChanged(ReservationChanged {
+                        reservation: Reservation(reservation),
+                        inventory: Inventory(inventory),
+                    })
+                }
+                ChangeOutcome::SoldOut { requested, inventory } => {
+                    ChangeReservationQuantityResult::SoldOut(SoldOut { requested, inventory: Inventory(inventory) })
+                }
+                ChangeOutcome::NotFound => {
+                    ChangeReservationQuantityResult::ReservationNotFound(ReservationNotFound { reservation_id: id })
+                }
+                ChangeOutcome::NotActive(reservation) => {
+                    ChangeReservationQuantityResult::ReservationNotActive(ReservationNotActive {
+                        reservation: Reservation(reservation),
+                    })
+                }
+            },
+        ))
+    }
+}
+
+/// A new quantity for a held reservation.
+#[derive(InputObject)]
+pub struct ChangeReservationQuantityInput {
+    /// The caller's ACTIVE reservation.
+    pub reservation_id: Uuid,
+    /// The new quantity, 1 to the configured maximum (1000).
+    pub quantity: i32,
+}
+
+/// The reservation holds its new quantity.
+#[derive(SimpleObject)]
+pub struct ReservationChanged {
+    /// The reservation with its new quantity.
+    pub reservation: Reservation,
+    /// The inventory exactly as the change left it (when the reservation
+    /// already held that quantity: the latest row, unchanged).
+    pub inventory: Inventory,
+}
+
+/// How a change of quantity ended.
+#[derive(Union)]
+pub enum ChangeReservationQuantityResult {
+    /// Changed.
+    ReservationChanged(ReservationChanged),
+    /// The difference does not fit in the stock; nothing changed.
+    SoldOut(SoldOut),
+    /// Not ACTIVE any more, or expired; nothing changed.
+    ReservationNotActive(ReservationNotActive),
+    /// Not found (or not the caller's).
+    ReservationNotFound(ReservationNotFound),
 }
 
 /// One line of a multi-item request.

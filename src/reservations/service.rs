@@ -1,16 +1,17 @@
 //! Reservation use cases: reserve (coalesced or alone), reserve many,
-//! release, extend. This is where it is decided which path a reservation
+//! release, extend, change the quantity. This is where it is decided which path a reservation
 //! takes, whether a request is the replay of an idempotency key, and what a
 //! statement that took nothing means (sold out, conflict, not found); the
 //! SQL runs in `store.rs`, the statements come from `stock`.
 
 use std::time::Duration;
 
+use chrono::Utc;
 use sea_orm::{DatabaseConnection, TransactionTrait};
 use uuid::Uuid;
 
 use super::{
-    ReservationRow,
+    ReservationRow, ReservationStatus,
     coalesce::Coalescer,
     multi_item::{self, Unavailable},
     store,
@@ -21,7 +22,7 @@ use crate::{
     error::AppError,
     idempotency::{self, Key},
     inventory::{InventoryRow, store as inventory_store},
-    stock::taking::{Line, Purpose, Reserve},
+    stock::taking::{Line, Purpose, ReservationChange, Reserve},
 };
 
 /// A checked reservation request.
@@ -102,6 +103,32 @@ pub enum ExtendOutcome {
     /// Not ACTIVE any more (released, expired or an order line).
     NotActive(ReservationRow),
 }
+
+/// How a change of a reservation's quantity ended.
+#[derive(Debug)]
+pub enum ChangeOutcome {
+    /// The reservation holds the new quantity (now, or already did).
+    Changed {
+        /// The reservation as changed.
+        reservation: ReservationRow,
+        /// The inventory as the change left it (already at the quantity: the latest row).
+        inventory: InventoryRow,
+    },
+    /// The inventory cannot give the units the change needs; nothing changed.
+    SoldOut {
+        /// Units the change needed beyond what the reservation held.
+        requested: i32,
+        /// The latest committed row.
+        inventory: InventoryRow,
+    },
+    /// No such reservation of the caller's.
+    NotFound,
+    /// Not ACTIVE any more, or expired (released, swept or not, or an order line).
+    NotActive(ReservationRow),
+}
+
+/// Runs of a quantity change whose result went stale before it was read.
+const CHANGE_ATTEMPTS: u32 = 3;
 
 /// The reservations feature as the resolvers see it: one per server
 /// process, built by the composition root and handed to the schema as data.
@@ -199,6 +226,45 @@ impl ReservationService {
         })
     }
 
+    /// Changes an ACTIVE, unexpired reservation of `owner`'s to `quantity`
+    /// units in one statement (see `stock::adjusting`).
+    pub async fn change_quantity(&self, id: Uuid, owner: &str, quantity: i32) -> Result<ChangeOutcome, AppError> {
+        for _ in 0..CHANGE_ATTEMPTS {
+            match store::change_quantity(&self.db, &self.collisions, id, owner, quantity).await? {
+                Attempted::Done(Some(change)) => {
+                    return Ok(ChangeOutcome::Changed { reservation: change.reservation, inventory: change.inventory });
+                }
+                Attempted::Done(None) => {}
+                Attempted::Exhausted { attempts } => {
+                    tracing::warn!(attempts, %id, "quantity change collisions exhausted");
+                    return Err(AppError::DatabaseUnavailable);
+                }
+            }
+            // Nothing changed; one read of the latest rows (one snapshot) tells why.
+            let latest = store::find_with_inventory(&self.db, id).await?;
+            let Some(ReservationChange { reservation, inventory }) = latest.filter(|c| c.reservation.user_id == owner)
+            else {
+                return Ok(ChangeOutcome::NotFound);
+            };
+            let unexpired = reservation.expires_at.is_none_or(|at| at > Utc::now());
+            if reservation.status != ReservationStatus::Active || !unexpired {
+                return Ok(ChangeOutcome::NotActive(reservation));
+            }
+            let needed = quantity - reservation.quantity;
+            if needed == 0 {
+                return Ok(ChangeOutcome::Changed { reservation, inventory });
+            }
+            if needed > inventory.stock {
+                return Ok(ChangeOutcome::SoldOut { requested: needed, inventory });
+            }
+            // The line or its stock moved between the statement and this read
+            // (another change of the line, a release of other units): the
+            // statement judged other numbers, so run it again on the latest.
+        }
+        tracing::warn!(%id, "quantity change kept going stale");
+        Err(AppError::DatabaseUnavailable)
+    }
+
     /// Moves an ACTIVE, unexpired reservation's expiry `seconds` later, but
     /// never past `max_ttl_secs` from now.
     pub async fn extend(
@@ -208,8 +274,13 @@ impl ReservationService {
         seconds: i32,
         max_ttl_secs: i32,
     ) -> Result<ExtendOutcome, AppError> {
-        if let Some(extended) = store::extend(&self.db, id, owner, seconds, max_ttl_secs).await? {
-            return Ok(ExtendOutcome::Extended(extended));
+        match store::extend(&self.db, &self.collisions, id, owner, seconds, max_ttl_secs).await? {
+            Attempted::Done(Some(extended)) => return Ok(ExtendOutcome::Extended(extended)),
+            Attempted::Done(None) => {}
+            Attempted::Exhausted { attempts } => {
+                tracing::warn!(attempts, %id, "extension collisions exhausted");
+                return Err(AppError::DatabaseUnavailable);
+            }
         }
         Ok(match store::find(&self.db, id).await?.filter(|r| r.user_id == owner) {
             None => ExtendOutcome::NotFound,

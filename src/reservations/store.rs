@@ -14,7 +14,7 @@ use crate::{
     db::{Attempted, Collisions, StatementPool},
     pagination::{self, Page},
     stock::{
-        returning,
+        adjusting, returning,
         taking::{CoalescedReserve, ReservationChange, Reserve, Turn},
     },
 };
@@ -57,16 +57,35 @@ pub async fn release(
     collisions.run(id, run).await
 }
 
+/// Runs the change of `owner`'s reservation to `quantity` units, re-run on
+/// collisions; the change when it was made.
+pub async fn change_quantity(
+    db: &DatabaseConnection,
+    collisions: &Collisions,
+    id: Uuid,
+    owner: &str,
+    quantity: i32,
+) -> Result<Attempted<Option<ReservationChange>>, DbErr> {
+    let run = || async {
+        let row = db.query_one_raw(adjusting::change_quantity(id, owner, quantity)).await?;
+        row.as_ref().map(ReservationChange::from_row).transpose()
+    };
+    collisions.run(id, run).await
+}
+
 /// Moves an ACTIVE, unexpired reservation's expiry `seconds` later, but never
 /// past `max_ttl_secs` from now; a reservation that never expires stays so.
-/// The reservation as saved, or none when nothing matched.
+/// The reservation as saved, or none when nothing matched; re-run on
+/// collisions (a checkout or a change of the same line at REPEATABLE READ
+/// or SERIALIZABLE).
 pub async fn extend(
     db: &DatabaseConnection,
+    collisions: &Collisions,
     id: Uuid,
     owner: &str,
     seconds: i32,
     max_ttl_secs: i32,
-) -> Result<Option<Model>, DbErr> {
+) -> Result<Attempted<Option<Model>>, DbErr> {
     // The expiry condition is in the WHERE, so a reservation the sweeper has
     // claimed (or that ran out a moment ago) is not revived; 0 rows: not the
     // caller's, not ACTIVE, or expired.
@@ -76,8 +95,16 @@ UPDATE reservations
        THEN least(expires_at + $3::integer * interval '1 second', now() + $4::integer * interval '1 second') END
  WHERE id = $1 AND user_id = $2 AND status = 'ACTIVE' AND (expires_at IS NULL OR expires_at > now())
 RETURNING *"#;
-    let values = [id.into(), owner.into(), seconds.into(), max_ttl_secs.into()];
-    Model::find_by_statement(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values)).one(db).await
+    let run = || {
+        let values = [id.into(), owner.into(), seconds.into(), max_ttl_secs.into()];
+        Model::find_by_statement(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values)).one(db)
+    };
+    collisions.run(id, run).await
+}
+
+/// One reservation and its inventory by the reservation's id, in one read.
+pub async fn find_with_inventory(db: &DatabaseConnection, id: Uuid) -> Result<Option<ReservationChange>, DbErr> {
+    db.query_one_raw(ReservationChange::latest(id)).await?.as_ref().map(ReservationChange::from_row).transpose()
 }
 
 /// One reservation by id.

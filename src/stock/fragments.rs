@@ -47,6 +47,72 @@ pub fn step(alias: &str, delta: &str) -> String {
 pub const LEDGER: &str =
     "INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id)";
 
+/// What a change of many reservation lines at once does to their stock.
+#[derive(Debug, Clone, Copy)]
+pub enum Lines {
+    /// Their units come back to available stock (an expiry, a cancel).
+    Return,
+    /// Their units leave the warehouse: on-hand stock falls, available
+    /// stock does not move (a fulfilment).
+    Ship,
+}
+
+/// The CTEs `totals`, `changed` and `movement` of a statement that changes
+/// many reservation lines at once; `lines` names an earlier CTE of the
+/// changed lines (`id, inventory_id, quantity`), `order_id` the ledger's
+/// order (`"NULL"`, `"$1"`). With `locked`, the inventories are the rows of
+/// an earlier CTE `locked` (`id`), already locked in id order.
+///
+/// Each line is its own change of its inventory, even when several lines
+/// share one: the row is updated once, its version grows by the number of
+/// its lines, and each line gets its ledger row with the running stock and
+/// version (lines of one inventory in id order). An `UPDATE ... FROM` that
+/// joined the lines themselves would update a shared row once, for one of
+/// its lines, and lose the others.
+pub fn per_line(lines: &str, what: Lines, reason: &str, order_id: &str, locked: bool) -> String {
+    let (stock, delta, stock_after) = match what {
+        Lines::Return => ("i.stock + t.quantity", "e.quantity", "c.stock - c.quantity + sum(e.quantity) OVER w"),
+        Lines::Ship => ("i.stock", "-e.quantity", "c.stock"),
+    };
+    let locked = if locked { " JOIN locked l ON l.id = t.inventory_id" } else { "" };
+    format!(
+        r#"totals AS (
+    SELECT inventory_id, sum(quantity)::integer AS quantity, count(*)::integer AS n
+      FROM {lines} GROUP BY inventory_id
+), changed AS (
+    UPDATE inventories i
+       {set}
+      FROM totals t{locked}
+     WHERE i.id = t.inventory_id
+ RETURNING i.id, i.stock, i.version, t.quantity, t.n
+), movement AS (
+    {LEDGER}
+    SELECT e.inventory_id, {delta}, '{reason}', ({stock_after})::integer,
+           (c.version - c.n + row_number() OVER w)::integer, e.id, {order_id}
+      FROM {lines} e JOIN changed c ON c.id = e.inventory_id
+    WINDOW w AS (PARTITION BY e.inventory_id ORDER BY e.id)
+)"#,
+        set = set(stock, "i.version + t.n"),
+    )
+}
+
+/// The statement that moves every ORDERED line of the order `$1` to
+/// `status` at once, each line one change of its inventory (see
+/// [`per_line`]); one row, how many lines moved. Only ORDERED lines match,
+/// so a line moves once.
+pub fn order_lines(status: &str, what: Lines, reason: &str) -> String {
+    format!(
+        r#"
+WITH moved AS (
+    UPDATE reservations SET status = '{status}'
+     WHERE order_id = $1 AND status = 'ORDERED'
+ RETURNING id, inventory_id, quantity
+), {changes}
+SELECT count(*) FROM moved"#,
+        changes = per_line("moved", what, reason, "$1", false),
+    )
+}
+
 /// When a reservation made now expires, given its TTL in seconds as the
 /// integer parameter `seconds` (`"$8"`); 0 means never (NULL).
 pub fn expiry(seconds: &str) -> String {

@@ -1,7 +1,9 @@
 //! The one module that changes stock. Every statement that changes an
 //! inventory is built here: taking stock for reservations and order lines
 //! ([`taking`]), giving it back on release, expiry and cancel
-//! ([`returning`]), and receiving it on create and restock ([`receiving`]).
+//! ([`returning`]), receiving it on create and restock ([`receiving`]),
+//! changing a held quantity ([`adjusting`]), and shipping an order's lines
+//! out of the warehouse ([`shipping`]).
 //!
 //! They are built from the same fragments, so docs/design.md's rule has one
 //! home: a change of an inventory is one version step (`version + 1` per
@@ -11,12 +13,32 @@
 //! take a ready statement (its SQL and bind values) from here and run it;
 //! no other module writes `inventories`' stock or the ledger.
 
+pub mod adjusting;
 mod fragments;
 pub mod receiving;
 pub mod returning;
+pub mod shipping;
 pub mod taking;
 
+use sea_orm::{DbBackend, Statement};
+use uuid::Uuid;
+
 pub use taking::{COALESCED_RESERVE_SQL, RESERVE_SQL};
+
+/// This locks the inventories of an order's lines in id order, the order
+/// every multi-item writer (and the sweeper) locks in, so a cancel or a
+/// fulfilment and a `placeOrder` cannot deadlock. Run inside the cancelling
+/// or fulfilling transaction, before [`returning::cancel_order`] or
+/// [`shipping::fulfil_order`].
+pub fn lock_order(order_id: Uuid) -> Statement {
+    Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT 1 FROM inventories
+          WHERE id IN (SELECT inventory_id FROM reservations WHERE order_id = $1)
+          ORDER BY id FOR UPDATE",
+        [order_id.into()],
+    )
+}
 
 #[cfg(test)]
 mod tests;

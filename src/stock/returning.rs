@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
-use super::fragments::{LEDGER, inventory_columns, reservation_columns_as_r, set, step};
+use super::fragments::{LEDGER, Lines, inventory_columns, order_lines, per_line, reservation_columns_as_r, step};
 
 /// Gives an ACTIVE, unexpired reservation of `owner`'s stock back, once: the
 /// conditions are in the UPDATE's WHERE, so of many concurrent releases
@@ -43,14 +43,14 @@ SELECT returned.*, {reservation} FROM returned, released r"#,
 
 /// Expires at most `limit` due reservations; one row, how many it expired.
 ///
-/// Rows another sweeper (or a release, or an extension) holds are skipped,
-/// not waited for: they are either being handled or no longer due. Their
-/// inventories are locked in id order (`locked`), the order every
-/// multi-item writer locks in, so a sweep and an order (or another sweep)
-/// wait for each other instead of deadlocking. Each expiry is its own change
-/// of its inventory: the version grows by the number of expired
-/// reservations, and each gets its ledger row with the running stock and
-/// version.
+/// Rows another sweeper (or a release, an extension, a checkout or a change
+/// of quantity) holds are skipped, not waited for: they are either being
+/// handled or no longer due. Their inventories are locked in id order
+/// (`locked`), the order every multi-item writer locks in, so a sweep and an
+/// order (or another sweep) wait for each other instead of deadlocking. Each
+/// expiry is its own change of its inventory: the version grows by the number
+/// of expired reservations, and each gets its ledger row with the running
+/// stock and version.
 pub fn sweep(limit: i64) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
@@ -65,72 +65,25 @@ WITH due AS (
     UPDATE reservations r SET status = 'EXPIRED'
       FROM due WHERE r.id = due.id
  RETURNING r.id, r.inventory_id, r.quantity
-), totals AS (
-    SELECT inventory_id, sum(quantity)::integer AS quantity, count(*)::integer AS n
-      FROM expired GROUP BY inventory_id
 ), locked AS MATERIALIZED (
     SELECT id FROM inventories
-     WHERE id IN (SELECT inventory_id FROM totals)
+     WHERE id IN (SELECT inventory_id FROM expired)
      ORDER BY id
        FOR UPDATE
-), returned AS (
-    UPDATE inventories i
-       {set}
-      FROM totals t JOIN locked l ON l.id = t.inventory_id
-     WHERE i.id = t.inventory_id
- RETURNING i.id, i.stock, i.version, t.quantity, t.n
-), movement AS (
-    {LEDGER}
-    SELECT e.inventory_id, e.quantity, 'EXPIRED',
-           (r.stock - r.quantity + sum(e.quantity) OVER w)::integer,
-           (r.version - r.n + row_number() OVER w)::integer,
-           e.id, NULL
-      FROM expired e JOIN returned r ON r.id = e.inventory_id
-    WINDOW w AS (PARTITION BY e.inventory_id ORDER BY e.id)
-)
+), {returned}
 SELECT count(*) FROM expired"#,
-            set = set("i.stock + t.quantity", "i.version + t.n"),
+            returned = per_line("expired", Lines::Return, "EXPIRED", "NULL", true),
         )
     });
     Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [limit.into()])
 }
 
-/// This locks the inventories of an order's lines in id order, the order
-/// every multi-item writer (and the sweeper) locks in, so a cancel and a
-/// `placeOrder` cannot deadlock. Run inside the cancelling transaction,
-/// before [`cancel_order`].
-pub fn lock_order(order_id: Uuid) -> Statement {
-    Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "SELECT 1 FROM inventories
-          WHERE id IN (SELECT inventory_id FROM reservations WHERE order_id = $1)
-          ORDER BY id FOR UPDATE",
-        [order_id.into()],
-    )
-}
-
 /// Gives back the stock of a cancelled order's lines: the lines turn
-/// RELEASED and each inventory and the ledger change in one statement. Only
-/// ORDERED lines match, so stock can come back once per line.
+/// RELEASED and each inventory and the ledger change in one statement, one
+/// change per line (an order checked out of a cart may hold two lines of one
+/// inventory). Only ORDERED lines match, so stock can come back once per
+/// line. Run after [`super::lock_order`], in the cancelling transaction.
 pub fn cancel_order(order_id: Uuid) -> Statement {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            r#"
-WITH released AS (
-    UPDATE reservations SET status = 'RELEASED'
-     WHERE order_id = $1 AND status = 'ORDERED'
- RETURNING id, inventory_id, quantity
-), returned AS (
-    UPDATE inventories i
-       {set}
-      FROM released r
-     WHERE i.id = r.inventory_id
- RETURNING i.id, i.stock, i.version, r.quantity, r.id AS reservation_id
-)
-{LEDGER}
-SELECT id, quantity, 'ORDER_CANCELLED', stock, version, reservation_id, $1 FROM returned"#,
-            set = step("i.", "+ r.quantity"),
-        )
-    });
+    static SQL: LazyLock<String> = LazyLock::new(|| order_lines("RELEASED", Lines::Return, "ORDER_CANCELLED"));
     Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [order_id.into()])
 }

@@ -11,7 +11,7 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::fragments::{INVENTORY_COLUMNS, LEDGER, expiry, reservation_columns_as_r, set, step};
+use super::fragments::{INVENTORY_COLUMNS, LEDGER, expiry, inventory_columns, reservation_columns_as_r, set, step};
 use crate::{inventory::InventoryRow, reservations::ReservationRow};
 
 /// The one-statement reservation. Parameters: `$1` inventory id, `$2`
@@ -109,6 +109,21 @@ impl ReservationChange {
             inventory: InventoryRow::from_query_result(row, "")?,
             reservation: ReservationRow::from_query_result(row, "r_")?,
         })
+    }
+
+    /// A read (it changes nothing) of the latest committed reservation
+    /// `reservation_id` and its inventory in one statement, so both come
+    /// from one snapshot; read with [`ReservationChange::from_row`].
+    pub fn latest(reservation_id: Uuid) -> Statement {
+        static SQL: LazyLock<String> = LazyLock::new(|| {
+            format!(
+                "SELECT {inventory}, {reservation} FROM reservations r JOIN inventories i ON i.id = r.inventory_id \
+                 WHERE r.id = $1",
+                inventory = inventory_columns("i."),
+                reservation = reservation_columns_as_r(),
+            )
+        });
+        Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [reservation_id.into()])
     }
 }
 

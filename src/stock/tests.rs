@@ -10,7 +10,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::{
-    COALESCED_RESERVE_SQL, RESERVE_SQL, receiving, returning,
+    COALESCED_RESERVE_SQL, RESERVE_SQL, adjusting, lock_order, receiving, returning, shipping,
     taking::{self, CoalescedReserve, Line, Purpose, Reserve},
 };
 use crate::config::DatabaseConfig;
@@ -39,8 +39,11 @@ fn statements() -> Vec<(&'static str, Statement)> {
         ("take_lines for an order", taking::take_lines(&lines, Purpose::Order(id), "alice", None, id)),
         ("release", returning::release(id, "alice")),
         ("sweep", returning::sweep(500)),
-        ("lock_order", returning::lock_order(id)),
+        ("lock_order", lock_order(id)),
         ("cancel_order", returning::cancel_order(id)),
+        ("change_quantity", adjusting::change_quantity(id, "alice", 3)),
+        ("fulfil_order", shipping::fulfil_order(id)),
+        ("latest reservation change", taking::ReservationChange::latest(id)),
     ]
 }
 

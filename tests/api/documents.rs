@@ -5,7 +5,7 @@
 macro_rules! order_fields {
     () => {
         "fragment OrderFields on Order {
-           id status userId version confirmedAt confirmedBy createdAt
+           id status userId version confirmedAt confirmedBy fulfilledAt fulfilledBy createdAt
            items { inventory { id stock } quantity }
            shippingAddress { name line1 line2 city postalCode country }
          }"
@@ -100,3 +100,37 @@ pub const INVENTORIES: &str = "query($f: Int, $after: String) { inventories(firs
 pub const MOVEMENTS: &str = "query($id: UUID!, $first: Int, $after: String) { inventory(id: $id) { stock version
    movements(first: $first, after: $after) { nodes { delta reason stockAfter versionAfter reservationId }
    pageInfo { hasNextPage endCursor } } } }";
+
+pub const CHECKOUT: &str = concat!(
+    "mutation($input: CheckoutInput!) { checkout(input: $input) { __typename
+       ... on OrderPlaced { order { ...OrderFields } }
+       ... on ReservationsUnavailable {
+         reservations { reservationId reason reservation { id status quantity expiresAt } }
+       }
+     } }",
+    order_fields!()
+);
+
+pub const CHANGE_QUANTITY: &str = "mutation($input: ChangeReservationQuantityInput!) {
+  changeReservationQuantity(input: $input) { __typename
+    ... on ReservationChanged { reservation { id quantity status } inventory { id stock version } }
+    ... on SoldOut { requested inventory { id stock version } }
+    ... on ReservationNotActive { reservation { id quantity status } }
+    ... on ReservationNotFound { reservationId }
+  } }";
+
+pub const FULFILL_ORDER: &str = concat!(
+    "mutation($id: UUID!) { fulfillOrder(id: $id) { __typename
+       ... on OrderFulfilled { order { ...OrderFields } }
+       ... on OrderCannotBeFulfilled { order { ...OrderFields } }
+       ... on OrderNotFound { orderId }
+       ... on OrderModifiedConcurrently { orderId attempts }
+     } }",
+    order_fields!()
+);
+
+pub const STOCK_STATES: &str =
+    "query($id: UUID!) { inventory(id: $id) { stock version available reserved committed onHand } }";
+
+pub const INVENTORY_STATES_PAGE: &str =
+    "query($f: Int) { inventories(first: $f) { nodes { id available reserved committed onHand } } }";

@@ -80,7 +80,8 @@ async fn state(app: &TestApp) -> String {
         (SELECT md5(coalesce(string_agg(concat_ws(':', id, status, quantity, expires_at, order_id, idempotency_key), \
                                         ',' ORDER BY id), '')) FROM reservations) || '|' || \
         (SELECT md5(coalesce(string_agg(concat_ws(':', id, status, version, ship_name, ship_line1, ship_line2, \
-                                                  ship_city, ship_postal_code, ship_country, confirmed_by), \
+                                                  ship_city, ship_postal_code, ship_country, confirmed_by, \
+                                                  fulfilled_by), \
                                         ',' ORDER BY id), '')) FROM orders)";
     let row =
         app.db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await.expect("query").expect("row");
@@ -609,6 +610,37 @@ mutation($input: ChangeShippingAddressInput!) {
   }
 }"#;
 
+const CHECKOUT: &str = r#"
+mutation($input: CheckoutInput!) {
+  checkout(input: $input) {
+    __typename
+    ... on OrderPlaced { order { id status version items { quantity inventory { id stock reserved committed } } } }
+    ... on ReservationsUnavailable { reservations { reservationId reason reservation { id status quantity } } }
+  }
+}"#;
+
+const CHANGE_QUANTITY: &str = r#"
+mutation($input: ChangeReservationQuantityInput!) {
+  changeReservationQuantity(input: $input) {
+    __typename
+    ... on ReservationChanged { reservation { id quantity } inventory { id stock version available onHand } }
+    ... on SoldOut { requested inventory { id stock version } }
+    ... on ReservationNotActive { reservation { id status } }
+    ... on ReservationNotFound { reservationId }
+  }
+}"#;
+
+const FULFILL: &str = r#"
+mutation($id: UUID!) {
+  fulfillOrder(id: $id) {
+    __typename
+    ... on OrderFulfilled { order { id status fulfilledAt fulfilledBy version } }
+    ... on OrderCannotBeFulfilled { order { id status } }
+    ... on OrderNotFound { orderId }
+    ... on OrderModifiedConcurrently { orderId attempts }
+  }
+}"#;
+
 /// A server with a big inventory, a nearly sold-out one, and their ids (the
 /// big one first).
 async fn server_with_stock() -> (TestApp, Vec<Uuid>) {
@@ -828,6 +860,90 @@ async fn confirm_and_cancel_answer_any_id_without_internal_errors_and_refusals_w
             };
             let (query, field) = if confirm { (CONFIRM, "confirmOrder") } else { (CANCEL, "cancelOrder") };
             mutate(&app, &caller, query, json!({ "id": id }), field).await.map(drop)
+        }
+    })
+    .await;
+    assert_still_serving(&app).await;
+}
+
+/// A cart mutation or a fulfilment, as generated.
+#[derive(Debug, Clone)]
+enum CartStep {
+    /// `checkout` of these reservations.
+    Checkout { caller: Caller, lines: Vec<Target>, address: Value, key: Option<Value> },
+    /// `changeReservationQuantity` of one.
+    Resize { caller: Caller, line: Target, quantity: Value },
+    /// `fulfillOrder` of an order (a fresh one is confirmed first).
+    Fulfil { caller: Caller, order: Target },
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn checkout_quantity_changes_and_fulfilment_answer_any_input_without_internal_errors_and_refusals_write_nothing()
+{
+    let (app, inventories) = server_with_stock().await;
+    let (big, low) = (inventories[0], inventories[1]);
+    // Alice's on both inventories, Bob's, and an order line.
+    let mut lines = vec![fresh_reservation(&app, big).await, fresh_reservation(&app, low).await];
+    let bobs = app.reserve(&app.token("bob", Role::Customer), json!({ "inventoryId": big })).await;
+    lines.push(bobs["reservation"]["id"].as_str().and_then(|id| id.parse().ok()).expect("bob's reservation"));
+    let order = fresh_order(&app, "alice", big).await;
+    lines.extend(ids(&app, "SELECT id FROM reservations WHERE order_id IS NOT NULL").await);
+    let confirmed = fresh_order(&app, "alice", big).await;
+    app.graphql(Some(&app.operator()), CONFIRM, json!({ "id": confirmed })).await;
+    let orders = vec![order, confirmed, fresh_order(&app, "bob", big).await];
+    let app = std::sync::Arc::new(app);
+    let strategy = move || {
+        let many = (101..=105_usize).prop_map(|n| (0..n).map(|_| Target::Id(json!(Uuid::new_v4()))).collect());
+        let cart = prop_oneof![4 => vec(target(lines.clone()), 0..=4), 1 => many];
+        let key = prop_oneof![fresh_key(), idempotency_key()];
+        prop_oneof![
+            (caller(Caller::Alice), cart, address(), key)
+                .prop_map(|(caller, lines, address, key)| CartStep::Checkout { caller, lines, address, key }),
+            (caller(Caller::Alice), target(lines.clone()), quantity())
+                .prop_map(|(caller, line, quantity)| CartStep::Resize { caller, line, quantity }),
+            (caller(Caller::Operator), target(orders)).prop_map(|(caller, order)| CartStep::Fulfil { caller, order }),
+        ]
+    };
+    let shared = app.clone();
+    for_64_cases(strategy, move |step| {
+        let app = shared.clone();
+        async move {
+            let reservation = |target: Target| {
+                let app = app.clone();
+                async move {
+                    match target {
+                        Target::Fresh => json!(fresh_reservation(&app, big).await),
+                        Target::Id(id) => id,
+                    }
+                }
+            };
+            match step {
+                CartStep::Checkout { caller, lines, address, key } => {
+                    let mut ids = Vec::with_capacity(lines.len());
+                    for line in lines {
+                        ids.push(reservation(line).await);
+                    }
+                    let mut input = json!({ "reservationIds": ids, "shippingAddress": address });
+                    set(&mut input, "idempotencyKey", key);
+                    mutate(&app, &caller, CHECKOUT, json!({ "input": input }), "checkout").await.map(drop)
+                }
+                CartStep::Resize { caller, line, quantity } => {
+                    let input = json!({ "reservationId": reservation(line).await, "quantity": quantity });
+                    let variables = json!({ "input": input });
+                    mutate(&app, &caller, CHANGE_QUANTITY, variables, "changeReservationQuantity").await.map(drop)
+                }
+                CartStep::Fulfil { caller, order } => {
+                    let id = match order {
+                        Target::Fresh => {
+                            let id = fresh_order(&app, "alice", big).await;
+                            app.graphql(Some(&app.operator()), CONFIRM, json!({ "id": id })).await;
+                            json!(id)
+                        }
+                        Target::Id(id) => id,
+                    };
+                    mutate(&app, &caller, FULFILL, json!({ "id": id }), "fulfillOrder").await.map(drop)
+                }
+            }
         }
     })
     .await;

@@ -13,6 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use futures::future::{BoxFuture, join_all};
 use migration::{Migrator, MigratorTrait};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, Statement,
@@ -28,11 +29,13 @@ use stockguard::{
     schema::AppSchema,
     server::{Server, Workers},
 };
+use tokio::sync::Barrier;
 use uuid::Uuid;
 
 pub use crate::documents::RESERVE;
 use crate::documents::{
-    CANCEL_ORDER, CHANGE_ADDRESS, CONFIRM_ORDER, CREATE_INVENTORY, EXTEND, PLACE_ORDER, RELEASE, RESERVE_MANY, RESTOCK,
+    CANCEL_ORDER, CHANGE_ADDRESS, CHANGE_QUANTITY, CHECKOUT, CONFIRM_ORDER, CREATE_INVENTORY, EXTEND, FULFILL_ORDER,
+    PLACE_ORDER, RELEASE, RESERVE_MANY, RESTOCK, STOCK_STATES,
 };
 
 /// The server the tests create their databases on: `STOCKGUARD_TEST_DATABASE_URL`,
@@ -160,6 +163,12 @@ impl TestApp {
     /// also hold the order locking mode and lock timeout).
     pub async fn spawn_configured(isolation: Isolation, limits: Limits) -> Self {
         Self::spawn_with_options(Options { isolation, limits, ..Options::default() }).await
+    }
+
+    /// A server whose sweeper stays out of the way, for tests that expire
+    /// reservations and sweep by hand (or must see them unswept).
+    pub async fn without_sweeper(isolation: Isolation) -> Self {
+        Self::spawn_configured(isolation, Limits { sweep_interval_ms: 3_600_000, ..Limits::default() }).await
     }
 
     /// A server with every knob the tests turn.
@@ -295,6 +304,31 @@ impl TestApp {
         self.mutate(token, "changeShippingAddress", CHANGE_ADDRESS, json!({ "input": input })).await
     }
 
+    /// `checkout` with `input`.
+    pub async fn checkout(&self, token: &str, input: Value) -> Value {
+        self.mutate(token, "checkout", CHECKOUT, json!({ "input": input })).await
+    }
+
+    /// `changeReservationQuantity` of reservation `id` to `quantity`.
+    pub async fn change_quantity(&self, token: &str, id: impl std::fmt::Display, quantity: i32) -> Value {
+        let input = json!({ "reservationId": id.to_string(), "quantity": quantity });
+        self.mutate(token, "changeReservationQuantity", CHANGE_QUANTITY, json!({ "input": input })).await
+    }
+
+    /// `fulfillOrder`.
+    pub async fn fulfill(&self, token: &str, id: Uuid) -> Value {
+        self.mutate(token, "fulfillOrder", FULFILL_ORDER, json!({ "id": id })).await
+    }
+
+    /// The inventory's `stock`, `version` and stock states through the API:
+    /// `[available, reserved, committed, onHand]`.
+    pub async fn states(&self, id: Uuid) -> [i64; 4] {
+        let body = self.graphql(None, STOCK_STATES, json!({ "id": id })).await;
+        let inventory = &body["data"]["inventory"];
+        let state = |name: &str| inventory[name].as_i64().unwrap_or_else(|| panic!("{name} in {body}"));
+        [state("available"), state("reserved"), state("committed"), state("onHand")]
+    }
+
     // ---------- straight from the database ----------
 
     /// `(stock, version)` of an inventory, from the database.
@@ -414,6 +448,54 @@ pub fn typename(answer: &Value) -> &str {
 /// A mutation's answer beside its [`typename`], for tests that compare many.
 pub fn named(answer: Value) -> (String, Value) {
     (typename(&answer).to_owned(), answer)
+}
+
+/// Every `(typename, answer)` named `name`.
+pub fn count(results: &[(String, Value)], name: &str) -> usize {
+    results.iter().filter(|(n, _)| n == name).count()
+}
+
+/// The typenames of `(typename, answer)` pairs, for messages.
+pub fn names(results: &[(String, Value)]) -> Vec<&str> {
+    results.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+/// Starts every request at the same moment (one task each, behind one
+/// barrier) and returns the results in the order given.
+pub async fn at_once<T: Send + 'static>(requests: Vec<BoxFuture<'static, T>>) -> Vec<T> {
+    let barrier = Arc::new(Barrier::new(requests.len()));
+    let tasks = requests.into_iter().map(|request| {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            barrier.wait().await;
+            request.await
+        })
+    });
+    join_all(tasks).await.into_iter().map(|r| r.expect("task")).collect()
+}
+
+/// Sweeps batches of `batch` until nothing more is due, re-running
+/// collisions (two sweeps on one inventory) as the sweeper does; how many
+/// reservations it expired.
+pub async fn sweep_all(db: &DatabaseConnection, batch: i64) -> i64 {
+    let mut total = 0;
+    loop {
+        match stockguard::reservations::sweeper::sweep_once(db, batch).await {
+            Ok(0) => return total,
+            Ok(expired) => total += expired,
+            Err(err) => assert!(db::classify(&err).is_collision(), "{err}"),
+        }
+    }
+}
+
+/// A UUID from a JSON string.
+pub fn uuid(value: &Value) -> Uuid {
+    value.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not a UUID: {value}"))
+}
+
+/// A complete shipping address whose first line is `line1`.
+pub fn address(line1: &str) -> Value {
+    json!({ "name": "Alice Example", "line1": line1, "line2": "Floor 2", "city": "Lisbon", "postalCode": "1100-148", "country": "PT" })
 }
 
 /// The `extensions.code` of the first error of a response.

@@ -10,7 +10,7 @@ use stockguard::{
     app::AppState,
     auth::{Keys, Role},
     config::{DatabaseConfig, Limits},
-    db::{self, classify},
+    db,
     reservations::sweeper,
     server::Server,
 };
@@ -19,13 +19,8 @@ use uuid::Uuid;
 
 use crate::{
     documents::{MOVEMENTS, RESERVATION_STATUS},
-    helpers::{Isolation, TestApp, at_every_isolation, error_code, eventually},
+    helpers::{Isolation, TestApp, at_every_isolation, error_code, eventually, sweep_all},
 };
-
-/// A server whose sweeper stays out of the way: the tests sweep by hand.
-async fn app_without_sweeper(isolation: Isolation) -> TestApp {
-    TestApp::spawn_configured(isolation, Limits { sweep_interval_ms: 3_600_000, ..Limits::default() }).await
-}
 
 /// Moves the expiry of these reservations into the past.
 async fn expire(app: &TestApp, ids: &str) {
@@ -39,7 +34,7 @@ async fn expire(app: &TestApp, ids: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_new_reservation_expires_after_the_configured_ttl() {
-    let app = app_without_sweeper(Isolation::ReadCommitted).await;
+    let app = TestApp::without_sweeper(Isolation::ReadCommitted).await;
     let id = app.create_inventory("TTL-1", 5).await;
     let alice = app.token("alice", Role::Customer);
     let reserved = app.reserve(&alice, json!({ "inventoryId": id })).await;
@@ -63,7 +58,7 @@ async fn a_new_reservation_expires_after_the_configured_ttl() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_expired_reservation_reads_expired_cannot_be_released_and_the_sweep_returns_its_stock() {
-    let app = app_without_sweeper(Isolation::ReadCommitted).await;
+    let app = TestApp::without_sweeper(Isolation::ReadCommitted).await;
     let id = app.create_inventory("EXP-1", 5).await;
     let alice = app.token("alice", Role::Customer);
     let reserved = app.reserve(&alice, json!({ "inventoryId": id, "quantity": 2 })).await;
@@ -107,7 +102,7 @@ async fn the_running_sweeper_returns_expired_stock_by_itself() {
 }
 
 async fn two_sweepers_return_every_expired_unit_once(isolation: Isolation) {
-    let app = Arc::new(app_without_sweeper(isolation).await);
+    let app = Arc::new(TestApp::without_sweeper(isolation).await);
     let mut items: Vec<Uuid> = Vec::new();
     for i in 0..4 {
         items.push(app.create_inventory(&format!("SWEEP-{i}"), 100).await);
@@ -140,15 +135,8 @@ async fn two_sweepers_return_every_expired_unit_once(isolation: Isolation) {
         let (app, barrier) = (app.clone(), barrier.clone());
         tokio::spawn(async move {
             barrier.wait().await;
-            let mut total = 0;
-            loop {
-                match sweeper::sweep_once(&app.db, 5).await {
-                    Ok(0) => return total,
-                    Ok(expired) => total += expired,
-                    // Two sweeps on one inventory: a collision, safe to run again.
-                    Err(err) => assert!(classify(&err).is_collision(), "{err}"),
-                }
-            }
+            // Two sweeps on one inventory collide, and run again.
+            sweep_all(&app.db, 5).await
         })
     });
     let by_hand: i64 = join_all(sweeps).await.into_iter().map(|r| r.expect("task")).sum();
@@ -171,7 +159,7 @@ at_every_isolation! { two_sweepers_return_every_expired_unit_once; }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn extending_moves_the_expiry_up_to_the_cap_for_the_owner_only() {
-    let app = app_without_sweeper(Isolation::ReadCommitted).await;
+    let app = TestApp::without_sweeper(Isolation::ReadCommitted).await;
     let id = app.create_inventory("EXT-1", 5).await;
     let (alice, bob) = (app.token("alice", Role::Customer), app.token("bob", Role::Customer));
     let reserved = app.reserve(&alice, json!({ "inventoryId": id })).await;
@@ -206,7 +194,7 @@ async fn extending_moves_the_expiry_up_to_the_cap_for_the_owner_only() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_ledger_reads_back_every_change_for_operators_only() {
-    let app = app_without_sweeper(Isolation::ReadCommitted).await;
+    let app = TestApp::without_sweeper(Isolation::ReadCommitted).await;
     let id = app.create_inventory("LEDGER-1", 10).await;
     let alice = app.token("alice", Role::Customer);
     let reserved = app.reserve(&alice, json!({ "inventoryId": id, "quantity": 3 })).await;

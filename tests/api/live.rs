@@ -129,3 +129,134 @@ async fn subscriptions_survive_the_listener_losing_its_connection() {
     assert_eq!(message["payload"]["data"]["inventoryChanged"]["stock"], 6, "{message}");
     assert_eq!(message["payload"]["data"]["inventoryChanged"]["version"], 2, "{message}");
 }
+
+/// The live inventory with every stock state.
+const STATES_SUBSCRIPTION: &str =
+    "subscription($id: UUID!) { inventoryChanged(id: $id) { version stock available reserved committed onHand } }";
+
+/// The live order.
+const ORDER_SUBSCRIPTION: &str = "subscription($id: UUID!) { orderChanged(id: $id) { id status version } }";
+
+/// The `inventoryChanged` data of the next message.
+async fn next_inventory(socket: &mut crate::ws::Socket) -> [i64; 6] {
+    let message = next(socket).await;
+    let inventory = &message["payload"]["data"]["inventoryChanged"];
+    let n = |name: &str| inventory[name].as_i64().unwrap_or_else(|| panic!("{name} in {message}"));
+    [n("version"), n("stock"), n("available"), n("reserved"), n("committed"), n("onHand")]
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subscriber_sees_every_stock_state_from_cart_to_shipment() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("LIVE-STATES", 10).await;
+    let mut socket = connect(&app.address, "graphql-transport-ws").await;
+    let payload = json!({ "query": STATES_SUBSCRIPTION, "variables": { "id": id } });
+    send(&mut socket, json!({ "id": "1", "type": "subscribe", "payload": payload })).await;
+    until_watched(&app, id).await;
+
+    let (alice, operator) = (app.token("alice", Role::Customer), app.operator());
+    let reserved = app.reserve(&alice, json!({ "inventoryId": id, "quantity": 3 })).await;
+    assert_eq!(next_inventory(&mut socket).await, [2, 7, 7, 3, 0, 10], "reserved");
+    let reservation = reserved["reservation"]["id"].clone();
+    let input = json!({ "reservationIds": [reservation], "shippingAddress": crate::helpers::address("1 Live St") });
+    let placed = app.checkout(&alice, input).await;
+    assert_eq!(placed["__typename"], "OrderPlaced", "{placed}");
+    // No stock moved and the version stays, but the states did change.
+    assert_eq!(next_inventory(&mut socket).await, [2, 7, 7, 0, 3, 10], "checked out");
+    let order = crate::helpers::uuid(&placed["order"]["id"]);
+    // Confirming changes no stock state: the next message is the fulfilment's.
+    assert_eq!(app.confirm(&operator, order).await["__typename"], "OrderConfirmed");
+    assert_eq!(app.fulfill(&operator, order).await["__typename"], "OrderFulfilled");
+    assert_eq!(next_inventory(&mut socket).await, [3, 7, 7, 0, 0, 7], "fulfilled");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_owner_follows_an_order_until_it_is_fulfilled_and_others_are_refused() {
+    let app = TestApp::spawn().await;
+    let item = app.create_inventory("LIVE-ORDER", 10).await;
+    let (alice, bob, operator) = (app.token("alice", Role::Customer), app.token("bob", Role::Customer), app.operator());
+    let address = crate::helpers::address("1 Live St");
+    let input = json!({ "items": [{ "inventoryId": item }], "shippingAddress": address });
+    let order = crate::helpers::uuid(&app.place_order(&alice, input).await["order"]["id"]);
+    let subscribe = json!({ "query": ORDER_SUBSCRIPTION, "variables": { "id": order } });
+
+    // Someone else, or nobody: an error, as for an unknown id.
+    let unknown = json!({ "query": ORDER_SUBSCRIPTION, "variables": { "id": Uuid::new_v4() } });
+    for (who, payload, subscription, code) in [
+        ("bob", json!({ "Authorization": format!("Bearer {bob}") }), &subscribe, "BAD_USER_INPUT"),
+        ("alice, an unknown id", json!({ "Authorization": format!("Bearer {alice}") }), &unknown, "BAD_USER_INPUT"),
+        ("anonymous", json!({}), &subscribe, "UNAUTHENTICATED"),
+    ] {
+        let mut socket = crate::ws::connect_with(&app.address, "graphql-transport-ws", payload).await;
+        send(&mut socket, json!({ "id": "1", "type": "subscribe", "payload": subscription })).await;
+        let answer = next(&mut socket).await;
+        let error = if answer["type"] == "error" { &answer["payload"][0] } else { &answer["payload"]["errors"][0] };
+        assert_eq!(error["extensions"]["code"], code, "{who}: {answer}");
+        assert!(answer["payload"]["data"]["orderChanged"].is_null(), "{who}: {answer}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM order_watchers").await, 0, "no one registered");
+
+    // The owner and an operator follow it; each change once, in order; done when final.
+    let mut sockets = Vec::new();
+    for token in [&alice, &operator] {
+        let payload = json!({ "Authorization": format!("Bearer {token}") });
+        let mut socket = crate::ws::connect_with(&app.address, "graphql-transport-ws", payload).await;
+        send(&mut socket, json!({ "id": "1", "type": "subscribe", "payload": subscribe })).await;
+        sockets.push(socket);
+    }
+    crate::helpers::eventually(Duration::from_secs(10), "the order is watched", || async {
+        app.count(&format!("SELECT count(*) FROM order_watchers WHERE order_id = '{order}'")).await > 0
+    })
+    .await;
+    assert_eq!(app.confirm(&operator, order).await["__typename"], "OrderConfirmed");
+    assert_eq!(app.fulfill(&operator, order).await["__typename"], "OrderFulfilled");
+    for socket in &mut sockets {
+        for (status, version) in [("CONFIRMED", 2), ("FULFILLED", 3)] {
+            let message = next(socket).await;
+            assert_eq!(message["type"], "next", "{message}");
+            let changed = &message["payload"]["data"]["orderChanged"];
+            assert_eq!((&changed["status"], &changed["version"]), (&json!(status), &json!(version)), "{message}");
+        }
+        assert_eq!(next(socket).await["type"], "complete", "a fulfilled order changes no more");
+    }
+    crate::helpers::eventually(Duration::from_secs(10), "the watcher goes with its subscriptions", || async {
+        app.count("SELECT count(*) FROM order_watchers").await == 0
+    })
+    .await;
+    // Subscribing to a final order completes at once.
+    let mut socket = sockets.pop().expect("a socket");
+    send(&mut socket, json!({ "id": "2", "type": "subscribe", "payload": subscribe })).await;
+    let message = next(&mut socket).await;
+    assert_eq!((&message["type"], &message["id"]), (&json!("complete"), &json!("2")), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_watched_orders_notify() {
+    use sea_orm::sqlx::postgres::PgListener;
+
+    let app = TestApp::spawn().await;
+    let item = app.create_inventory("LIVE-QUIET", 10).await;
+    let (alice, operator) = (app.token("alice", Role::Customer), app.operator());
+    let input = json!({ "items": [{ "inventoryId": item }], "shippingAddress": crate::helpers::address("1 Live St") });
+    let quiet = crate::helpers::uuid(&app.place_order(&alice, input.clone()).await["order"]["id"]);
+    let watched = crate::helpers::uuid(&app.place_order(&alice, input).await["order"]["id"]);
+    let mut listener = PgListener::connect(&app.database_url).await.expect("listen");
+    listener.listen("order_changed").await.expect("LISTEN");
+
+    let payload = json!({ "Authorization": format!("Bearer {alice}") });
+    let mut socket = crate::ws::connect_with(&app.address, "graphql-transport-ws", payload).await;
+    let subscribe = json!({ "query": ORDER_SUBSCRIPTION, "variables": { "id": watched } });
+    send(&mut socket, json!({ "id": "1", "type": "subscribe", "payload": subscribe })).await;
+    crate::helpers::eventually(Duration::from_secs(10), "the order is watched", || async {
+        app.count(&format!("SELECT count(*) FROM order_watchers WHERE order_id = '{watched}'")).await > 0
+    })
+    .await;
+    // The unwatched order changes first; notifications arrive in commit
+    // order, so had it notified, its notification would come first.
+    assert_eq!(app.confirm(&operator, quiet).await["__typename"], "OrderConfirmed");
+    assert_eq!(app.confirm(&operator, watched).await["__typename"], "OrderConfirmed");
+    let heard = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.expect("in time").expect("heard");
+    let row: serde_json::Value = serde_json::from_str(heard.payload()).expect("a row");
+    assert_eq!(row["id"], watched.to_string(), "only the watched order notified: {row}");
+    assert_eq!(next(&mut socket).await["payload"]["data"]["orderChanged"]["status"], "CONFIRMED");
+}

@@ -9,27 +9,21 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::future::{BoxFuture, FutureExt, join_all};
+use futures::future::FutureExt;
 use sea_orm::{ConnectionTrait, TransactionTrait};
 use serde_json::{Value, json};
 use stockguard::{
     auth::Role,
     config::{Limits, OrderLocking},
 };
-use tokio::sync::Barrier;
 use uuid::Uuid;
 
 use crate::{
     documents::{ORDER, ORDERS},
-    helpers::{Isolation, TestApp, at_every_isolation, error_code, named},
+    helpers::{Isolation, TestApp, address, at_every_isolation, at_once, count, error_code, named, names, uuid},
 };
 
 // ---------- helpers ----------
-
-/// A complete shipping address whose first line is `line1`.
-fn address(line1: &str) -> Value {
-    json!({ "name": "Alice Example", "line1": line1, "line2": "Floor 2", "city": "Lisbon", "postalCode": "1100-148", "country": "PT" })
-}
 
 /// Places an order of `quantity` units of `inventory` and returns its id.
 async fn new_order(app: &TestApp, token: &str, inventory: Uuid, quantity: i32) -> Uuid {
@@ -42,19 +36,15 @@ async fn new_order(app: &TestApp, token: &str, inventory: Uuid, quantity: i32) -
     uuid(&result["order"]["id"])
 }
 
-fn uuid(value: &Value) -> Uuid {
-    value.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not a UUID: {value}"))
-}
-
 /// The order's row in `orders`, every column.
-async fn order_row(app: &TestApp, id: Uuid) -> Value {
+pub async fn order_row(app: &TestApp, id: Uuid) -> Value {
     let mut found = app.rows(&format!("SELECT * FROM orders WHERE id = '{id}'")).await;
     assert_eq!(found.len(), 1, "order {id} has one row");
     found.remove(0)
 }
 
 /// The statuses of an order's lines (its reservations), sorted.
-async fn line_statuses(app: &TestApp, order: Uuid) -> Vec<String> {
+pub async fn line_statuses(app: &TestApp, order: Uuid) -> Vec<String> {
     let mut statuses: Vec<String> = app
         .rows(&format!("SELECT status FROM reservations WHERE order_id = '{order}'"))
         .await
@@ -70,28 +60,6 @@ async fn order_state(app: &TestApp, order: Uuid) -> Value {
     let mut lines = app.rows(&format!("SELECT * FROM reservations WHERE order_id = '{order}'")).await;
     lines.sort_by_key(|line| line["id"].as_str().map(str::to_owned));
     json!({ "order": order_row(app, order).await, "lines": lines })
-}
-
-/// Starts every request at the same moment (one task each, behind one
-/// barrier) and returns the results in the order given.
-async fn at_once<T: Send + 'static>(requests: Vec<BoxFuture<'static, T>>) -> Vec<T> {
-    let barrier = Arc::new(Barrier::new(requests.len()));
-    let tasks = requests.into_iter().map(|request| {
-        let barrier = barrier.clone();
-        tokio::spawn(async move {
-            barrier.wait().await;
-            request.await
-        })
-    });
-    join_all(tasks).await.into_iter().map(|r| r.expect("task")).collect()
-}
-
-fn count(results: &[(String, Value)], name: &str) -> usize {
-    results.iter().filter(|(n, _)| n == name).count()
-}
-
-fn names(results: &[(String, Value)]) -> Vec<&str> {
-    results.iter().map(|(n, _)| n.as_str()).collect()
 }
 
 fn limits(order_locking: OrderLocking) -> Limits {
@@ -801,4 +769,58 @@ async fn bad_order_input_is_refused_and_writes_nothing() {
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
     assert_eq!(order_state(&app, existing).await, before);
     app.assert_invariant().await;
+}
+
+// ---------- 10. fulfilment ----------
+
+/// Per round: a CONFIRMED order of two lines of one inventory (a checked-out
+/// cart), fulfilled twice at once. It ships once: one OrderFulfilled, one
+/// FULFILLED ledger row and one version step per line.
+async fn two_fulfilments_of_one_order_ship_it_once(isolation: Isolation, locking: OrderLocking, rounds: usize) {
+    let app = Arc::new(TestApp::spawn_configured(isolation, limits(locking)).await);
+    let item = app.create_inventory("SHIP-1", 1000).await;
+    let (alice, operator) = (app.token("alice", Role::Customer), app.operator());
+    for round in 0..rounds {
+        let mut lines = Vec::new();
+        for quantity in [1, 2] {
+            let reserved = app.reserve(&alice, json!({ "inventoryId": item, "quantity": quantity })).await;
+            lines.push(uuid(&reserved["reservation"]["id"]));
+        }
+        let input = json!({ "reservationIds": lines, "shippingAddress": address("1 Main Street") });
+        let id = uuid(&app.checkout(&alice, input).await["order"]["id"]);
+        assert_eq!(named(app.confirm(&operator, id).await).0, "OrderConfirmed");
+        let (stock, version) = app.stock_and_version(item).await;
+        let requests = (0..2)
+            .map(|_| {
+                let (app, token) = (app.clone(), operator.clone());
+                async move { named(app.fulfill(&token, id).await) }.boxed()
+            })
+            .collect();
+        let results = at_once(requests).await;
+        let context = format!("round {round}: {results:?}");
+        assert_eq!(count(&results, "OrderFulfilled"), 1, "{context}");
+        let (other, answer) = results.iter().find(|(n, _)| n != "OrderFulfilled").expect("the other");
+        match other.as_str() {
+            "OrderCannotBeFulfilled" => assert_eq!(answer["order"]["status"], "FULFILLED", "{context}"),
+            "OrderModifiedConcurrently" => assert_eq!(answer["orderId"], id.to_string(), "{context}"),
+            _ => panic!("exactly one ships, without errors; {context}"),
+        }
+        assert_eq!(line_statuses(&app, id).await, ["FULFILLED", "FULFILLED"], "{context}");
+        let shipped = app
+            .count(&format!("SELECT count(*) FROM stock_movements WHERE reason = 'FULFILLED' AND order_id = '{id}'"))
+            .await;
+        assert_eq!(shipped, 2, "one ledger row per line, once; {context}");
+        assert_eq!(app.stock_and_version(item).await, (stock, version + 2), "{context}");
+        assert_eq!(order_row(&app, id).await["version"], 3, "{context}");
+    }
+    app.assert_invariant().await;
+}
+
+at_every_isolation! {
+    two_fulfilments_of_one_order_ship_it_once_optimistic => |isolation| {
+        two_fulfilments_of_one_order_ship_it_once(isolation, OrderLocking::Optimistic, race_rounds(isolation, OrderLocking::Optimistic))
+    };
+    two_fulfilments_of_one_order_ship_it_once_pessimistic => |isolation| {
+        two_fulfilments_of_one_order_ship_it_once(isolation, OrderLocking::Pessimistic, race_rounds(isolation, OrderLocking::Pessimistic))
+    };
 }

@@ -41,8 +41,53 @@ export const ChangeShippingAddress = graphql(`
   }
 `);
 
+export const Checkout = graphql(`
+  mutation Checkout($input: CheckoutInput!) {
+    checkout(input: $input) {
+      __typename
+      ... on OrderPlaced { order { id status version items { quantity inventory { id reserved committed } } } }
+      ... on ReservationsUnavailable {
+        reservations { reservationId reason reservation { id status quantity expiresAt } }
+      }
+    }
+  }
+`);
+
+export const ChangeReservationQuantity = graphql(`
+  mutation ChangeReservationQuantity($input: ChangeReservationQuantityInput!) {
+    changeReservationQuantity(input: $input) {
+      __typename
+      ... on ReservationChanged {
+        reservation { id quantity expiresAt }
+        inventory { id stock version available reserved }
+      }
+      ... on SoldOut { requested inventory { stock } }
+      ... on ReservationNotActive { reservation { id status } }
+      ... on ReservationNotFound { reservationId }
+    }
+  }
+`);
+
+export const FulfillOrder = graphql(`
+  mutation FulfillOrder($id: UUID!) {
+    fulfillOrder(id: $id) {
+      __typename
+      ... on OrderFulfilled { order { id status fulfilledAt fulfilledBy version } }
+      ... on OrderCannotBeFulfilled { order { status } }
+      ... on OrderNotFound { orderId }
+      ... on OrderModifiedConcurrently { orderId attempts }
+    }
+  }
+`);
+
+export const OrderChanged = graphql(`
+  subscription OrderChanged($id: UUID!) {
+    orderChanged(id: $id) { id status version confirmedAt fulfilledAt }
+  }
+`);
+
 export const InventoryChanged = graphql(`
   subscription InventoryChanged($id: UUID!) {
-    inventoryChanged(id: $id) { id stock version }
+    inventoryChanged(id: $id) { id stock version available reserved committed onHand }
   }
 `);
