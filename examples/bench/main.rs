@@ -31,10 +31,11 @@
 //! latency percentiles and outcome counts:
 //!
 //! ```sh
-//! STOCKGUARD_JWT_SECRET=load cargo run --release &
-//! cargo run --release --example bench -- load --secret load reserve --clients 64 --total 10000
-//! cargo run --release --example bench -- load --secret load order --clients 64 --seconds 10
-//! cargo run --release --example bench -- load --secret load checkout --clients 32 --seconds 10
+//! export STOCKGUARD_JWT_SECRET=$(openssl rand -hex 32)   # at least 32 bytes
+//! cargo run --release &
+//! cargo run --release --example bench -- load --secret "$STOCKGUARD_JWT_SECRET" reserve --clients 64 --total 10000
+//! cargo run --release --example bench -- load --secret "$STOCKGUARD_JWT_SECRET" order --clients 64 --seconds 10
+//! cargo run --release --example bench -- load --secret "$STOCKGUARD_JWT_SECRET" checkout --clients 32 --seconds 10
 //! ```
 //!
 //! The code: `measure.rs` (what was used and recorded, the statistics),
