@@ -83,9 +83,11 @@ async fn a_page_of_fifty_reservations_loads_their_inventories_in_one_batch() {
     let nodes = body["data"]["myReservations"]["nodes"].as_array().expect("nodes");
     assert_eq!(nodes.len(), 50);
     assert!(nodes.iter().all(|n| n["inventory"]["stock"] == 0), "{body}");
-    // One for the page and one batch for the fifty inventories; the loader's
-    // 1 ms window may close early on a loaded machine and split the batch once.
-    assert!((2..=3).contains(&statements), "{statements} statements for a page of 50: the loader does not batch");
+    // One for the page and one batch for the fifty inventories; without the
+    // loader it would be 51. The loader's 1 ms window closes early when the
+    // executing task is not polled for a millisecond (seen: 5 with two builds
+    // running beside the tests), so the bound is "far from one per row".
+    assert!((2..=11).contains(&statements), "{statements} statements for a page of 50: the loader does not batch");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -114,7 +114,8 @@ async fn the_stock_states_of_a_page_of_inventories_load_in_one_batch() {
         );
     }
     // One for the page and one batch for every state of the fifty (one per
-    // inventory would be 51). The loader's 1 ms window may close early on a
-    // loaded machine and split the batch: a few at most.
-    assert!((2..=5).contains(&statements), "{statements} statements for a page of 50: the states do not batch");
+    // inventory would be 51). The loader's 1 ms window closes early when the
+    // executing task is not polled for a millisecond on a loaded machine, so
+    // the bound is "far from one per row".
+    assert!((2..=11).contains(&statements), "{statements} statements for a page of 50: the states do not batch");
 }
