@@ -121,7 +121,7 @@ impl Live {
                 };
                 reconnect = true;
                 if let Err(err) = listened {
-                    tracing::warn!(error = %err, "the live listener lost its connection; reconnecting");
+                    tracing::warn!(error = %err, "the live listener stopped; listening again");
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
@@ -221,7 +221,11 @@ impl Live {
 
     /// One listening connection: LISTEN on every channel, register the
     /// watched rows with it, then broadcast until the connection is lost.
-    async fn listen(&self, db: &DatabaseConnection, reconnect: bool) -> Result<(), sea_orm::sqlx::Error> {
+    /// A registration that fails ends it too, so that it is tried again on
+    /// a fresh connection: without its watcher rows (gone after a crash
+    /// restart or a failover: the tables are unlogged) nothing this process
+    /// watches would be announced.
+    async fn listen(&self, db: &DatabaseConnection, reconnect: bool) -> Result<(), ListenError> {
         let mut listener = PgListener::connect_with(db.get_postgres_connection_pool()).await?;
         // Asked before LISTEN, so that the connection's last statement (what
         // `pg_stat_activity` shows) stays the LISTEN.
@@ -241,14 +245,14 @@ impl Live {
             }
             Ok::<_, DbErr>(())
         };
-        if let Err(err) = registered.await {
-            tracing::warn!(error = %err, "could not register the watched rows with the new listener");
-        }
+        registered.await.map_err(ListenError::Register)?;
         loop {
             // `None`: the connection was lost; announcements may have been missed
             // while it was, so start over with a fresh LISTEN.
             let Some(notification) = listener.try_recv().await? else {
-                return Err(sea_orm::sqlx::Error::Protocol("the listening connection closed".into()));
+                return Err(ListenError::Lost(sea_orm::sqlx::Error::Protocol(
+                    "the listening connection closed".into(),
+                )));
             };
             // No receivers is fine: nobody in this process is watching.
             let payload = notification.payload();
@@ -271,6 +275,17 @@ impl Live {
             }
         }
     }
+}
+
+/// Why a listening connection ended.
+#[derive(Debug, thiserror::Error)]
+enum ListenError {
+    /// The connection could not be opened or was lost.
+    #[error("the listening connection failed: {0}")]
+    Lost(#[from] sea_orm::sqlx::Error),
+    /// The watched rows could not be registered with it.
+    #[error("could not register the watched rows with the listener: {0}")]
+    Register(DbErr),
 }
 
 /// Whether `order` can no longer change.
