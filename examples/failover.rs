@@ -23,8 +23,9 @@
 //! reservation or order exists that its client's retries did not end in;
 //! nothing is oversold; the invariant and `stockguard check` hold; the
 //! subscription received changes after the fault. Per run it prints the
-//! requests answered, the retryable errors, the time from the fault to the
-//! first success, the last retryable error after the fault, and the
+//! requests answered, the retryable errors (and their rate before the
+//! fault, the machine's own noise), the time from the fault to the first
+//! success, the longest stretch without any success after it, and the
 //! acknowledged writes lost. It exits 1 on any violation.
 
 use std::{
@@ -61,7 +62,7 @@ struct Args {
     #[arg(long, value_enum, default_value = "all")]
     fault: FaultArg,
     /// Seconds of load per run (the fault comes at 40 %; the load goes on
-    /// until the clients have succeeded again for a few seconds).
+    /// for at least 5 s after the first success after the fault).
     #[arg(long, default_value_t = 20)]
     seconds: u64,
     /// Runs of each fault.
@@ -169,9 +170,9 @@ async fn all_runs(args: &Args, formation: &Formation, bin: &std::path::Path) -> 
     }
     println!();
     println!(
-        "| fault | run | requests answered | retryable errors | fault → first success | longest stretch without a success | last error after the fault | acknowledged writes lost | violations |"
+        "| fault | run | requests answered | retryable errors | fault → first success | longest stretch without a success | acknowledged writes lost | violations |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for report in &reports {
         println!("{}", report.row());
     }
@@ -200,9 +201,10 @@ struct Report {
     answered: u64,
     retryable: u64,
     first_success: Option<Duration>,
-    last_error: Option<Duration>,
     /// The longest stretch after the fault with no success at all: the outage as clients saw it.
     longest_gap: Duration,
+    /// Retryable errors per second before the fault: the machine's own noise.
+    baseline: f64,
     lost: usize,
     violations: Vec<String>,
 }
@@ -210,15 +212,15 @@ struct Report {
 impl Report {
     fn line(&self) -> String {
         format!(
-            "{} run {}: {} answered, {} retryable errors, fault → first success {}, longest stretch without a \
-             success {}, last error after the fault {}, {} acknowledged writes lost, {} violations",
+            "{} run {}: {} answered, {} retryable errors ({:.1}/s before the fault), fault → first success {}, \
+             longest stretch without a success {}, {} acknowledged writes lost, {} violations",
             self.fault.name(),
             self.run,
             self.answered,
             self.retryable,
+            self.baseline,
             ms(self.first_success),
             ms(Some(self.longest_gap)),
-            ms(self.last_error),
             self.lost,
             self.violations.len()
         )
@@ -226,14 +228,14 @@ impl Report {
 
     fn row(&self) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} ({:.1}/s before) | {} | {} | {} | {} |",
             self.fault.name(),
             self.run,
             self.answered,
             self.retryable,
+            self.baseline,
             ms(self.first_success),
             ms(Some(self.longest_gap)),
-            ms(self.last_error),
             self.lost,
             self.violations.len()
         )
@@ -366,20 +368,18 @@ async fn one_run(
 
     let load_started = Instant::now();
     tokio::time::sleep(Duration::from_secs_f64(args.seconds as f64 * 0.4)).await;
-    let fault_at = Instant::now();
     eprintln!("failover: {} run {run}: injecting the fault", fault.name());
-    inject(formation, fault).await?;
-    eprintln!("failover: {} run {run}: fault injected in {:.1?}", fault.name(), fault_at.elapsed());
-    // Load until the planned time is over and the clients have been
-    // succeeding again for 3 s since the last error (at most 3 minutes).
+    let fault_at = inject(formation, fault).await?;
+    let before_fault = lock(&seen.errors).iter().filter(|at| **at < fault_at).count();
+    let baseline = before_fault as f64 / fault_at.duration_since(load_started).as_secs_f64();
+    // Load until the planned time is over and for 5 s after the first
+    // success sent after the fault (at most 3 minutes).
     let planned_end = load_started + Duration::from_secs(args.seconds);
     let cap = Instant::now() + Duration::from_secs(180);
     loop {
         let now = Instant::now();
-        let last_error = lock(&seen.errors).last().copied();
-        let quiet = last_error.is_none_or(|at| now.duration_since(at) > Duration::from_secs(3));
-        let succeeded = lock(&seen.successes).iter().any(|(_, sent)| *sent > fault_at);
-        if (now >= planned_end && quiet && succeeded) || now > cap {
+        let recovered = lock(&seen.successes).iter().filter(|(_, sent)| *sent > fault_at).map(|(at, _)| *at).min();
+        if (now >= planned_end && recovered.is_some_and(|at| now >= at + Duration::from_secs(5))) || now > cap {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -430,7 +430,6 @@ async fn one_run(
     violations.extend(lock(&seen.bad).iter().cloned());
     let successes = lock(&seen.successes);
     let first_success = successes.iter().filter(|(_, sent)| *sent >= fault_at).map(|(at, _)| *at - fault_at).min();
-    let last_error = lock(&seen.errors).iter().filter(|at| **at >= fault_at).map(|at| *at - fault_at).max();
     let mut arrivals: Vec<Instant> = successes.iter().map(|(at, _)| *at).filter(|at| *at >= fault_at).collect();
     arrivals.sort();
     let longest_gap = std::iter::once(fault_at)
@@ -445,8 +444,8 @@ async fn one_run(
         answered: seen.answered.load(Ordering::Relaxed),
         retryable: seen.retryable.load(Ordering::Relaxed),
         first_success,
-        last_error,
         longest_gap,
+        baseline,
         lost,
         violations,
     })
@@ -534,34 +533,40 @@ async fn create(gql: &Gql, operator: &str, sku: &str, stock: i64) -> anyhow::Res
     }
 }
 
-async fn inject(formation: &Formation, fault: Fault) -> anyhow::Result<()> {
-    match fault {
+/// Injects `fault`; when it took effect: when a planned failover was asked
+/// for (it returns once done), or when the signal was sent.
+async fn inject(formation: &Formation, fault: Fault) -> anyhow::Result<Instant> {
+    let at = match fault {
         Fault::Planned => {
             let dir = formation.dir.clone();
             let base = formation.ports.base;
+            let asked = Instant::now();
             tokio::task::spawn_blocking(move || Formation::new(&dir, base)?.perform_failover()).await??;
+            eprintln!("failover: pg_autoctl perform failover returned after {:.1?}", asked.elapsed());
+            asked
         }
         Fault::KillPrimary => {
             let primary = formation.primary()?.context("no primary to kill")?;
             let pid = formation.postmaster_pid(&primary.name)?;
             eprintln!("failover: kill -9 {pid} (the postmaster of {}, the primary)", primary.name);
-            kill9(pid)?;
+            kill9(pid)?
         }
         Fault::KillApp => {
             let pid = formation.app_pid(VICTIM_APP).context("no pid of the victim app")?;
             eprintln!("failover: kill -9 {pid} (Stockguard {VICTIM_APP})");
-            kill9(pid)?;
+            kill9(pid)?
         }
-    }
-    Ok(())
+    };
+    Ok(at)
 }
 
-fn kill9(pid: u32) -> anyhow::Result<()> {
+/// `kill -9 pid`; the moment it returned (the signal was delivered by then).
+fn kill9(pid: u32) -> anyhow::Result<Instant> {
     let status = std::process::Command::new("kill").arg("-KILL").arg(pid.to_string()).status()?;
     if !status.success() {
         bail!("kill -9 {pid} failed");
     }
-    Ok(())
+    Ok(Instant::now())
 }
 
 /// The checks on the primary; how many acknowledged writes are missing.

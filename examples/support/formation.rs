@@ -72,15 +72,17 @@ pub struct NodeState {
     pub assigned: String,
 }
 
-/// PostgreSQL's binaries (the newest `/usr/lib/postgresql/*/bin`, which
-/// pg_autoctl runs), once pg_autoctl and haproxy are known to be installed;
+/// PostgreSQL's binaries of the version pg_auto_failover was installed for
+/// (pg_autoctl runs them), once pg_autoctl and haproxy are known to be installed;
 /// `Err` names what is missing, in one line.
 pub fn find_tools() -> anyhow::Result<PathBuf> {
-    let bindir = std::fs::read_dir("/usr/lib/postgresql")
+    // The PostgreSQL version pg_auto_failover's extension was installed for.
+    let bindir = std::fs::read_dir("/usr/share/postgresql")
         .into_iter()
         .flatten()
         .flatten()
-        .map(|entry| entry.path().join("bin"))
+        .filter(|version| version.path().join("extension/pgautofailover.control").exists())
+        .map(|version| Path::new("/usr/lib/postgresql").join(version.file_name()).join("bin"))
         .filter(|bin| bin.join("pg_ctl").exists())
         .max();
     let missing: Vec<&str> = [("pg_autoctl", "postgresql-15-auto-failover"), ("haproxy", "haproxy")]
@@ -90,7 +92,9 @@ pub fn find_tools() -> anyhow::Result<PathBuf> {
         .collect();
     match bindir {
         _ if !missing.is_empty() => bail!("not installed: apt-get install {}", missing.join(" ")),
-        None => bail!("no PostgreSQL binaries under /usr/lib/postgresql: apt-get install postgresql"),
+        None => bail!(
+            "no pg_auto_failover extension for an installed PostgreSQL: apt-get install postgresql-15-auto-failover"
+        ),
         Some(bindir) => Ok(bindir),
     }
 }
@@ -202,6 +206,18 @@ impl Formation {
                 std::process::Command::new("chown").arg("-R").arg("postgres:postgres").arg(&self.dir).status()?;
             if !owned.success() {
                 bail!("cannot give {} to the postgres user", self.dir.display());
+            }
+        }
+        if self.as_postgres {
+            let reachable = std::process::Command::new("runuser")
+                .args(["-u", "postgres", "--", "test", "-w"])
+                .arg(&self.dir)
+                .status()?;
+            if !reachable.success() {
+                bail!(
+                    "the postgres user cannot reach {} (a parent folder is closed to it): pass --dir",
+                    self.dir.display()
+                );
             }
         }
         let started = Instant::now();

@@ -276,3 +276,36 @@ async fn readiness_answers_at_once_while_requests_hold_every_pooled_connection()
     assert!(started.elapsed() < Duration::from_secs(1), "readyz waited {:?}", started.elapsed());
     drop(held);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_url_of_several_hosts_connects_to_one_that_answers_and_names_each_when_none_does() {
+    let app = TestApp::spawn().await;
+    // A host where nothing listens comes first, as a dead primary would.
+    let (scheme, rest) = app.database_url.split_once("://").expect("a URL");
+    let hosts = |first: &str| match rest.split_once('@') {
+        Some((user, rest)) => format!("{scheme}://{user}@{first},{rest}"),
+        None => format!("{scheme}://{first},{rest}"),
+    };
+    let config = |url: &str| DatabaseConfig {
+        database_url: Some(url.to_owned()),
+        pool_size: 2,
+        acquire_timeout_ms: 2_000,
+        statement_timeout_ms: 10_000,
+        ..DatabaseConfig::default()
+    };
+    let url = hosts("127.0.0.1:1");
+    let db = db::connect(&url, &config(&url)).await.expect("the second host answers");
+    let writable = db
+        .query_one_raw(Statement::from_string(DbBackend::Postgres, "SHOW transaction_read_only"))
+        .await
+        .expect("query")
+        .expect("a row")
+        .try_get_by_index::<String>(0)
+        .expect("text");
+    assert_eq!(writable, "off", "several hosts: connected to one that takes writes");
+    db.close().await.expect("close");
+
+    let none = format!("postgres://postgres@127.0.0.1:1,127.0.0.1:2/{}", "nowhere");
+    let error = db::connect(&none, &config(&none)).await.expect_err("no host answers").to_string();
+    assert!(error.contains("127.0.0.1:1") && error.contains("127.0.0.1:2"), "names each host: {error}");
+}
