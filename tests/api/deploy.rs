@@ -35,7 +35,9 @@ async fn two_processes_on_one_hot_item_each_coalesce_and_together_grant_exactly_
     let env = [("STOCKGUARD_COALESCE_WINDOW_US", "20000")];
     let first = Arc::new(Process::start(&env).await);
     let second = Arc::new(Process::beside(&first, &env).await);
-    let id = first.create_inventory("SIDE-BY-SIDE-1", 100).await;
+    // 150 units for 2 × 100 callers: whatever one process grants (at most
+    // its 100), the other grants at least 50, so both have batches to show.
+    let id = first.create_inventory("SIDE-BY-SIDE-1", 150).await;
 
     // 100 callers on each process, all at once.
     let barrier = Arc::new(Barrier::new(200));
@@ -52,7 +54,7 @@ async fn two_processes_on_one_hot_item_each_coalesce_and_together_grant_exactly_
     let answers: Vec<(usize, Value)> = join_all(calls).await.into_iter().map(|r| r.expect("task")).collect();
 
     let named = |name: &str| answers.iter().filter(|(_, a)| a["__typename"] == name).count();
-    assert_eq!((named("Reserved"), named("SoldOut")), (100, 100), "only union members: {answers:?}");
+    assert_eq!((named("Reserved"), named("SoldOut")), (150, 50), "only union members: {answers:?}");
     assert_eq!(first.count(&format!("SELECT stock::int8 FROM inventories WHERE id = '{id}'")).await, 0);
     for process in [0, 1] {
         let granted: Vec<Uuid> = answers
@@ -60,7 +62,7 @@ async fn two_processes_on_one_hot_item_each_coalesce_and_together_grant_exactly_
             .filter(|(p, a)| *p == process && a["__typename"] == "Reserved")
             .map(|(_, a)| a["reservation"]["id"].as_str().and_then(|id| id.parse().ok()).expect("an id"))
             .collect();
-        assert!(granted.len() > 1, "process {process} granted {} of the 100", granted.len());
+        assert!(granted.len() >= 50, "process {process} granted {} of the 150", granted.len());
         let ids = granted.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(",");
         // One transaction stamps one `created_at` on every row it writes.
         let transactions = first
