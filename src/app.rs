@@ -3,12 +3,14 @@
 //! knows no feature: what a feature keeps at run time (the coalescer, live
 //! stock) is wired by the composition root, `server.rs`.
 
+use std::sync::{Arc, atomic::AtomicBool};
+
 use sea_orm::DatabaseConnection;
 
 use crate::{
     auth::Keys,
     config::Limits,
-    db::{Collisions, StatementPool},
+    db::{Collisions, ReadyProbe, StatementPool},
 };
 
 /// Shared state of one server process.
@@ -24,6 +26,12 @@ pub struct AppState {
     pub limits: Limits,
     /// Re-runs collided statements.
     pub collisions: Collisions,
+    /// `/readyz`'s own database connection.
+    pub ready: ReadyProbe,
+    /// Set when the process is about to stop (SIGTERM with a shutdown
+    /// delay): `/readyz` answers 503 so load balancers send no new
+    /// requests, while every request that still comes is served.
+    pub draining: Arc<AtomicBool>,
 }
 
 impl AppState {
@@ -31,7 +39,8 @@ impl AppState {
     pub fn new(db: DatabaseConnection, keys: Keys, limits: Limits) -> Self {
         let collisions = Collisions::new(limits.collision_attempts);
         let statements = StatementPool::beside(&db);
-        Self { db, statements, keys, limits, collisions }
+        let ready = ReadyProbe::beside(&db);
+        Self { db, statements, keys, limits, collisions, ready, draining: Arc::default() }
     }
 }
 

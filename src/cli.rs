@@ -1,7 +1,15 @@
 //! The command line. `stockguard` alone serves; the other commands share the
 //! database settings.
 
-use std::{net::SocketAddr, process::ExitCode, time::Duration};
+use std::{
+    net::SocketAddr,
+    process::ExitCode,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -201,7 +209,7 @@ fn redact(url: &str) -> String {
 
 async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::Result<()> {
     // Settings first: a server that must not start says so before it touches anything.
-    let (keys, dev_tokens) = keys(&config)?;
+    let (keys, dev_tokens) = keys(&config, database_config.database_url.as_deref())?;
     let database = Database::open(&database_config).await?;
     if !config.no_seed {
         let added = seed::seed_if_empty(&database.conn).await.map_err(|e| anyhow::anyhow!("seeding failed: {e}"))?;
@@ -217,11 +225,26 @@ async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::
         .await
         .with_context(|| format!("cannot listen on {}", config.addr))?;
     announce(listener.local_addr()?, dev_tokens.as_ref());
-    http::serve(listener, router, http::connection_limits(&config.limits), http::shutdown_signal()).await?;
+    let shutdown = drain(server.state().draining.clone(), Duration::from_millis(config.shutdown_delay_ms));
+    http::serve(listener, router, http::connection_limits(&config.limits), shutdown).await?;
     workers.shutdown().await;
     database.close().await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Resolves when the server should stop accepting connections: on SIGINT or
+/// SIGTERM, after `delay` during which `/readyz` answers 503 (`draining`) and
+/// every request is still served, so a load balancer takes this process
+/// out before its port closes.
+async fn drain(draining: Arc<AtomicBool>, delay: Duration) {
+    http::shutdown_signal().await;
+    if delay.is_zero() {
+        return;
+    }
+    draining.store(true, Ordering::Release);
+    tracing::info!(delay_ms = delay.as_millis() as u64, "draining: /readyz answers 503, still serving");
+    tokio::time::sleep(delay).await;
 }
 
 /// The token keys of a server, and the ready-made dev tokens when it made
@@ -229,12 +252,22 @@ async fn serve(database_config: DatabaseConfig, config: ServeConfig) -> anyhow::
 ///
 /// Without `STOCKGUARD_JWT_SECRET` the server makes a throw-away secret and
 /// shows an operator token in GraphiQL, which anyone who can reach the page
-/// could use: so that is allowed only on a loopback address. An explicit
-/// secret must be long enough to resist guessing.
-fn keys(config: &ServeConfig) -> anyhow::Result<(Keys, Option<(String, String)>)> {
+/// could use: so that is allowed only on a loopback address. Nor is it
+/// allowed with a `DATABASE_URL` of several hosts: that is a deployment of
+/// several processes, and a token one of them signed with a secret of its
+/// own would be refused by the others. An explicit secret must be long
+/// enough to resist guessing.
+fn keys(config: &ServeConfig, database_url: Option<&str>) -> anyhow::Result<(Keys, Option<(String, String)>)> {
     let max_ttl = config.max_token_ttl_secs;
     if let Some(secret) = &config.jwt_secret {
         return Ok((Keys::new(secret.as_bytes(), max_ttl)?, None));
+    }
+    let hosts = database_url.and_then(|url| db::primary::parse(url).ok()).map_or(1, |target| target.hosts.len());
+    if hosts > 1 {
+        anyhow::bail!(
+            "STOCKGUARD_JWT_SECRET is required with a DATABASE_URL of {hosts} hosts: every process of a \
+             deployment must verify the tokens the others accept, so they share one secret"
+        );
     }
     if !config.addr.ip().is_loopback() {
         anyhow::bail!(

@@ -240,6 +240,13 @@ pub struct ServeConfig {
     #[arg(long, env = "STOCKGUARD_MAX_TOKEN_TTL_SECS", default_value_t = crate::auth::DEFAULT_MAX_TOKEN_TTL_SECS)]
     pub max_token_ttl_secs: i64,
 
+    /// How long the process keeps serving after SIGTERM with `/readyz`
+    /// answering 503, before it stops accepting connections (milliseconds).
+    /// Behind a load balancer, set it above the balancer's health-check
+    /// interval times its fall count, so no new request reaches a closed port.
+    #[arg(long, env = "STOCKGUARD_SHUTDOWN_DELAY_MS", default_value_t = 0)]
+    pub shutdown_delay_ms: u64,
+
     /// Do not add demo inventory to an empty database.
     #[arg(long, env = "STOCKGUARD_NO_SEED", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_seed: bool,

@@ -1,12 +1,17 @@
-//! The database: connecting (creating the database when it is missing),
-//! migrating, and the one place where database errors are classified.
+//! The database: connecting (creating the database when it is missing, and
+//! following the primary among several hosts, see [`primary`]), migrating,
+//! and the one place where database errors are classified.
 //!
 //! Every write path in Stockguard is safe to re-run, because its conditions
 //! are checked again by the statement itself. So a collision (SQLSTATE 40001
 //! serialization failure, 40P01 deadlock) is re-run a bounded number of times
 //! by [`Collisions::run`] instead of being reported as a crash.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use migration::{Migrator, MigratorTrait};
 use sea_orm::{
@@ -17,7 +22,9 @@ use uuid::Uuid;
 
 use crate::config::DatabaseConfig;
 
+pub mod primary;
 mod statements;
+pub use primary::Primary;
 pub use statements::StatementPool;
 
 /// What a database error means to Stockguard.
@@ -39,8 +46,9 @@ pub enum DbFailure {
     StatementTimeout,
     /// 42P04: `CREATE DATABASE` of a name that exists.
     DuplicateDatabase,
-    /// The server could not be reached, the connection was lost, or no pooled
-    /// connection was free in time.
+    /// The server could not be reached, the connection was lost, no pooled
+    /// connection was free in time, or the server refused a write because it
+    /// is read-only (25006: a standby, after a failover).
     Unavailable,
     /// Anything else: a bug or a broken database.
     Other,
@@ -92,6 +100,11 @@ pub fn classify(err: &DbErr) -> DbFailure {
                 Some("55P03") => DbFailure::LockNotAvailable,
                 Some("57014") => DbFailure::StatementTimeout,
                 Some("42P04") => DbFailure::DuplicateDatabase,
+                // 25006 read_only_sql_transaction: the server is (now) a
+                // standby, or was set read-only. Nothing was written; the
+                // primary is elsewhere or coming back, so this is an outage
+                // the client may retry, not a bug.
+                Some("25006") => DbFailure::Unavailable,
                 // 08xxx connection exceptions; 57P01..57P03: the backend was
                 // terminated, the server is shutting down or not yet accepting.
                 Some(code) if code.starts_with("08") || code.starts_with("57P") => DbFailure::Unavailable,
@@ -188,13 +201,34 @@ fn split_database_name(url: &str) -> Option<(String, String)> {
     Some((admin, name.to_owned()))
 }
 
+/// The hosts of `url`, and the URL of the one to connect to first: the
+/// first that accepts writes when there are several (tried for at most
+/// `timeout`), else the one given.
+async fn pick_host(url: &str, timeout: Duration) -> Result<(Primary, String), DbErr> {
+    let target = primary::parse(url).map_err(|err| DbErr::Custom(err.to_string()))?;
+    let primary = Primary::new(&target).map_err(conn_err)?;
+    if !primary.has_alternatives() {
+        return Ok((primary, target.hosts[0].clone()));
+    }
+    let template: sqlx::postgres::PgConnectOptions = target.hosts[0].parse().map_err(conn_err)?;
+    let (index, probe) = primary.find(&template, timeout, Instant::now() + timeout).await.map_err(conn_err)?;
+    drop(probe);
+    Ok((primary, target.hosts[index].clone()))
+}
+
+fn conn_err(err: sqlx::Error) -> DbErr {
+    DbErr::Conn(RuntimeErr::SqlxError(err.into()))
+}
+
 /// Creates the database named in `url` when it does not exist yet.
 pub async fn ensure_database(url: &str) -> Result<(), DbErr> {
     let Some((admin_url, name)) = split_database_name(url) else {
         return Ok(());
     };
+    let timeout = Duration::from_secs(5);
+    let (_, admin_url) = pick_host(&admin_url, timeout).await?;
     let mut opts = ConnectOptions::new(admin_url);
-    opts.max_connections(1).sqlx_logging(false).connect_timeout(Duration::from_secs(5));
+    opts.max_connections(1).sqlx_logging(false).connect_timeout(timeout);
     let admin = Database::connect(opts).await?;
     let exists = admin
         .query_one_raw(Statement::from_sql_and_values(
@@ -217,9 +251,12 @@ pub async fn ensure_database(url: &str) -> Result<(), DbErr> {
 }
 
 /// Opens the pool. Every connection gets the `statement_timeout`, so no
-/// statement can hold a connection (and its locks) for longer.
+/// statement can hold a connection (and its locks) for longer. With several
+/// hosts (or `target_session_attrs=read-write`) the pool follows the primary
+/// (see [`primary`]).
 pub async fn connect(url: &str, config: &DatabaseConfig) -> Result<DatabaseConnection, DbErr> {
-    let mut opts = ConnectOptions::new(url);
+    let (primary, first) = pick_host(url, config.acquire_timeout()).await?;
+    let mut opts = ConnectOptions::new(first);
     opts.max_connections(config.pool_size)
         .min_connections(1)
         .acquire_timeout(config.acquire_timeout())
@@ -230,7 +267,31 @@ pub async fn connect(url: &str, config: &DatabaseConfig) -> Result<DatabaseConne
         // per transaction. Only one that sat idle (it may have died) is worth one.
         .test_before_acquire_if_idle_for(Duration::from_secs(1))
         .sqlx_logging(false);
-    Database::connect(opts).await
+    // A connection opened before the pool moved to a new primary is closed
+    // instead of being handed out or kept; a new one must reach a server
+    // that accepts writes, when that is required.
+    let on_acquire = primary.clone();
+    opts.map_sqlx_postgres_before_acquire(move |_, meta| {
+        let keep = on_acquire.keep(&meta);
+        Box::pin(async move { Ok(keep) })
+    });
+    let hooks = primary.clone();
+    opts.map_sqlx_postgres_pool_opts(move |pool| {
+        let (on_connect, on_release) = (hooks.clone(), hooks.clone());
+        pool.after_connect(move |conn, _| {
+            let primary = on_connect.clone();
+            Box::pin(async move { primary.check_new(conn).await })
+        })
+        .after_release(move |_, meta| {
+            let keep = on_release.keep(&meta);
+            Box::pin(async move { Ok(keep) })
+        })
+    });
+    let db = Database::connect(opts).await?;
+    if primary.has_alternatives() {
+        primary.watch(db.get_postgres_connection_pool().clone(), config.acquire_timeout());
+    }
+    Ok(db)
 }
 
 /// Applies pending migrations. An advisory lock makes server processes that
@@ -255,9 +316,51 @@ pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
     result
 }
 
-/// Whether a `SELECT 1` answers within `timeout`.
-pub async fn is_ready(db: &DatabaseConnection, timeout: Duration) -> bool {
-    matches!(tokio::time::timeout(timeout, db.execute_unprepared("SELECT 1")).await, Ok(Ok(_)))
+/// The readiness check's own connection, outside the pools: `/readyz` must
+/// say whether the database takes writes, not queue behind a pool that busy
+/// requests hold (a load balancer would take a merely busy process out).
+#[derive(Clone)]
+pub struct ReadyProbe {
+    /// The main pool, for its current connect options (its current primary).
+    pool: sqlx::PgPool,
+    /// The probe's connection and the options it was opened with; taken out
+    /// while in use, so one cut off by a timeout is never used again.
+    conn: Arc<Mutex<Option<Opened>>>,
+}
+
+/// A connection and the options it was opened with.
+type Opened = (sqlx::postgres::PgConnection, Arc<sqlx::postgres::PgConnectOptions>);
+
+impl ReadyProbe {
+    /// A probe of the server `db`'s pool connects to.
+    pub fn beside(db: &DatabaseConnection) -> Self {
+        Self { pool: db.get_postgres_connection_pool().clone(), conn: Arc::default() }
+    }
+
+    /// Whether the database answers within `timeout` and accepts writes
+    /// (`transaction_read_only` off: not a standby, not set read-only).
+    pub async fn is_ready(&self, timeout: Duration) -> bool {
+        use sqlx::Connection as _;
+        let mut slot = self.conn.lock().await;
+        let options = self.pool.connect_options();
+        let kept = slot.take().filter(|(_, opened_with)| Arc::ptr_eq(opened_with, &options));
+        let checked = tokio::time::timeout(timeout, async {
+            let mut conn = match kept {
+                Some((conn, _)) => conn,
+                None => sqlx::postgres::PgConnection::connect_with(&options).await.ok()?,
+            };
+            let read_only: String = sqlx::query_scalar("SHOW transaction_read_only").fetch_one(&mut conn).await.ok()?;
+            Some((conn, read_only == "off"))
+        })
+        .await;
+        match checked {
+            Ok(Some((conn, writable))) => {
+                *slot = Some((conn, options));
+                writable
+            }
+            _ => false,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -121,7 +121,7 @@ impl Live {
                 };
                 reconnect = true;
                 if let Err(err) = listened {
-                    tracing::warn!(error = %err, "the live listener lost its connection; reconnecting");
+                    tracing::warn!(error = %err, "the live listener stopped; listening again");
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
@@ -221,18 +221,26 @@ impl Live {
 
     /// One listening connection: LISTEN on every channel, register the
     /// watched rows with it, then broadcast until the connection is lost.
-    async fn listen(&self, db: &DatabaseConnection, reconnect: bool) -> Result<(), sea_orm::sqlx::Error> {
+    /// A registration that fails ends it too, so that it is tried again on
+    /// a fresh connection: without its watcher rows (gone after a crash
+    /// restart or a failover: the tables are unlogged) nothing this process
+    /// watches would be announced.
+    async fn listen(&self, db: &DatabaseConnection, reconnect: bool) -> Result<(), ListenError> {
         let mut listener = PgListener::connect_with(db.get_postgres_connection_pool()).await?;
-        // Asked before LISTEN, so that the connection's last statement (what
-        // `pg_stat_activity` shows) stays the LISTEN.
+        // Asked and registered before LISTEN, so that the connection's last
+        // statement (what `pg_stat_activity` shows) stays the LISTEN. The
+        // watcher rows are written on this connection, not the pool's: in
+        // an outage requests hold the pool, and a listener waiting behind
+        // them would leave its subscribers without announcements.
         let pid: i32 = sea_orm::sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut listener).await?;
+        let inventories = self.watched_inventories.listening_on(&mut listener, pid).await.map_err(register)?;
+        let orders = self.watched_orders.listening_on(&mut listener, pid).await.map_err(register)?;
         listener.listen_all([INVENTORY_CHANGED, INVENTORY_STATES_CHANGED, ORDER_CHANGED]).await?;
         let registered = async {
-            let inventories = self.watched_inventories.listening_on(db, pid).await?;
-            let orders = self.watched_orders.listening_on(db, pid).await?;
             // Changes committed while no one listened were not announced:
-            // after a reconnect, send every watched row's current state once,
-            // so subscribers catch up.
+            // after a reconnect, send every watched row's current state once
+            // (read after LISTEN, so nothing falls in between), so
+            // subscribers catch up.
             if reconnect {
                 inventory_store::find_many(db, inventories).await?.into_iter().for_each(|row| {
                     drop(self.stock.send(Heard::Row(row)));
@@ -241,14 +249,14 @@ impl Live {
             }
             Ok::<_, DbErr>(())
         };
-        if let Err(err) = registered.await {
-            tracing::warn!(error = %err, "could not register the watched rows with the new listener");
-        }
+        registered.await.map_err(register)?;
         loop {
             // `None`: the connection was lost; announcements may have been missed
             // while it was, so start over with a fresh LISTEN.
             let Some(notification) = listener.try_recv().await? else {
-                return Err(sea_orm::sqlx::Error::Protocol("the listening connection closed".into()));
+                return Err(ListenError::Lost(sea_orm::sqlx::Error::Protocol(
+                    "the listening connection closed".into(),
+                )));
             };
             // No receivers is fine: nobody in this process is watching.
             let payload = notification.payload();
@@ -271,6 +279,21 @@ impl Live {
             }
         }
     }
+}
+
+/// Why a listening connection ended.
+#[derive(Debug, thiserror::Error)]
+enum ListenError {
+    /// The connection could not be opened or was lost.
+    #[error("the listening connection failed: {0}")]
+    Lost(#[from] sea_orm::sqlx::Error),
+    /// The watched rows could not be registered with it, or not read for the catch-up.
+    #[error("could not register the watched rows with the listener: {0}")]
+    Register(String),
+}
+
+fn register(err: impl std::fmt::Display) -> ListenError {
+    ListenError::Register(err.to_string())
 }
 
 /// Whether `order` can no longer change.
@@ -367,7 +390,7 @@ impl Watched {
     /// watcher rows of processes whose listener is gone, writes this
     /// process's rows afresh (a failover's new primary has none: the tables
     /// are unlogged), and returns the ids this process watches.
-    async fn listening_on(&self, db: &DatabaseConnection, pid: i32) -> Result<Vec<Uuid>, DbErr> {
+    async fn listening_on(&self, listener: &mut PgListener, pid: i32) -> Result<Vec<Uuid>, sea_orm::sqlx::Error> {
         let counts = self.counts.lock().await;
         self.listener_pid.store(pid, Ordering::Release);
         let ids: Vec<Uuid> = counts.keys().copied().collect();
@@ -386,12 +409,12 @@ INSERT INTO {table} (process_id, {key}, listener_pid)
 SELECT $1, id, $2 FROM unnest($3::uuid[]) AS w(id)
     ON CONFLICT (process_id, {key}) DO UPDATE SET listener_pid = excluded.listener_pid"#
         );
-        db.execute_raw(Statement::from_sql_and_values(
-            DbBackend::Postgres,
-            sql,
-            [self.process.into(), pid.into(), ids.clone().into()],
-        ))
-        .await?;
+        sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(sql))
+            .bind(self.process)
+            .bind(pid)
+            .bind(&ids)
+            .execute(&mut *listener)
+            .await?;
         Ok(ids)
     }
 }

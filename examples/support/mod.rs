@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod documents;
+pub mod formation;
 
 use std::{
     net::TcpListener,

@@ -8,7 +8,11 @@
 //! CPU, and PostgreSQL woke up three times per reservation. Here a connection
 //! goes from one statement to the next with nothing in between; one that sat
 //! idle for a while is pinged first, and one whose statement failed for any
-//! reason but an SQL error is closed, not reused.
+//! reason but an SQL error is closed, not reused (a read-only server's 25006
+//! counts as a failed connection: it is a standby now). Connections are
+//! opened with the main pool's options as they are at that moment, so when
+//! the pool follows a new primary (`db::primary`), the connections opened
+//! before are closed instead of used again.
 
 use std::{
     sync::{Arc, Mutex},
@@ -19,7 +23,7 @@ use sea_orm::{
     ConnAcquireErr, DatabaseConnection, DbErr, QueryResult, RuntimeErr,
     sqlx::{
         self, Connection as _, Postgres,
-        postgres::{PgArguments, PgConnectOptions, PgConnection},
+        postgres::{PgArguments, PgConnectOptions, PgConnection, PgPool},
         query::Query,
     },
 };
@@ -39,15 +43,42 @@ pub struct StatementPool {
 }
 
 struct Inner {
-    /// How to open a connection: the main pool's options (URL,
-    /// `statement_timeout`, application name).
-    options: PgConnectOptions,
+    /// How to open a connection: the main pool's options as they are now
+    /// (host, `statement_timeout`, application name), or fixed ones.
+    options: Options,
     /// One permit per connection, open or not; FIFO, so waiters are served in turn.
     permits: Arc<Semaphore>,
-    /// Open connections nobody is using, with the moment they were put back.
-    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    /// Open connections nobody is using, with the moment they were put back
+    /// and the options they were opened with.
+    idle: Mutex<Vec<Idle>>,
     /// How long a statement waits for a connection before it fails as unavailable.
     acquire_timeout: Duration,
+}
+
+/// Where the options for a new connection come from.
+enum Options {
+    /// The main pool's current ones: they change when it follows a new primary.
+    Follow(PgPool),
+    /// Always these.
+    Fixed(Arc<PgConnectOptions>),
+}
+
+impl Options {
+    fn current(&self) -> Arc<PgConnectOptions> {
+        match self {
+            Self::Follow(pool) => pool.connect_options(),
+            Self::Fixed(options) => options.clone(),
+        }
+    }
+}
+
+/// An idle connection.
+struct Idle {
+    conn: PgConnection,
+    /// When it was put back.
+    since: Instant,
+    /// The options it was opened with.
+    opened_with: Arc<PgConnectOptions>,
 }
 
 /// One leased connection; only [`Lease::give_back_unless_broken`] returns it
@@ -58,6 +89,8 @@ struct Lease<'a> {
     pool: &'a Inner,
     /// The connection, in use by one statement.
     conn: PgConnection,
+    /// The options it was opened with.
+    opened_with: Arc<PgConnectOptions>,
     /// The pool's permit for it, given up only after the connection is back.
     permit: OwnedSemaphorePermit,
 }
@@ -66,12 +99,17 @@ impl StatementPool {
     /// A pool the size of `db`'s, opening connections the way `db` does.
     pub fn beside(db: &DatabaseConnection) -> Self {
         let pool = db.get_postgres_connection_pool();
-        let options = PgConnectOptions::clone(&pool.connect_options());
-        Self::new(options, pool.options().get_max_connections() as usize, pool.options().get_acquire_timeout())
+        let (size, acquire_timeout) =
+            (pool.options().get_max_connections() as usize, pool.options().get_acquire_timeout());
+        Self::with(Options::Follow(pool.clone()), size, acquire_timeout)
     }
 
     /// A pool of at most `size` connections opened with `options`.
     pub fn new(options: PgConnectOptions, size: usize, acquire_timeout: Duration) -> Self {
+        Self::with(Options::Fixed(Arc::new(options)), size, acquire_timeout)
+    }
+
+    fn with(options: Options, size: usize, acquire_timeout: Duration) -> Self {
         Self {
             inner: Arc::new(Inner {
                 options,
@@ -111,24 +149,29 @@ impl Inner {
             .await
             .map_err(|_| DbErr::ConnectionAcquire(ConnAcquireErr::Timeout))?
             .map_err(|_| DbErr::ConnectionAcquire(ConnAcquireErr::ConnectionClosed))?;
+        let options = self.options.current();
         // Newest first: the connection most likely to be alive and warm.
-        while let Some((mut conn, since)) = self.pop_idle() {
+        while let Some(Idle { mut conn, since, opened_with }) = self.pop_idle() {
+            if !Arc::ptr_eq(&opened_with, &options) {
+                // Opened before the main pool moved to another primary.
+                continue;
+            }
             if since.elapsed() < PING_AFTER_IDLE {
-                return Ok(Lease { pool: self, conn, permit });
+                return Ok(Lease { pool: self, conn, opened_with, permit });
             }
             if let Ok(Ok(())) = tokio::time::timeout_at(deadline.into(), conn.ping()).await {
-                return Ok(Lease { pool: self, conn, permit });
+                return Ok(Lease { pool: self, conn, opened_with, permit });
             }
             // Dead or too slow: let it go and try the next.
         }
-        let conn = tokio::time::timeout_at(deadline.into(), PgConnection::connect_with(&self.options))
+        let conn = tokio::time::timeout_at(deadline.into(), PgConnection::connect_with(&options))
             .await
             .map_err(|_| DbErr::ConnectionAcquire(ConnAcquireErr::Timeout))?
             .map_err(conn_err)?;
-        Ok(Lease { pool: self, conn, permit })
+        Ok(Lease { pool: self, conn, opened_with: options, permit })
     }
 
-    fn pop_idle(&self) -> Option<(PgConnection, Instant)> {
+    fn pop_idle(&self) -> Option<Idle> {
         self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop()
     }
 }
@@ -143,9 +186,10 @@ impl Lease<'_> {
     /// statement; a lost connection, a terminated backend (57P01 arrives as an
     /// SQL error) or a protocol error does not.
     fn give_back_unless_broken(self, error: Option<&DbErr>) {
-        let Self { pool, conn, permit } = self;
+        let Self { pool, conn, opened_with, permit } = self;
         if error.is_none_or(|err| classify(err) != DbFailure::Unavailable) {
-            pool.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((conn, Instant::now()));
+            let idle = Idle { conn, since: Instant::now(), opened_with };
+            pool.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(idle);
         }
         // The permit last: a waiter it wakes finds the connection idle.
         drop(permit);

@@ -171,12 +171,15 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready when the database answers within a second.
+/// Ready when the process is not draining and the database accepts writes
+/// within a second (asked on a connection of its own, never behind the pool).
 async fn readyz(State(http): State<Http>) -> Response {
-    if crate::db::is_ready(&http.app.db, Duration::from_secs(1)).await {
+    if http.app.draining.load(std::sync::atomic::Ordering::Acquire) {
+        (StatusCode::SERVICE_UNAVAILABLE, "draining: this process is stopping").into_response()
+    } else if http.app.ready.is_ready(Duration::from_secs(1)).await {
         "ready".into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "database unreachable").into_response()
+        (StatusCode::SERVICE_UNAVAILABLE, "database unreachable or read-only").into_response()
     }
 }
 

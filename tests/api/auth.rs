@@ -227,3 +227,17 @@ async fn graphiql_carries_a_token_only_for_a_throw_away_secret_on_loopback() {
     let page = app.client.get(format!("{}/", app.address)).send().await.expect("page").text().await.expect("html");
     assert!(page.contains("Bearer ey"), "the dev page carries the operator token");
 }
+
+#[test]
+fn several_database_hosts_without_a_shared_secret_are_refused_at_start() {
+    let stderr = std::process::Command::new(crate::process::binary())
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1,127.0.0.1:2/never?target_session_attrs=read-write")
+        .env_remove("STOCKGUARD_JWT_SECRET")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run stockguard");
+    assert!(!stderr.status.success(), "it started without a shared secret");
+    let stderr = String::from_utf8_lossy(&stderr.stderr);
+    assert!(stderr.contains("STOCKGUARD_JWT_SECRET is required with a DATABASE_URL of 2 hosts"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one clear line: {stderr}");
+}

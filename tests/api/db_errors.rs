@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, TransactionTrait, sqlx};
+use serde_json::json;
 use stockguard::{
     config::DatabaseConfig,
     db::{self, DbFailure, StatementPool, classify},
@@ -193,4 +194,118 @@ async fn a_full_statement_pool_fails_fast_as_unavailable() {
     assert_eq!(classify(&error), DbFailure::Unavailable, "{error}");
     assert!(started.elapsed() < Duration::from_secs(2), "waited {:?}", started.elapsed());
     busy.await.expect("join").expect("the sleeper finishes");
+}
+
+/// Ends every connection to the test's database but the caller's, so the
+/// next statements run on new sessions (which read the database's settings).
+async fn reconnect_everyone(app: &TestApp) {
+    let sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+               WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    app.db.execute_unprepared(sql).await.expect("terminate the server's connections");
+    // The test's own check pool lost its other connection too: each failed
+    // statement drops a dead one, until the pool answers again.
+    eventually(Duration::from_secs(10), "the check pool reconnects", || async {
+        app.db.execute_unprepared("SELECT 1").await.is_ok()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_only_server_is_retryable_unavailable_and_the_server_recovers_when_it_takes_writes_again() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("RO-1", 10).await;
+    let alice = app.token("alice", stockguard::auth::Role::Customer);
+    let name = app.database_url.rsplit('/').next().expect("database name").to_owned();
+    // What a demoted primary (a standby now) answers every write with: 25006.
+    // (Set and reset from the maintenance database, which stays writable.)
+    let admin = sea_orm::Database::connect(format!("{}/postgres", server_url())).await.expect("connect");
+    admin
+        .execute_unprepared(&format!("ALTER DATABASE \"{name}\" SET default_transaction_read_only = on"))
+        .await
+        .expect("make the database read-only");
+    reconnect_everyone(&app).await;
+
+    let db = pool(&app, 1).await;
+    let write = db.execute_unprepared(&format!("UPDATE inventories SET name = 'x' WHERE id = '{id}'")).await;
+    assert_eq!(failure(write), DbFailure::Unavailable, "25006 is an outage, not a bug");
+    db.close().await.expect("close");
+
+    // Through the API, with and without a key, one item and several: a
+    // retryable DATABASE_UNAVAILABLE, never INTERNAL, and nothing written.
+    let before = app.snapshot().await;
+    for input in [json!({ "inventoryId": id }), json!({ "inventoryId": id, "idempotencyKey": "ro-1" })] {
+        let answer = app.reserve(&alice, input).await;
+        assert_eq!(crate::helpers::error_code(&answer), Some("DATABASE_UNAVAILABLE"), "{answer}");
+        assert_eq!(answer["errors"][0]["extensions"]["retryable"], true, "{answer}");
+    }
+    let many = app.reserve_many(&alice, json!([{ "inventoryId": id, "quantity": 1 }])).await;
+    assert_eq!(crate::helpers::error_code(&many), Some("DATABASE_UNAVAILABLE"), "{many}");
+    let ready = app.client.get(format!("{}/readyz", app.address)).send().await.expect("readyz");
+    assert_eq!(ready.status(), 503, "a read-only database is not ready for a load balancer");
+    admin
+        .execute_unprepared(&format!("ALTER DATABASE \"{name}\" RESET default_transaction_read_only"))
+        .await
+        .expect("writable again");
+    admin.close().await.expect("close");
+    assert_eq!(app.snapshot().await, before, "nothing was written");
+
+    // Writable again (a new primary): the same request now succeeds, without a restart.
+    reconnect_everyone(&app).await;
+    eventually(Duration::from_secs(10), "a reserve succeeds once the database takes writes", || async {
+        app.reserve(&alice, json!({ "inventoryId": id, "idempotencyKey": "ro-1" })).await["__typename"] == "Reserved"
+    })
+    .await;
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1, "one key, one reservation");
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_answers_at_once_while_requests_hold_every_pooled_connection() {
+    let app = TestApp::spawn_with_options(crate::helpers::Options { pool_size: 3, ..Default::default() }).await;
+    let pool = app.server.state().db.get_postgres_connection_pool().clone();
+    // Take every connection the pool will give (the live listener holds one).
+    let mut held = Vec::new();
+    while let Ok(Ok(conn)) = tokio::time::timeout(Duration::from_millis(500), pool.acquire()).await {
+        held.push(conn);
+    }
+    assert_eq!(pool.num_idle(), 0, "the pool is saturated");
+    assert!(!held.is_empty());
+    let started = std::time::Instant::now();
+    let ready = app.client.get(format!("{}/readyz", app.address)).send().await.expect("readyz");
+    assert_eq!(ready.status(), 200, "the database is up; a busy pool is no reason to be taken out");
+    assert!(started.elapsed() < Duration::from_secs(1), "readyz waited {:?}", started.elapsed());
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_url_of_several_hosts_connects_to_one_that_answers_and_names_each_when_none_does() {
+    let app = TestApp::spawn().await;
+    // A host where nothing listens comes first, as a dead primary would.
+    let (scheme, rest) = app.database_url.split_once("://").expect("a URL");
+    let hosts = |first: &str| match rest.split_once('@') {
+        Some((user, rest)) => format!("{scheme}://{user}@{first},{rest}"),
+        None => format!("{scheme}://{first},{rest}"),
+    };
+    let config = |url: &str| DatabaseConfig {
+        database_url: Some(url.to_owned()),
+        pool_size: 2,
+        acquire_timeout_ms: 2_000,
+        statement_timeout_ms: 10_000,
+        ..DatabaseConfig::default()
+    };
+    let url = hosts("127.0.0.1:1");
+    let db = db::connect(&url, &config(&url)).await.expect("the second host answers");
+    let writable = db
+        .query_one_raw(Statement::from_string(DbBackend::Postgres, "SHOW transaction_read_only"))
+        .await
+        .expect("query")
+        .expect("a row")
+        .try_get_by_index::<String>(0)
+        .expect("text");
+    assert_eq!(writable, "off", "several hosts: connected to one that takes writes");
+    db.close().await.expect("close");
+
+    let none = format!("postgres://postgres@127.0.0.1:1,127.0.0.1:2/{}", "nowhere");
+    let error = db::connect(&none, &config(&none)).await.expect_err("no host answers").to_string();
+    assert!(error.contains("127.0.0.1:1") && error.contains("127.0.0.1:2"), "names each host: {error}");
 }

@@ -2,12 +2,13 @@
 
 use std::time::Duration;
 
+use sea_orm::{ConnectionTrait, TransactionTrait};
 use serde_json::json;
 use stockguard::auth::Role;
 use uuid::Uuid;
 
 use crate::{
-    helpers::TestApp,
+    helpers::{TestApp, eventually},
     ws::{SUBSCRIPTION, connect, next, send},
 };
 
@@ -259,4 +260,50 @@ async fn only_watched_orders_notify() {
     let row: serde_json::Value = serde_json::from_str(heard.payload()).expect("a row");
     assert_eq!(row["id"], watched.to_string(), "only the watched order notified: {row}");
     assert_eq!(next(&mut socket).await["payload"]["data"]["orderChanged"]["status"], "CONFIRMED");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_listener_that_cannot_register_its_watchers_tries_again_until_it_can() {
+    // Statements give up after a second; no sweeper competes for the pool.
+    let app = TestApp::spawn_with_options(crate::helpers::Options {
+        statement_timeout_ms: 1_000,
+        limits: stockguard::config::Limits { sweep_interval_ms: 3_600_000, ..Default::default() },
+        ..Default::default()
+    })
+    .await;
+    let id = app.create_inventory("LIVE-REGISTER", 10).await;
+    let mut socket = connect(&app.address, "graphql-transport-ws").await;
+    let payload = json!({ "query": SUBSCRIPTION, "variables": { "id": id } });
+    send(&mut socket, json!({ "id": "1", "type": "subscribe", "payload": payload })).await;
+    until_watched(&app, id).await;
+
+    // A crash restart or a failover: the watcher rows are gone (unlogged
+    // tables) and the listening connection is lost. The table stays locked
+    // for a while, so the new listener's registration times out.
+    let blocker = app.db.begin().await.expect("begin");
+    blocker.execute_unprepared("DELETE FROM inventory_watchers").await.expect("forget the watchers");
+    blocker.execute_unprepared("LOCK TABLE inventory_watchers IN ACCESS EXCLUSIVE MODE").await.expect("lock");
+    let listener = "SELECT coalesce(max(pid), 0)::bigint FROM pg_stat_activity \
+                    WHERE datname = current_database() AND query LIKE 'LISTEN%'";
+    let old = app.count(listener).await;
+    assert!(old > 0, "one listening connection");
+    app.count(&format!("SELECT count(pg_terminate_backend({old}))")).await;
+    app.until_waiting_for_a_lock("WITH stale AS").await;
+    let registering = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                       AND wait_event_type = 'Lock' AND ltrim(query, E' \\t\\r\\n') LIKE 'WITH stale AS%'";
+    eventually(Duration::from_secs(10), "the registration times out", || async { app.count(registering).await == 0 })
+        .await;
+    blocker.commit().await.expect("unlock");
+
+    // The listener tries again, so the next change is announced.
+    let alice = app.token("alice", Role::Customer);
+    assert_eq!(app.reserve(&alice, json!({ "inventoryId": id })).await["__typename"], "Reserved");
+    // (A catch-up message with the state at registration may come first.)
+    for _ in 0..3 {
+        let message = next(&mut socket).await;
+        if message["payload"]["data"]["inventoryChanged"]["stock"] == 9 {
+            return;
+        }
+    }
+    panic!("the reservation was never announced");
 }

@@ -11,6 +11,7 @@ mod clients;
 mod coalescing;
 mod concurrency;
 mod db_errors;
+mod deploy;
 mod documents;
 mod faults;
 mod fuzz;

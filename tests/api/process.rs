@@ -39,7 +39,10 @@ pub struct Process {
     pub db: DatabaseConnection,
     /// A client whose every request gives up after 20 s, so no test hangs.
     pub client: reqwest::Client,
-    database_url: String,
+    /// The database's URL.
+    pub database_url: String,
+    /// Whether this process made the database (and drops it at the end).
+    owns_database: bool,
     log: PathBuf,
     keys: Keys,
 }
@@ -48,17 +51,25 @@ impl Process {
     /// Starts the server on port 0 against a fresh database, with `env` on
     /// top of the test secret, and waits until it is ready.
     pub async fn start(env: &[(&str, &str)]) -> Self {
-        Self::launch(env, Some(SECRET)).await
+        Self::launch(env, Some(SECRET), None).await
     }
 
     /// Starts the server as a developer would, with no secret: it makes its own.
     pub async fn start_without_secret() -> Self {
-        Self::launch(&[], None).await
+        Self::launch(&[], None, None).await
     }
 
-    async fn launch(env: &[(&str, &str)], secret: Option<&str>) -> Self {
-        let name = format!("sg_test_{}", Uuid::new_v4().simple());
-        let database_url = format!("{}/{name}", server_url());
+    /// Starts another server on `first`'s database (a second process of one
+    /// deployment, with the same secret), with `env`.
+    pub async fn beside(first: &Process, env: &[(&str, &str)]) -> Self {
+        Self::launch(env, Some(SECRET), Some(first.database_url.clone())).await
+    }
+
+    async fn launch(env: &[(&str, &str)], secret: Option<&str>, shared: Option<String>) -> Self {
+        let owns_database = shared.is_none();
+        let database_url = shared.unwrap_or_else(|| format!("{}/sg_test_{}", server_url(), Uuid::new_v4().simple()));
+        let name = database_url.rsplit('/').next().unwrap_or_default().to_owned();
+        let name = format!("{name}_{}", &Uuid::new_v4().simple().to_string()[..8]);
         db::ensure_database(&database_url).await.expect("create the database");
         let log = std::env::temp_dir().join(format!("stockguard-{name}.log"));
         let output = std::fs::File::create(&log).expect("log file");
@@ -89,8 +100,17 @@ impl Process {
         let db = db::connect(&database_url, &config).await.expect("connect for checks");
         let keys = Keys::new(SECRET.as_bytes(), DEFAULT_MAX_TOKEN_TTL_SECS).expect("a long enough secret");
         let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-        let mut process =
-            Self { child, address: String::new(), addr: String::new(), db, client, database_url, log, keys };
+        let mut process = Self {
+            child,
+            address: String::new(),
+            addr: String::new(),
+            db,
+            client,
+            database_url,
+            owns_database,
+            log,
+            keys,
+        };
         process.addr = process.announced_address().await;
         process.address = format!("http://{}", process.addr);
         process.until_ready().await;
@@ -151,6 +171,25 @@ impl Process {
         }
     }
 
+    /// Sends the process SIGTERM, as an orchestrator stopping it does.
+    pub fn terminate(&self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
+        assert!(sent.success(), "SIGTERM sent");
+    }
+
+    /// The exit status, once the process has exited (within `limit`, or the test fails).
+    pub async fn exit_status(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(started.elapsed() < limit, "still running after {limit:?}:\n{}", tail(&self.log()));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// A token for `sub` with `role`, valid for ten minutes.
     pub fn token(&self, sub: &str, role: Role) -> String {
         self.keys.mint(sub, role, chrono::Duration::minutes(10)).expect("mint")
@@ -199,6 +238,8 @@ impl Drop for Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.log);
-        drop_database(&self.database_url);
+        if self.owns_database {
+            drop_database(&self.database_url);
+        }
     }
 }
