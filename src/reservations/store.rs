@@ -32,15 +32,16 @@ pub async fn reserve(
     collisions.run(reserve.inventory_id, run).await
 }
 
-/// Runs one coalesced statement for several callers of one inventory,
-/// re-run on collisions; one turn per caller, in arrival order.
+/// Runs one coalesced statement for several callers (of one inventory or
+/// many), re-run on collisions; one turn per caller, in arrival order.
 pub async fn reserve_coalesced(
     statements: &StatementPool,
     collisions: &Collisions,
     reserve: &CoalescedReserve<'_>,
 ) -> Result<Attempted<Vec<Turn>>, DbErr> {
     let run = || async { statements.fetch_all(reserve.query()).await?.iter().map(Turn::from_row).collect() };
-    collisions.run(reserve.inventory_id, run).await
+    let key = reserve.inventory_ids.first().copied().unwrap_or_default();
+    collisions.run(key, run).await
 }
 
 /// Runs the release of `owner`'s reservation, re-run on collisions; the

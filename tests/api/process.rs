@@ -21,7 +21,7 @@ use stockguard::{
 };
 use uuid::Uuid;
 
-use crate::helpers::{SECRET, drop_database, server_url};
+use crate::helpers::{Isolation, SECRET, drop_database, server_url};
 
 /// The binary under test.
 pub fn binary() -> PathBuf {
@@ -40,6 +40,8 @@ pub struct Process {
     /// A client whose every request gives up after 20 s, so no test hangs.
     pub client: reqwest::Client,
     database_url: String,
+    /// Whether this process's test made the database (and drops it with it).
+    owns_database: bool,
     log: PathBuf,
     keys: Keys,
 }
@@ -56,11 +58,32 @@ impl Process {
         Self::launch(&[], None).await
     }
 
+    /// Two servers on one fresh database whose default isolation is
+    /// `isolation`, each with `env`: two processes sharing the rows, as a
+    /// deployment of several servers does.
+    pub async fn start_two(env: &[(&str, &str)], isolation: Isolation) -> (Self, Self) {
+        let name = format!("sg_test_{}", Uuid::new_v4().simple());
+        let database_url = format!("{}/{name}", server_url());
+        db::ensure_database(&database_url).await.expect("create the database");
+        let admin = sea_orm::Database::connect(format!("{}/postgres", server_url())).await.expect("connect");
+        let set = format!("ALTER DATABASE {name} SET default_transaction_isolation TO '{}'", isolation.sql());
+        admin.execute_unprepared(&set).await.expect("set the isolation level");
+        admin.close().await.expect("close");
+        let first = Self::launch_on(&database_url, true, env, Some(SECRET)).await;
+        let second = Self::launch_on(&database_url, false, env, Some(SECRET)).await;
+        (first, second)
+    }
+
     async fn launch(env: &[(&str, &str)], secret: Option<&str>) -> Self {
         let name = format!("sg_test_{}", Uuid::new_v4().simple());
         let database_url = format!("{}/{name}", server_url());
         db::ensure_database(&database_url).await.expect("create the database");
-        let log = std::env::temp_dir().join(format!("stockguard-{name}.log"));
+        Self::launch_on(&database_url, true, env, secret).await
+    }
+
+    async fn launch_on(database_url: &str, owns_database: bool, env: &[(&str, &str)], secret: Option<&str>) -> Self {
+        let database_url = database_url.to_owned();
+        let log = std::env::temp_dir().join(format!("stockguard-{}.log", Uuid::new_v4().simple()));
         let output = std::fs::File::create(&log).expect("log file");
         let mut command = Command::new(binary());
         match secret {
@@ -89,8 +112,17 @@ impl Process {
         let db = db::connect(&database_url, &config).await.expect("connect for checks");
         let keys = Keys::new(SECRET.as_bytes(), DEFAULT_MAX_TOKEN_TTL_SECS).expect("a long enough secret");
         let client = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
-        let mut process =
-            Self { child, address: String::new(), addr: String::new(), db, client, database_url, log, keys };
+        let mut process = Self {
+            child,
+            address: String::new(),
+            addr: String::new(),
+            db,
+            client,
+            database_url,
+            owns_database,
+            log,
+            keys,
+        };
         process.addr = process.announced_address().await;
         process.address = format!("http://{}", process.addr);
         process.until_ready().await;
@@ -199,6 +231,8 @@ impl Drop for Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.log);
-        drop_database(&self.database_url);
+        if self.owns_database {
+            drop_database(&self.database_url);
+        }
     }
 }
