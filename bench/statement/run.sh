@@ -70,9 +70,36 @@ SQL
 for v in $VARIANTS; do
   psql -q "$PGURL/postgres" -c "CREATE DATABASE sg_stmt_${TAG}_$v TEMPLATE sg_stmt_${TAG}_base" >/dev/null
   variant_sql "$v" | psql -q -v ON_ERROR_STOP=1 "$PGURL/sg_stmt_${TAG}_$v" >/dev/null
-  id=gen_random_uuid\(\)
-  [ "$v" = reservation_id_v7 ] && id=uuid_v7\(\)
+  id='gen_random_uuid()'
+  if [ "$v" = reservation_id_v7 ]; then id='uuid_v7()'; fi
   "$BIN/examples/bench" statement-script --id-function "$id" >"$WORK/$v.sql"
+done
+
+# What one reservation writes, which the machine's load does not move: WAL
+# bytes and buffers dirtied per statement (EXPLAIN ANALYZE, WAL, BUFFERS of
+# 500 runs of the statement, one session, summed over the plan's top node),
+# after 1,000 runs that take the full-page images of the touched pages.
+wal_per_reservation() {
+  local file=$1 db=$2 sql
+  sql=$(sed -e '1d' -e 's/;$//' -e "s/:n::integer/(1 + floor(random() * 10000))::integer/" \
+             -e "s/:client_id::text/'wal'/" "$file")
+  psql -qAt "$db" <<SQL
+CREATE FUNCTION pg_temp.wal_of(runs integer) RETURNS text LANGUAGE plpgsql AS \$f\$
+DECLARE plan json; wal numeric := 0; dirtied numeric := 0;
+BEGIN
+  FOR i IN 1..runs LOOP
+    EXECUTE 'EXPLAIN (ANALYZE, WAL, BUFFERS, FORMAT JSON) ' || \$q\$ $sql \$q\$ INTO plan;
+    wal := wal + (plan->0->'Plan'->>'WAL Bytes')::numeric;
+    dirtied := dirtied + (plan->0->'Plan'->>'Shared Dirtied Blocks')::numeric;
+  END LOOP;
+  RETURN round(wal / runs) || ' ' || round(dirtied / runs, 2);
+END \$f\$;
+SELECT pg_temp.wal_of(1000) \\g /dev/null
+SELECT pg_temp.wal_of(500);
+SQL
+}
+for v in $VARIANTS; do
+  echo "$v $(wal_per_reservation "$WORK/$v.sql" "$PGURL/sg_stmt_${TAG}_$v")" >>"$WORK/wal"
 done
 
 for round in $(seq "$ROUNDS"); do
@@ -87,13 +114,14 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
-echo "| variant | median tps | ratio to current | median latency ms | runs (tps) |"
-echo "|---|--:|--:|--:|---|"
+echo "| variant | median tps | ratio to current | median latency ms | runs (tps) | WAL bytes / reservation | buffers dirtied / reservation |"
+echo "|---|--:|--:|--:|---|--:|--:|"
 base=$(awk '$1=="current"{print $2}' "$WORK/results" | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')
 for v in $VARIANTS; do
   med=$(awk -v v="$v" '$1==v{print $2}' "$WORK/results" | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')
   lat=$(awk -v v="$v" '$1==v{print $3}' "$WORK/results" | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}')
   runs=$(awk -v v="$v" '$1==v{printf "%s%.0f", sep, $2; sep=", "}' "$WORK/results")
   ratio=$(awk -v a="$med" -v b="${base:-0}" 'BEGIN{ if (b > 0) printf "%.2f", a / b; else print "-" }')
-  echo "| $v | ${med%.*} | $ratio | $lat | $runs |"
+  read -r _ wal dirtied < <(grep "^$v " "$WORK/wal")
+  echo "| $v | ${med%.*} | $ratio | $lat | $runs | $wal | $dirtied |"
 done

@@ -69,7 +69,7 @@ WITH ids AS (
       FROM generate_series({start}, {end} - 1) AS g, ids
 ), r AS (
     INSERT INTO reservations (id, inventory_id, user_id, quantity, status, created_at, expires_at)
-    SELECT {reservation_key}, inventory_id, 'hist-' || (g.g * 7919 % 100000), 1,
+    SELECT {reservation_key}, inventory_id, 'hist-' || (g.g::bigint * 7919 % 100000), 1,
            CASE WHEN g % 7 = 0 THEN 'EXPIRED' ELSE 'RELEASED' END, ts, ts + interval '15 minutes'
       FROM g
 )

@@ -640,11 +640,11 @@ pub fn pgbench_script(id_function: &str) -> String {
         ("$8", format!("{ttl}")),
         ("$7", "NULL::text".into()),
         ("$6", "NULL::text".into()),
-        ("$5", "'bench-' || :client_id".into()),
+        ("$5", "'bench-' || :client_id::text".into()),
         ("$4", id_function.to_owned()),
         ("$3", "NULL::integer".into()),
         ("$2", "1".into()),
-        ("$1", "lpad(to_hex(:n), 32, '0')::uuid".into()),
+        ("$1", "lpad(to_hex(:n::integer), 32, '0')::uuid".into()),
     ];
     let mut sql = RESERVE_SQL.trim().to_owned();
     for (parameter, value) in values {

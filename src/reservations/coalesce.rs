@@ -251,7 +251,8 @@ impl Coalescer {
             }
             return;
         }
-        let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::new_v4()).collect();
+        // Time-ordered keys (see `service::reserve_alone`).
+        let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::now_v7()).collect();
         let inventories: Vec<Uuid> = batch.iter().map(|w| w.inventory_id).collect();
         let users: Vec<&str> = batch.iter().map(|w| w.user_id.as_str()).collect();
         let quantities: Vec<i32> = batch.iter().map(|w| w.quantity).collect();
