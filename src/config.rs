@@ -157,10 +157,17 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_SWEEP_BATCH", default_value_t = 500)]
     pub sweep_batch: i64,
 
-    /// Serve concurrent conditional reservations of one inventory with one
-    /// statement (no `expectedVersion`, no idempotency key).
+    /// Serve concurrent conditional reservations (no `expectedVersion`, no
+    /// idempotency key) that wait at the same time with one statement, on one
+    /// inventory or many.
     #[arg(long, env = "STOCKGUARD_COALESCE", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub coalesce: bool,
+
+    /// Most coalesced statements (or callers alone) running at once; callers
+    /// beyond them wait and share the next statement. Fewer lanes make larger
+    /// batches (fewer commits) at the price of waiting.
+    #[arg(long, env = "STOCKGUARD_COALESCE_LANES", default_value_t = 4)]
+    pub coalesce_lanes: usize,
 
     /// Most reservations one coalesced statement serves.
     #[arg(long, env = "STOCKGUARD_COALESCE_MAX_BATCH", default_value_t = 64)]

@@ -12,6 +12,8 @@
 //! - `version` = 1 + its committed changes = its number of ledger entries;
 //! - the ledger agrees: the deltas of every change of available stock add up
 //!   to `stock`, and the FULFILLED entries to minus the fulfilled lines' units.
+//!   Entries archived by `stockguard archive` count through their
+//!   inventory's checkpoint row (`ledger_checkpoints`), which holds their sums.
 //!
 //! One statement, so every number comes from one snapshot and the check holds
 //! at every moment, not only when writers are idle. `stockguard check`, every
@@ -79,12 +81,18 @@ WITH lines AS (
            coalesce(sum(quantity) FILTER (WHERE status = 'FULFILLED'), 0) AS fulfilled
       FROM reservations WHERE status IN ('ACTIVE', 'ORDERED', 'FULFILLED') GROUP BY inventory_id
 ), ledger AS (
-    SELECT inventory_id,
-           count(*) AS changes,
-           coalesce(sum(delta) FILTER (WHERE reason <> 'FULFILLED'), 0) AS ledger_stock,
-           coalesce(-sum(delta) FILTER (WHERE reason = 'FULFILLED'), 0) AS ledger_fulfilled,
-           coalesce(sum(delta) FILTER (WHERE reason IN ('CREATED', 'RESTOCKED')), 0) AS received
-      FROM stock_movements GROUP BY inventory_id
+    -- The ledger rows, and what archived ones added up to (their checkpoint).
+    SELECT inventory_id, sum(changes) AS changes, sum(ledger_stock) AS ledger_stock,
+           sum(ledger_fulfilled) AS ledger_fulfilled, sum(received) AS received
+      FROM (SELECT inventory_id,
+                   count(*) AS changes,
+                   coalesce(sum(delta) FILTER (WHERE reason <> 'FULFILLED'), 0) AS ledger_stock,
+                   coalesce(-sum(delta) FILTER (WHERE reason = 'FULFILLED'), 0) AS ledger_fulfilled,
+                   coalesce(sum(delta) FILTER (WHERE reason IN ('CREATED', 'RESTOCKED')), 0) AS received
+              FROM stock_movements GROUP BY inventory_id
+            UNION ALL
+            SELECT inventory_id, changes, stock, fulfilled, received FROM ledger_checkpoints) AS parts
+     GROUP BY inventory_id
 )
 SELECT i.id, i.sku, i.stock, i.version,
        coalesce(h.reserved, 0)::bigint AS reserved,

@@ -5,9 +5,11 @@
 
 /// The state every request shares.
 pub mod app;
+/// Retention: `stockguard archive` deletes old done-with rows in time slices, keeping the ledger's sums.
+pub mod archive;
 /// The HS256 bearer tokens, the caller's identity and the role checks.
 pub mod auth;
-/// The command line: `serve` (default), `migrate`, `schema`, `token`, `seed`, `check`.
+/// The command line: `serve` (default), `migrate`, `schema`, `token`, `seed`, `check`, `archive`.
 pub mod cli;
 /// Every setting, from flags or the environment, with the API's limits.
 pub mod config;

@@ -60,6 +60,7 @@ use report::{Report, Strategy};
 use scenarios::{Bench, Scenario, seed_spread, server_ttl_secs, show};
 use support::{ServerProcess, ThrowAway, client::Gql, server_binary, status_kb};
 
+mod history;
 mod load;
 mod measure;
 mod report;
@@ -103,6 +104,11 @@ struct Args {
     /// PostgreSQL server URL without a database name; `sg_bench_<random>` is created there.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
     database_url_base: String,
+    /// Past reservations (and as many ledger rows) to fill in after the
+    /// main cells, before SPREAD is measured again (0: no history run; the
+    /// smoke never fills).
+    #[arg(long, default_value_t = 10_000_000)]
+    history: u64,
     /// The server binary. Default: `stockguard` of this example's profile
     /// (target/<profile>/stockguard), built first with cargo.
     #[arg(long)]
@@ -113,6 +119,15 @@ struct Args {
 enum Command {
     /// A load against a server that is already running.
     Load(load::Args),
+    /// Print the server's reserve statement (`RESERVE_SQL`) as a pgbench
+    /// script: one unit of a random one of 10,000 inventories whose ids are
+    /// their numbers, a new reservation id made by `--id-function`, the
+    /// default TTL (see bench/statement/run.sh).
+    StatementScript {
+        /// The SQL that makes the new reservation's id.
+        #[arg(long, default_value = "gen_random_uuid()")]
+        id_function: String,
+    },
 }
 
 /// What a benchmark run is told to do.
@@ -129,6 +144,8 @@ pub struct Settings {
     pub smoke: bool,
     /// Where the report files go, if anywhere.
     pub out: Option<PathBuf>,
+    /// History rows to fill before the history cells (0: none).
+    pub history: u64,
 }
 
 impl Settings {
@@ -149,7 +166,8 @@ impl Settings {
             (None, true) => None,
             (None, false) => Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/results")),
         };
-        Ok(Self { duration, warmup, rounds, clients, smoke: args.smoke, out })
+        let history = if args.smoke { 0 } else { args.history };
+        Ok(Self { duration, warmup, rounds, clients, smoke: args.smoke, out, history })
     }
 
     /// Clients of the strategy comparison: 64 when measured, else the most measured.
@@ -164,8 +182,13 @@ impl Settings {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<std::process::ExitCode> {
     let args = Args::parse();
-    if let Some(Command::Load(load)) = args.command {
-        return load::run(load).await;
+    match args.command {
+        Some(Command::Load(load)) => return load::run(load).await,
+        Some(Command::StatementScript { id_function }) => {
+            println!("{}", scenarios::pgbench_script(&id_function));
+            return Ok(std::process::ExitCode::SUCCESS);
+        }
+        None => {}
     }
     let settings = Settings::from(&args)?;
     let server_bin = server_binary(args.server_bin.as_deref(), "bench")?;
@@ -223,6 +246,7 @@ async fn main_matrix(
     let operator = keys.mint("bench-operator", Role::Operator, chrono::Duration::hours(4))?;
     let hot = Gql::new(&server.url, 1)?.create_inventory(&operator, "HOT", "bench HOT", 1_000_000_000).await?;
     let spread = Arc::new(seed_spread(&db).await?);
+    scenarios::create_floor(&db).await?;
 
     // The server inherits the environment, so STOCKGUARD_* settings can be benchmarked.
     const SET_BY_BENCH: [&str; 4] =
@@ -273,7 +297,7 @@ async fn main_matrix(
                 bench.settings.rounds
             );
             let cell = bench.cell(server, scenario, clients).await?;
-            for (side, stats) in [("Stockguard", &cell.stockguard), ("raw SQL", &cell.raw)] {
+            for (side, stats) in [("Stockguard", &cell.stockguard), ("raw SQL", &cell.raw), ("floor", &cell.floor)] {
                 eprintln!(
                     "bench:   {side}: {:.0} res/s, p99 {:.2} ms, {}",
                     stats.per_sec(stats.successes),
@@ -285,6 +309,23 @@ async fn main_matrix(
         }
     }
     let main_hwm_kb = status_kb(server.pid, "VmHWM").unwrap_or(0);
+
+    let history = if bench.settings.history > 0 {
+        let rows = bench.settings.history;
+        let before = history::probe(&bench.db, 200).await?;
+        eprintln!("bench: history: filling {rows} past reservations and ledger rows");
+        let fill_secs = history::fill(&bench.db, &bench.spread, rows).await?;
+        bench.check_invariant("the history fill").await?;
+        let after = history::probe(&bench.db, 200).await?;
+        let mut history_cells = Vec::new();
+        for clients in bench.settings.clients.iter().copied().filter(|c| [16, 64].contains(c)).collect::<Vec<_>>() {
+            eprintln!("bench: SPREAD x{clients} with history: Stockguard and raw SQL");
+            history_cells.push(bench.cell(server, Scenario::Spread, clients).await?);
+        }
+        Some(report::History { rows, fill_secs, before, after, cells: history_cells })
+    } else {
+        None
+    };
 
     let clients = bench.settings.strategy_clients();
     eprintln!("bench: strategies on HOT x{clients}: expectedVersion with re-read and retries");
@@ -313,6 +354,7 @@ async fn main_matrix(
         invariant_checks: bench.invariant_checks,
         violations: &bench.violations,
         main_hwm_kb,
+        history: history.as_ref(),
     };
     let markdown = report.markdown();
     if let Some(out) = &bench.settings.out {

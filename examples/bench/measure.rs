@@ -3,13 +3,15 @@
 //! run (throughput, percentiles, outcomes).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 
 use crate::support::{client::Outcome, status_kb};
 
@@ -69,6 +71,9 @@ pub struct Usage {
     pub loadgen_cpu_secs: f64,
     /// How busy the whole machine was (every process, including PostgreSQL).
     pub machine_busy_pct: f64,
+    /// CPU of the PostgreSQL backends serving the benchmark's database
+    /// (not the WAL writer and checkpointer, which serve every database).
+    pub pg_cpu_secs: f64,
 }
 
 /// CPU counters at one moment.
@@ -208,6 +213,7 @@ impl Measured {
         };
         sum.loadgen_cpu_secs += one.loadgen_cpu_secs;
         sum.machine_busy_pct += one.machine_busy_pct;
+        sum.pg_cpu_secs += one.pg_cpu_secs;
         self.rounds += 1;
     }
 
@@ -300,23 +306,45 @@ pub fn window_of(warmup: Duration, measured: Duration) -> (Instant, Instant) {
     (measure_from, measure_from + measured)
 }
 
-/// Measures CPU (the server's, this load generator's, the machine's)
-/// over the measured window of `run`, and the server's memory over all of it.
+/// CPU seconds so far of each PostgreSQL backend connected to `db`'s database.
+async fn backends_cpu(db: &DatabaseConnection, clk_tck: f64) -> HashMap<u32, f64> {
+    let sql = "SELECT pid FROM pg_stat_activity WHERE datname = current_database()";
+    let rows = db.query_all_raw(Statement::from_string(DbBackend::Postgres, sql)).await.unwrap_or_default();
+    rows.iter()
+        .filter_map(|row| row.try_get_by_index::<i32>(0).ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            Some((pid as u32, parse_cpu(&stat, clk_tck)))
+        })
+        .collect()
+}
+
+/// Measures CPU (the server's, this load generator's, the machine's, the
+/// database backends' of `pg`) over the measured window of `run`, and the
+/// server's memory over all of it.
 pub async fn measure<F: Future<Output = anyhow::Result<Recorder>>>(
     server: Option<u32>,
+    pg: &DatabaseConnection,
     clk_tck: f64,
     measure_from: Instant,
     run: F,
 ) -> anyhow::Result<(Recorder, Usage)> {
     let pid = server;
     let sampler = pid.map(RssSampler::start);
-    let at_start = tokio::spawn(async move {
-        tokio::time::sleep_until(measure_from.into()).await;
-        CpuSnapshot::take(pid, clk_tck)
+    let at_start = tokio::spawn({
+        let pg = pg.clone();
+        async move {
+            tokio::time::sleep_until(measure_from.into()).await;
+            (CpuSnapshot::take(pid, clk_tck), backends_cpu(&pg, clk_tck).await)
+        }
     });
     let recorder = run.await?;
     let end = CpuSnapshot::take(pid, clk_tck);
-    let start = at_start.await?;
+    let pg_end = backends_cpu(pg, clk_tck).await;
+    let (start, pg_start) = at_start.await?;
+    // A backend that connected during the window counts from zero.
+    let pg_cpu_secs =
+        pg_end.iter().map(|(pid, secs)| (secs - pg_start.get(pid).copied().unwrap_or(0.0)).max(0.0)).sum();
     let server = match (pid, sampler) {
         (Some(pid), Some(sampler)) => Some(ServerUse {
             cpu_secs: (end.server_secs - start.server_secs).max(0.0),
@@ -333,6 +361,7 @@ pub async fn measure<F: Future<Output = anyhow::Result<Recorder>>>(
             server,
             loadgen_cpu_secs: (end.own_secs - start.own_secs).max(0.0),
             machine_busy_pct: if machine_total > 0 { 100.0 * machine_busy as f64 / machine_total as f64 } else { 0.0 },
+            pg_cpu_secs,
         },
     ))
 }

@@ -16,12 +16,12 @@ use anyhow::Context as _;
 use reqwest::header::HeaderValue;
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait,
-    sqlx::{Connection as _, postgres::PgConnection},
+    sqlx::{self, Connection as _, postgres::PgConnection},
 };
 use serde_json::{Value, json};
 use stockguard::{
     auth::{Keys, Role},
-    stock::{receiving, taking::Reserve},
+    stock::{RESERVE_SQL, receiving, taking::Reserve},
 };
 use tokio::sync::RwLock;
 use uuid::Uuid;
@@ -39,6 +39,37 @@ use crate::{
         },
     },
 };
+
+/// The statement a raw-SQL side of a reserve cell runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Raw {
+    /// The server's own `RESERVE_SQL` on the server's schema: the limit.
+    Limit,
+    /// [`FLOOR_SQL`] on its own schema: what any reservation system pays.
+    Floor,
+}
+
+/// The minimal two-write reservation: the conditional decrement and the
+/// reservation row, on a schema of nothing more (`floor`, see
+/// [`create_floor`]): `$1` inventory, `$2` quantity, `$3` id, `$4` user.
+pub const FLOOR_SQL: &str = "WITH taken AS (\
+       UPDATE floor.inventories SET stock = stock - $2 WHERE id = $1 AND stock >= $2 RETURNING id) \
+     INSERT INTO floor.reservations (id, inventory_id, user_id, quantity) \
+     SELECT $3, id, $4, $2 FROM taken RETURNING id";
+
+/// The floor's schema, with a copy of every inventory's id and stock.
+pub async fn create_floor(db: &DatabaseConnection) -> anyhow::Result<()> {
+    db.execute_unprepared(
+        "CREATE SCHEMA floor; \
+         CREATE TABLE floor.inventories (id uuid PRIMARY KEY, stock integer NOT NULL CHECK (stock >= 0)); \
+         CREATE TABLE floor.reservations (id uuid PRIMARY KEY, inventory_id uuid NOT NULL, user_id text NOT NULL, \
+             quantity integer NOT NULL, created_at timestamptz NOT NULL DEFAULT now()); \
+         INSERT INTO floor.inventories SELECT id, stock FROM inventories; ANALYZE floor.inventories;",
+    )
+    .await
+    .context("the floor's schema")?;
+    Ok(())
+}
 
 /// Which inventories a reserve cell takes from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -335,14 +366,21 @@ impl Bench {
         self.settle().await?;
         let rounds = self.settings.rounds;
         let slice = self.settings.duration / rounds;
-        let (mut stockguard, mut raw) = (Measured::default(), Measured::default());
+        let (mut stockguard, mut raw, mut floor) = (Measured::default(), Measured::default(), Measured::default());
         for _ in 0..rounds {
             stockguard.add(self.stockguard(server, scenario, clients, slice).await?);
-            raw.add(self.raw_sql(scenario, clients, slice).await?);
+            raw.add(self.raw_sql(Raw::Limit, scenario, clients, slice).await?);
+            floor.add(self.raw_sql(Raw::Floor, scenario, clients, slice).await?);
         }
         self.check_invariant(&format!("{} x{clients}, Stockguard and raw SQL", scenario.name())).await?;
         let seconds = (slice * rounds).as_secs_f64();
-        Ok(Cell { scenario, clients, stockguard: stockguard.stats(seconds), raw: raw.stats(seconds) })
+        Ok(Cell {
+            scenario,
+            clients,
+            stockguard: stockguard.stats(seconds),
+            raw: raw.stats(seconds),
+            floor: floor.stats(seconds),
+        })
     }
 
     /// `reserve` over HTTP for `measured`: one task per client, each with its own token.
@@ -362,13 +400,14 @@ impl Bench {
                 tokio::spawn(reserve_client(gql.clone(), token, targets.clone(), i as u64 + 1, rec, until, None))
             })
             .collect();
-        measure(Some(server.pid), self.clk_tck, measure_from, run_tasks(tasks)).await
+        measure(Some(server.pid), &self.db, self.clk_tck, measure_from, run_tasks(tasks)).await
     }
 
-    /// The server's own reserve statement for `measured`, prepared, through
-    /// one dedicated connection per client.
+    /// `statement` for `measured`, prepared, through one dedicated
+    /// connection per client.
     async fn raw_sql(
         &mut self,
+        statement: Raw,
         scenario: Scenario,
         clients: usize,
         measured: Duration,
@@ -380,10 +419,14 @@ impl Bench {
             connections.push(connect_patiently(&self.database_url).await.context("raw SQL: connect")?);
         }
         let (measure_from, until) = window_of(self.settings.warmup, measured);
+        // The connections are closed after the measurement, so their
+        // backends are still there when their CPU is read.
+        let done = Arc::new(std::sync::Mutex::new(Vec::with_capacity(clients)));
         let tasks = connections
             .into_iter()
             .enumerate()
             .map(|(i, mut conn)| {
+                let done = done.clone();
                 let targets = targets.clone();
                 tokio::spawn(async move {
                     let user = format!("bench-raw-{i}");
@@ -400,8 +443,16 @@ impl Bench {
                             fingerprint: None,
                             ttl_secs,
                         };
+                        let query = match statement {
+                            Raw::Limit => reserve.query(),
+                            Raw::Floor => sqlx::query(FLOOR_SQL)
+                                .bind(reserve.inventory_id)
+                                .bind(reserve.quantity)
+                                .bind(reserve.reservation_id)
+                                .bind(reserve.user_id),
+                        };
                         let start = Instant::now();
-                        let outcome = match reserve.query().fetch_optional(&mut conn).await {
+                        let outcome = match query.fetch_optional(&mut conn).await {
                             Ok(Some(_)) => Outcome::Ok("Reserved".into(), Value::Null),
                             Ok(None) => Outcome::Ok("no row".into(), Value::Null),
                             Err(err) => Outcome::Error(match err.as_database_error().and_then(|e| e.code()) {
@@ -411,12 +462,17 @@ impl Bench {
                         };
                         rec.record(start, &outcome, ONE_REQUEST);
                     }
-                    let _ = conn.close().await;
+                    done.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(conn);
                     anyhow::Ok(rec)
                 })
             })
             .collect();
-        measure(None, self.clk_tck, measure_from, run_tasks(tasks)).await
+        let measured = measure(None, &self.db, self.clk_tck, measure_from, run_tasks(tasks)).await;
+        let connections = std::mem::take(&mut *done.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for conn in connections {
+            let _ = conn.close().await;
+        }
+        measured
     }
 
     /// HOT with `expectedVersion`: read the version, reserve at it, on
@@ -468,7 +524,8 @@ impl Bench {
                 })
             })
             .collect();
-        let (recorder, usage) = measure(Some(server.pid), self.clk_tck, measure_from, run_tasks(tasks)).await?;
+        let (recorder, usage) =
+            measure(Some(server.pid), &self.db, self.clk_tck, measure_from, run_tasks(tasks)).await?;
         let mut stats = Stats::from(recorder, self.settings.duration.as_secs_f64(), &["Reserved"]);
         stats.usage = usage;
         self.check_invariant(&format!("expectedVersion HOT x{clients}")).await?;
@@ -495,7 +552,8 @@ impl Bench {
         let tasks = (0..clients)
             .map(|i| tokio::spawn(contest.clone().client(i, Recorder::new(measure_from, until), until)))
             .collect();
-        let (recorder, usage) = measure(Some(server.pid), self.clk_tck, measure_from, run_tasks(tasks)).await?;
+        let (recorder, usage) =
+            measure(Some(server.pid), &self.db, self.clk_tck, measure_from, run_tasks(tasks)).await?;
         let mut stats = Stats::from(recorder, self.settings.duration.as_secs_f64(), &ORDER_SUCCESSES);
         stats.usage = usage;
         self.check_invariant(&format!("contested order, {mode}")).await?;
@@ -507,7 +565,7 @@ impl Bench {
     /// and a checkpoint taken, so no run pays for the one before it and a
     /// checkpoint falls inside a measured window less often.
     async fn settle(&self) -> anyhow::Result<()> {
-        for sql in ["VACUUM (ANALYZE) inventories", "CHECKPOINT"] {
+        for sql in ["VACUUM (ANALYZE) inventories", "VACUUM (ANALYZE) floor.inventories", "CHECKPOINT"] {
             self.db.execute_unprepared(sql).await.with_context(|| format!("before a run: {sql}"))?;
         }
         Ok(())
@@ -570,6 +628,30 @@ pub async fn seed_spread(db: &DatabaseConnection) -> anyhow::Result<Vec<Uuid>> {
     txn.commit().await?;
     db.execute_unprepared("ANALYZE inventories; ANALYZE stock_movements;").await?;
     Ok(ids)
+}
+
+/// [`RESERVE_SQL`] as a pgbench script: `$1` is the inventory numbered
+/// `:n` (its id is the number, see bench/statement/run.sh), `$4` the new
+/// reservation's id made by `id_function`, the rest as a plain `reserve`
+/// of one unit with the default TTL.
+pub fn pgbench_script(id_function: &str) -> String {
+    let ttl = stockguard::config::Limits::default().reservation_ttl_secs;
+    let values = [
+        ("$8", format!("{ttl}")),
+        ("$7", "NULL::text".into()),
+        ("$6", "NULL::text".into()),
+        ("$5", "'bench-' || :client_id::text".into()),
+        ("$4", id_function.to_owned()),
+        ("$3", "NULL::integer".into()),
+        ("$2", "1".into()),
+        ("$1", "lpad(to_hex(:n::integer), 32, '0')::uuid".into()),
+    ];
+    let mut sql = RESERVE_SQL.trim().to_owned();
+    for (parameter, value) in values {
+        sql = sql.replace(parameter, &value);
+    }
+    // pgbench reads a statement up to its semicolon, on as many lines as it takes.
+    format!("\\set n random(1, 10000)\n{sql};")
 }
 
 /// One text value of `sql`, or `?`.

@@ -19,6 +19,8 @@ mod m20261201_090000_tie_watchers_to_processes;
 mod m20261202_090000_add_checkout_and_fulfilment;
 mod m20261202_091000_create_idempotency_keys;
 mod m20261202_092000_announce_orders_and_checkouts;
+mod m20261203_090000_trim_the_reserve_path;
+mod m20261203_100000_create_ledger_checkpoints;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -34,6 +36,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_090000_add_checkout_and_fulfilment::Migration),
             Box::new(m20261202_091000_create_idempotency_keys::Migration),
             Box::new(m20261202_092000_announce_orders_and_checkouts::Migration),
+            Box::new(m20261203_090000_trim_the_reserve_path::Migration),
+            Box::new(m20261203_100000_create_ledger_checkpoints::Migration),
         ]
     }
 }

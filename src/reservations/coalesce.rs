@@ -1,24 +1,32 @@
-//! Request coalescing for hot items.
+//! Request coalescing: group commit for conditional reservations.
 //!
-//! One row takes only one committed change per WAL flush, so a hot item is
-//! capped by commit latency however fast the server is. Conditional `reserve`
-//! calls (no `expectedVersion`, no idempotency key) waiting on the same
-//! inventory are therefore served together: while one batch runs, later
-//! callers queue; the next batch takes them all (up to a maximum) and one
-//! statement grants them in arrival order against the locked stock, writes
-//! every granted reservation and ledger row, and answers each caller as if the
-//! batch had run one request at a time: its own stock after, and a version one
-//! higher per granted reservation before it. An idle inventory costs nothing:
-//! its queue exists only while requests for it are in flight, and no queue
-//! outgrows the server's limit of requests in flight.
+//! One row takes only one committed change per WAL flush, and every
+//! statement that commits alone pays a flush and a round trip of its own.
+//! Conditional `reserve` calls (no `expectedVersion`, no idempotency key) are
+//! therefore served in *lanes*: at most `lanes` statements run at once, and
+//! an inventory is in at most one of them. A caller that finds a lane free
+//! and its inventory idle takes its own one-statement path at once, in its
+//! own task (no added latency, no hand-over). Everyone else queues, and when
+//! a lane's statement is done the lane takes the queue (up to a maximum, of
+//! any inventories not in another lane) as one batch: one statement that
+//! locks the batch's inventories in id order, grants each inventory's
+//! callers in arrival order against its locked stock, writes every granted
+//! reservation and ledger row, and answers each caller as if it had run
+//! alone, one at a time: its own stock after, and a version one higher per
+//! grant before it on its inventory. On a hot item that is the batch of its
+//! waiting callers; on a catalogue it is the callers of many items sharing
+//! one commit. A batch whose statement fails (for any reason but a lost
+//! database) wrote nothing, and its callers are retried one by one, so one
+//! bad caller fails alone. Nothing is kept for an idle server: the queue
+//! holds only callers in flight, which the server's in-flight limit bounds.
 
 use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
+    collections::{HashSet, VecDeque},
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
-use sea_orm::{DatabaseConnection, DbErr};
+use sea_orm::DatabaseConnection;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -28,13 +36,15 @@ use super::{
     store,
 };
 use crate::{
-    db::{Attempted, Collisions, StatementPool},
+    db::{Attempted, Collisions, DbFailure, StatementPool, classify},
     error::AppError,
     stock::taking::{CoalescedReserve, Turn},
 };
 
 /// One caller waiting for its batch.
 struct Waiting {
+    /// The inventory it takes from.
+    inventory_id: Uuid,
     /// The caller (token `sub`).
     user_id: String,
     /// Units asked for.
@@ -45,11 +55,40 @@ struct Waiting {
     reply: oneshot::Sender<Result<ReserveOutcome, AppError>>,
 }
 
-/// The queues of inventories with requests in flight. A std mutex, not a
-/// tokio one: it is held only to push or swap a vector, never across an await.
-type Queues = Arc<Mutex<HashMap<Uuid, Vec<Waiting>>>>;
+/// The lanes' shared state.
+#[derive(Default)]
+struct Lanes {
+    /// Statements running (or about to), callers alone included.
+    running: usize,
+    /// The inventories of the running statements: a later caller of one of
+    /// them waits for the next batch instead of queueing on its row lock.
+    busy: HashSet<Uuid>,
+    /// Callers waiting for a batch, in arrival order.
+    queue: VecDeque<Waiting>,
+}
 
-/// Serves conditional reservations of the same inventory in batches.
+impl Lanes {
+    /// Up to `max` queued callers, oldest first, whose inventory is idle or
+    /// already one of `batch`'s, added to `batch`; their inventories become busy.
+    fn take_into(&mut self, batch: &mut Vec<Waiting>, max: usize) {
+        let Self { busy, queue, .. } = self;
+        let mut mine: HashSet<Uuid> = batch.iter().map(|w| w.inventory_id).collect();
+        let mut rest = VecDeque::with_capacity(queue.len());
+        for waiting in queue.drain(..) {
+            let id = waiting.inventory_id;
+            if batch.len() < max && (mine.contains(&id) || !busy.contains(&id)) {
+                mine.insert(id);
+                busy.insert(id);
+                batch.push(waiting);
+            } else {
+                rest.push_back(waiting);
+            }
+        }
+        *queue = rest;
+    }
+}
+
+/// Serves conditional reservations in lanes, batching those that wait.
 #[derive(Clone)]
 pub struct Coalescer {
     /// For the reads of a caller served alone.
@@ -58,8 +97,11 @@ pub struct Coalescer {
     statements: StatementPool,
     /// Re-runs collided statements.
     collisions: Collisions,
-    /// The callers waiting, per inventory.
-    queues: Queues,
+    /// Who runs and who waits. A std mutex, not a tokio one: it is held only
+    /// to move callers between vectors, never across an await.
+    lanes: Arc<Mutex<Lanes>>,
+    /// Most statements running at once.
+    max_lanes: usize,
     /// Most callers one statement serves.
     max_batch: usize,
     /// How long a batch may wait for more callers after its first arrived.
@@ -68,106 +110,123 @@ pub struct Coalescer {
     ttl_secs: i32,
 }
 
+/// How a [`Coalescer`] batches.
+#[derive(Debug, Clone, Copy)]
+pub struct Batching {
+    /// Most statements running at once.
+    pub lanes: usize,
+    /// Most callers one statement serves.
+    pub max_batch: usize,
+    /// How long a batch waits for more callers after its first (zero: only
+    /// those that queued while the lanes were busy).
+    pub window: Duration,
+}
+
 impl Coalescer {
     /// A coalescer over `db` that runs its statements on `statements`.
     pub fn new(
         db: DatabaseConnection,
         statements: StatementPool,
         collisions: Collisions,
-        max_batch: usize,
-        window: Duration,
+        batching: Batching,
         ttl_secs: i32,
     ) -> Self {
-        Self { db, statements, collisions, queues: Arc::default(), max_batch: max_batch.max(1), window, ttl_secs }
+        Self {
+            db,
+            statements,
+            collisions,
+            lanes: Arc::default(),
+            max_lanes: batching.lanes.max(1),
+            max_batch: batching.max_batch.max(1),
+            window: batching.window,
+            ttl_secs,
+        }
     }
 
-    /// How many callers of `inventory_id` wait in its queue right now (not
-    /// counting the one whose statement runs), for tests that must see
-    /// callers queued before they go on.
+    fn lanes(&self) -> MutexGuard<'_, Lanes> {
+        self.lanes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many callers of `inventory_id` wait in the queue right now (not
+    /// counting those whose statement runs), for tests that must see callers
+    /// queued before they go on.
     pub fn queued(&self, inventory_id: Uuid) -> usize {
-        let queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        queues.get(&inventory_id).map_or(0, Vec::len)
+        self.lanes().queue.iter().filter(|w| w.inventory_id == inventory_id).count()
     }
 
-    /// Reserves `quantity` of `inventory_id` for `user_id`, together with any
-    /// other callers of the same inventory.
+    /// How many callers of any inventory wait in the queue right now.
+    pub fn waiting(&self) -> usize {
+        self.lanes().queue.len()
+    }
+
+    /// Reserves `quantity` of `inventory_id` for `user_id`: alone when a lane
+    /// is free and nobody else takes from the inventory, else in a batch.
     pub async fn reserve(&self, inventory_id: Uuid, user_id: &str, quantity: i32) -> Result<ReserveOutcome, AppError> {
         let queued = {
-            let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            match queues.get_mut(&inventory_id) {
-                Some(queue) => {
-                    let (reply, answer) = oneshot::channel();
-                    queue.push(Waiting { user_id: user_id.to_owned(), quantity, arrived: Instant::now(), reply });
-                    Some(answer)
-                }
-                None => {
-                    queues.insert(inventory_id, Vec::new());
-                    None
-                }
+            let mut lanes = self.lanes();
+            if lanes.running < self.max_lanes && !lanes.busy.contains(&inventory_id) {
+                lanes.running += 1;
+                lanes.busy.insert(inventory_id);
+                None
+            } else {
+                let (reply, answer) = oneshot::channel();
+                let user_id = user_id.to_owned();
+                lanes.queue.push_back(Waiting { inventory_id, user_id, quantity, arrived: Instant::now(), reply });
+                Some(answer)
             }
         };
         if let Some(answer) = queued {
             return answer.await.unwrap_or(Err(AppError::Internal));
         }
         if self.window.is_zero() {
-            // First in: serve itself at once, in its own task (no hand-over
-            // to another task and back); whoever queues meanwhile is served
-            // next, as one batch, when `_next` is dropped, even if this
-            // caller goes away halfway.
-            let _next = HandOver { coalescer: self, inventory_id };
+            // A lane of its own: served at once, in its own task; whoever
+            // queued meanwhile is served next when `_lane` is dropped, even
+            // if this caller goes away halfway.
+            let _lane = Lane { coalescer: self, inventories: vec![inventory_id] };
             return self.alone(inventory_id, user_id, quantity).await;
         }
         // A batch that waits for company runs in its own task, so a caller
         // that goes away cannot strand the others.
         let (reply, answer) = oneshot::channel();
-        let first = Waiting { user_id: user_id.to_owned(), quantity, arrived: Instant::now(), reply };
-        tokio::spawn(self.clone().serve(inventory_id, vec![first]));
+        let first = Waiting { inventory_id, user_id: user_id.to_owned(), quantity, arrived: Instant::now(), reply };
+        tokio::spawn(self.clone().serve(vec![first]));
         answer.await.unwrap_or(Err(AppError::Internal))
     }
 
-    /// Runs batches for one inventory until its queue is empty, then removes it.
-    async fn serve(self, inventory_id: Uuid, mut batch: Vec<Waiting>) {
-        loop {
-            if !self.window.is_zero() && batch.len() < self.max_batch {
-                let deadline = batch[0].arrived + self.window;
-                tokio::time::sleep_until(deadline.into()).await;
-                batch.extend(self.take(inventory_id, self.max_batch - batch.len()));
-            }
-            self.run(inventory_id, batch).await;
-            match self.next_batch(inventory_id) {
-                Some(next) => batch = next,
-                None => return,
-            }
+    /// Runs one batch in a lane already counted as running (its inventories
+    /// already busy), then hands the lane on.
+    async fn serve(self, mut batch: Vec<Waiting>) {
+        if !self.window.is_zero() && batch.len() < self.max_batch {
+            let deadline = batch[0].arrived + self.window;
+            tokio::time::sleep_until(deadline.into()).await;
+            self.lanes().take_into(&mut batch, self.max_batch);
         }
+        let mut inventories: Vec<Uuid> = batch.iter().map(|w| w.inventory_id).collect();
+        inventories.sort_unstable();
+        inventories.dedup();
+        let _lane = Lane { coalescer: &self, inventories };
+        self.run(batch).await;
     }
 
-    /// The next batch of `inventory_id`; when nobody is queued, the queue is
-    /// removed under the same lock, so the next caller leads a new one.
-    fn next_batch(&self, inventory_id: Uuid) -> Option<Vec<Waiting>> {
-        let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match queues.get_mut(&inventory_id) {
-            Some(queue) if queue.is_empty() => {
-                queues.remove(&inventory_id);
-                None
-            }
-            Some(queue) => {
-                let n = queue.len().min(self.max_batch);
-                Some(queue.drain(..n).collect())
-            }
-            None => None,
+    /// Gives up a lane that served `inventories`, and takes the batches that
+    /// can run now: one per free lane, while callers of idle inventories wait.
+    fn finish(&self, inventories: &[Uuid]) -> Vec<Vec<Waiting>> {
+        let mut lanes = self.lanes();
+        lanes.running = lanes.running.saturating_sub(1);
+        for id in inventories {
+            lanes.busy.remove(id);
         }
-    }
-
-    /// Up to `n` queued callers of `inventory_id`, oldest first.
-    fn take(&self, inventory_id: Uuid, n: usize) -> Vec<Waiting> {
-        let mut queues = self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match queues.get_mut(&inventory_id) {
-            Some(queue) => {
-                let n = queue.len().min(n);
-                queue.drain(..n).collect()
+        let mut batches = Vec::new();
+        while lanes.running < self.max_lanes && !lanes.queue.is_empty() {
+            let mut batch = Vec::new();
+            lanes.take_into(&mut batch, self.max_batch);
+            if batch.is_empty() {
+                break;
             }
-            None => Vec::new(),
+            lanes.running += 1;
+            batches.push(batch);
         }
+        batches
     }
 
     /// A caller alone: the plain one-statement reserve is cheaper for the
@@ -184,100 +243,113 @@ impl Coalescer {
     }
 
     /// Runs one batch statement and answers every caller in it.
-    async fn run(&self, inventory_id: Uuid, mut batch: Vec<Waiting>) {
+    async fn run(&self, mut batch: Vec<Waiting>) {
         if batch.len() == 1 {
             if let Some(waiting) = batch.pop() {
-                let result = self.alone(inventory_id, &waiting.user_id, waiting.quantity).await;
+                let result = self.alone(waiting.inventory_id, &waiting.user_id, waiting.quantity).await;
                 let _ = waiting.reply.send(result);
             }
             return;
         }
-        let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::new_v4()).collect();
+        // Time-ordered keys (see `service::reserve_alone`).
+        let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::now_v7()).collect();
+        let inventories: Vec<Uuid> = batch.iter().map(|w| w.inventory_id).collect();
         let users: Vec<&str> = batch.iter().map(|w| w.user_id.as_str()).collect();
         let quantities: Vec<i32> = batch.iter().map(|w| w.quantity).collect();
         let reserve = CoalescedReserve {
-            inventory_id,
+            inventory_ids: &inventories,
             reservation_ids: &ids,
             user_ids: &users,
             quantities: &quantities,
             ttl_secs: self.ttl_secs,
         };
-        let turns = store::reserve_coalesced(&self.statements, &self.collisions, &reserve).await;
-        let answers = answer(inventory_id, &batch, &ids, turns);
-        for (waiting, result) in batch.into_iter().zip(answers) {
+        let turns = match store::reserve_coalesced(&self.statements, &self.collisions, &reserve).await {
+            Ok(Attempted::Done(turns)) if turns.len() == batch.len() => turns,
+            Ok(Attempted::Done(turns)) => {
+                tracing::error!(callers = batch.len(), turns = turns.len(), "coalesced reserve answered short");
+                return self.one_by_one(batch).await;
+            }
+            Ok(Attempted::Exhausted { attempts }) => {
+                tracing::warn!(attempts, callers = batch.len(), "coalesced reserve collisions exhausted");
+                return self.one_by_one(batch).await;
+            }
+            // The database is out of reach: each caller alone would only
+            // wait for it again, so all fail now (and may retry).
+            Err(err) if classify(&err) == DbFailure::Unavailable => {
+                let err = AppError::from(err);
+                for waiting in batch {
+                    let _ = waiting.reply.send(Err(err.clone()));
+                }
+                return;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, callers = batch.len(), "coalesced reserve failed; serving its callers alone");
+                return self.one_by_one(batch).await;
+            }
+        };
+        for ((waiting, id), turn) in batch.into_iter().zip(ids).zip(turns) {
             // A caller that has gone away no longer needs its answer.
+            let outcome = answer(&waiting, id, turn);
+            let _ = waiting.reply.send(Ok(outcome));
+        }
+    }
+
+    /// Serves the callers of a failed batch statement (it wrote nothing)
+    /// each alone, in arrival order, so a caller that cannot be served fails
+    /// alone.
+    async fn one_by_one(&self, batch: Vec<Waiting>) {
+        for waiting in batch {
+            let result = self.alone(waiting.inventory_id, &waiting.user_id, waiting.quantity).await;
             let _ = waiting.reply.send(result);
         }
     }
 }
 
-/// Passes the queue of an inventory on when its first caller is done (or
-/// has gone away): to a serving task when callers queued meanwhile, else it
-/// removes the queue.
-struct HandOver<'a> {
-    /// Whose queue it is.
+/// A running lane. Dropped when its statement is done (or its caller has
+/// gone away), it frees its inventories and starts the batches that can run
+/// now, each in a task of its own.
+struct Lane<'a> {
+    /// Whose lane it is.
     coalescer: &'a Coalescer,
-    /// The inventory the queue is of.
-    inventory_id: Uuid,
+    /// The inventories its statement takes from.
+    inventories: Vec<Uuid>,
 }
 
-impl Drop for HandOver<'_> {
+impl Drop for Lane<'_> {
     fn drop(&mut self) {
-        let Some(batch) = self.coalescer.next_batch(self.inventory_id) else { return };
+        let batches = self.coalescer.finish(&self.inventories);
         // Without a runtime (it is shutting down) the queued callers' replies
         // are dropped and they answer with an error instead of waiting forever.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(self.coalescer.clone().serve(self.inventory_id, batch));
+            for batch in batches {
+                runtime.spawn(self.coalescer.clone().serve(batch));
+            }
         }
     }
 }
 
-/// Turns the statement's turns into one answer per caller.
-fn answer(
-    inventory_id: Uuid,
-    batch: &[Waiting],
-    ids: &[Uuid],
-    turns: Result<Attempted<Vec<Turn>>, DbErr>,
-) -> Vec<Result<ReserveOutcome, AppError>> {
-    let turns = match turns {
-        Ok(Attempted::Done(turns)) => turns,
-        Ok(Attempted::Exhausted { attempts }) => {
-            tracing::warn!(attempts, %inventory_id, "coalesced reserve collisions exhausted");
-            return batch.iter().map(|_| Err(AppError::DatabaseUnavailable)).collect();
+/// One caller's answer from its turn in the statement.
+fn answer(waiting: &Waiting, id: Uuid, turn: Turn) -> ReserveOutcome {
+    match turn {
+        Turn::NotFound => ReserveOutcome::InventoryNotFound,
+        Turn::Taken { granted: true, inventory, now, expires_at } => {
+            let reservation = ReservationRow {
+                id,
+                inventory_id: waiting.inventory_id,
+                order_id: None,
+                user_id: waiting.user_id.clone(),
+                quantity: waiting.quantity,
+                status: ReservationStatus::Active,
+                idempotency_key: None,
+                request_fingerprint: None,
+                created_at: now,
+                expires_at,
+                multi_item_id: None,
+            };
+            ReserveOutcome::Reserved { reservation, inventory }
         }
-        Err(err) => {
-            // One failure for the whole batch: the statement wrote nothing.
-            let err = AppError::from(err);
-            return batch.iter().map(|_| Err(err.clone())).collect();
+        Turn::Taken { granted: false, inventory, .. } => {
+            ReserveOutcome::SoldOut { requested: waiting.quantity, inventory }
         }
-    };
-    if turns.is_empty() {
-        return batch.iter().map(|_| Ok(ReserveOutcome::InventoryNotFound)).collect();
     }
-    // The statement returns one turn per caller, in arrival order.
-    batch
-        .iter()
-        .zip(ids)
-        .zip(turns)
-        .map(|((waiting, id), turn)| {
-            Ok(if turn.granted {
-                let reservation = ReservationRow {
-                    id: *id,
-                    inventory_id,
-                    order_id: None,
-                    user_id: waiting.user_id.clone(),
-                    quantity: waiting.quantity,
-                    status: ReservationStatus::Active,
-                    idempotency_key: None,
-                    request_fingerprint: None,
-                    created_at: turn.now,
-                    expires_at: turn.expires_at,
-                    multi_item_id: None,
-                };
-                ReserveOutcome::Reserved { reservation, inventory: turn.inventory }
-            } else {
-                ReserveOutcome::SoldOut { requested: waiting.quantity, inventory: turn.inventory }
-            })
-        })
-        .collect()
 }

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::{
     ReservationRow, ReservationStatus,
-    coalesce::Coalescer,
+    coalesce::{Batching, Coalescer},
     multi_item::{self, Unavailable},
     store,
 };
@@ -140,8 +140,8 @@ pub struct ReservationService {
     statements: StatementPool,
     /// Re-runs collided statements.
     collisions: Collisions,
-    /// Serves concurrent conditional reservations of one inventory together;
-    /// none when coalescing is switched off.
+    /// Serves concurrent conditional reservations in batches (one
+    /// inventory's or many's); none when coalescing is switched off.
     coalescer: Option<Coalescer>,
 }
 
@@ -154,8 +154,11 @@ impl ReservationService {
                 state.db.clone(),
                 state.statements.clone(),
                 state.collisions.clone(),
-                limits.coalesce_max_batch,
-                Duration::from_micros(limits.coalesce_window_us),
+                Batching {
+                    lanes: limits.coalesce_lanes,
+                    max_batch: limits.coalesce_max_batch,
+                    window: Duration::from_micros(limits.coalesce_window_us),
+                },
                 limits.reservation_ttl_secs,
             )
         });
@@ -167,9 +170,9 @@ impl ReservationService {
         }
     }
 
-    /// Takes stock for `user_id`. Hot items: a conditional reservation
-    /// without a key can share one statement with others on the same
-    /// inventory; any other goes alone.
+    /// Takes stock for `user_id`. A conditional reservation without a key
+    /// can share one statement with others waiting at the same time, on its
+    /// inventory or on others; any other goes alone.
     pub async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
         match &self.coalescer {
             Some(coalescer) if request.expected_version.is_none() && request.idempotency_key.is_none() => {
@@ -311,7 +314,10 @@ pub async fn reserve_alone(
         inventory_id: request.inventory_id,
         quantity: request.quantity,
         expected_version: request.expected_version,
-        reservation_id: Uuid::new_v4(),
+        // Time-ordered (v7): new keys land at the right edge of the primary
+        // key's B-tree instead of on a random page of it, which with months
+        // of history is a page that is seldom cached (bench/results/decisions.md).
+        reservation_id: Uuid::now_v7(),
         user_id,
         idempotency_key: key.as_ref().map(|k| k.key.as_str()),
         fingerprint: key.as_ref().map(|k| k.fingerprint.as_str()),

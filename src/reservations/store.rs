@@ -32,15 +32,16 @@ pub async fn reserve(
     collisions.run(reserve.inventory_id, run).await
 }
 
-/// Runs one coalesced statement for several callers of one inventory,
-/// re-run on collisions; one turn per caller, in arrival order.
+/// Runs one coalesced statement for several callers (of one inventory or
+/// many), re-run on collisions; one turn per caller, in arrival order.
 pub async fn reserve_coalesced(
     statements: &StatementPool,
     collisions: &Collisions,
     reserve: &CoalescedReserve<'_>,
 ) -> Result<Attempted<Vec<Turn>>, DbErr> {
     let run = || async { statements.fetch_all(reserve.query()).await?.iter().map(Turn::from_row).collect() };
-    collisions.run(reserve.inventory_id, run).await
+    let key = reserve.inventory_ids.first().copied().unwrap_or_default();
+    collisions.run(key, run).await
 }
 
 /// Runs the release of `owner`'s reservation, re-run on collisions; the
@@ -123,4 +124,23 @@ pub async fn page_for_user(db: &DatabaseConnection, user_id: &str, page: Page) -
     pagination::keyset(Entity::find().filter(Column::UserId.eq(user_id)), Column::CreatedAt, Column::Id, page)
         .all(db)
         .await
+}
+
+/// Deletes the reservations made in `[from, until)` that are done with
+/// (RELEASED or EXPIRED) and carry no idempotency key; how many it deleted.
+///
+/// Nothing counts them any more: the invariant sums only ACTIVE, ORDERED and
+/// FULFILLED lines, and no statement changes a RELEASED or EXPIRED row, so
+/// the delete takes no lock another writer waits for. A keyed one stays, so
+/// a replay of its key still finds its first outcome.
+pub async fn archive_slice(
+    db: &impl ConnectionTrait,
+    from: chrono::DateTime<chrono::Utc>,
+    until: chrono::DateTime<chrono::Utc>,
+) -> Result<u64, DbErr> {
+    const SQL: &str = "DELETE FROM reservations \
+         WHERE created_at >= $1 AND created_at < $2 \
+           AND status IN ('RELEASED', 'EXPIRED') AND idempotency_key IS NULL";
+    let deleted = db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, [from.into(), until.into()]));
+    Ok(deleted.await?.rows_affected())
 }

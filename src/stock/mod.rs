@@ -2,8 +2,9 @@
 //! inventory is built here: taking stock for reservations and order lines
 //! ([`taking`]), giving it back on release, expiry and cancel
 //! ([`returning`]), receiving it on create and restock ([`receiving`]),
-//! changing a held quantity ([`adjusting`]), and shipping an order's lines
-//! out of the warehouse ([`shipping`]).
+//! changing a held quantity ([`adjusting`]), shipping an order's lines
+//! out of the warehouse ([`shipping`]), and folding old ledger rows into
+//! checkpoints ([`archiving`]).
 //!
 //! They are built from the same fragments, so docs/design.md's rule has one
 //! home: a change of an inventory is one version step (`version + 1` per
@@ -14,6 +15,7 @@
 //! no other module writes `inventories`' stock or the ledger.
 
 pub mod adjusting;
+pub mod archiving;
 mod fragments;
 pub mod receiving;
 pub mod returning;

@@ -1,5 +1,5 @@
 //! Taking stock: one reservation ([`RESERVE_SQL`]), the reservations of
-//! callers coalesced on one hot inventory ([`COALESCED_RESERVE_SQL`]), and
+//! coalesced callers on one inventory or many ([`COALESCED_RESERVE_SQL`]), and
 //! the lines of a multi-item request (`reserveMany`, `placeOrder`).
 
 use std::sync::LazyLock;
@@ -127,70 +127,83 @@ impl ReservationChange {
     }
 }
 
-/// One statement for the coalesced callers of one inventory: `$1`
-/// inventory, `$2` reservation ids, `$3` users, `$4` quantities (in arrival
-/// order), `$5` TTL seconds.
+/// One statement for coalesced callers, on one inventory or many: `$1`
+/// inventories, `$2` reservation ids, `$3` users, `$4` quantities (one
+/// element per caller, in arrival order), `$5` TTL seconds.
 ///
-/// This locks the inventory row for the statement (the `FOR UPDATE` in
-/// `inv`), walks the callers in arrival order granting each whose quantity
-/// still fits (a caller that does not fit is refused, a later smaller one may
-/// still be served: exactly what one-at-a-time would do), then writes the new
-/// stock and version once (one version step per grant), every granted
-/// reservation, and one ledger row per grant with its own stock and version.
-/// One row per caller in arrival order, the inventory as it stood after that
-/// caller's turn; no row at all: no such inventory.
+/// This locks every inventory named for the statement, in id order (the
+/// `ORDER BY id FOR UPDATE` in `inv`: PostgreSQL sorts, then locks), the
+/// order every multi-item writer and the sweeper lock in, so two batches of
+/// this or another process that share inventories wait for each other
+/// instead of deadlocking. Then it walks each inventory's callers in arrival
+/// order granting each whose quantity still fits (a caller that does not fit
+/// is refused, a later smaller one may still be served: exactly what
+/// one-at-a-time would do), writes each inventory's new stock and version
+/// once (one version step per grant), every granted reservation, and one
+/// ledger row per grant with its own stock and version. One row per caller
+/// in arrival order: `found` false when its inventory does not exist, else
+/// the inventory as it stood after that caller's turn.
 pub static COALESCED_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         r#"
-WITH RECURSIVE req AS (
-    SELECT * FROM unnest($2::uuid[], $3::text[], $4::integer[]) WITH ORDINALITY
-        AS r(reservation_id, user_id, quantity, n)
-), inv AS (
+WITH RECURSIVE req AS MATERIALIZED (
+    SELECT r.*, row_number() OVER (PARTITION BY r.inventory_id ORDER BY r.n) AS k
+      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[]) WITH ORDINALITY
+        AS r(inventory_id, reservation_id, user_id, quantity, n)
+), inv AS MATERIALIZED (
     SELECT {INVENTORY_COLUMNS}
-      FROM inventories WHERE id = $1 FOR UPDATE
+      FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
 ), walk AS (
-    SELECT 0::bigint AS n, inv.stock AS stock, inv.version AS version, false AS granted FROM inv
+    SELECT inv.id AS inventory_id, 0::bigint AS k, inv.stock AS stock, inv.version AS version, false AS granted
+      FROM inv
     UNION ALL
-    SELECT r.n,
+    SELECT w.inventory_id, r.k,
            CASE WHEN w.stock >= r.quantity THEN w.stock - r.quantity ELSE w.stock END,
            CASE WHEN w.stock >= r.quantity THEN w.version + 1 ELSE w.version END,
            w.stock >= r.quantity
-      FROM walk w JOIN req r ON r.n = w.n + 1
+      FROM walk w JOIN req r ON r.inventory_id = w.inventory_id AND r.k = w.k + 1
 ), steps AS (
-    SELECT * FROM walk WHERE n > 0
+    SELECT * FROM walk WHERE k > 0
+), last AS (
+    SELECT DISTINCT ON (inventory_id) inventory_id, stock, version FROM steps ORDER BY inventory_id, k DESC
 ), taken AS (
     UPDATE inventories i
        {set}
-      FROM (SELECT stock, version FROM steps ORDER BY n DESC LIMIT 1) last
-     WHERE i.id = $1 AND EXISTS (SELECT 1 FROM steps WHERE granted)
- RETURNING i.updated_at
+      FROM last JOIN inv o ON o.id = last.inventory_id
+     WHERE i.id = last.inventory_id AND last.version > o.version
+ RETURNING i.id, i.updated_at
 ), reservation AS (
     INSERT INTO reservations (id, inventory_id, user_id, quantity, status, expires_at)
-    SELECT r.reservation_id, $1, r.user_id, r.quantity, 'ACTIVE', {expires}
-      FROM req r JOIN steps s ON s.n = r.n
+    SELECT r.reservation_id, r.inventory_id, r.user_id, r.quantity, 'ACTIVE', {expires}
+      FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
      WHERE s.granted
 ), movement AS (
     {LEDGER}
-    SELECT $1, -r.quantity, 'RESERVED', s.stock, s.version, r.reservation_id, NULL
-      FROM req r JOIN steps s ON s.n = r.n
+    SELECT r.inventory_id, -r.quantity, 'RESERVED', s.stock, s.version, r.reservation_id, NULL
+      FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
      WHERE s.granted
 )
-SELECT s.granted, inv.id, inv.sku, inv.name, s.stock, s.version, inv.created_at,
-       coalesce((SELECT updated_at FROM taken), inv.updated_at) AS updated_at,
+SELECT s.k IS NOT NULL AS found, coalesce(s.granted, false) AS granted,
+       inv.id, inv.sku, inv.name, s.stock, s.version, inv.created_at,
+       coalesce(t.updated_at, inv.updated_at) AS updated_at,
        now() AS now, {expires} AS expires_at
-  FROM steps s, inv
- ORDER BY s.n"#,
+  FROM req r
+  LEFT JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
+  LEFT JOIN inv ON inv.id = r.inventory_id
+  LEFT JOIN taken t ON t.id = r.inventory_id
+ ORDER BY r.n"#,
         set = set("last.stock", "last.version"),
         expires = expiry("$5"),
     )
 });
 
-/// The bind values of [`COALESCED_RESERVE_SQL`]: the callers, in arrival order.
+/// The bind values of [`COALESCED_RESERVE_SQL`]: the callers, in arrival
+/// order, one element each in every slice.
 #[derive(Debug, Clone, Copy)]
 pub struct CoalescedReserve<'a> {
-    /// The one inventory they all take from.
-    pub inventory_id: Uuid,
-    /// The new reservations' ids, one per caller.
+    /// The inventory each caller takes from.
+    pub inventory_ids: &'a [Uuid],
+    /// The new reservations' ids.
     pub reservation_ids: &'a [Uuid],
     /// The callers.
     pub user_ids: &'a [&'a str],
@@ -209,7 +222,7 @@ impl CoalescedReserve<'_> {
     /// `query` (of [`COALESCED_RESERVE_SQL`]'s parameters) with these values bound.
     pub(super) fn bind<'q>(&self, query: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
         query
-            .bind(self.inventory_id)
+            .bind(self.inventory_ids)
             .bind(self.reservation_ids)
             .bind(self.user_ids)
             .bind(self.quantities)
@@ -220,21 +233,29 @@ impl CoalescedReserve<'_> {
 /// One caller's turn in a coalesced statement (a row of
 /// [`COALESCED_RESERVE_SQL`]).
 #[derive(Debug)]
-pub struct Turn {
-    /// Whether the caller got its units.
-    pub granted: bool,
-    /// The inventory right after its turn.
-    pub inventory: InventoryRow,
-    /// When the granted reservations were made (the transaction's start).
-    pub now: DateTime<Utc>,
-    /// Their expiry.
-    pub expires_at: Option<DateTime<Utc>>,
+pub enum Turn {
+    /// The caller's inventory does not exist.
+    NotFound,
+    /// The caller's turn on its inventory.
+    Taken {
+        /// Whether the caller got its units.
+        granted: bool,
+        /// The inventory right after its turn.
+        inventory: InventoryRow,
+        /// When the granted reservations were made (the transaction's start).
+        now: DateTime<Utc>,
+        /// Their expiry.
+        expires_at: Option<DateTime<Utc>>,
+    },
 }
 
 impl Turn {
     /// The turn a statement's row describes.
     pub fn from_row(row: &QueryResult) -> Result<Self, DbErr> {
-        Ok(Self {
+        if !row.try_get::<bool>("", "found")? {
+            return Ok(Self::NotFound);
+        }
+        Ok(Self::Taken {
             granted: row.try_get("", "granted")?,
             inventory: InventoryRow::from_query_result(row, "")?,
             now: row.try_get("", "now")?,

@@ -75,11 +75,12 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
     if let Err(err) = explained.fetch_all(&mut conn).await {
         failures.push(format!("reserve: {err}"));
     }
+    let id_of_two = Uuid::new_v4();
     let coalesced = CoalescedReserve {
-        inventory_id: Uuid::new_v4(),
-        reservation_ids: &[reservation_id, Uuid::new_v4()],
-        user_ids: &["alice", "bob"],
-        quantities: &[1, 2],
+        inventory_ids: &[id_of_two, id_of_two, Uuid::new_v4()],
+        reservation_ids: &[reservation_id, Uuid::new_v4(), Uuid::new_v4()],
+        user_ids: &["alice", "bob", "carol"],
+        quantities: &[1, 2, 3],
         ttl_secs: 0,
     };
     let explained = coalesced.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *COALESCED_RESERVE_SQL))));

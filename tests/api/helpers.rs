@@ -56,7 +56,8 @@ pub enum Isolation {
 }
 
 impl Isolation {
-    fn sql(self) -> &'static str {
+    /// The level as `SET default_transaction_isolation` spells it.
+    pub fn sql(self) -> &'static str {
         match self {
             Self::ReadCommitted => "read committed",
             Self::RepeatableRead => "repeatable read",

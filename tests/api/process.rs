@@ -21,7 +21,7 @@ use stockguard::{
 };
 use uuid::Uuid;
 
-use crate::helpers::{SECRET, drop_database, server_url};
+use crate::helpers::{Isolation, SECRET, drop_database, server_url};
 
 /// The binary under test.
 pub fn binary() -> PathBuf {
@@ -51,27 +51,46 @@ impl Process {
     /// Starts the server on port 0 against a fresh database, with `env` on
     /// top of the test secret, and waits until it is ready.
     pub async fn start(env: &[(&str, &str)]) -> Self {
-        Self::launch(env, Some(SECRET), None).await
+        Self::launch(env, Some(SECRET)).await
     }
 
     /// Starts the server as a developer would, with no secret: it makes its own.
     pub async fn start_without_secret() -> Self {
-        Self::launch(&[], None, None).await
+        Self::launch(&[], None).await
     }
 
     /// Starts another server on `first`'s database (a second process of one
     /// deployment, with the same secret), with `env`.
     pub async fn beside(first: &Process, env: &[(&str, &str)]) -> Self {
-        Self::launch(env, Some(SECRET), Some(first.database_url.clone())).await
+        Self::launch_on(&first.database_url, false, env, Some(SECRET)).await
     }
 
-    async fn launch(env: &[(&str, &str)], secret: Option<&str>, shared: Option<String>) -> Self {
-        let owns_database = shared.is_none();
-        let database_url = shared.unwrap_or_else(|| format!("{}/sg_test_{}", server_url(), Uuid::new_v4().simple()));
-        let name = database_url.rsplit('/').next().unwrap_or_default().to_owned();
-        let name = format!("{name}_{}", &Uuid::new_v4().simple().to_string()[..8]);
+    /// Two servers on one fresh database whose default isolation is
+    /// `isolation`, each with `env`: two processes sharing the rows, as a
+    /// deployment of several servers does.
+    pub async fn start_two(env: &[(&str, &str)], isolation: Isolation) -> (Self, Self) {
+        let name = format!("sg_test_{}", Uuid::new_v4().simple());
+        let database_url = format!("{}/{name}", server_url());
         db::ensure_database(&database_url).await.expect("create the database");
-        let log = std::env::temp_dir().join(format!("stockguard-{name}.log"));
+        let admin = sea_orm::Database::connect(format!("{}/postgres", server_url())).await.expect("connect");
+        let set = format!("ALTER DATABASE {name} SET default_transaction_isolation TO '{}'", isolation.sql());
+        admin.execute_unprepared(&set).await.expect("set the isolation level");
+        admin.close().await.expect("close");
+        let first = Self::launch_on(&database_url, true, env, Some(SECRET)).await;
+        let second = Self::beside(&first, env).await;
+        (first, second)
+    }
+
+    async fn launch(env: &[(&str, &str)], secret: Option<&str>) -> Self {
+        let name = format!("sg_test_{}", Uuid::new_v4().simple());
+        let database_url = format!("{}/{name}", server_url());
+        db::ensure_database(&database_url).await.expect("create the database");
+        Self::launch_on(&database_url, true, env, secret).await
+    }
+
+    async fn launch_on(database_url: &str, owns_database: bool, env: &[(&str, &str)], secret: Option<&str>) -> Self {
+        let database_url = database_url.to_owned();
+        let log = std::env::temp_dir().join(format!("stockguard-{}.log", Uuid::new_v4().simple()));
         let output = std::fs::File::create(&log).expect("log file");
         let mut command = Command::new(binary());
         match secret {

@@ -1,0 +1,138 @@
+//! `--history N`: the tables as a shop that has run for a month has them.
+//!
+//! Before the history cells, N past reservations (released or expired,
+//! 100,000 users, spread over the last 30 days and over the SPREAD
+//! inventories) and N ledger rows (a RESERVED and a RELEASED or EXPIRED row
+//! per pair) are written with `generate_series`, a million rows per
+//! statement. Each ledger row is a version of its own below every real one
+//! (negative: the rows came before), and each inventory's version grows by
+//! its history rows in one relative UPDATE at the end, so the invariant
+//! holds again however the server changed the rows meanwhile (the sweeper).
+//! Their keys are time-ordered, as the server's are. The two indexes whose
+//! keys do not follow time (a user's reservations, the ledger's version per
+//! inventory) are dropped first and built again after, by one sort each: the
+//! state is the same as if the rows had come one by one, minus the hours.
+//!
+//! The probes time what must not grow with history: the sweeper's claim
+//! (nothing due) and the first page of a user's `myReservations`.
+
+use std::time::Instant;
+
+use anyhow::Context as _;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use stockguard::{
+    pagination::Page,
+    reservations::{store, sweeper},
+};
+use uuid::Uuid;
+
+/// Rows one fill statement writes.
+const CHUNK: u64 = 1_000_000;
+
+/// The key of history row `g` of a table (`prefix`, one hex digit): in the
+/// order the rows were made, as the server's time-ordered keys are, and
+/// below every key the server makes (a v7 key starts with today's time).
+fn key(prefix: char) -> String {
+    format!("('0{prefix}' || lpad(to_hex(g.g), 30, '0'))::uuid")
+}
+
+/// Fills `n` past reservations and `n` ledger rows over `inventories`.
+pub async fn fill(db: &DatabaseConnection, inventories: &[Uuid], n: u64) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let m = inventories.len() as u64;
+    let n = n / 2 * 2;
+    db.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "CREATE UNLOGGED TABLE bench_history_inventories AS \
+         SELECT (k - 1)::bigint AS k, id FROM unnest($1::uuid[]) WITH ORDINALITY AS a(id, k) ORDER BY k",
+        [sea_orm::Value::from(inventories.to_vec())],
+    ))
+    .await?;
+    db.execute_unprepared(
+        "DROP INDEX reservations_user_created; \
+         ALTER TABLE stock_movements DROP CONSTRAINT stock_movements_inventory_id_version_after_key;",
+    )
+    .await
+    .context("history: drop the indexes rebuilt after")?;
+    let mut start = 0;
+    while start < n {
+        let end = (start + CHUNK).min(n);
+        // Row g of n: made 30 days ago for g = 0, an hour ago for the last;
+        // pair p = g / 2 on inventory p mod m, its (p / m)-th pair there.
+        let sql = format!(
+            r#"
+WITH ids AS (
+    SELECT array_agg(id ORDER BY k) AS ids FROM bench_history_inventories
+), g AS MATERIALIZED (
+    SELECT g, ids[(g / 2) % {m} + 1] AS inventory_id,
+           now() - interval '1 hour' - (1 - g::float8 / {n}) * interval '30 days' AS ts
+      FROM generate_series({start}, {end} - 1) AS g, ids
+), r AS (
+    INSERT INTO reservations (id, inventory_id, user_id, quantity, status, created_at, expires_at)
+    SELECT {reservation_key}, inventory_id, 'hist-' || (g.g::bigint * 7919 % 100000), 1,
+           CASE WHEN g % 7 = 0 THEN 'EXPIRED' ELSE 'RELEASED' END, ts, ts + interval '15 minutes'
+      FROM g
+)
+INSERT INTO stock_movements (id, inventory_id, delta, reason, stock_after, version_after, created_at)
+SELECT {ledger_key}, inventory_id, CASE WHEN g % 2 = 0 THEN -1 ELSE 1 END,
+       CASE WHEN g % 2 = 0 THEN 'RESERVED' WHEN (g / 2) % 7 = 0 THEN 'EXPIRED' ELSE 'RELEASED' END,
+       1000000000 - 1 + g % 2, (-2 - 2 * ((g / 2) / {m}) - g % 2)::integer, ts
+  FROM g"#,
+            reservation_key = key('1'),
+            ledger_key = key('2'),
+        );
+        db.execute_unprepared(&sql).await.context("history: fill")?;
+        eprintln!("bench:   history: {end} of {n} rows ({:.0} s)", started.elapsed().as_secs_f64());
+        start = end;
+    }
+    // Inventory k got the pairs k, k + m, ... below `pairs`: two changes each.
+    let pairs = n / 2;
+    let sql = format!(
+        "UPDATE inventories i SET version = version + 2 * (({pairs} - 1 - h.k) / {m} + 1) \
+           FROM bench_history_inventories h WHERE i.id = h.id AND h.k < {pairs}; \
+         DROP TABLE bench_history_inventories;"
+    );
+    db.execute_unprepared(&sql).await.context("history: versions")?;
+    for sql in [
+        "SET maintenance_work_mem = '256MB'; \
+         CREATE INDEX reservations_user_created ON reservations (user_id, created_at, id); \
+         ALTER TABLE stock_movements ADD CONSTRAINT stock_movements_inventory_id_version_after_key \
+             UNIQUE (inventory_id, version_after);",
+        "VACUUM (ANALYZE) reservations",
+        "VACUUM (ANALYZE) stock_movements",
+        "CHECKPOINT",
+    ] {
+        db.execute_unprepared(sql).await.with_context(|| format!("history: {sql}"))?;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// What must not grow with history, in µs per call (median of `runs`).
+#[derive(Clone, Copy, Default)]
+pub struct Probes {
+    /// One sweep with nothing due.
+    pub sweep_us: f64,
+    /// The first page (20) of a user's reservations.
+    pub my_reservations_us: f64,
+}
+
+/// Times the probes, `runs` calls each.
+pub async fn probe(db: &DatabaseConnection, runs: usize) -> anyhow::Result<Probes> {
+    let mut sweep = Vec::with_capacity(runs);
+    let mut mine = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let started = Instant::now();
+        sweeper::sweep_once(db, 500).await?;
+        sweep.push(started.elapsed().as_secs_f64() * 1e6);
+        let user = format!("hist-{}", i * 7919 % 100_000);
+        let started = Instant::now();
+        store::page_for_user(db, &user, Page { first: 20, after: None }).await?;
+        mine.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(Probes { sweep_us: median(&mut sweep), my_reservations_us: median(&mut mine) })
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
