@@ -210,35 +210,30 @@ struct Report {
 }
 
 impl Report {
+    /// The figures, each with what it counts, in the order of the table.
+    fn figures(&self) -> [(&'static str, String); 8] {
+        [
+            ("run", self.run.to_string()),
+            ("answered", self.answered.to_string()),
+            ("retryable errors", format!("{} ({:.1}/s before the fault)", self.retryable, self.baseline)),
+            ("fault → first success", ms(self.first_success)),
+            ("longest stretch without a success", ms(Some(self.longest_gap))),
+            ("acknowledged writes lost", self.lost.to_string()),
+            ("violations", self.violations.len().to_string()),
+            ("fault", self.fault.name().to_owned()),
+        ]
+    }
+
     fn line(&self) -> String {
-        format!(
-            "{} run {}: {} answered, {} retryable errors ({:.1}/s before the fault), fault → first success {}, \
-             longest stretch without a success {}, {} acknowledged writes lost, {} violations",
-            self.fault.name(),
-            self.run,
-            self.answered,
-            self.retryable,
-            self.baseline,
-            ms(self.first_success),
-            ms(Some(self.longest_gap)),
-            self.lost,
-            self.violations.len()
-        )
+        let [run, rest @ .., (_, fault)] = self.figures();
+        let rest: Vec<String> = rest.into_iter().map(|(what, value)| format!("{what} {value}")).collect();
+        format!("{fault} run {}: {}", run.1, rest.join(", "))
     }
 
     fn row(&self) -> String {
-        format!(
-            "| {} | {} | {} | {} ({:.1}/s before) | {} | {} | {} | {} |",
-            self.fault.name(),
-            self.run,
-            self.answered,
-            self.retryable,
-            self.baseline,
-            ms(self.first_success),
-            ms(Some(self.longest_gap)),
-            self.lost,
-            self.violations.len()
-        )
+        let [run, rest @ .., (_, fault)] = self.figures();
+        let rest: Vec<String> = rest.into_iter().map(|(_, value)| value).collect();
+        format!("| {fault} | {} | {} |", run.1, rest.join(" | "))
     }
 }
 
