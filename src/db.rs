@@ -349,8 +349,8 @@ impl ReadyProbe {
                 Some((conn, _)) => conn,
                 None => sqlx::postgres::PgConnection::connect_with(&options).await.ok()?,
             };
-            let read_only: String = sqlx::query_scalar("SHOW transaction_read_only").fetch_one(&mut conn).await.ok()?;
-            Some((conn, read_only == "off"))
+            let writable = primary::accepts_writes(&mut conn).await.ok()?;
+            Some((conn, writable))
         })
         .await;
         match checked {

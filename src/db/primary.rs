@@ -114,6 +114,14 @@ pub fn parse(url: &str) -> Result<Target, UrlError> {
     Ok(Target { hosts, read_write })
 }
 
+/// Whether `conn`'s server accepts writes: `transaction_read_only` is off
+/// (on for a hot standby and for a database set
+/// `default_transaction_read_only`: libpq's `read-write` test).
+pub async fn accepts_writes(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    let read_only: String = sqlx::query_scalar("SHOW transaction_read_only").fetch_one(conn).await?;
+    Ok(read_only == "off")
+}
+
 /// Which host of a [`Target`] a process's pool talks to, and the watcher
 /// that moves it when that host stops accepting writes. Cheap to clone.
 #[derive(Clone)]
@@ -218,15 +226,12 @@ impl Primary {
     }
 
     /// Whether `conn`'s server is one to use: it answers, and accepts writes
-    /// when that is required. (`transaction_read_only` is on for a hot
-    /// standby and for a database set `default_transaction_read_only`:
-    /// libpq's `read-write` test.)
+    /// when that is required.
     pub async fn usable(&self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
         if !self.inner.read_write {
             return conn.ping().await.map(|()| true);
         }
-        let read_only: String = sqlx::query_scalar("SHOW transaction_read_only").fetch_one(&mut *conn).await?;
-        Ok(read_only == "off")
+        accepts_writes(conn).await
     }
 
     /// The pool's `after_connect`: refuses a connection to a server that does
