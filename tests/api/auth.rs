@@ -5,10 +5,10 @@ use jsonwebtoken::{EncodingKey, Header};
 use serde_json::json;
 use stockguard::auth::Role;
 
-use crate::helpers::{SECRET, TestApp, error_code};
-
-const CREATE: &str = "mutation($input: CreateInventoryInput!) { createInventory(input: $input) { id } }";
-const RESTOCK: &str = "mutation($input: RestockInput!) { restock(input: $input) { __typename } }";
+use crate::{
+    documents::{CREATE_INVENTORY, RESTOCK},
+    helpers::{SECRET, TestApp, error_code},
+};
 
 /// Signs arbitrary claims with the test secret.
 fn signed(claims: serde_json::Value) -> String {
@@ -45,8 +45,8 @@ async fn customers_may_not_create_or_restock_inventory() {
     let before = app.snapshot().await;
 
     let create = json!({ "input": { "sku": "NEW-1", "name": "New", "stock": 1 } });
-    assert_eq!(error_code(&app.graphql(Some(&alice), CREATE, create.clone()).await), Some("FORBIDDEN"));
-    assert_eq!(error_code(&app.graphql(None, CREATE, create).await), Some("UNAUTHENTICATED"));
+    assert_eq!(error_code(&app.graphql(Some(&alice), CREATE_INVENTORY, create.clone()).await), Some("FORBIDDEN"));
+    assert_eq!(error_code(&app.graphql(None, CREATE_INVENTORY, create).await), Some("UNAUTHENTICATED"));
     let restock = json!({ "input": { "inventoryId": id, "quantity": 5 } });
     assert_eq!(error_code(&app.graphql(Some(&alice), RESTOCK, restock).await), Some("FORBIDDEN"));
     assert_eq!(app.snapshot().await, before);
@@ -193,9 +193,13 @@ async fn tokens_from_the_future_or_past_the_lifetime_cap_are_unauthenticated() {
 }
 
 /// `stockguard` run with `env` (and no database: it must refuse before it needs one).
+/// Runs the server with `env` (on top of an unreachable database and no
+/// secret of the caller's environment), expects it to refuse to start, and
+/// returns what it said.
 fn serve_refuses(env: &[(&str, &str)]) -> String {
     let output = std::process::Command::new(crate::process::binary())
         .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/never")
+        .env_remove("STOCKGUARD_JWT_SECRET")
         .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
         .output()
@@ -230,14 +234,8 @@ async fn graphiql_carries_a_token_only_for_a_throw_away_secret_on_loopback() {
 
 #[test]
 fn several_database_hosts_without_a_shared_secret_are_refused_at_start() {
-    let stderr = std::process::Command::new(crate::process::binary())
-        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1,127.0.0.1:2/never?target_session_attrs=read-write")
-        .env_remove("STOCKGUARD_JWT_SECRET")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("run stockguard");
-    assert!(!stderr.status.success(), "it started without a shared secret");
-    let stderr = String::from_utf8_lossy(&stderr.stderr);
+    let several = "postgres://postgres@127.0.0.1:1,127.0.0.1:2/never?target_session_attrs=read-write";
+    let stderr = serve_refuses(&[("DATABASE_URL", several)]);
     assert!(stderr.contains("STOCKGUARD_JWT_SECRET is required with a DATABASE_URL of 2 hosts"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "one clear line: {stderr}");
 }
