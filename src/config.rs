@@ -173,6 +173,12 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_COALESCE_MAX_BATCH", default_value_t = 64)]
     pub coalesce_max_batch: usize,
 
+    /// Callers that must be waiting before a lane opens beside a running
+    /// one (1: a lane for every caller while lanes are free). The first lane
+    /// opens at once for a caller alone.
+    #[arg(long, env = "STOCKGUARD_COALESCE_BACKLOG", default_value_t = 32)]
+    pub coalesce_backlog: usize,
+
     /// How long a batch waits for more callers after its first (microseconds;
     /// 0 = only those that queued while the previous batch ran).
     #[arg(long, env = "STOCKGUARD_COALESCE_WINDOW_US", default_value_t = 0)]

@@ -4,11 +4,15 @@
 //! statement that commits alone pays a flush and a round trip of its own.
 //! Conditional `reserve` calls (no `expectedVersion`, no idempotency key) are
 //! therefore served in *lanes*: at most `lanes` statements run at once, and
-//! an inventory is in at most one of them. A caller that finds a lane free
-//! and its inventory idle takes its own one-statement path at once, in its
-//! own task (no added latency, no hand-over). Everyone else queues, and when
-//! a lane's statement is done the lane takes the queue (up to a maximum, of
-//! any inventories not in another lane) as one batch: one statement that
+//! an inventory is in at most one of them. A caller that finds nothing
+//! running takes its own one-statement path at once, in its own task (no
+//! added latency, no hand-over). Everyone else queues, and when a lane's
+//! statement is done the lane takes the queue (up to a maximum, of any
+//! inventories not in another lane) as one batch. A further lane opens only
+//! when `backlog` callers wait: on a catalogue, where every caller's
+//! inventory is idle, opening a lane per caller would make many small
+//! statements where one larger one costs the database far less per
+//! reservation (bench/results/decisions.md). A batch is one statement that
 //! locks the batch's inventories in id order, grants each inventory's
 //! callers in arrival order against its locked stock, writes every granted
 //! reservation and ledger row, and answers each caller as if it had run
@@ -104,6 +108,8 @@ pub struct Coalescer {
     max_lanes: usize,
     /// Most callers one statement serves.
     max_batch: usize,
+    /// Callers waiting before a lane opens beside a running one.
+    backlog: usize,
     /// How long a batch may wait for more callers after its first arrived.
     window: Duration,
     /// Seconds until new reservations expire (0 = never).
@@ -117,6 +123,8 @@ pub struct Batching {
     pub lanes: usize,
     /// Most callers one statement serves.
     pub max_batch: usize,
+    /// Callers waiting before a lane opens beside a running one (1: at once).
+    pub backlog: usize,
     /// How long a batch waits for more callers after its first (zero: only
     /// those that queued while the lanes were busy).
     pub window: Duration,
@@ -138,6 +146,7 @@ impl Coalescer {
             lanes: Arc::default(),
             max_lanes: batching.lanes.max(1),
             max_batch: batching.max_batch.max(1),
+            backlog: batching.backlog.max(1),
             window: batching.window,
             ttl_secs,
         }
@@ -164,7 +173,7 @@ impl Coalescer {
     pub async fn reserve(&self, inventory_id: Uuid, user_id: &str, quantity: i32) -> Result<ReserveOutcome, AppError> {
         let queued = {
             let mut lanes = self.lanes();
-            if lanes.running < self.max_lanes && !lanes.busy.contains(&inventory_id) {
+            if self.may_open(&lanes, 1) && !lanes.busy.contains(&inventory_id) {
                 lanes.running += 1;
                 lanes.busy.insert(inventory_id);
                 None
@@ -172,10 +181,15 @@ impl Coalescer {
                 let (reply, answer) = oneshot::channel();
                 let user_id = user_id.to_owned();
                 lanes.queue.push_back(Waiting { inventory_id, user_id, quantity, arrived: Instant::now(), reply });
-                Some(answer)
+                // Enough company waits for a lane of its own.
+                let batch = self.next_batch(&mut lanes);
+                Some((answer, batch))
             }
         };
-        if let Some(answer) = queued {
+        if let Some((answer, batch)) = queued {
+            if let Some(batch) = batch {
+                tokio::spawn(self.clone().serve(batch));
+            }
             return answer.await.unwrap_or(Err(AppError::Internal));
         }
         if self.window.is_zero() {
@@ -217,16 +231,32 @@ impl Coalescer {
             lanes.busy.remove(id);
         }
         let mut batches = Vec::new();
-        while lanes.running < self.max_lanes && !lanes.queue.is_empty() {
-            let mut batch = Vec::new();
-            lanes.take_into(&mut batch, self.max_batch);
-            if batch.is_empty() {
-                break;
-            }
-            lanes.running += 1;
+        while let Some(batch) = self.next_batch(&mut lanes) {
             batches.push(batch);
         }
         batches
+    }
+
+    /// Whether a lane may open now for `waiting` callers (a caller alone
+    /// counts itself): the first at once, one beside running ones only for
+    /// a backlog.
+    fn may_open(&self, lanes: &Lanes, waiting: usize) -> bool {
+        lanes.running == 0 || (lanes.running < self.max_lanes && waiting >= self.backlog)
+    }
+
+    /// The queued callers that may run now as a batch in a new lane (counted
+    /// as running, their inventories busy), if a lane may open.
+    fn next_batch(&self, lanes: &mut Lanes) -> Option<Vec<Waiting>> {
+        if lanes.queue.is_empty() || !self.may_open(lanes, lanes.queue.len()) {
+            return None;
+        }
+        let mut batch = Vec::new();
+        lanes.take_into(&mut batch, self.max_batch);
+        if batch.is_empty() {
+            return None;
+        }
+        lanes.running += 1;
+        Some(batch)
     }
 
     /// A caller alone: the plain one-statement reserve is cheaper for the
@@ -253,12 +283,14 @@ impl Coalescer {
         }
         // Time-ordered keys (see `service::reserve_alone`).
         let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::now_v7()).collect();
+        let movement_ids: Vec<Uuid> = batch.iter().map(|_| Uuid::now_v7()).collect();
         let inventories: Vec<Uuid> = batch.iter().map(|w| w.inventory_id).collect();
         let users: Vec<&str> = batch.iter().map(|w| w.user_id.as_str()).collect();
         let quantities: Vec<i32> = batch.iter().map(|w| w.quantity).collect();
         let reserve = CoalescedReserve {
             inventory_ids: &inventories,
             reservation_ids: &ids,
+            movement_ids: &movement_ids,
             user_ids: &users,
             quantities: &quantities,
             ttl_secs: self.ttl_secs,

@@ -157,6 +157,7 @@ impl ReservationService {
                 Batching {
                     lanes: limits.coalesce_lanes,
                     max_batch: limits.coalesce_max_batch,
+                    backlog: limits.coalesce_backlog,
                     window: Duration::from_micros(limits.coalesce_window_us),
                 },
                 limits.reservation_ttl_secs,

@@ -143,7 +143,7 @@ async fn callers_queued_behind_a_first_caller_that_goes_away_are_still_served() 
         app.db.clone(),
         StatementPool::beside(&app.db),
         Collisions::new(20),
-        Batching { lanes: 4, max_batch: 64, window: Duration::ZERO },
+        Batching { lanes: 4, max_batch: 64, backlog: 1, window: Duration::ZERO },
         900,
     ));
     // Hold the row, so the first caller's statement waits on its lock.
@@ -195,7 +195,7 @@ async fn callers_of_different_inventories_queued_behind_a_statement_share_the_ne
     let scarce = app.create_inventory("LANE-SCARCE", 2).await;
     let missing = uuid::Uuid::new_v4();
     // One lane: while the first caller's statement runs, everyone else waits.
-    let batching = Batching { lanes: 1, max_batch: 64, window: Duration::ZERO };
+    let batching = Batching { lanes: 1, max_batch: 64, backlog: 1, window: Duration::ZERO };
     let coalescer =
         Arc::new(Coalescer::new(app.db.clone(), StatementPool::beside(&app.db), Collisions::new(20), batching, 900));
     let holder = app.db.begin().await.expect("begin");
@@ -253,6 +253,64 @@ async fn callers_of_different_inventories_queued_behind_a_statement_share_the_ne
     assert_eq!(transactions, 1, "the queued callers of two inventories shared one statement");
     assert_eq!((app.stock_and_version(plain).await, app.stock_and_version(twice).await), ((9, 2), (3, 3)));
     assert_eq!(app.stock_and_version(scarce).await, (2, 1));
+    app.assert_invariant().await;
+}
+
+/// With lanes free but a backlog rule, callers of idle inventories that
+/// arrive while a statement runs wait instead of each taking a lane of its
+/// own; once `backlog` of them wait they share one statement beside the
+/// running one (which is still blocked), not one statement each.
+#[tokio::test(flavor = "multi_thread")]
+async fn callers_of_idle_inventories_wait_for_a_backlog_before_a_second_lane_opens() {
+    let app = TestApp::spawn().await;
+    let held = app.create_inventory("BACKLOG-HELD", 10).await;
+    let mut idle = Vec::new();
+    for i in 0..3 {
+        idle.push(app.create_inventory(&format!("BACKLOG-{i}"), 10).await);
+    }
+    let batching = Batching { lanes: 4, max_batch: 64, backlog: 3, window: Duration::ZERO };
+    let coalescer =
+        Arc::new(Coalescer::new(app.db.clone(), StatementPool::beside(&app.db), Collisions::new(20), batching, 900));
+    let holder = app.db.begin().await.expect("begin");
+    holder
+        .execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{held}' FOR UPDATE"))
+        .await
+        .expect("lock the row");
+    let reserve = |id: uuid::Uuid, user: String| {
+        let coalescer = coalescer.clone();
+        tokio::spawn(async move { coalescer.reserve(id, &user, 1).await })
+    };
+    // Nothing runs: the first caller goes at once, and waits on the lock.
+    let first = reserve(held, "first".into());
+    app.until_waiting_for_a_lock("WITH taken AS").await;
+    // Two callers of idle inventories: fewer than the backlog, so they wait
+    // although three lanes are free.
+    let mut queued = vec![reserve(idle[0], "idle-0".into()), reserve(idle[1], "idle-1".into())];
+    eventually(Duration::from_secs(10), "two callers wait", || async { coalescer.waiting() == 2 }).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(coalescer.waiting(), 2, "below the backlog no lane opens");
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 0, "nothing was served meanwhile");
+    // The third makes the backlog: one statement serves all three while the
+    // first caller's statement still waits for its row.
+    queued.push(reserve(idle[2], "idle-2".into()));
+    for caller in queued {
+        let outcome = tokio::time::timeout(Duration::from_secs(10), caller)
+            .await
+            .expect("served beside the blocked statement")
+            .expect("task");
+        assert!(matches!(outcome, Ok(ReserveOutcome::Reserved { .. })), "{outcome:?}");
+    }
+    assert!(!first.is_finished(), "the first caller still waits for its row");
+    let transactions = app
+        .count(&format!(
+            "SELECT count(DISTINCT xmin::text) FROM stock_movements WHERE reason = 'RESERVED' \
+             AND inventory_id IN ('{}', '{}', '{}')",
+            idle[0], idle[1], idle[2]
+        ))
+        .await;
+    assert_eq!(transactions, 1, "the three waiting callers shared one statement");
+    holder.rollback().await.expect("release the row");
+    assert!(matches!(first.await.expect("task"), Ok(ReserveOutcome::Reserved { .. })));
     app.assert_invariant().await;
 }
 
@@ -332,3 +390,65 @@ async fn two_processes_with_overlapping_batches_never_deadlock(isolation: Isolat
 }
 
 at_every_isolation! { two_processes_with_overlapping_batches_never_deadlock; }
+
+/// The deadlock the lock order prevents, made to happen if it can: two
+/// processes each batch callers of the same three inventories, named in
+/// opposite orders, while a transaction holds the middle one, so both
+/// batches stop halfway through taking their locks. Locked in id order, the
+/// second batch waits behind the first at the first row; locked in the
+/// order the callers came (tried: the test then fails with a deadlock on
+/// every run), each would hold what the other needs next.
+async fn opposite_batches_stopped_halfway_wait_instead_of_deadlocking(isolation: Isolation) {
+    let env = [("STOCKGUARD_COALESCE_LANES", "1"), ("STOCKGUARD_COALESCE_WINDOW_US", "1000000")];
+    let (one, two) = Process::start_two(&env, isolation).await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(one.create_inventory(&format!("ORDER-{i}"), 10).await);
+    }
+    ids.sort();
+    let holder = one.db.begin().await.expect("begin");
+    holder
+        .execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{}' FOR UPDATE", ids[1]))
+        .await
+        .expect("hold the middle row");
+    // Each process's callers arrive in its order, well inside its window.
+    let orders = [(&one, [ids[0], ids[1], ids[2]]), (&two, [ids[2], ids[1], ids[0]])];
+    let mut calls = Vec::new();
+    for (process, order) in orders {
+        for (k, id) in order.into_iter().enumerate() {
+            let token = process.token(&format!("caller-{k}"), Role::Customer);
+            let (address, client) = (process.address.clone(), process.client.clone());
+            calls.push(tokio::spawn(async move {
+                let body = json!({ "query": RESERVE, "variables": { "input": { "inventoryId": id } } });
+                let response = client.post(format!("{address}/graphql")).bearer_auth(token).json(&body).send().await;
+                response.expect("answered").json::<Value>().await.expect("json")
+            }));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // Both batch statements run and wait for a lock.
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                   AND wait_event_type = 'Lock' AND query LIKE '%WITH RECURSIVE req%'";
+    eventually(Duration::from_secs(20), "both batches wait for a lock", || async { one.count(waiting).await == 2 })
+        .await;
+    holder.rollback().await.expect("let the middle row go");
+
+    for call in calls {
+        let answer = tokio::time::timeout(Duration::from_secs(30), call).await.expect("answered").expect("task");
+        assert_eq!(answer["data"]["reserve"]["__typename"], "Reserved", "{answer}");
+    }
+    for process in [&one, &two] {
+        let metrics = process.client.get(format!("{}/metrics", process.address)).send().await.expect("metrics");
+        let metrics = metrics.text().await.expect("metrics text");
+        let deadlocks = metrics.lines().find(|l| l.starts_with("stockguard_db_failures_total{class=\"deadlock\"}"));
+        assert_eq!(deadlocks, None, "a server met a deadlock: {deadlocks:?}");
+    }
+    for id in &ids {
+        assert_eq!(one.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{id}'")).await, 8);
+    }
+    let drifts = stockguard::invariant::check(&one.db).await.expect("check");
+    assert!(drifts.is_empty(), "invariant broken: {drifts:?}");
+    drop(two);
+}
+
+at_every_isolation! { opposite_batches_stopped_halfway_wait_instead_of_deadlocking; }
