@@ -437,7 +437,9 @@ impl Bench {
                             inventory_id: targets[rng.below(targets.len())],
                             quantity: 1,
                             expected_version: None,
-                            reservation_id: Uuid::new_v4(),
+                            // Time-ordered ids, as the server makes them.
+                            reservation_id: Uuid::now_v7(),
+                            movement_id: Uuid::now_v7(),
                             user_id: &user,
                             idempotency_key: None,
                             fingerprint: None,
@@ -637,6 +639,7 @@ pub async fn seed_spread(db: &DatabaseConnection) -> anyhow::Result<Vec<Uuid>> {
 pub fn pgbench_script(id_function: &str) -> String {
     let ttl = stockguard::config::Limits::default().reservation_ttl_secs;
     let values = [
+        ("$9", id_function.to_owned()),
         ("$8", format!("{ttl}")),
         ("$7", "NULL::text".into()),
         ("$6", "NULL::text".into()),

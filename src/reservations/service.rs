@@ -319,6 +319,7 @@ pub async fn reserve_alone(
         // key's B-tree instead of on a random page of it, which with months
         // of history is a page that is seldom cached (bench/results/decisions.md).
         reservation_id: Uuid::now_v7(),
+        movement_id: Uuid::now_v7(),
         user_id,
         idempotency_key: key.as_ref().map(|k| k.key.as_str()),
         fingerprint: key.as_ref().map(|k| k.fingerprint.as_str()),

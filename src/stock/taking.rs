@@ -11,13 +11,16 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::fragments::{INVENTORY_COLUMNS, LEDGER, expiry, inventory_columns, reservation_columns_as_r, set, step};
+use super::fragments::{
+    INVENTORY_COLUMNS, LEDGER, LEDGER_WITH_ID, expiry, inventory_columns, reservation_columns_as_r, set, step,
+};
 use crate::{inventory::InventoryRow, reservations::ReservationRow};
 
 /// The one-statement reservation. Parameters: `$1` inventory id, `$2`
 /// quantity, `$3` expected version (NULL: none), `$4` the new reservation's
 /// id, `$5` user id, `$6` idempotency key, `$7` request fingerprint (both
-/// NULL without a key), `$8` TTL in seconds (0: never expires). One row (the
+/// NULL without a key), `$8` TTL in seconds (0: never expires), `$9` the
+/// ledger row's id. One row (the
 /// inventory as left, then the reservation as `r_*`) when stock was taken.
 ///
 /// The decision is the UPDATE's own WHERE (`stock >= qty`, and `version =
@@ -41,8 +44,8 @@ WITH taken AS (
       FROM taken
  RETURNING *
 ), movement AS (
-    {LEDGER}
-    SELECT id, -$2, 'RESERVED', stock, version, $4, NULL FROM taken
+    {LEDGER_WITH_ID}
+    SELECT $9, id, -$2, 'RESERVED', stock, version, $4, NULL FROM taken
 )
 SELECT taken.*, {reservation} FROM taken, reservation r"#,
         set = step("", "- $2"),
@@ -62,6 +65,8 @@ pub struct Reserve<'a> {
     pub expected_version: Option<i32>,
     /// The new reservation's id.
     pub reservation_id: Uuid,
+    /// Its ledger row's id.
+    pub movement_id: Uuid,
     /// The owner.
     pub user_id: &'a str,
     /// The client's idempotency key.
@@ -89,6 +94,7 @@ impl Reserve<'_> {
             .bind(self.idempotency_key)
             .bind(self.fingerprint)
             .bind(self.ttl_secs)
+            .bind(self.movement_id)
     }
 }
 
@@ -128,8 +134,9 @@ impl ReservationChange {
 }
 
 /// One statement for coalesced callers, on one inventory or many: `$1`
-/// inventories, `$2` reservation ids, `$3` users, `$4` quantities (one
-/// element per caller, in arrival order), `$5` TTL seconds.
+/// inventories, `$2` reservation ids, `$3` users, `$4` quantities, `$6`
+/// ledger row ids (one element per caller, in arrival order), `$5` TTL
+/// seconds.
 ///
 /// This locks every inventory named for the statement, in id order (the
 /// `ORDER BY id FOR UPDATE` in `inv`: PostgreSQL sorts, then locks), the
@@ -148,8 +155,8 @@ pub static COALESCED_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
         r#"
 WITH RECURSIVE req AS MATERIALIZED (
     SELECT r.*, row_number() OVER (PARTITION BY r.inventory_id ORDER BY r.n) AS k
-      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[]) WITH ORDINALITY
-        AS r(inventory_id, reservation_id, user_id, quantity, n)
+      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[]) WITH ORDINALITY
+        AS r(inventory_id, reservation_id, user_id, quantity, movement_id, n)
 ), inv AS MATERIALIZED (
     SELECT {INVENTORY_COLUMNS}
       FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
@@ -178,8 +185,8 @@ WITH RECURSIVE req AS MATERIALIZED (
       FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
      WHERE s.granted
 ), movement AS (
-    {LEDGER}
-    SELECT r.inventory_id, -r.quantity, 'RESERVED', s.stock, s.version, r.reservation_id, NULL
+    {LEDGER_WITH_ID}
+    SELECT r.movement_id, r.inventory_id, -r.quantity, 'RESERVED', s.stock, s.version, r.reservation_id, NULL
       FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
      WHERE s.granted
 )
@@ -205,6 +212,8 @@ pub struct CoalescedReserve<'a> {
     pub inventory_ids: &'a [Uuid],
     /// The new reservations' ids.
     pub reservation_ids: &'a [Uuid],
+    /// Their ledger rows' ids.
+    pub movement_ids: &'a [Uuid],
     /// The callers.
     pub user_ids: &'a [&'a str],
     /// What each caller asks for.
@@ -227,6 +236,7 @@ impl CoalescedReserve<'_> {
             .bind(self.user_ids)
             .bind(self.quantities)
             .bind(self.ttl_secs)
+            .bind(self.movement_ids)
     }
 }
 

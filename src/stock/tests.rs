@@ -66,6 +66,7 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
         quantity: 1,
         expected_version: None,
         reservation_id,
+        movement_id: Uuid::new_v4(),
         user_id: "alice",
         idempotency_key: Some("k"),
         fingerprint: Some("f"),
@@ -79,6 +80,7 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
     let coalesced = CoalescedReserve {
         inventory_ids: &[id_of_two, id_of_two, Uuid::new_v4()],
         reservation_ids: &[reservation_id, Uuid::new_v4(), Uuid::new_v4()],
+        movement_ids: &[Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()],
         user_ids: &["alice", "bob", "carol"],
         quantities: &[1, 2, 3],
         ttl_secs: 0,
