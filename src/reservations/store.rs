@@ -5,7 +5,7 @@
 
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
-    Statement,
+    Select, Statement,
 };
 use uuid::Uuid;
 
@@ -121,9 +121,12 @@ pub async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Mo
 /// One page of a user's reservations in `(created_at, id)` order, with one
 /// extra row when more follow.
 pub async fn page_for_user(db: &DatabaseConnection, user_id: &str, page: Page) -> Result<Vec<Model>, DbErr> {
+    page_query(user_id, page).all(db).await
+}
+
+/// The query of [`page_for_user`].
+pub fn page_query(user_id: &str, page: Page) -> Select<Entity> {
     pagination::keyset(Entity::find().filter(Column::UserId.eq(user_id)), Column::CreatedAt, Column::Id, page)
-        .all(db)
-        .await
 }
 
 /// Deletes the reservations made in `[from, until)` that are done with

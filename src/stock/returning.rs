@@ -51,15 +51,22 @@ SELECT returned.*, {reservation} FROM returned, released r"#,
 /// expiry is its own change of its inventory: the version grows by the number
 /// of expired reservations, and each gets its ledger row with the running
 /// stock and version.
+///
+/// The limit is written into the text, not bound: with `LIMIT $1` the
+/// generic plan is costed for an unknown limit, PostgreSQL judges it dearer
+/// than a plan for the actual one and plans the whole statement again on
+/// every sweep, which costs more than the sweep (bench/results/decisions.md).
+/// A process sweeps with one limit, so this is still one prepared statement.
 pub fn sweep(limit: i64) -> Statement {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
+    Statement::from_string(
+        DbBackend::Postgres,
         format!(
             r#"
 WITH due AS (
     SELECT id FROM reservations
      WHERE status = 'ACTIVE' AND expires_at <= now()
      ORDER BY expires_at
-     LIMIT $1
+     LIMIT {limit}
        FOR UPDATE SKIP LOCKED
 ), expired AS (
     UPDATE reservations r SET status = 'EXPIRED'
@@ -73,9 +80,8 @@ WITH due AS (
 ), {returned}
 SELECT count(*) FROM expired"#,
             returned = per_line("expired", Lines::Return, "EXPIRED", "NULL", true),
-        )
-    });
-    Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [limit.into()])
+        ),
+    )
 }
 
 /// Gives back the stock of a cancelled order's lines: the lines turn

@@ -23,6 +23,7 @@ mod lifecycle;
 mod live;
 mod node;
 mod orders;
+mod plans;
 mod process;
 mod quantities;
 mod queries;

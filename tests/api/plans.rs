@@ -1,0 +1,134 @@
+//! Statements that PostgreSQL plans once and that cost the same however
+//! much history the tables hold: each test counts plans or rows read in the
+//! database itself, where a slow plan would show.
+
+use sea_orm::{ConnectionTrait, DbBackend, QueryTrait, Statement, TransactionTrait};
+use stockguard::{
+    db::StatementPool,
+    pagination::Page,
+    reservations::{store, sweeper},
+    stock::taking::CoalescedReserve,
+};
+use uuid::Uuid;
+
+use crate::helpers::TestApp;
+
+/// The generic and custom plans PostgreSQL made so far for the prepared
+/// statements of this session whose text starts with `prefix`.
+const PLANS: &str = "SELECT coalesce(sum(generic_plans), 0)::bigint, coalesce(sum(custom_plans), 0)::bigint \
+                     FROM pg_prepared_statements WHERE statement LIKE $1 || '%'";
+
+/// Batches of one and two callers, whose plans PostgreSQL judges cheaper
+/// than the generic one: on the statement pool they are still never planned
+/// again per batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_coalesced_reserve_is_planned_once_however_its_batches_vary() {
+    let app = TestApp::spawn().await;
+    let a = app.create_inventory("PLAN-A", 100).await;
+    let b = app.create_inventory("PLAN-B", 100).await;
+    let pool = StatementPool::beside(&app.db);
+    for round in 0..20 {
+        let inventories: Vec<Uuid> = if round % 2 == 0 { vec![a] } else { vec![a, b] };
+        let reservation_ids: Vec<Uuid> = inventories.iter().map(|_| Uuid::now_v7()).collect();
+        let movement_ids: Vec<Uuid> = inventories.iter().map(|_| Uuid::now_v7()).collect();
+        let users: Vec<&str> = inventories.iter().map(|_| "planner").collect();
+        let quantities: Vec<i32> = inventories.iter().map(|_| 1).collect();
+        let reserve = CoalescedReserve {
+            inventory_ids: &inventories,
+            reservation_ids: &reservation_ids,
+            movement_ids: &movement_ids,
+            user_ids: &users,
+            quantities: &quantities,
+            ttl_secs: 900,
+        };
+        let turns = pool.fetch_all(reserve.query()).await.expect("coalesced reserve");
+        assert_eq!(turns.len(), inventories.len());
+    }
+    // One statement at a time: the pool hands out the same connection again.
+    let plans = sea_orm::sqlx::query(PLANS).bind("\nWITH RECURSIVE req");
+    let row = pool.fetch_optional(plans).await.expect("plans").expect("a row");
+    let (generic, custom): (i64, i64) =
+        (row.try_get_by_index(0).expect("generic"), row.try_get_by_index(1).expect("custom"));
+    assert_eq!((generic, custom), (20, 0), "20 batches: generic and custom plans");
+    app.assert_invariant().await;
+}
+
+/// The sweeper's statement has no parameter left to plan for: one plan,
+/// made once, for every sweep.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sweep_is_planned_once() {
+    let app = TestApp::spawn().await;
+    // One connection for all of it, so its prepared statements can be read.
+    let session = app.db.begin().await.expect("begin");
+    for _ in 0..10 {
+        sweeper::sweep_once(&session, 500).await.expect("sweep");
+    }
+    let plans = Statement::from_sql_and_values(DbBackend::Postgres, PLANS, ["\nWITH due AS".into()]);
+    let row = session.query_one_raw(plans).await.expect("plans").expect("a row");
+    let custom: i64 = row.try_get_by_index(1).expect("custom plans");
+    assert_eq!(custom, 0, "sweeps planned one by one");
+    session.rollback().await.expect("rollback");
+}
+
+/// Asked for the first page of a user with many reservations among many
+/// users with few (what history makes of the table), the generic plan of
+/// the page's statement reads one page of rows, not every row of the user.
+/// (The bound `LIMIT` keeps it so: with the limit written into the text,
+/// PostgreSQL 15 costs this plan for an average user and reads and sorts
+/// all of a busy user's rows, bench/results/decisions.md.)
+#[tokio::test(flavor = "multi_thread")]
+async fn the_first_page_of_a_users_reservations_reads_one_page_however_many_they_have() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("PLAN-PAGE", 1_000_000).await;
+    app.db
+        .execute_unprepared(&format!(
+            "INSERT INTO reservations (id, inventory_id, user_id, quantity, status, created_at) \
+             SELECT gen_random_uuid(), '{id}', CASE WHEN g % 100 = 0 THEN 'busy' ELSE 'few-' || g % 10000 END, 1, \
+                    'RELEASED', now() - g * interval '1 second' \
+               FROM generate_series(1, 200000) g; \
+             ANALYZE reservations;"
+        ))
+        .await
+        .expect("history");
+    // The statement as the feature builds it, prepared and planned
+    // generically, as the server's connection plans it after five runs.
+    let statement = store::page_query("busy", Page { first: 20, after: None }).build(DbBackend::Postgres);
+    let values: Vec<String> = statement
+        .values
+        .expect("bound values")
+        .0
+        .iter()
+        .map(|value| match value {
+            sea_orm::Value::String(Some(s)) => format!("'{s}'"),
+            sea_orm::Value::BigUnsigned(Some(v)) => v.to_string(),
+            sea_orm::Value::BigInt(Some(v)) => v.to_string(),
+            other => panic!("unexpected value {other:?}"),
+        })
+        .collect();
+    let session = app.db.begin().await.expect("begin");
+    let prepare = format!("SET LOCAL plan_cache_mode = force_generic_plan; PREPARE page AS {}; ", statement.sql);
+    session.execute_unprepared(&prepare).await.expect("prepare");
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE page({})", values.join(", "));
+    let row = session
+        .query_one_raw(Statement::from_string(DbBackend::Postgres, explain))
+        .await
+        .expect("explain")
+        .expect("a plan");
+    let plan: serde_json::Value = row.try_get_by_index(0).expect("plan");
+    session.rollback().await.expect("rollback");
+    let mut most = 0;
+    rows_read(&plan[0]["Plan"], &mut most);
+    assert!(most <= 21, "a node read {most} rows for a page of 20: {plan:#}");
+    let page = store::page_for_user(&app.db, "busy", Page { first: 20, after: None }).await.expect("page");
+    assert_eq!(page.len(), 21);
+    assert!(page.windows(2).all(|w| (w[0].created_at, w[0].id) < (w[1].created_at, w[1].id)), "in keyset order");
+}
+
+/// The most rows any node of `plan` produced.
+fn rows_read(plan: &serde_json::Value, most: &mut u64) {
+    let rows = plan["Actual Rows"].as_u64().unwrap_or(0) * plan["Actual Loops"].as_u64().unwrap_or(1);
+    *most = (*most).max(rows);
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        rows_read(child, most);
+    }
+}
