@@ -328,7 +328,7 @@ impl Report<'_> {
             let _ = writeln!(
                 md,
                 "\nWhat must not grow with history (median of 200 calls, µs): one sweep with nothing due \
-                 {:.0} before / {:.0} after; the first page of a user's `myReservations` {:.0} before / {:.0} after.",
+                 {:.0} before / {:.0} after; the first page (20 rows) of `myReservations` for a user with thousands {:.0} before / {:.0} after.",
                 h.before.sweep_us, h.after.sweep_us, h.before.my_reservations_us, h.after.my_reservations_us
             );
         }
