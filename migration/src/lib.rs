@@ -21,6 +21,7 @@ mod m20261202_091000_create_idempotency_keys;
 mod m20261202_092000_announce_orders_and_checkouts;
 mod m20261203_090000_trim_the_reserve_path;
 mod m20261203_100000_create_ledger_checkpoints;
+mod m20261204_090000_guard_inventories_instead_of_checking_each_row;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -38,6 +39,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261202_092000_announce_orders_and_checkouts::Migration),
             Box::new(m20261203_090000_trim_the_reserve_path::Migration),
             Box::new(m20261203_100000_create_ledger_checkpoints::Migration),
+            Box::new(m20261204_090000_guard_inventories_instead_of_checking_each_row::Migration),
         ]
     }
 }

@@ -125,3 +125,26 @@ async fn stockguard_archive_refuses_bad_ages_and_archives_a_good_one() {
     assert!(said.contains("archived 30 reservations and 74 ledger rows"), "{said}");
     app.assert_invariant().await;
 }
+
+/// Reservations and ledger rows refer to their inventory without a foreign
+/// key (bench/results/decisions.md); what keeps them from pointing at
+/// nothing is that an inventory, with or without rows, is never removed.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_inventory_is_never_deleted_or_truncated() {
+    let app = TestApp::spawn().await;
+    let used = app.create_inventory("KEPT-USED", 10).await;
+    let token = app.token("keeper", Role::Customer);
+    let reserved = app.reserve(&token, json!({ "inventoryId": used })).await;
+    assert_eq!(reserved["__typename"], "Reserved", "{reserved}");
+    app.create_inventory("KEPT-NEW", 10).await;
+    for sql in [
+        format!("DELETE FROM inventories WHERE id = '{used}'"),
+        "DELETE FROM inventories WHERE sku = 'KEPT-NEW'".to_owned(),
+        "TRUNCATE inventories CASCADE".to_owned(),
+    ] {
+        let err = app.db.execute_unprepared(&sql).await.expect_err(&sql);
+        assert!(err.to_string().contains("inventories are never removed"), "{sql}: {err}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM inventories").await, 2);
+    app.assert_invariant().await;
+}
