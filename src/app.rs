@@ -20,10 +20,11 @@ pub struct AppState {
     pub db: DatabaseConnection,
     /// Connections for one-statement reservations (no per-use round trip).
     pub statements: StatementPool,
-    /// Signs and verifies bearer tokens.
-    pub keys: Keys,
+    /// Signs and verifies bearer tokens (shared: the state is cloned for
+    /// every request, and keys and limits are the large part of it).
+    pub keys: Arc<Keys>,
     /// The API's limits.
-    pub limits: Limits,
+    pub limits: Arc<Limits>,
     /// Re-runs collided statements.
     pub collisions: Collisions,
     /// `/readyz`'s own database connection.
@@ -40,7 +41,15 @@ impl AppState {
         let collisions = Collisions::new(limits.collision_attempts);
         let statements = StatementPool::beside(&db);
         let ready = ReadyProbe::beside(&db);
-        Self { db, statements, keys, limits, collisions, ready, draining: Arc::default() }
+        Self {
+            db,
+            statements,
+            keys: Arc::new(keys),
+            limits: Arc::new(limits),
+            collisions,
+            ready,
+            draining: Arc::default(),
+        }
     }
 }
 

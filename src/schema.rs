@@ -71,7 +71,7 @@ pub const INTROSPECTION_DEPTH: usize = 20;
 /// bound [`INTROSPECTION_DEPTH`]. Introspection resolves no feature's field,
 /// so it carries only the shared state.
 pub fn build_for_introspection(state: AppState) -> AppSchema {
-    let limits = Limits { max_depth: state.limits.max_depth.max(INTROSPECTION_DEPTH), ..state.limits.clone() };
+    let limits = Limits { max_depth: state.limits.max_depth.max(INTROSPECTION_DEPTH), ..(*state.limits).clone() };
     builder(&limits).data(state).extension(telemetry::Observe).extension(gateway::ErrorCodes).finish()
 }
 
