@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::future::join_all;
-use sea_orm::{ConnectionTrait, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, TransactionTrait};
 use serde_json::{Value, json};
 use stockguard::{
     auth::Role,
@@ -135,23 +135,37 @@ async fn a_failing_batch_is_served_again_caller_by_caller_so_only_the_bad_caller
     app.assert_invariant().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn callers_queued_behind_a_first_caller_that_goes_away_are_still_served() {
-    let app = TestApp::spawn().await;
-    let id = app.create_inventory("COALESCE-4", 100).await;
-    let coalescer = Arc::new(Coalescer::new(
-        app.db.clone(),
-        StatementPool::beside(&app.db),
-        Collisions::new(20),
-        Batching { lanes: 4, max_batch: 64, backlog: 1, window: Duration::ZERO },
-        900,
-    ));
-    // Hold the row, so the first caller's statement waits on its lock.
-    let holder = app.db.begin().await.expect("begin");
+/// A coalescer of its own over `app`'s database, batching as `batching` says.
+fn coalescer(app: &TestApp, batching: Batching) -> Arc<Coalescer> {
+    Arc::new(Coalescer::new(app.db.clone(), StatementPool::beside(&app.db), Collisions::new(20), batching, 900))
+}
+
+/// A transaction holding inventory `id`'s row, so that statements taking
+/// from it wait on its lock until the transaction ends.
+async fn hold_row(db: &DatabaseConnection, id: uuid::Uuid) -> DatabaseTransaction {
+    let holder = db.begin().await.expect("begin");
     holder
         .execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{id}' FOR UPDATE"))
         .await
         .expect("lock the row");
+    holder
+}
+
+/// Every 40P01 a server meets is counted on its way to a re-run: none was.
+async fn assert_met_no_deadlock(process: &Process) {
+    let metrics = process.client.get(format!("{}/metrics", process.address)).send().await.expect("metrics");
+    let metrics = metrics.text().await.expect("metrics text");
+    let deadlocks = metrics.lines().find(|l| l.starts_with("stockguard_db_failures_total{class=\"deadlock\"}"));
+    assert_eq!(deadlocks, None, "a server met a deadlock: {deadlocks:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn callers_queued_behind_a_first_caller_that_goes_away_are_still_served() {
+    let app = TestApp::spawn().await;
+    let id = app.create_inventory("COALESCE-4", 100).await;
+    let coalescer = coalescer(&app, Batching { lanes: 4, max_batch: 64, backlog: 1, window: Duration::ZERO });
+    // Hold the row, so the first caller's statement waits on its lock.
+    let holder = hold_row(&app.db, id).await;
     let first = tokio::spawn({
         let coalescer = coalescer.clone();
         async move { coalescer.reserve(id, "first", 1).await }
@@ -195,14 +209,8 @@ async fn callers_of_different_inventories_queued_behind_a_statement_share_the_ne
     let scarce = app.create_inventory("LANE-SCARCE", 2).await;
     let missing = uuid::Uuid::new_v4();
     // One lane: while the first caller's statement runs, everyone else waits.
-    let batching = Batching { lanes: 1, max_batch: 64, backlog: 1, window: Duration::ZERO };
-    let coalescer =
-        Arc::new(Coalescer::new(app.db.clone(), StatementPool::beside(&app.db), Collisions::new(20), batching, 900));
-    let holder = app.db.begin().await.expect("begin");
-    holder
-        .execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{held}' FOR UPDATE"))
-        .await
-        .expect("lock the row");
+    let coalescer = coalescer(&app, Batching { lanes: 1, max_batch: 64, backlog: 1, window: Duration::ZERO });
+    let holder = hold_row(&app.db, held).await;
     let reserve = |id: uuid::Uuid, user: &'static str, quantity: i32| {
         let coalescer = coalescer.clone();
         tokio::spawn(async move { coalescer.reserve(id, user, quantity).await })
@@ -268,14 +276,8 @@ async fn callers_of_idle_inventories_wait_for_a_backlog_before_a_second_lane_ope
     for i in 0..3 {
         idle.push(app.create_inventory(&format!("BACKLOG-{i}"), 10).await);
     }
-    let batching = Batching { lanes: 4, max_batch: 64, backlog: 3, window: Duration::ZERO };
-    let coalescer =
-        Arc::new(Coalescer::new(app.db.clone(), StatementPool::beside(&app.db), Collisions::new(20), batching, 900));
-    let holder = app.db.begin().await.expect("begin");
-    holder
-        .execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{held}' FOR UPDATE"))
-        .await
-        .expect("lock the row");
+    let coalescer = coalescer(&app, Batching { lanes: 4, max_batch: 64, backlog: 3, window: Duration::ZERO });
+    let holder = hold_row(&app.db, held).await;
     let reserve = |id: uuid::Uuid, user: String| {
         let coalescer = coalescer.clone();
         tokio::spawn(async move { coalescer.reserve(id, &user, 1).await })
@@ -374,13 +376,10 @@ async fn two_processes_with_overlapping_batches_never_deadlock(isolation: Isolat
         )
         .await;
     assert!(shared > 0, "batches of several inventories ran");
-    // Every 40P01 a server meets is counted on its way to a re-run, and
-    // PostgreSQL counts every deadlock it breaks (as its statistics reach it).
+    // Neither server met a deadlock, and PostgreSQL counts every deadlock
+    // it breaks (as its statistics reach it).
     for process in [&one, &two] {
-        let metrics = process.client.get(format!("{}/metrics", process.address)).send().await.expect("metrics");
-        let metrics = metrics.text().await.expect("metrics text");
-        let deadlocks = metrics.lines().find(|l| l.starts_with("stockguard_db_failures_total{class=\"deadlock\"}"));
-        assert_eq!(deadlocks, None, "a server met a deadlock: {deadlocks:?}");
+        assert_met_no_deadlock(process).await;
     }
     let deadlocks = one.count("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").await;
     assert_eq!(deadlocks, 0, "PostgreSQL detected a deadlock");
@@ -406,42 +405,34 @@ async fn opposite_batches_stopped_halfway_wait_instead_of_deadlocking(isolation:
         ids.push(one.create_inventory(&format!("ORDER-{i}"), 10).await);
     }
     ids.sort();
-    let holder = one.db.begin().await.expect("begin");
-    holder
-        .execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{}' FOR UPDATE", ids[1]))
-        .await
-        .expect("hold the middle row");
-    // Each process's callers arrive in its order, well inside its window.
+    let holder = hold_row(&one.db, ids[1]).await;
+    // Each process's callers arrive in its order, 50 ms apart, well inside its window.
     let orders = [(&one, [ids[0], ids[1], ids[2]]), (&two, [ids[2], ids[1], ids[0]])];
-    let mut calls = Vec::new();
-    for (process, order) in orders {
-        for (k, id) in order.into_iter().enumerate() {
-            let token = process.token(&format!("caller-{k}"), Role::Customer);
-            let (address, client) = (process.address.clone(), process.client.clone());
-            calls.push(tokio::spawn(async move {
-                let body = json!({ "query": RESERVE, "variables": { "input": { "inventoryId": id } } });
-                let response = client.post(format!("{address}/graphql")).bearer_auth(token).json(&body).send().await;
-                response.expect("answered").json::<Value>().await.expect("json")
-            }));
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    // Both batch statements run and wait for a lock.
+    let callers = orders.iter().flat_map(|(process, order)| order.iter().map(move |id| (*process, *id)));
+    let calls = callers.enumerate().map(|(k, (process, id))| async move {
+        let token = process.token(&format!("caller-{k}"), Role::Customer);
+        tokio::time::sleep(Duration::from_millis(50) * k as u32).await;
+        let variables = json!({ "input": { "inventoryId": id } });
+        let (status, body) = process.graphql(Some(&token), RESERVE, variables).await.expect("answered");
+        assert_eq!(status, 200, "{body}");
+        body
+    });
+    // Both batch statements run and wait for a lock; then the middle row goes.
     let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
                    AND wait_event_type = 'Lock' AND query LIKE '%WITH RECURSIVE req%'";
-    eventually(Duration::from_secs(20), "both batches wait for a lock", || async { one.count(waiting).await == 2 })
-        .await;
-    holder.rollback().await.expect("let the middle row go");
-
-    for call in calls {
-        let answer = tokio::time::timeout(Duration::from_secs(30), call).await.expect("answered").expect("task");
+    let release = async {
+        eventually(Duration::from_secs(20), "both batches wait for a lock", || async { one.count(waiting).await == 2 })
+            .await;
+        holder.rollback().await.expect("let the middle row go");
+    };
+    let (answers, ()) = tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(join_all(calls), release) })
+        .await
+        .expect("every caller answered");
+    for answer in answers {
         assert_eq!(answer["data"]["reserve"]["__typename"], "Reserved", "{answer}");
     }
     for process in [&one, &two] {
-        let metrics = process.client.get(format!("{}/metrics", process.address)).send().await.expect("metrics");
-        let metrics = metrics.text().await.expect("metrics text");
-        let deadlocks = metrics.lines().find(|l| l.starts_with("stockguard_db_failures_total{class=\"deadlock\"}"));
-        assert_eq!(deadlocks, None, "a server met a deadlock: {deadlocks:?}");
+        assert_met_no_deadlock(process).await;
     }
     for id in &ids {
         assert_eq!(one.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{id}'")).await, 8);
