@@ -169,7 +169,8 @@ impl Coalescer {
     }
 
     /// Reserves `quantity` of `inventory_id` for `user_id`: alone when a lane
-    /// is free and nobody else takes from the inventory, else in a batch.
+    /// may open for it (nothing runs, or the backlog is 1 and a lane is free)
+    /// and nobody else takes from the inventory, else in a batch.
     pub async fn reserve(&self, inventory_id: Uuid, user_id: &str, quantity: i32) -> Result<ReserveOutcome, AppError> {
         let queued = {
             let mut lanes = self.lanes();
@@ -223,7 +224,7 @@ impl Coalescer {
     }
 
     /// Gives up a lane that served `inventories`, and takes the batches that
-    /// can run now: one per free lane, while callers of idle inventories wait.
+    /// can run now: one per lane that may open (see [`Self::may_open`]).
     fn finish(&self, inventories: &[Uuid]) -> Vec<Vec<Waiting>> {
         let mut lanes = self.lanes();
         lanes.running = lanes.running.saturating_sub(1);
