@@ -106,7 +106,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
                 let token = token(&keys, &format!("load-{i}"), Role::Customer)?;
                 let rec = Recorder::new(Instant::now(), until);
                 let client =
-                    reserve_client(gql.clone(), token, hot.clone(), i as u64 + 1, rec, until, Some(left.clone()));
+                    reserve_client(gql.clone(), token, hot.clone(), i as u64 + 1, rec, Some(left.clone()), false);
                 tasks.push(tokio::spawn(client));
             }
             (tasks, &["Reserved"])

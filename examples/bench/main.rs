@@ -109,6 +109,10 @@ struct Args {
     /// smoke never fills).
     #[arg(long, default_value_t = 10_000_000)]
     history: u64,
+    /// Every reserve (over HTTP and in raw SQL) carries a fresh idempotency
+    /// key, as a client that retries safely sends it.
+    #[arg(long)]
+    keyed: bool,
     /// The server binary. Default: `stockguard` of this example's profile
     /// (target/<profile>/stockguard), built first with cargo.
     #[arg(long)]
@@ -146,6 +150,8 @@ pub struct Settings {
     pub out: Option<PathBuf>,
     /// History rows to fill before the history cells (0: none).
     pub history: u64,
+    /// Every reserve carries a fresh idempotency key.
+    pub keyed: bool,
 }
 
 impl Settings {
@@ -167,7 +173,7 @@ impl Settings {
             (None, false) => Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/results")),
         };
         let history = if args.smoke { 0 } else { args.history };
-        Ok(Self { duration, warmup, rounds, clients, smoke: args.smoke, out, history })
+        Ok(Self { duration, warmup, rounds, clients, smoke: args.smoke, out, history, keyed: args.keyed })
     }
 
     /// Clients of the strategy comparison: 64 when measured, else the most measured.

@@ -201,11 +201,12 @@ impl Report<'_> {
         let _ = writeln!(
             md,
             "- runs: {} s measured per side; a reserve cell alternates Stockguard and raw SQL in {} rounds, \
-             each after {} s warm-up; clients {}\n",
+             each after {} s warm-up; clients {}{}\n",
             s.duration.as_secs(),
             s.rounds,
             s.warmup.as_secs(),
-            s.clients.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+            s.clients.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+            if s.keyed { "; every reserve carries a fresh idempotency key (`--keyed`)" } else { "" }
         );
         md.push_str("## Reserve: Stockguard over HTTP vs the raw-SQL limit and the floor\n\n");
         md.push_str(

@@ -112,23 +112,29 @@ impl Rng {
 // One client's loop
 
 /// One client reserving one unit of a random one of `targets` over and over
-/// until `until`, or until `budget` units have been asked for (shared by all
-/// clients), whichever comes first.
+/// until `rec`'s end, or until `budget` units have been asked for (shared by
+/// all clients), whichever comes first; `keyed`, each with a fresh
+/// idempotency key.
 pub async fn reserve_client(
     gql: Arc<Gql>,
     token: String,
     targets: Arc<Vec<Uuid>>,
     seed: u64,
     mut rec: Recorder,
-    until: Instant,
     budget: Option<Arc<AtomicI64>>,
+    keyed: bool,
 ) -> anyhow::Result<Recorder> {
+    let until = rec.until.context("a client's recorder says when it ends")?;
     let authorization = HeaderValue::from_str(&format!("Bearer {token}"))?;
     let mut rng = Rng::new(seed);
+    // Keys are unique per user: a client's run has its own prefix.
+    let (prefix, mut sent) = (Uuid::new_v4().simple(), 0u64);
     while Instant::now() < until && budget.as_ref().is_none_or(|left| left.fetch_sub(1, Ordering::SeqCst) > 0) {
         let id = targets[rng.below(targets.len())];
+        sent += 1;
+        let key = keyed.then(|| format!("{prefix}-{sent}"));
         let start = Instant::now();
-        let outcome = gql.reserve_lean(&authorization, id).await;
+        let outcome = gql.reserve_lean(&authorization, id, key.as_deref()).await;
         rec.record(start, &outcome, ONE_REQUEST);
     }
     Ok(rec)
@@ -367,10 +373,24 @@ impl Bench {
         let rounds = self.settings.rounds;
         let slice = self.settings.duration / rounds;
         let (mut stockguard, mut raw, mut floor) = (Measured::default(), Measured::default(), Measured::default());
-        for _ in 0..rounds {
-            stockguard.add(self.stockguard(server, scenario, clients, slice).await?);
-            raw.add(self.raw_sql(Raw::Limit, scenario, clients, slice).await?);
-            floor.add(self.raw_sql(Raw::Floor, scenario, clients, slice).await?);
+        for round in 1..=rounds {
+            let (s, r, f) = (
+                self.stockguard(server, scenario, clients, slice).await?,
+                self.raw_sql(Raw::Limit, scenario, clients, slice).await?,
+                self.raw_sql(Raw::Floor, scenario, clients, slice).await?,
+            );
+            // Per round, so a slow patch (a checkpoint's full-page writes) shows where it fell.
+            let per_sec =
+                |m: &(Recorder, Usage)| m.0.outcomes.get("Reserved").copied().unwrap_or(0) as f64 / slice.as_secs_f64();
+            eprintln!(
+                "bench:   round {round}: Stockguard {:.0}, raw SQL {:.0}, floor {:.0} res/s",
+                per_sec(&s),
+                per_sec(&r),
+                per_sec(&f)
+            );
+            stockguard.add(s);
+            raw.add(r);
+            floor.add(f);
         }
         self.check_invariant(&format!("{} x{clients}, Stockguard and raw SQL", scenario.name())).await?;
         let seconds = (slice * rounds).as_secs_f64();
@@ -397,7 +417,8 @@ impl Bench {
         let tasks = (self.tokens(clients)?.into_iter().enumerate())
             .map(|(i, token)| {
                 let rec = Recorder::new(measure_from, until);
-                tokio::spawn(reserve_client(gql.clone(), token, targets.clone(), i as u64 + 1, rec, until, None))
+                let keyed = self.settings.keyed;
+                tokio::spawn(reserve_client(gql.clone(), token, targets.clone(), i as u64 + 1, rec, None, keyed))
             })
             .collect();
         measure(Some(server.pid), &self.db, self.clk_tck, measure_from, run_tasks(tasks)).await
@@ -413,7 +434,7 @@ impl Bench {
         measured: Duration,
     ) -> anyhow::Result<(Recorder, Usage)> {
         let targets = self.targets(scenario);
-        let ttl_secs = self.ttl_secs;
+        let (ttl_secs, keyed) = (self.ttl_secs, self.settings.keyed);
         let mut connections = Vec::with_capacity(clients);
         for _ in 0..clients {
             connections.push(connect_patiently(&self.database_url).await.context("raw SQL: connect")?);
@@ -432,7 +453,11 @@ impl Bench {
                     let user = format!("bench-raw-{i}");
                     let mut rec = Recorder::new(measure_from, until);
                     let mut rng = Rng::new(i as u64 + 1_000);
+                    let (prefix, mut sent) = (Uuid::new_v4().simple(), 0u64);
                     while Instant::now() < until {
+                        sent += 1;
+                        // A fresh key per statement, and a fingerprint the size of the server's.
+                        let key = keyed.then(|| (format!("{prefix}-{sent}"), format!("{sent:064x}")));
                         let reserve = Reserve {
                             inventory_id: targets[rng.below(targets.len())],
                             quantity: 1,
@@ -441,8 +466,8 @@ impl Bench {
                             reservation_id: Uuid::now_v7(),
                             movement_id: Uuid::now_v7(),
                             user_id: &user,
-                            idempotency_key: None,
-                            fingerprint: None,
+                            idempotency_key: key.as_ref().map(|(key, _)| key.as_str()),
+                            fingerprint: key.as_ref().map(|(_, fingerprint)| fingerprint.as_str()),
                             ttl_secs,
                         };
                         let query = match statement {

@@ -88,8 +88,10 @@ impl Gql {
     /// `reserve` of one unit: the benchmark's measured request, lean on
     /// purpose. The load generator shares the machine with what it measures,
     /// so the body is written straight to text and only `__typename` is read back.
-    pub async fn reserve_lean(&self, authorization: &HeaderValue, inventory: Uuid) -> Outcome {
-        let body = format!(r#"{{"query":{},"variables":{{"i":{{"inventoryId":"{inventory}"}}}}}}"#, self.reserve_json);
+    pub async fn reserve_lean(&self, authorization: &HeaderValue, inventory: Uuid, key: Option<&str>) -> Outcome {
+        let key = key.map(|key| format!(r#","idempotencyKey":"{key}""#)).unwrap_or_default();
+        let body =
+            format!(r#"{{"query":{},"variables":{{"i":{{"inventoryId":"{inventory}"{key}}}}}}}"#, self.reserve_json);
         let sent = self
             .http
             .post(&self.url)

@@ -1,10 +1,10 @@
-//! Request coalescing: group commit for conditional reservations.
+//! Request coalescing: group commit for reservations.
 //!
 //! One row takes only one committed change per WAL flush, and every
 //! statement that commits alone pays a flush and a round trip of its own.
-//! Conditional `reserve` calls (no `expectedVersion`, no idempotency key) are
-//! therefore served in *lanes*: at most `lanes` statements run at once, and
-//! an inventory is in at most one of them. A caller that finds nothing
+//! `reserve` calls (with or without `expectedVersion` or an idempotency key)
+//! are therefore served in *lanes*: at most `lanes` statements run at once,
+//! and an inventory is in at most one of them. A caller that finds nothing
 //! running takes its own one-statement path at once, in its own task (no
 //! added latency, no hand-over). Everyone else queues, and when a lane's
 //! statement is done the lane takes the queue (up to a maximum, of any
@@ -19,10 +19,18 @@
 //! alone, one at a time: its own stock after, and a version one higher per
 //! grant before it on its inventory. On a hot item that is the batch of its
 //! waiting callers; on a catalogue it is the callers of many items sharing
-//! one commit. A batch whose statement fails (for any reason but a lost
-//! database) wrote nothing, and its callers are retried one by one, so one
-//! bad caller fails alone. Nothing is kept for an idle server: the queue
-//! holds only callers in flight, which the server's in-flight limit bounds.
+//! one commit.
+//!
+//! Every caller's own rules hold inside a batch. An expected version is
+//! checked at the caller's turn, so of callers expecting one version the
+//! first wins and the rest conflict, as alone. A key seen before fails the
+//! batch on the keys' unique index (so it wrote nothing and its callers go
+//! alone, where the key replays), and a keyed caller the batch did not serve
+//! gets its key's first outcome if it had one. A batch whose statement fails
+//! (for any reason but a lost database) wrote nothing, and its callers are
+//! each served alone, so one bad caller fails alone. Nothing is kept for an
+//! idle server: the queue holds only callers in flight, which the server's
+//! in-flight limit bounds.
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -42,6 +50,7 @@ use super::{
 use crate::{
     db::{Attempted, Collisions, DbFailure, StatementPool, classify},
     error::AppError,
+    idempotency::{self, Key},
     stock::taking::{CoalescedReserve, Turn},
 };
 
@@ -53,6 +62,10 @@ struct Waiting {
     user_id: String,
     /// Units asked for.
     quantity: i32,
+    /// The version it expects at its turn, if it gave one.
+    expected_version: Option<i32>,
+    /// Its idempotency key, if it sent one.
+    key: Option<Key>,
     /// When it joined the queue.
     arrived: Instant,
     /// Where its answer goes.
@@ -168,10 +181,13 @@ impl Coalescer {
         self.lanes().queue.len()
     }
 
-    /// Reserves `quantity` of `inventory_id` for `user_id`: alone when a lane
-    /// may open for it (nothing runs, or the backlog is 1 and a lane is free)
-    /// and nobody else takes from the inventory, else in a batch.
-    pub async fn reserve(&self, inventory_id: Uuid, user_id: &str, quantity: i32) -> Result<ReserveOutcome, AppError> {
+    /// Serves `request` for `user_id`: alone when a lane may open for it
+    /// (nothing runs, or the backlog is 1 and a lane is free) and nobody else
+    /// takes from its inventory, else in a batch.
+    pub async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
+        let ReserveRequest { inventory_id, quantity, expected_version, .. } = *request;
+        let key =
+            (request.idempotency_key.clone()).map(|key| Key::reserve(key, inventory_id, quantity, expected_version));
         let queued = {
             let mut lanes = self.lanes();
             if self.may_open(&lanes, 1) && !lanes.busy.contains(&inventory_id) {
@@ -180,8 +196,10 @@ impl Coalescer {
                 None
             } else {
                 let (reply, answer) = oneshot::channel();
-                let user_id = user_id.to_owned();
-                lanes.queue.push_back(Waiting { inventory_id, user_id, quantity, arrived: Instant::now(), reply });
+                let (user_id, key) = (user_id.to_owned(), key.clone());
+                let arrived = Instant::now();
+                let waiting = Waiting { inventory_id, user_id, quantity, expected_version, key, arrived, reply };
+                lanes.queue.push_back(waiting);
                 // Enough company waits for a lane of its own.
                 let batch = self.next_batch(&mut lanes);
                 Some((answer, batch))
@@ -198,12 +216,20 @@ impl Coalescer {
             // queued meanwhile is served next when `_lane` is dropped, even
             // if this caller goes away halfway.
             let _lane = Lane { coalescer: self, inventories: vec![inventory_id] };
-            return self.alone(inventory_id, user_id, quantity).await;
+            return self.alone(user_id, request).await;
         }
         // A batch that waits for company runs in its own task, so a caller
         // that goes away cannot strand the others.
         let (reply, answer) = oneshot::channel();
-        let first = Waiting { inventory_id, user_id: user_id.to_owned(), quantity, arrived: Instant::now(), reply };
+        let first = Waiting {
+            inventory_id,
+            user_id: user_id.to_owned(),
+            quantity,
+            expected_version,
+            key,
+            arrived: Instant::now(),
+            reply,
+        };
         tokio::spawn(self.clone().serve(vec![first]));
         answer.await.unwrap_or(Err(AppError::Internal))
     }
@@ -262,23 +288,28 @@ impl Coalescer {
 
     /// A caller alone: the plain one-statement reserve is cheaper for the
     /// database than the batch walk.
-    async fn alone(&self, inventory_id: Uuid, user_id: &str, quantity: i32) -> Result<ReserveOutcome, AppError> {
+    async fn alone(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
+        service::reserve_alone(&self.db, &self.statements, &self.collisions, user_id, request).await
+    }
+
+    /// A queued caller served alone, answered.
+    async fn waiting_alone(&self, waiting: Waiting) {
         let request = ReserveRequest {
-            inventory_id,
-            quantity,
-            expected_version: None,
-            idempotency_key: None,
+            inventory_id: waiting.inventory_id,
+            quantity: waiting.quantity,
+            expected_version: waiting.expected_version,
+            idempotency_key: waiting.key.map(|key| key.key),
             ttl_secs: self.ttl_secs,
         };
-        service::reserve_alone(&self.db, &self.statements, &self.collisions, user_id, &request).await
+        let result = self.alone(&waiting.user_id, &request).await;
+        let _ = waiting.reply.send(result);
     }
 
     /// Runs one batch statement and answers every caller in it.
     async fn run(&self, mut batch: Vec<Waiting>) {
         if batch.len() == 1 {
             if let Some(waiting) = batch.pop() {
-                let result = self.alone(waiting.inventory_id, &waiting.user_id, waiting.quantity).await;
-                let _ = waiting.reply.send(result);
+                self.waiting_alone(waiting).await;
             }
             return;
         }
@@ -288,23 +319,30 @@ impl Coalescer {
         let inventories: Vec<Uuid> = batch.iter().map(|w| w.inventory_id).collect();
         let users: Vec<&str> = batch.iter().map(|w| w.user_id.as_str()).collect();
         let quantities: Vec<i32> = batch.iter().map(|w| w.quantity).collect();
+        let keys: Vec<Option<&str>> = batch.iter().map(|w| w.key.as_ref().map(|k| k.key.as_str())).collect();
+        let fingerprints: Vec<Option<&str>> =
+            batch.iter().map(|w| w.key.as_ref().map(|k| k.fingerprint.as_str())).collect();
+        let expected_versions: Vec<Option<i32>> = batch.iter().map(|w| w.expected_version).collect();
         let reserve = CoalescedReserve {
             inventory_ids: &inventories,
             reservation_ids: &ids,
             movement_ids: &movement_ids,
             user_ids: &users,
             quantities: &quantities,
+            keys: &keys,
+            fingerprints: &fingerprints,
+            expected_versions: &expected_versions,
             ttl_secs: self.ttl_secs,
         };
         let turns = match store::reserve_coalesced(&self.statements, &self.collisions, &reserve).await {
             Ok(Attempted::Done(turns)) if turns.len() == batch.len() => turns,
             Ok(Attempted::Done(turns)) => {
                 tracing::error!(callers = batch.len(), turns = turns.len(), "coalesced reserve answered short");
-                return self.one_by_one(batch).await;
+                return self.each_alone(batch).await;
             }
             Ok(Attempted::Exhausted { attempts }) => {
                 tracing::warn!(attempts, callers = batch.len(), "coalesced reserve collisions exhausted");
-                return self.one_by_one(batch).await;
+                return self.each_alone(batch).await;
             }
             // The database is out of reach: each caller alone would only
             // wait for it again, so all fail now (and may retry).
@@ -315,26 +353,41 @@ impl Coalescer {
                 }
                 return;
             }
+            // A key seen before: a client's retry, answered alone by its replay.
+            Err(err) if idempotency::is_taken(&err) => {
+                tracing::debug!(callers = batch.len(), "a coalesced caller's key was used before; serving them alone");
+                return self.each_alone(batch).await;
+            }
             Err(err) => {
                 tracing::warn!(error = %err, callers = batch.len(), "coalesced reserve failed; serving its callers alone");
-                return self.one_by_one(batch).await;
+                return self.each_alone(batch).await;
             }
         };
         for ((waiting, id), turn) in batch.into_iter().zip(ids).zip(turns) {
+            let outcome = match (&waiting.key, turn) {
+                // Not served now, but its key may have been by an earlier
+                // request: that first outcome is the answer, as alone.
+                (Some(key), turn @ (Turn::NotFound | Turn::Taken { granted: false, .. })) => {
+                    match service::replay(&self.db, &waiting.user_id, Some(key)).await {
+                        Ok(Some(first)) => Ok(first),
+                        Ok(None) => Ok(answer(&waiting, id, turn)),
+                        Err(err) => Err(err),
+                    }
+                }
+                (_, turn) => Ok(answer(&waiting, id, turn)),
+            };
             // A caller that has gone away no longer needs its answer.
-            let outcome = answer(&waiting, id, turn);
-            let _ = waiting.reply.send(Ok(outcome));
+            let _ = waiting.reply.send(outcome);
         }
     }
 
     /// Serves the callers of a failed batch statement (it wrote nothing)
-    /// each alone, in arrival order, so a caller that cannot be served fails
-    /// alone.
-    async fn one_by_one(&self, batch: Vec<Waiting>) {
-        for waiting in batch {
-            let result = self.alone(waiting.inventory_id, &waiting.user_id, waiting.quantity).await;
-            let _ = waiting.reply.send(result);
-        }
+    /// each alone, so a caller that cannot be served fails alone. All at
+    /// once: when the batch timed out on a row another transaction holds,
+    /// only that row's callers wait for it again, each once, and the rest are
+    /// served meanwhile (the statement pool bounds how many run).
+    async fn each_alone(&self, batch: Vec<Waiting>) {
+        futures::future::join_all(batch.into_iter().map(|waiting| self.waiting_alone(waiting))).await;
     }
 }
 
@@ -373,16 +426,20 @@ fn answer(waiting: &Waiting, id: Uuid, turn: Turn) -> ReserveOutcome {
                 user_id: waiting.user_id.clone(),
                 quantity: waiting.quantity,
                 status: ReservationStatus::Active,
-                idempotency_key: None,
-                request_fingerprint: None,
+                idempotency_key: waiting.key.as_ref().map(|k| k.key.clone()),
+                request_fingerprint: waiting.key.as_ref().map(|k| k.fingerprint.clone()),
                 created_at: now,
                 expires_at,
                 multi_item_id: None,
             };
             ReserveOutcome::Reserved { reservation, inventory }
         }
-        Turn::Taken { granted: false, inventory, .. } => {
-            ReserveOutcome::SoldOut { requested: waiting.quantity, inventory }
-        }
+        // Refused at its turn: too little stock comes first, as alone.
+        Turn::Taken { granted: false, inventory, .. } => match waiting.expected_version {
+            Some(expected_version) if inventory.stock >= waiting.quantity => {
+                ReserveOutcome::Conflict { expected_version, inventory }
+            }
+            _ => ReserveOutcome::SoldOut { requested: waiting.quantity, inventory },
+        },
     }
 }

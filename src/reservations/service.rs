@@ -171,15 +171,12 @@ impl ReservationService {
         }
     }
 
-    /// Takes stock for `user_id`. A conditional reservation without a key
-    /// can share one statement with others waiting at the same time, on its
-    /// inventory or on others; any other goes alone.
+    /// Takes stock for `user_id`, sharing one statement with others waiting
+    /// at the same time (on its inventory or on others) when coalescing is on.
     pub async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
         match &self.coalescer {
-            Some(coalescer) if request.expected_version.is_none() && request.idempotency_key.is_none() => {
-                coalescer.reserve(request.inventory_id, user_id, request.quantity).await
-            }
-            _ => reserve_alone(&self.db, &self.statements, &self.collisions, user_id, request).await,
+            Some(coalescer) => coalescer.reserve(user_id, request).await,
+            None => reserve_alone(&self.db, &self.statements, &self.collisions, user_id, request).await,
         }
     }
 
@@ -362,7 +359,11 @@ pub async fn reserve_alone(
 
 /// The first outcome of a single `reserve` with this key, if one took stock
 /// (its reservation, and the inventory as it is now).
-async fn replay(db: &DatabaseConnection, user_id: &str, key: Option<&Key>) -> Result<Option<ReserveOutcome>, AppError> {
+pub(super) async fn replay(
+    db: &DatabaseConnection,
+    user_id: &str,
+    key: Option<&Key>,
+) -> Result<Option<ReserveOutcome>, AppError> {
     let Some(key) = key else { return Ok(None) };
     let Some(first) = idempotency::first_use(db, user_id, key).await? else { return Ok(None) };
     let inventory = inventory_store::find(db, first.inventory_id).await?.ok_or(AppError::Internal)?;

@@ -135,15 +135,20 @@ impl ReservationChange {
 
 /// One statement for coalesced callers, on one inventory or many: `$1`
 /// inventories, `$2` reservation ids, `$3` users, `$4` quantities, `$6`
-/// ledger row ids (one element per caller, in arrival order), `$5` TTL
-/// seconds.
+/// ledger row ids, `$7` idempotency keys and `$8` request fingerprints
+/// (NULL for a caller without a key), `$9` expected versions (NULL for a
+/// caller without one; one element per caller, in arrival order), `$5` TTL
+/// seconds. A key used before (by any request of its
+/// user) fails the whole statement on the keys' unique index, so it
+/// writes nothing and its callers are served alone, where the key replays.
 ///
 /// This locks every inventory named for the statement, in id order (the
 /// `ORDER BY id FOR UPDATE` in `inv`: PostgreSQL sorts, then locks), the
 /// order every multi-item writer and the sweeper lock in, so two batches of
 /// this or another process that share inventories wait for each other
 /// instead of deadlocking. Then it walks each inventory's callers in arrival
-/// order granting each whose quantity still fits (a caller that does not fit
+/// order granting each whose quantity still fits and whose expected version,
+/// if it gave one, is the version at its turn (a caller that does not fit
 /// is refused, a later smaller one may still be served: exactly what
 /// one-at-a-time would do), writes each inventory's new stock and version
 /// once (one version step per grant), every granted reservation, and one
@@ -155,8 +160,10 @@ pub static COALESCED_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
         r#"
 WITH RECURSIVE req AS MATERIALIZED (
     SELECT r.*, row_number() OVER (PARTITION BY r.inventory_id ORDER BY r.n) AS k
-      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[]) WITH ORDINALITY
-        AS r(inventory_id, reservation_id, user_id, quantity, movement_id, n)
+      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[], $7::text[], $8::text[],
+                  $9::integer[]) WITH ORDINALITY
+        AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
+             expected_version, n)
 ), inv AS MATERIALIZED (
     SELECT {INVENTORY_COLUMNS}
       FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
@@ -165,9 +172,9 @@ WITH RECURSIVE req AS MATERIALIZED (
       FROM inv
     UNION ALL
     SELECT w.inventory_id, r.k,
-           CASE WHEN w.stock >= r.quantity THEN w.stock - r.quantity ELSE w.stock END,
-           CASE WHEN w.stock >= r.quantity THEN w.version + 1 ELSE w.version END,
-           w.stock >= r.quantity
+           CASE WHEN {fits} THEN w.stock - r.quantity ELSE w.stock END,
+           CASE WHEN {fits} THEN w.version + 1 ELSE w.version END,
+           {fits}
       FROM walk w JOIN req r ON r.inventory_id = w.inventory_id AND r.k = w.k + 1
 ), steps AS (
     SELECT * FROM walk WHERE k > 0
@@ -180,8 +187,10 @@ WITH RECURSIVE req AS MATERIALIZED (
      WHERE i.id = last.inventory_id AND last.version > o.version
  RETURNING i.id, i.updated_at
 ), reservation AS (
-    INSERT INTO reservations (id, inventory_id, user_id, quantity, status, expires_at)
-    SELECT r.reservation_id, r.inventory_id, r.user_id, r.quantity, 'ACTIVE', {expires}
+    INSERT INTO reservations
+           (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
+    SELECT r.reservation_id, r.inventory_id, r.user_id, r.quantity, 'ACTIVE', r.idempotency_key,
+           r.request_fingerprint, {expires}
       FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
      WHERE s.granted
 ), movement AS (
@@ -201,6 +210,7 @@ SELECT s.k IS NOT NULL AS found, coalesce(s.granted, false) AS granted,
  ORDER BY r.n"#,
         set = set("last.stock", "last.version"),
         expires = expiry("$5"),
+        fits = "(w.stock >= r.quantity AND (r.expected_version IS NULL OR r.expected_version = w.version))",
     )
 });
 
@@ -218,6 +228,12 @@ pub struct CoalescedReserve<'a> {
     pub user_ids: &'a [&'a str],
     /// What each caller asks for.
     pub quantities: &'a [i32],
+    /// Each caller's idempotency key, if it sent one.
+    pub keys: &'a [Option<&'a str>],
+    /// The fingerprint of each keyed caller's request.
+    pub fingerprints: &'a [Option<&'a str>],
+    /// The version each caller expects at its turn, if it gave one.
+    pub expected_versions: &'a [Option<i32>],
     /// Seconds until the reservations expire; 0 = never.
     pub ttl_secs: i32,
 }
@@ -237,6 +253,9 @@ impl CoalescedReserve<'_> {
             .bind(self.quantities)
             .bind(self.ttl_secs)
             .bind(self.movement_ids)
+            .bind(self.keys)
+            .bind(self.fingerprints)
+            .bind(self.expected_versions)
     }
 }
 

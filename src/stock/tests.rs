@@ -83,6 +83,9 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
         movement_ids: &[Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()],
         user_ids: &["alice", "bob", "carol"],
         quantities: &[1, 2, 3],
+        keys: &[None, Some("k2"), None],
+        fingerprints: &[None, Some("f2"), None],
+        expected_versions: &[None, Some(1), None],
         ttl_secs: 0,
     };
     let explained = coalesced.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *COALESCED_RESERVE_SQL))));

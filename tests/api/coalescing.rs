@@ -12,7 +12,7 @@ use stockguard::{
     db::{Collisions, StatementPool},
     reservations::{
         coalesce::{Batching, Coalescer},
-        service::ReserveOutcome,
+        service::{ReserveOutcome, ReserveRequest},
     },
 };
 use tokio::sync::Barrier;
@@ -122,7 +122,7 @@ async fn a_failing_batch_is_served_again_caller_by_caller_so_only_the_bad_caller
     let results = fire(&app, callers, id).await;
 
     // The batch that held the poisoned caller failed whole and wrote
-    // nothing; its callers were then served one by one, so only the
+    // nothing; its callers were then each served alone, so only the
     // poisoned one fails.
     let failed: Vec<usize> = (0..results.len()).filter(|&i| results[i].get("errors").is_some()).collect();
     assert_eq!(failed, [15], "only the poisoned caller fails: {results:?}");
@@ -133,6 +133,11 @@ async fn a_failing_batch_is_served_again_caller_by_caller_so_only_the_bad_caller
     let (stock, version) = app.stock_and_version(id).await;
     assert_eq!((stock, version), (100 - reserved as i32, 1 + reserved as i32));
     app.assert_invariant().await;
+}
+
+/// A request for `quantity` of `id` without a version or a key.
+fn unguarded(id: uuid::Uuid, quantity: i32) -> ReserveRequest {
+    ReserveRequest { inventory_id: id, quantity, expected_version: None, idempotency_key: None, ttl_secs: 900 }
 }
 
 /// A coalescer of its own over `app`'s database, batching as `batching` says.
@@ -168,7 +173,7 @@ async fn callers_queued_behind_a_first_caller_that_goes_away_are_still_served() 
     let holder = hold_row(&app.db, id).await;
     let first = tokio::spawn({
         let coalescer = coalescer.clone();
-        async move { coalescer.reserve(id, "first", 1).await }
+        async move { coalescer.reserve("first", &unguarded(id, 1)).await }
     });
     // The first caller's own statement (the one-statement reserve) waits for the row.
     app.until_waiting_for_a_lock("WITH taken AS").await;
@@ -176,7 +181,7 @@ async fn callers_queued_behind_a_first_caller_that_goes_away_are_still_served() 
     let queued: Vec<_> = (0..5)
         .map(|i| {
             let coalescer = coalescer.clone();
-            tokio::spawn(async move { coalescer.reserve(id, &format!("queued-{i}"), 1).await })
+            tokio::spawn(async move { coalescer.reserve(&format!("queued-{i}"), &unguarded(id, 1)).await })
         })
         .collect();
     eventually(Duration::from_secs(10), "five callers queue behind the first", || async { coalescer.queued(id) == 5 })
@@ -213,7 +218,7 @@ async fn callers_of_different_inventories_queued_behind_a_statement_share_the_ne
     let holder = hold_row(&app.db, held).await;
     let reserve = |id: uuid::Uuid, user: &'static str, quantity: i32| {
         let coalescer = coalescer.clone();
-        tokio::spawn(async move { coalescer.reserve(id, user, quantity).await })
+        tokio::spawn(async move { coalescer.reserve(user, &unguarded(id, quantity)).await })
     };
     let first = reserve(held, "first", 1);
     app.until_waiting_for_a_lock("WITH taken AS").await;
@@ -280,7 +285,7 @@ async fn callers_of_idle_inventories_wait_for_a_backlog_before_a_second_lane_ope
     let holder = hold_row(&app.db, held).await;
     let reserve = |id: uuid::Uuid, user: String| {
         let coalescer = coalescer.clone();
-        tokio::spawn(async move { coalescer.reserve(id, &user, 1).await })
+        tokio::spawn(async move { coalescer.reserve(&user, &unguarded(id, 1)).await })
     };
     // Nothing runs: the first caller goes at once, and waits on the lock.
     let first = reserve(held, "first".into());
@@ -313,6 +318,112 @@ async fn callers_of_idle_inventories_wait_for_a_backlog_before_a_second_lane_ope
     assert_eq!(transactions, 1, "the three waiting callers shared one statement");
     holder.rollback().await.expect("release the row");
     assert!(matches!(first.await.expect("task"), Ok(ReserveOutcome::Reserved { .. })));
+    app.assert_invariant().await;
+}
+
+/// Keyed and versioned callers share batches too, and keep their rules
+/// there: new keys are served in one statement; a key seen before fails its
+/// batch on the keys' unique index, so the batch writes nothing and its
+/// callers are served alone, where the key replays its first outcome; a
+/// keyed caller that a batch refuses (sold out) still gets its key's first
+/// outcome; and of two callers expecting one version one wins and the other
+/// conflicts, and one without the stock is sold out, as each alone.
+#[tokio::test(flavor = "multi_thread")]
+async fn keyed_and_versioned_callers_share_a_batch_and_keep_their_rules() {
+    let app = TestApp::spawn().await;
+    let held = app.create_inventory("KEYED-HELD", 10).await;
+    let plenty = app.create_inventory("KEYED-PLENTY", 10).await;
+    let scarce = app.create_inventory("KEYED-SCARCE", 1).await;
+    let coalescer = coalescer(&app, Batching { lanes: 1, max_batch: 64, backlog: 1, window: Duration::ZERO });
+    let reserve = |user: &'static str, request: ReserveRequest| {
+        let coalescer = coalescer.clone();
+        tokio::spawn(async move { coalescer.reserve(user, &request).await })
+    };
+    let keyed = |id: uuid::Uuid, key: &str| ReserveRequest { idempotency_key: Some(key.into()), ..unguarded(id, 1) };
+    let versioned =
+        |id: uuid::Uuid, version: i32| ReserveRequest { expected_version: Some(version), ..unguarded(id, 1) };
+    // The callers of a round queue behind a statement that waits for a held
+    // row, then share the next statement; their answers, in order.
+    let round = |callers: Vec<(&'static str, ReserveRequest)>| {
+        let (app, coalescer) = (&app, coalescer.clone());
+        async move {
+            let holder = hold_row(&app.db, held).await;
+            let first = reserve("first", unguarded(held, 1));
+            app.until_waiting_for_a_lock("WITH taken AS").await;
+            let expected = callers.len();
+            let queued: Vec<_> = callers.into_iter().map(|(user, request)| reserve(user, request)).collect();
+            eventually(Duration::from_secs(10), "the round's callers queue", || async {
+                coalescer.waiting() == expected
+            })
+            .await;
+            holder.rollback().await.expect("release the row");
+            assert!(matches!(first.await.expect("task"), Ok(ReserveOutcome::Reserved { .. })));
+            let mut outcomes = Vec::new();
+            for caller in queued {
+                outcomes.push(caller.await.expect("task").expect("answered"));
+            }
+            outcomes
+        }
+    };
+    let reserved = |outcome: &ReserveOutcome| match outcome {
+        ReserveOutcome::Reserved { reservation, .. } => reservation.id,
+        other => panic!("expected Reserved, got {other:?}"),
+    };
+    let one_transaction = |ids: &[uuid::Uuid]| {
+        let list = ids.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(", ");
+        format!("SELECT count(DISTINCT xmin::text) FROM reservations WHERE id IN ({list})")
+    };
+
+    // New keys beside a caller without one: one statement, keys kept.
+    let outcomes =
+        round(vec![("alice", keyed(plenty, "a-1")), ("bob", keyed(scarce, "b-1")), ("carol", unguarded(plenty, 1))])
+            .await;
+    let first: Vec<_> = outcomes.iter().map(reserved).collect();
+    assert_eq!(app.count(&one_transaction(&first)).await, 1, "keyed callers shared one statement");
+    assert_eq!(app.count("SELECT count(*) FROM reservations WHERE idempotency_key IS NOT NULL").await, 2);
+
+    // A key seen before, beside a new one: the repeat replays its first
+    // reservation and the new key is served (alone, after the failed batch).
+    let outcomes = round(vec![("alice", keyed(plenty, "a-1")), ("dave", keyed(plenty, "d-1"))]).await;
+    assert_eq!(reserved(&outcomes[0]), first[0], "the repeated key replays its first reservation");
+    assert!(!first.contains(&reserved(&outcomes[1])), "the new key is a new reservation");
+
+    // A repeat on an inventory now sold out, beside a caller the batch
+    // serves: the batch refuses the repeat, whose answer is its first outcome.
+    let outcomes = round(vec![("bob", keyed(scarce, "b-1")), ("erin", unguarded(plenty, 1))]).await;
+    assert_eq!(reserved(&outcomes[0]), first[1], "a refused repeat still answers with its first reservation");
+    reserved(&outcomes[1]);
+
+    // Versions: plenty is at version 5 (four grants), scarce at 2 and empty.
+    assert_eq!(app.stock_and_version(plenty).await, (6, 5));
+    let outcomes = round(vec![
+        ("frank", versioned(plenty, 5)),
+        ("grace", versioned(plenty, 5)),
+        ("heidi", versioned(scarce, 2)),
+        ("ivan", unguarded(plenty, 1)),
+    ])
+    .await;
+    // Frank and grace expect the same version: whoever came first wins it,
+    // and the other conflicts with the version after that grant.
+    let (winner, loser) = match &outcomes[0] {
+        ReserveOutcome::Reserved { .. } => (&outcomes[0], &outcomes[1]),
+        _ => (&outcomes[1], &outcomes[0]),
+    };
+    let winner = reserved(winner);
+    match loser {
+        ReserveOutcome::Conflict { expected_version: 5, inventory } => {
+            assert_eq!((inventory.stock, inventory.version), (5, 6), "the version after the winner's grant")
+        }
+        other => panic!("one of two callers expecting version 5 conflicts: {other:?}"),
+    }
+    assert!(matches!(&outcomes[2], ReserveOutcome::SoldOut { requested: 1, .. }), "{:?}", outcomes[2]);
+    let ivan = reserved(&outcomes[3]);
+    assert_eq!(app.count(&one_transaction(&[winner, ivan])).await, 1, "versioned callers shared one statement");
+
+    // Alice, carol, dave, erin, frank and ivan took from plenty; bob once from scarce.
+    assert_eq!(app.stock_and_version(plenty).await, (4, 7));
+    assert_eq!(app.stock_and_version(scarce).await, (0, 2));
+    assert_eq!(app.count(&format!("SELECT count(*) FROM reservations WHERE inventory_id <> '{held}'")).await, 7);
     app.assert_invariant().await;
 }
 

@@ -96,7 +96,8 @@ async fn requests_past_the_in_flight_limit_are_refused_at_once_not_queued() {
 
     use crate::helpers::{Isolation, Options};
 
-    let limits = Limits { max_in_flight: 2, ..Limits::default() };
+    // Each request its own statement, so both wait on the row in PostgreSQL.
+    let limits = Limits { max_in_flight: 2, coalesce: false, ..Limits::default() };
     let app = std::sync::Arc::new(
         TestApp::spawn_with_options(Options { isolation: Isolation::ReadCommitted, limits, ..Options::default() })
             .await,

@@ -33,12 +33,16 @@ async fn the_coalesced_reserve_is_planned_once_however_its_batches_vary() {
         let movement_ids: Vec<Uuid> = inventories.iter().map(|_| Uuid::now_v7()).collect();
         let users: Vec<&str> = inventories.iter().map(|_| "planner").collect();
         let quantities: Vec<i32> = inventories.iter().map(|_| 1).collect();
+        let no_keys: Vec<Option<&str>> = inventories.iter().map(|_| None).collect();
         let reserve = CoalescedReserve {
             inventory_ids: &inventories,
             reservation_ids: &reservation_ids,
             movement_ids: &movement_ids,
             user_ids: &users,
             quantities: &quantities,
+            keys: &no_keys,
+            fingerprints: &no_keys,
+            expected_versions: &inventories.iter().map(|_| None).collect::<Vec<_>>(),
             ttl_secs: 900,
         };
         let turns = pool.fetch_all(reserve.query()).await.expect("coalesced reserve");
