@@ -157,7 +157,7 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_SWEEP_BATCH", default_value_t = 500)]
     pub sweep_batch: i64,
 
-    /// Serve concurrent conditional reservations (no `expectedVersion`, no
+    /// Serve concurrent reservations (with or without `expectedVersion` or an
     /// idempotency key) that wait at the same time with one statement, on one
     /// inventory or many.
     #[arg(long, env = "STOCKGUARD_COALESCE", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]

@@ -291,8 +291,8 @@ impl ReservationService {
 }
 
 /// Takes `quantity` units for `user_id` with the one-statement reserve: a
-/// request with a version or a key, a hot item's caller alone, or every
-/// request when coalescing is off.
+/// caller that finds nothing running, a caller of a batch that failed, or
+/// every request when coalescing is off.
 ///
 /// The reservation and its ledger entry are written by the same statement
 /// as the decrement, so a reservation exists exactly when stock was taken;
