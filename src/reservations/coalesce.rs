@@ -56,20 +56,26 @@ use crate::{
 
 /// One caller waiting for its batch.
 struct Waiting {
-    /// The inventory it takes from.
-    inventory_id: Uuid,
     /// The caller (token `sub`).
     user_id: String,
-    /// Units asked for.
-    quantity: i32,
-    /// The version it expects at its turn, if it gave one.
-    expected_version: Option<i32>,
-    /// Its idempotency key, if it sent one.
+    /// What it asks for.
+    request: ReserveRequest,
+    /// Its idempotency key with the request's fingerprint, if it sent one.
     key: Option<Key>,
     /// When it joined the queue.
     arrived: Instant,
     /// Where its answer goes.
     reply: oneshot::Sender<Result<ReserveOutcome, AppError>>,
+}
+
+impl Waiting {
+    /// `user_id`'s `request`, arriving now, answered on `reply`.
+    fn new(user_id: &str, request: &ReserveRequest, reply: oneshot::Sender<Result<ReserveOutcome, AppError>>) -> Self {
+        let ReserveRequest { inventory_id, quantity, expected_version, .. } = *request;
+        let key =
+            (request.idempotency_key.clone()).map(|key| Key::reserve(key, inventory_id, quantity, expected_version));
+        Self { user_id: user_id.to_owned(), request: request.clone(), key, arrived: Instant::now(), reply }
+    }
 }
 
 /// The lanes' shared state.
@@ -89,10 +95,10 @@ impl Lanes {
     /// already one of `batch`'s, added to `batch`; their inventories become busy.
     fn take_into(&mut self, batch: &mut Vec<Waiting>, max: usize) {
         let Self { busy, queue, .. } = self;
-        let mut mine: HashSet<Uuid> = batch.iter().map(|w| w.inventory_id).collect();
+        let mut mine: HashSet<Uuid> = batch.iter().map(|w| w.request.inventory_id).collect();
         let mut rest = VecDeque::with_capacity(queue.len());
         for waiting in queue.drain(..) {
-            let id = waiting.inventory_id;
+            let id = waiting.request.inventory_id;
             if batch.len() < max && (mine.contains(&id) || !busy.contains(&id)) {
                 mine.insert(id);
                 busy.insert(id);
@@ -173,7 +179,7 @@ impl Coalescer {
     /// counting those whose statement runs), for tests that must see callers
     /// queued before they go on.
     pub fn queued(&self, inventory_id: Uuid) -> usize {
-        self.lanes().queue.iter().filter(|w| w.inventory_id == inventory_id).count()
+        self.lanes().queue.iter().filter(|w| w.request.inventory_id == inventory_id).count()
     }
 
     /// How many callers of any inventory wait in the queue right now.
@@ -185,9 +191,7 @@ impl Coalescer {
     /// (nothing runs, or the backlog is 1 and a lane is free) and nobody else
     /// takes from its inventory, else in a batch.
     pub async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
-        let ReserveRequest { inventory_id, quantity, expected_version, .. } = *request;
-        let key =
-            (request.idempotency_key.clone()).map(|key| Key::reserve(key, inventory_id, quantity, expected_version));
+        let inventory_id = request.inventory_id;
         let queued = {
             let mut lanes = self.lanes();
             if self.may_open(&lanes, 1) && !lanes.busy.contains(&inventory_id) {
@@ -196,10 +200,7 @@ impl Coalescer {
                 None
             } else {
                 let (reply, answer) = oneshot::channel();
-                let (user_id, key) = (user_id.to_owned(), key.clone());
-                let arrived = Instant::now();
-                let waiting = Waiting { inventory_id, user_id, quantity, expected_version, key, arrived, reply };
-                lanes.queue.push_back(waiting);
+                lanes.queue.push_back(Waiting::new(user_id, request, reply));
                 // Enough company waits for a lane of its own.
                 let batch = self.next_batch(&mut lanes);
                 Some((answer, batch))
@@ -221,16 +222,7 @@ impl Coalescer {
         // A batch that waits for company runs in its own task, so a caller
         // that goes away cannot strand the others.
         let (reply, answer) = oneshot::channel();
-        let first = Waiting {
-            inventory_id,
-            user_id: user_id.to_owned(),
-            quantity,
-            expected_version,
-            key,
-            arrived: Instant::now(),
-            reply,
-        };
-        tokio::spawn(self.clone().serve(vec![first]));
+        tokio::spawn(self.clone().serve(vec![Waiting::new(user_id, request, reply)]));
         answer.await.unwrap_or(Err(AppError::Internal))
     }
 
@@ -242,7 +234,7 @@ impl Coalescer {
             tokio::time::sleep_until(deadline.into()).await;
             self.lanes().take_into(&mut batch, self.max_batch);
         }
-        let mut inventories: Vec<Uuid> = batch.iter().map(|w| w.inventory_id).collect();
+        let mut inventories: Vec<Uuid> = batch.iter().map(|w| w.request.inventory_id).collect();
         inventories.sort_unstable();
         inventories.dedup();
         let _lane = Lane { coalescer: &self, inventories };
@@ -294,14 +286,7 @@ impl Coalescer {
 
     /// A queued caller served alone, answered.
     async fn waiting_alone(&self, waiting: Waiting) {
-        let request = ReserveRequest {
-            inventory_id: waiting.inventory_id,
-            quantity: waiting.quantity,
-            expected_version: waiting.expected_version,
-            idempotency_key: waiting.key.map(|key| key.key),
-            ttl_secs: self.ttl_secs,
-        };
-        let result = self.alone(&waiting.user_id, &request).await;
+        let result = self.alone(&waiting.user_id, &waiting.request).await;
         let _ = waiting.reply.send(result);
     }
 
@@ -316,13 +301,13 @@ impl Coalescer {
         // Time-ordered keys (see `service::reserve_alone`).
         let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::now_v7()).collect();
         let movement_ids: Vec<Uuid> = batch.iter().map(|_| Uuid::now_v7()).collect();
-        let inventories: Vec<Uuid> = batch.iter().map(|w| w.inventory_id).collect();
+        let inventories: Vec<Uuid> = batch.iter().map(|w| w.request.inventory_id).collect();
         let users: Vec<&str> = batch.iter().map(|w| w.user_id.as_str()).collect();
-        let quantities: Vec<i32> = batch.iter().map(|w| w.quantity).collect();
+        let quantities: Vec<i32> = batch.iter().map(|w| w.request.quantity).collect();
         let keys: Vec<Option<&str>> = batch.iter().map(|w| w.key.as_ref().map(|k| k.key.as_str())).collect();
         let fingerprints: Vec<Option<&str>> =
             batch.iter().map(|w| w.key.as_ref().map(|k| k.fingerprint.as_str())).collect();
-        let expected_versions: Vec<Option<i32>> = batch.iter().map(|w| w.expected_version).collect();
+        let expected_versions: Vec<Option<i32>> = batch.iter().map(|w| w.request.expected_version).collect();
         let reserve = CoalescedReserve {
             inventory_ids: &inventories,
             reservation_ids: &ids,
@@ -368,11 +353,8 @@ impl Coalescer {
                 // Not served now, but its key may have been by an earlier
                 // request: that first outcome is the answer, as alone.
                 (Some(key), turn @ (Turn::NotFound | Turn::Taken { granted: false, .. })) => {
-                    match service::replay(&self.db, &waiting.user_id, Some(key)).await {
-                        Ok(Some(first)) => Ok(first),
-                        Ok(None) => Ok(answer(&waiting, id, turn)),
-                        Err(err) => Err(err),
-                    }
+                    let first = service::replay(&self.db, &waiting.user_id, Some(key)).await;
+                    first.map(|first| first.unwrap_or_else(|| answer(&waiting, id, turn)))
                 }
                 (_, turn) => Ok(answer(&waiting, id, turn)),
             };
@@ -421,10 +403,10 @@ fn answer(waiting: &Waiting, id: Uuid, turn: Turn) -> ReserveOutcome {
         Turn::Taken { granted: true, inventory, now, expires_at } => {
             let reservation = ReservationRow {
                 id,
-                inventory_id: waiting.inventory_id,
+                inventory_id: waiting.request.inventory_id,
                 order_id: None,
                 user_id: waiting.user_id.clone(),
-                quantity: waiting.quantity,
+                quantity: waiting.request.quantity,
                 status: ReservationStatus::Active,
                 idempotency_key: waiting.key.as_ref().map(|k| k.key.clone()),
                 request_fingerprint: waiting.key.as_ref().map(|k| k.fingerprint.clone()),
@@ -435,11 +417,11 @@ fn answer(waiting: &Waiting, id: Uuid, turn: Turn) -> ReserveOutcome {
             ReserveOutcome::Reserved { reservation, inventory }
         }
         // Refused at its turn: too little stock comes first, as alone.
-        Turn::Taken { granted: false, inventory, .. } => match waiting.expected_version {
-            Some(expected_version) if inventory.stock >= waiting.quantity => {
+        Turn::Taken { granted: false, inventory, .. } => match waiting.request.expected_version {
+            Some(expected_version) if inventory.stock >= waiting.request.quantity => {
                 ReserveOutcome::Conflict { expected_version, inventory }
             }
-            _ => ReserveOutcome::SoldOut { requested: waiting.quantity, inventory },
+            _ => ReserveOutcome::SoldOut { requested: waiting.request.quantity, inventory },
         },
     }
 }
