@@ -323,11 +323,11 @@ impl Coalescer {
             Ok(Attempted::Done(turns)) if turns.len() == batch.len() => turns,
             Ok(Attempted::Done(turns)) => {
                 tracing::error!(callers = batch.len(), turns = turns.len(), "coalesced reserve answered short");
-                return self.each_alone(batch).await;
+                return self.each_alone(batch, false).await;
             }
             Ok(Attempted::Exhausted { attempts }) => {
                 tracing::warn!(attempts, callers = batch.len(), "coalesced reserve collisions exhausted");
-                return self.each_alone(batch).await;
+                return self.each_alone(batch, false).await;
             }
             // The database is out of reach: each caller alone would only
             // wait for it again, so all fail now (and may retry).
@@ -341,11 +341,13 @@ impl Coalescer {
             // A key seen before: a client's retry, answered alone by its replay.
             Err(err) if idempotency::is_taken(&err) => {
                 tracing::debug!(callers = batch.len(), "a coalesced caller's key was used before; serving them alone");
-                return self.each_alone(batch).await;
+                return self.each_alone(batch, false).await;
             }
             Err(err) => {
                 tracing::warn!(error = %err, callers = batch.len(), "coalesced reserve failed; serving its callers alone");
-                return self.each_alone(batch).await;
+                let waited_out_a_lock =
+                    matches!(classify(&err), DbFailure::StatementTimeout | DbFailure::LockNotAvailable);
+                return self.each_alone(batch, waited_out_a_lock).await;
             }
         };
         for ((waiting, id), turn) in batch.into_iter().zip(ids).zip(turns) {
@@ -364,12 +366,20 @@ impl Coalescer {
     }
 
     /// Serves the callers of a failed batch statement (it wrote nothing)
-    /// each alone, so a caller that cannot be served fails alone. All at
-    /// once: when the batch timed out on a row another transaction holds,
-    /// only that row's callers wait for it again, each once, and the rest are
-    /// served meanwhile (the statement pool bounds how many run).
-    async fn each_alone(&self, batch: Vec<Waiting>) {
-        futures::future::join_all(batch.into_iter().map(|waiting| self.waiting_alone(waiting))).await;
+    /// each alone, so a caller that cannot be served fails alone: in turn,
+    /// one connection at a time, or `at_once` when the batch waited out a
+    /// row another transaction holds, so that only that row's callers wait
+    /// for it again, each once, while the rest are served (the statement
+    /// pool bounds how many run). All at once for every failure made a key's
+    /// replay, the common failure, take up to the whole statement pool.
+    async fn each_alone(&self, batch: Vec<Waiting>, at_once: bool) {
+        if at_once {
+            futures::future::join_all(batch.into_iter().map(|waiting| self.waiting_alone(waiting))).await;
+        } else {
+            for waiting in batch {
+                self.waiting_alone(waiting).await;
+            }
+        }
     }
 }
 
