@@ -169,8 +169,16 @@ impl Inner {
         // length cheaper than the generic one, would otherwise plan the
         // whole statement again for every small batch: measured at 490 µs
         // of backend CPU per reservation in batches of one or two, against
-        // 65 µs with the generic plan (bench/results/decisions.md).
-        let generic = (*options).clone().options([("plan_cache_mode", "force_generic_plan")]);
+        // 65 µs with the generic plan (bench/results/decisions.md). No
+        // sequential or bitmap scans: they would reach a batch's inventories
+        // in the order their rows lie on disk, and the batch of distinct
+        // inventories must update them in id order, as every writer locks
+        // (`stock::DISTINCT_RESERVE_SQL`). Nothing run here needs either.
+        let generic = (*options).clone().options([
+            ("plan_cache_mode", "force_generic_plan"),
+            ("enable_seqscan", "off"),
+            ("enable_bitmapscan", "off"),
+        ]);
         let conn = tokio::time::timeout_at(deadline.into(), PgConnection::connect_with(&generic))
             .await
             .map_err(|_| DbErr::ConnectionAcquire(ConnAcquireErr::Timeout))?

@@ -19,7 +19,10 @@
 //! alone, one at a time: its own stock after, and a version one higher per
 //! grant before it on its inventory. On a hot item that is the batch of its
 //! waiting callers; on a catalogue it is the callers of many items sharing
-//! one commit.
+//! one commit, usually each of another item, for which a leaner statement
+//! without the walk serves each caller by the conditional UPDATE of its own
+//! row (still in id order), and a caller it did not serve is answered from
+//! a read afterwards, as alone.
 //!
 //! Every caller's own rules hold inside a batch. An expected version is
 //! checked at the caller's turn, so of callers expecting one version the
@@ -351,18 +354,46 @@ impl Coalescer {
             }
         };
         for ((waiting, id), turn) in batch.into_iter().zip(ids).zip(turns) {
-            let outcome = match (&waiting.key, turn) {
-                // Not served now, but its key may have been by an earlier
-                // request: that first outcome is the answer, as alone.
-                (Some(key), turn @ (Turn::NotFound | Turn::Taken { granted: false, .. })) => {
-                    let first = service::replay(&self.db, &waiting.user_id, Some(key)).await;
-                    first.map(|first| first.unwrap_or_else(|| answer(&waiting, id, turn)))
-                }
-                (_, turn) => Ok(answer(&waiting, id, turn)),
-            };
+            let outcome = self.outcome(&waiting, id, turn).await;
             // A caller that has gone away no longer needs its answer.
             let _ = waiting.reply.send(outcome);
         }
+    }
+
+    /// A caller's answer from its turn in the statement, as alone.
+    async fn outcome(&self, waiting: &Waiting, id: Uuid, turn: Turn) -> Result<ReserveOutcome, AppError> {
+        let Waiting { user_id, request, key, .. } = waiting;
+        let refused = match turn {
+            Turn::Taken { granted: true, inventory, now, expires_at } => {
+                let reservation = ReservationRow {
+                    id,
+                    inventory_id: request.inventory_id,
+                    order_id: None,
+                    user_id: user_id.clone(),
+                    quantity: request.quantity,
+                    status: ReservationStatus::Active,
+                    idempotency_key: key.as_ref().map(|k| k.key.clone()),
+                    request_fingerprint: key.as_ref().map(|k| k.fingerprint.clone()),
+                    created_at: now,
+                    expires_at,
+                    multi_item_id: None,
+                };
+                return Ok(ReserveOutcome::Reserved { reservation, inventory });
+            }
+            // The statement cannot tell why: decided by a read, as alone.
+            Turn::NotTaken => return service::not_taken(&self.db, user_id, request, key.as_ref(), false).await,
+            Turn::NotFound => ReserveOutcome::InventoryNotFound,
+            // Refused at its turn: too little stock comes first, as alone.
+            Turn::Taken { granted: false, inventory, .. } => match request.expected_version {
+                Some(expected_version) if inventory.stock >= request.quantity => {
+                    ReserveOutcome::Conflict { expected_version, inventory }
+                }
+                _ => ReserveOutcome::SoldOut { requested: request.quantity, inventory },
+            },
+        };
+        // Not served now, but its key may have been by an earlier request:
+        // that first outcome is the answer, as alone.
+        Ok(service::replay(&self.db, user_id, key.as_ref()).await?.unwrap_or(refused))
     }
 
     /// Serves the callers of a failed batch statement (it wrote nothing)
@@ -403,35 +434,5 @@ impl Drop for Lane<'_> {
                 runtime.spawn(self.coalescer.clone().serve(batch));
             }
         }
-    }
-}
-
-/// One caller's answer from its turn in the statement.
-fn answer(waiting: &Waiting, id: Uuid, turn: Turn) -> ReserveOutcome {
-    match turn {
-        Turn::NotFound => ReserveOutcome::InventoryNotFound,
-        Turn::Taken { granted: true, inventory, now, expires_at } => {
-            let reservation = ReservationRow {
-                id,
-                inventory_id: waiting.request.inventory_id,
-                order_id: None,
-                user_id: waiting.user_id.clone(),
-                quantity: waiting.request.quantity,
-                status: ReservationStatus::Active,
-                idempotency_key: waiting.key.as_ref().map(|k| k.key.clone()),
-                request_fingerprint: waiting.key.as_ref().map(|k| k.fingerprint.clone()),
-                created_at: now,
-                expires_at,
-                multi_item_id: None,
-            };
-            ReserveOutcome::Reserved { reservation, inventory }
-        }
-        // Refused at its turn: too little stock comes first, as alone.
-        Turn::Taken { granted: false, inventory, .. } => match waiting.request.expected_version {
-            Some(expected_version) if inventory.stock >= waiting.request.quantity => {
-                ReserveOutcome::Conflict { expected_version, inventory }
-            }
-            _ => ReserveOutcome::SoldOut { requested: waiting.request.quantity, inventory },
-        },
     }
 }

@@ -330,30 +330,48 @@ pub async fn reserve_alone(
         }
         Err(err) => return Err(err.into()),
     };
-    if let Attempted::Done(Some(change)) = attempted {
-        return Ok(ReserveOutcome::Reserved { reservation: change.reservation, inventory: change.inventory });
-    }
-    // Nothing taken. A replay of a request that did take stock must return
-    // that first outcome, not a `Conflict` with its own old version.
-    if let Some(outcome) = replay(db, user_id, key.as_ref()).await? {
+    let exhausted = match attempted {
+        Attempted::Done(Some(change)) => {
+            return Ok(ReserveOutcome::Reserved { reservation: change.reservation, inventory: change.inventory });
+        }
+        Attempted::Done(None) => false,
+        Attempted::Exhausted { attempts } => {
+            tracing::warn!(attempts, inventory_id = %request.inventory_id, "reserve collisions exhausted");
+            true
+        }
+    };
+    not_taken(db, user_id, request, key.as_ref(), exhausted).await
+}
+
+/// The answer to a reserve whose statement took nothing (or, `exhausted`,
+/// whose every attempt collided), from a read afterwards: a caller alone
+/// and a coalesced caller whose statement could not tell why are answered
+/// here alike.
+pub(super) async fn not_taken(
+    db: &DatabaseConnection,
+    user_id: &str,
+    request: &ReserveRequest,
+    key: Option<&Key>,
+    exhausted: bool,
+) -> Result<ReserveOutcome, AppError> {
+    // A replay of a request that did take stock must return that first
+    // outcome, not a `Conflict` with its own old version.
+    if let Some(outcome) = replay(db, user_id, key).await? {
         return Ok(outcome);
     }
     let Some(inventory) = inventory_store::find(db, request.inventory_id).await? else {
         return Ok(ReserveOutcome::InventoryNotFound);
     };
-    Ok(match (attempted, request.expected_version) {
-        (Attempted::Done(_), _) if inventory.stock < request.quantity => {
-            ReserveOutcome::SoldOut { requested: request.quantity, inventory }
+    Ok(match request.expected_version {
+        expected if exhausted => {
+            ReserveOutcome::Conflict { expected_version: expected.unwrap_or(inventory.version), inventory }
         }
-        (Attempted::Done(_), Some(expected_version)) => ReserveOutcome::Conflict { expected_version, inventory },
+        _ if inventory.stock < request.quantity => ReserveOutcome::SoldOut { requested: request.quantity, inventory },
+        Some(expected_version) => ReserveOutcome::Conflict { expected_version, inventory },
         // Enough stock and no version asked for, yet nothing taken: only a
         // change between the statement and this read can do that, so the
         // reservation is decided as of the statement: sold out.
-        (Attempted::Done(_), None) => ReserveOutcome::SoldOut { requested: request.quantity, inventory },
-        (Attempted::Exhausted { attempts }, expected) => {
-            tracing::warn!(attempts, inventory_id = %request.inventory_id, "reserve collisions exhausted");
-            ReserveOutcome::Conflict { expected_version: expected.unwrap_or(inventory.version), inventory }
-        }
+        None => ReserveOutcome::SoldOut { requested: request.quantity, inventory },
     })
 }
 

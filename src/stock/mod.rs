@@ -25,7 +25,7 @@ pub mod taking;
 use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
-pub use taking::{COALESCED_RESERVE_SQL, RESERVE_SQL};
+pub use taking::{COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL};
 
 /// This locks the inventories of an order's lines in id order, the order
 /// every multi-item writer (and the sweeper) locks in, so a cancel or a

@@ -10,7 +10,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::{
-    COALESCED_RESERVE_SQL, RESERVE_SQL, adjusting, lock_order, receiving, returning, shipping,
+    COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL, adjusting, lock_order, receiving, returning, shipping,
     taking::{self, CoalescedReserve, Line, Purpose, Reserve},
 };
 use crate::config::DatabaseConfig;
@@ -91,6 +91,10 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
     let explained = coalesced.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *COALESCED_RESERVE_SQL))));
     if let Err(err) = explained.fetch_all(&mut conn).await {
         failures.push(format!("coalesced reserve: {err}"));
+    }
+    let explained = coalesced.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *DISTINCT_RESERVE_SQL))));
+    if let Err(err) = explained.fetch_all(&mut conn).await {
+        failures.push(format!("distinct reserve: {err}"));
     }
     let _ = conn.close().await;
     failures

@@ -280,6 +280,57 @@ async fn callers_of_different_inventories_queued_behind_a_statement_share_the_ne
     app.assert_invariant().await;
 }
 
+/// Callers of distinct inventories share the statement without a walk, and
+/// those it does not serve are answered as alone, from a read afterwards:
+/// too little stock is sold out, another version a conflict, no row not found.
+#[tokio::test(flavor = "multi_thread")]
+async fn callers_of_distinct_inventories_share_one_statement_and_are_refused_as_alone() {
+    let app = TestApp::spawn().await;
+    let held = app.create_inventory("DISTINCT-HELD", 10).await;
+    let plain = app.create_inventory("DISTINCT-PLAIN", 10).await;
+    let other = app.create_inventory("DISTINCT-OTHER", 10).await;
+    let scarce = app.create_inventory("DISTINCT-SCARCE", 2).await;
+    let stale = app.create_inventory("DISTINCT-STALE", 10).await;
+    let coalescer = coalescer(&app, Batching { lanes: 1, max_batch: 64, backlog: 1, window: Duration::ZERO });
+    let callers = vec![
+        ("plain", unguarded(plain, 1)),
+        ("scarce", unguarded(scarce, 5)),
+        ("stale", ReserveRequest { expected_version: Some(7), ..unguarded(stale, 1) }),
+        ("missing", unguarded(uuid::Uuid::new_v4(), 1)),
+        ("other", unguarded(other, 3)),
+    ];
+    let outcomes = served_after_a_held_row(&app, &coalescer, held, callers).await;
+    let reserved = |outcome: &ReserveOutcome| match outcome {
+        ReserveOutcome::Reserved { reservation, inventory } => {
+            (reservation.quantity, inventory.stock, inventory.version)
+        }
+        other => panic!("expected Reserved, got {other:?}"),
+    };
+    assert_eq!(reserved(&outcomes[0]), (1, 9, 2));
+    match &outcomes[1] {
+        ReserveOutcome::SoldOut { requested: 5, inventory } => assert_eq!((inventory.stock, inventory.version), (2, 1)),
+        other => panic!("expected SoldOut, got {other:?}"),
+    }
+    match &outcomes[2] {
+        ReserveOutcome::Conflict { expected_version: 7, inventory } => {
+            assert_eq!((inventory.stock, inventory.version), (10, 1))
+        }
+        other => panic!("expected Conflict, got {other:?}"),
+    }
+    assert!(matches!(outcomes[3], ReserveOutcome::InventoryNotFound), "{:?}", outcomes[3]);
+    assert_eq!(reserved(&outcomes[4]), (3, 7, 2));
+    let transactions = app
+        .count(&format!(
+            "SELECT count(DISTINCT xmin::text) FROM stock_movements \
+             WHERE reason = 'RESERVED' AND inventory_id IN ('{plain}', '{other}')"
+        ))
+        .await;
+    assert_eq!(transactions, 1, "the two grants shared one statement");
+    assert_eq!(app.stock_and_version(scarce).await, (2, 1));
+    assert_eq!(app.stock_and_version(stale).await, (10, 1));
+    app.assert_invariant().await;
+}
+
 /// With lanes free but a backlog rule, callers of idle inventories that
 /// arrive while a statement runs wait instead of each taking a lane of its
 /// own; once `backlog` of them wait they share one statement beside the
@@ -491,8 +542,9 @@ at_every_isolation! { two_processes_with_overlapping_batches_never_deadlock; }
 
 /// The deadlock the lock order prevents, made to happen if it can: two
 /// processes each batch callers of the same three inventories, named in
-/// opposite orders, while a transaction holds the middle one, so both
-/// batches stop halfway through taking their locks. Locked in id order, the
+/// opposite orders (one batch names each once, the other one of them twice,
+/// so both batch statements take part), while a transaction holds the
+/// middle one, so both batches stop halfway through taking their locks. Locked in id order, the
 /// second batch waits behind the first at the first row; locked in the
 /// order the callers came (tried: the test then fails with a deadlock on
 /// every run), each would hold what the other needs next.
@@ -506,7 +558,9 @@ async fn opposite_batches_stopped_halfway_wait_instead_of_deadlocking(isolation:
     ids.sort();
     let holder = hold_row(&one.db, ids[1]).await;
     // Each process's callers arrive in its order, 50 ms apart, well inside its window.
-    let orders = [(&one, [ids[0], ids[1], ids[2]]), (&two, [ids[2], ids[1], ids[0]])];
+    // The first names each inventory once (its batch is the statement for
+    // distinct inventories), the second one of them twice (the walk).
+    let orders = [(&one, vec![ids[0], ids[1], ids[2]]), (&two, vec![ids[2], ids[1], ids[0], ids[2]])];
     let callers = orders.iter().flat_map(|(process, order)| order.iter().map(move |id| (*process, *id)));
     let calls = callers.enumerate().map(|(k, (process, id))| async move {
         let token = process.token(&format!("caller-{k}"), Role::Customer);
@@ -518,7 +572,7 @@ async fn opposite_batches_stopped_halfway_wait_instead_of_deadlocking(isolation:
     });
     // Both batch statements run and wait for a lock; then the middle row goes.
     let waiting = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-                   AND wait_event_type = 'Lock' AND query LIKE '%WITH RECURSIVE req%'";
+                   AND wait_event_type = 'Lock' AND query LIKE '%req AS MATERIALIZED%'";
     let release = async {
         eventually(Duration::from_secs(20), "both batches wait for a lock", || async { one.count(waiting).await == 2 })
             .await;
@@ -533,8 +587,8 @@ async fn opposite_batches_stopped_halfway_wait_instead_of_deadlocking(isolation:
     for process in [&one, &two] {
         assert_met_no_deadlock(process).await;
     }
-    for id in &ids {
-        assert_eq!(one.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{id}'")).await, 8);
+    for (id, left) in ids.iter().zip([8, 8, 7]) {
+        assert_eq!(one.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{id}'")).await, left);
     }
     let drifts = stockguard::invariant::check(&one.db).await.expect("check");
     assert!(drifts.is_empty(), "invariant broken: {drifts:?}");

@@ -7,7 +7,7 @@ use stockguard::{
     db::StatementPool,
     pagination::Page,
     reservations::{store, sweeper},
-    stock::taking::CoalescedReserve,
+    stock::{DISTINCT_RESERVE_SQL, taking::CoalescedReserve},
 };
 use uuid::Uuid;
 
@@ -18,9 +18,9 @@ use crate::helpers::TestApp;
 const PLANS: &str = "SELECT coalesce(sum(generic_plans), 0)::bigint, coalesce(sum(custom_plans), 0)::bigint \
                      FROM pg_prepared_statements WHERE statement LIKE $1 || '%'";
 
-/// Batches of one and two callers, whose plans PostgreSQL judges cheaper
-/// than the generic one: on the statement pool they are still never planned
-/// again per batch.
+/// Small batches, whose plans PostgreSQL judges cheaper than the generic
+/// one: on the statement pool neither batch statement (callers of distinct
+/// inventories, and callers sharing one) is planned again per batch.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_coalesced_reserve_is_planned_once_however_its_batches_vary() {
     let app = TestApp::spawn().await;
@@ -28,7 +28,7 @@ async fn the_coalesced_reserve_is_planned_once_however_its_batches_vary() {
     let b = app.create_inventory("PLAN-B", 100).await;
     let pool = StatementPool::beside(&app.db);
     for round in 0..20 {
-        let inventories: Vec<Uuid> = if round % 2 == 0 { vec![a] } else { vec![a, b] };
+        let inventories: Vec<Uuid> = if round % 2 == 0 { vec![a, b] } else { vec![a, a, b] };
         let reservation_ids: Vec<Uuid> = inventories.iter().map(|_| Uuid::now_v7()).collect();
         let movement_ids: Vec<Uuid> = inventories.iter().map(|_| Uuid::now_v7()).collect();
         let users: Vec<&str> = inventories.iter().map(|_| "planner").collect();
@@ -49,11 +49,13 @@ async fn the_coalesced_reserve_is_planned_once_however_its_batches_vary() {
         assert_eq!(turns.len(), inventories.len());
     }
     // One statement at a time: the pool hands out the same connection again.
-    let plans = sea_orm::sqlx::query(PLANS).bind("\nWITH RECURSIVE req");
-    let row = pool.fetch_optional(plans).await.expect("plans").expect("a row");
-    let (generic, custom): (i64, i64) =
-        (row.try_get_by_index(0).expect("generic"), row.try_get_by_index(1).expect("custom"));
-    assert_eq!((generic, custom), (20, 0), "20 batches: generic and custom plans");
+    for (statement, prefix) in [("distinct", "\nWITH req"), ("walk", "\nWITH RECURSIVE req")] {
+        let plans = sea_orm::sqlx::query(PLANS).bind(prefix);
+        let row = pool.fetch_optional(plans).await.expect("plans").expect("a row");
+        let (generic, custom): (i64, i64) =
+            (row.try_get_by_index(0).expect("generic"), row.try_get_by_index(1).expect("custom"));
+        assert_eq!((generic, custom), (10, 0), "10 batches of the {statement} statement: generic and custom plans");
+    }
     app.assert_invariant().await;
 }
 
@@ -134,5 +136,64 @@ fn rows_read(plan: &serde_json::Value, most: &mut u64) {
     *most = (*most).max(rows);
     for child in plan["Plans"].as_array().into_iter().flatten() {
         rows_read(child, most);
+    }
+}
+
+/// A batch of callers of distinct inventories updates their rows in the
+/// order the plan reaches them, which must be id order, the order every
+/// writer locks in: on catalogues small and large (ids random, so rows lie
+/// on disk in no id order), the statement pool's generic plan reaches
+/// inventories only through their primary key, never by a sequential or
+/// bitmap scan (disk order) or another index.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_of_distinct_inventories_reaches_them_in_id_order_on_any_catalogue() {
+    let app = TestApp::spawn().await;
+    let pool = StatementPool::beside(&app.db);
+    let prepare = format!(
+        "PREPARE distinct_batch(uuid[], uuid[], text[], integer[], integer, uuid[], text[], text[], integer[]) AS {}",
+        *DISTINCT_RESERVE_SQL
+    );
+    pool.fetch_all(sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(prepare))).await.expect("prepare");
+    let mut catalogue = 0;
+    for size in [3, 300, 5000] {
+        let more = format!(
+            "INSERT INTO inventories (id, sku, name, stock) SELECT gen_random_uuid(), 'ORDER-' || n, 'n', 10 \
+             FROM generate_series({}, {size}) n; ANALYZE inventories",
+            catalogue + 1
+        );
+        app.db.execute_unprepared(&more).await.expect("fill the catalogue");
+        catalogue = size;
+        let ids =
+            app.db.query_all_raw(Statement::from_string(DbBackend::Postgres, "SELECT id FROM inventories LIMIT 3"));
+        let ids: Vec<String> =
+            ids.await.expect("ids").iter().map(|row| row.try_get::<Uuid>("", "id").expect("id").to_string()).collect();
+        let uuids = |n: usize| (0..n).map(|_| format!("'{}'", Uuid::now_v7())).collect::<Vec<_>>().join(", ");
+        let explain = format!(
+            "EXPLAIN (FORMAT JSON) EXECUTE distinct_batch(ARRAY['{}']::uuid[], ARRAY[{}]::uuid[], \
+             ARRAY['a', 'b', 'c'], ARRAY[1, 1, 1], 900, ARRAY[{}]::uuid[], ARRAY[NULL, NULL, NULL]::text[], \
+             ARRAY[NULL, NULL, NULL]::text[], ARRAY[NULL, NULL, NULL]::integer[])",
+            ids.join("', '"),
+            uuids(3),
+            uuids(3)
+        );
+        let row = pool.fetch_optional(sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(explain))).await;
+        let plan: serde_json::Value = row.expect("explain").expect("a plan").try_get_by_index(0).expect("plan");
+        let mut reached = Vec::new();
+        inventory_scans(&plan[0]["Plan"], &mut reached);
+        assert!(!reached.is_empty(), "the plan reads inventories: {plan:#}");
+        for scan in reached {
+            assert_eq!(scan, "Index Scan using inventories_pkey", "with {size} inventories: {plan:#}");
+        }
+    }
+}
+
+/// How every node of `plan` that reads `inventories` reads it.
+fn inventory_scans(plan: &serde_json::Value, reached: &mut Vec<String>) {
+    if plan["Relation Name"] == "inventories" && plan["Node Type"] != "ModifyTable" {
+        let index = plan["Index Name"].as_str().map(|name| format!(" using {name}")).unwrap_or_default();
+        reached.push(format!("{}{index}", plan["Node Type"].as_str().unwrap_or_default()));
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        inventory_scans(child, reached);
     }
 }
