@@ -247,17 +247,17 @@ WITH req AS MATERIALIZED (
       FROM req r
      WHERE i.id = r.inventory_id AND i.id = ANY($1) AND i.stock >= r.quantity
        AND (r.expected_version IS NULL OR i.version = r.expected_version)
- RETURNING {inventory}, r.n
+ RETURNING {inventory}, r.n, r.reservation_id, r.user_id, r.quantity, r.movement_id, r.idempotency_key,
+           r.request_fingerprint
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
-    SELECT r.reservation_id, r.inventory_id, r.user_id, r.quantity, 'ACTIVE', r.idempotency_key,
-           r.request_fingerprint, {expires}
-      FROM req r JOIN taken t ON t.n = r.n
+    SELECT t.reservation_id, t.id, t.user_id, t.quantity, 'ACTIVE', t.idempotency_key, t.request_fingerprint,
+           {expires}
+      FROM taken t
 ), movement AS (
     {LEDGER_WITH_ID}
-    SELECT r.movement_id, r.inventory_id, -r.quantity, 'RESERVED', t.stock, t.version, r.reservation_id, NULL
-      FROM req r JOIN taken t ON t.n = r.n
+    SELECT t.movement_id, t.id, -t.quantity, 'RESERVED', t.stock, t.version, t.reservation_id, NULL FROM taken t
 )
 SELECT CASE WHEN t.n IS NOT NULL THEN true END AS found, t.n IS NOT NULL AS granted,
        {taken}, now() AS now, {expires} AS expires_at
