@@ -44,9 +44,10 @@ struct Cli {
     #[arg(long, env = "STOCKGUARD_LOG_FORMAT", value_enum, default_value = "text", global = true)]
     log_format: LogFormat,
 
-    /// Threads that run requests; 0 = one per CPU core. On a small machine
-    /// shared with PostgreSQL, fewer threads than cores can serve more: every
-    /// hand-over between threads is a wake-up the database's processes wait behind.
+    /// Threads that run requests; 0 = one per CPU core, less one (at least
+    /// one) when PostgreSQL runs on this machine too (no URL, a loopback
+    /// host or a Unix socket): every hand-over between the server's threads
+    /// is a wake-up the database's processes wait behind.
     #[arg(long, env = "STOCKGUARD_WORKER_THREADS", default_value_t = 0, global = true)]
     worker_threads: usize,
 
@@ -101,10 +102,32 @@ pub fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     telemetry::init(cli.log_format);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if cli.worker_threads > 0 {
-        runtime.worker_threads(cli.worker_threads);
-    }
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    runtime.worker_threads(match cli.worker_threads {
+        0 => default_worker_threads(cores, cli.database.database_url.as_deref()),
+        threads => threads,
+    });
     runtime.enable_all().build().context("cannot start the runtime")?.block_on(dispatch(cli))
+}
+
+/// A thread per core, but one core left to PostgreSQL when it runs on this
+/// machine. On two cores shared with PostgreSQL one thread served every
+/// benchmark cell 8–18 % faster than two (bench/results/decisions.md): with
+/// two, a fifth of the server's CPU went to switching between threads, while
+/// the database's backends waited for a core.
+fn default_worker_threads(cores: usize, database_url: Option<&str>) -> usize {
+    if database_url.is_none_or(is_local) { (cores - 1).max(1) } else { cores }
+}
+
+/// Whether `url` names a PostgreSQL on this machine: a loopback host, or a
+/// Unix socket. A URL sqlx cannot read (libpq's multi-host form) names a
+/// cluster, which is not here.
+fn is_local(url: &str) -> bool {
+    let Ok(options) = url.parse::<sea_orm::sqlx::postgres::PgConnectOptions>() else { return false };
+    let host = options.get_host();
+    host.starts_with('/')
+        || host == "localhost"
+        || host.trim_matches(['[', ']']).parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -324,6 +347,19 @@ fn announce(addr: SocketAddr, dev_tokens: Option<&(String, String)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_core_is_left_to_a_postgresql_on_this_machine() {
+        let threads = |cores, url| default_worker_threads(cores, url);
+        assert_eq!(threads(2, None), 1, "the local or private server");
+        assert_eq!(threads(2, Some("postgres://postgres@127.0.0.1:5432/sg")), 1);
+        assert_eq!(threads(4, Some("postgres://localhost/sg")), 3);
+        assert_eq!(threads(4, Some("postgres://[::1]:5432/sg")), 3);
+        assert_eq!(threads(4, Some("postgres:///sg?host=/var/run/postgresql")), 3);
+        assert_eq!(threads(1, None), 1, "never none");
+        assert_eq!(threads(8, Some("postgres://db.internal:5432/sg")), 8, "a database elsewhere");
+        assert_eq!(threads(8, Some("postgres://10.0.0.5:5432,10.0.0.6:5432/sg")), 8, "a cluster");
+    }
 
     #[test]
     fn passwords_are_left_out_of_messages() {
