@@ -134,8 +134,6 @@ pub struct Coalescer {
     backlog: usize,
     /// How long a batch may wait for more callers after its first arrived.
     window: Duration,
-    /// Seconds until new reservations expire (0 = never).
-    ttl_secs: i32,
 }
 
 /// How a [`Coalescer`] batches.
@@ -154,13 +152,7 @@ pub struct Batching {
 
 impl Coalescer {
     /// A coalescer over `db` that runs its statements on `statements`.
-    pub fn new(
-        db: DatabaseConnection,
-        statements: StatementPool,
-        collisions: Collisions,
-        batching: Batching,
-        ttl_secs: i32,
-    ) -> Self {
+    pub fn new(db: DatabaseConnection, statements: StatementPool, collisions: Collisions, batching: Batching) -> Self {
         Self {
             db,
             statements,
@@ -170,7 +162,6 @@ impl Coalescer {
             max_batch: batching.max_batch.max(1),
             backlog: batching.backlog.max(1),
             window: batching.window,
-            ttl_secs,
         }
     }
 
@@ -311,6 +302,7 @@ impl Coalescer {
         let fingerprints: Vec<Option<&str>> =
             batch.iter().map(|w| w.key.as_ref().map(|k| k.fingerprint.as_str())).collect();
         let expected_versions: Vec<Option<i32>> = batch.iter().map(|w| w.request.expected_version).collect();
+        let ttl_secs: Vec<i32> = batch.iter().map(|w| w.request.ttl_secs).collect();
         let reserve = CoalescedReserve {
             inventory_ids: &inventories,
             reservation_ids: &ids,
@@ -320,7 +312,7 @@ impl Coalescer {
             keys: &keys,
             fingerprints: &fingerprints,
             expected_versions: &expected_versions,
-            ttl_secs: self.ttl_secs,
+            ttl_secs: &ttl_secs,
         };
         let turns = match store::reserve_coalesced(&self.statements, &self.collisions, &reserve).await {
             Ok(Attempted::Done(turns)) if turns.len() == batch.len() => turns,

@@ -160,7 +160,6 @@ impl ReservationService {
                     backlog: limits.coalesce_backlog,
                     window: Duration::from_micros(limits.coalesce_window_us),
                 },
-                limits.reservation_ttl_secs,
             )
         });
         Self {

@@ -137,8 +137,8 @@ impl ReservationChange {
 /// inventories, `$2` reservation ids, `$3` users, `$4` quantities, `$6`
 /// ledger row ids, `$7` idempotency keys and `$8` request fingerprints
 /// (NULL for a caller without a key), `$9` expected versions (NULL for a
-/// caller without one; one element per caller, in arrival order), `$5` TTL
-/// seconds. A key used before (by any request of its
+/// caller without one), `$5` TTLs in seconds (0: never expires); one
+/// element per caller, in arrival order. A key used before (by any request of its
 /// user) fails the whole statement on the keys' unique index, so it
 /// writes nothing and its callers are served alone, where the key replays.
 ///
@@ -161,9 +161,9 @@ pub static COALESCED_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
 WITH RECURSIVE req AS MATERIALIZED (
     SELECT r.*, row_number() OVER (PARTITION BY r.inventory_id ORDER BY r.n) AS k
       FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[], $7::text[], $8::text[],
-                  $9::integer[]) WITH ORDINALITY
+                  $9::integer[], $5::integer[]) WITH ORDINALITY
         AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
-             expected_version, n)
+             expected_version, ttl_secs, n)
 ), inv AS MATERIALIZED (
     SELECT {INVENTORY_COLUMNS}
       FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
@@ -209,7 +209,7 @@ SELECT s.k IS NOT NULL AS found, coalesce(s.granted, false) AS granted,
   LEFT JOIN taken t ON t.id = r.inventory_id
  ORDER BY r.n"#,
         set = set("last.stock", "last.version"),
-        expires = expiry("$5"),
+        expires = expiry("r.ttl_secs"),
         fits = "(w.stock >= r.quantity AND (r.expected_version IS NULL OR r.expected_version = w.version))",
     )
 });
@@ -237,9 +237,9 @@ pub static DISTINCT_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
 WITH req AS MATERIALIZED (
     SELECT *
       FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[], $7::text[], $8::text[],
-                  $9::integer[]) WITH ORDINALITY
+                  $9::integer[], $5::integer[]) WITH ORDINALITY
         AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
-             expected_version, n)
+             expected_version, ttl_secs, n)
      ORDER BY inventory_id
 ), taken AS (
     UPDATE inventories i
@@ -248,12 +248,12 @@ WITH req AS MATERIALIZED (
      WHERE i.id = r.inventory_id AND i.id = ANY($1) AND i.stock >= r.quantity
        AND (r.expected_version IS NULL OR i.version = r.expected_version)
  RETURNING {inventory}, r.n, r.reservation_id, r.user_id, r.quantity, r.movement_id, r.idempotency_key,
-           r.request_fingerprint
+           r.request_fingerprint, r.ttl_secs
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
     SELECT t.reservation_id, t.id, t.user_id, t.quantity, 'ACTIVE', t.idempotency_key, t.request_fingerprint,
-           {expires}
+           {taken_expires}
       FROM taken t
 ), movement AS (
     {LEDGER_WITH_ID}
@@ -266,7 +266,8 @@ SELECT CASE WHEN t.n IS NOT NULL THEN true END AS found, t.n IS NOT NULL AS gran
         set = step("i.", "- r.quantity"),
         inventory = inventory_columns("i."),
         taken = inventory_columns("t."),
-        expires = expiry("$5"),
+        taken_expires = expiry("t.ttl_secs"),
+        expires = expiry("r.ttl_secs"),
     )
 });
 
@@ -291,8 +292,8 @@ pub struct CoalescedReserve<'a> {
     pub fingerprints: &'a [Option<&'a str>],
     /// The version each caller expects at its turn, if it gave one.
     pub expected_versions: &'a [Option<i32>],
-    /// Seconds until the reservations expire; 0 = never.
-    pub ttl_secs: i32,
+    /// Seconds until each caller's reservation expires; 0 = never.
+    pub ttl_secs: &'a [i32],
 }
 
 impl CoalescedReserve<'_> {

@@ -86,7 +86,7 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
         keys: &[None, Some("k2"), None],
         fingerprints: &[None, Some("f2"), None],
         expected_versions: &[None, Some(1), None],
-        ttl_secs: 0,
+        ttl_secs: &[0, 900, 60],
     };
     let explained = coalesced.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *COALESCED_RESERVE_SQL))));
     if let Err(err) = explained.fetch_all(&mut conn).await {

@@ -142,7 +142,7 @@ fn unguarded(id: uuid::Uuid, quantity: i32) -> ReserveRequest {
 
 /// A coalescer of its own over `app`'s database, batching as `batching` says.
 fn coalescer(app: &TestApp, batching: Batching) -> Arc<Coalescer> {
-    Arc::new(Coalescer::new(app.db.clone(), StatementPool::beside(&app.db), Collisions::new(20), batching, 900))
+    Arc::new(Coalescer::new(app.db.clone(), StatementPool::beside(&app.db), Collisions::new(20), batching))
 }
 
 /// A transaction holding inventory `id`'s row, so that statements taking
@@ -297,16 +297,17 @@ async fn callers_of_distinct_inventories_share_one_statement_and_are_refused_as_
         ("scarce", unguarded(scarce, 5)),
         ("stale", ReserveRequest { expected_version: Some(7), ..unguarded(stale, 1) }),
         ("missing", unguarded(uuid::Uuid::new_v4(), 1)),
-        ("other", unguarded(other, 3)),
+        // Its own TTL in the shared statement: never expires.
+        ("other", ReserveRequest { ttl_secs: 0, ..unguarded(other, 3) }),
     ];
     let outcomes = served_after_a_held_row(&app, &coalescer, held, callers).await;
     let reserved = |outcome: &ReserveOutcome| match outcome {
         ReserveOutcome::Reserved { reservation, inventory } => {
-            (reservation.quantity, inventory.stock, inventory.version)
+            (reservation.quantity, inventory.stock, inventory.version, reservation.expires_at.is_some())
         }
         other => panic!("expected Reserved, got {other:?}"),
     };
-    assert_eq!(reserved(&outcomes[0]), (1, 9, 2));
+    assert_eq!(reserved(&outcomes[0]), (1, 9, 2, true));
     match &outcomes[1] {
         ReserveOutcome::SoldOut { requested: 5, inventory } => assert_eq!((inventory.stock, inventory.version), (2, 1)),
         other => panic!("expected SoldOut, got {other:?}"),
@@ -318,7 +319,9 @@ async fn callers_of_distinct_inventories_share_one_statement_and_are_refused_as_
         other => panic!("expected Conflict, got {other:?}"),
     }
     assert!(matches!(outcomes[3], ReserveOutcome::InventoryNotFound), "{:?}", outcomes[3]);
-    assert_eq!(reserved(&outcomes[4]), (3, 7, 2));
+    assert_eq!(reserved(&outcomes[4]), (3, 7, 2, false));
+    let never = format!("SELECT count(*) FROM reservations WHERE inventory_id = '{other}' AND expires_at IS NULL");
+    assert_eq!(app.count(&never).await, 1, "the TTL of 0 was kept in the database");
     let transactions = app
         .count(&format!(
             "SELECT count(DISTINCT xmin::text) FROM stock_movements \

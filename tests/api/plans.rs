@@ -43,7 +43,7 @@ async fn the_coalesced_reserve_is_planned_once_however_its_batches_vary() {
             keys: &no_keys,
             fingerprints: &no_keys,
             expected_versions: &inventories.iter().map(|_| None).collect::<Vec<_>>(),
-            ttl_secs: 900,
+            ttl_secs: &inventories.iter().map(|_| 900).collect::<Vec<_>>(),
         };
         let turns = pool.fetch_all(reserve.query()).await.expect("coalesced reserve");
         assert_eq!(turns.len(), inventories.len());
@@ -150,7 +150,7 @@ async fn a_batch_of_distinct_inventories_reaches_them_in_id_order_on_any_catalog
     let app = TestApp::spawn().await;
     let pool = StatementPool::beside(&app.db);
     let prepare = format!(
-        "PREPARE distinct_batch(uuid[], uuid[], text[], integer[], integer, uuid[], text[], text[], integer[]) AS {}",
+        "PREPARE distinct_batch(uuid[], uuid[], text[], integer[], integer[], uuid[], text[], text[], integer[]) AS {}",
         *DISTINCT_RESERVE_SQL
     );
     pool.fetch_all(sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(prepare))).await.expect("prepare");
@@ -170,7 +170,7 @@ async fn a_batch_of_distinct_inventories_reaches_them_in_id_order_on_any_catalog
         let uuids = |n: usize| (0..n).map(|_| format!("'{}'", Uuid::now_v7())).collect::<Vec<_>>().join(", ");
         let explain = format!(
             "EXPLAIN (FORMAT JSON) EXECUTE distinct_batch(ARRAY['{}']::uuid[], ARRAY[{}]::uuid[], \
-             ARRAY['a', 'b', 'c'], ARRAY[1, 1, 1], 900, ARRAY[{}]::uuid[], ARRAY[NULL, NULL, NULL]::text[], \
+             ARRAY['a', 'b', 'c'], ARRAY[1, 1, 1], ARRAY[900, 900, 900], ARRAY[{}]::uuid[], ARRAY[NULL, NULL, NULL]::text[], \
              ARRAY[NULL, NULL, NULL]::text[], ARRAY[NULL, NULL, NULL]::integer[])",
             ids.join("', '"),
             uuids(3),
