@@ -47,6 +47,37 @@ async fn two_hundred_reservations_on_ten_units_grant_exactly_ten(isolation: Isol
     app.assert_invariant().await;
 }
 
+/// A catalogue: forty one-unit items, and a wave of forty callers at once,
+/// one per item, so the batches that form name each item once (the
+/// statement without the walk); a second wave finds every item sold out.
+async fn a_wave_of_one_caller_per_item_takes_each_item_once(isolation: Isolation) {
+    let app = Arc::new(TestApp::spawn_with(isolation).await);
+    let mut items = Vec::new();
+    for i in 0..40 {
+        items.push(app.create_inventory(&format!("CAT-{i}"), 1).await);
+    }
+    for (wave, expected) in [(0, "Reserved"), (1, "SoldOut")] {
+        let requests = items
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let token = app.token(&format!("user-{wave}-{i}"), Role::Customer);
+                (token, json!({ "inventoryId": id, "quantity": 1 }))
+            })
+            .collect();
+        let names = typenames(&reserve_at_once(&app, requests).await);
+        assert_eq!(count(&names, expected), items.len(), "wave {wave}: {names:?}");
+    }
+    for id in &items {
+        assert_eq!(app.stock_and_version(*id).await, (0, 2), "{id}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 40);
+    let shared = "SELECT count(*) FROM (SELECT 1 FROM stock_movements WHERE reason = 'RESERVED' \
+                  GROUP BY xmin::text HAVING count(*) > 1) AS batches";
+    assert!(app.count(shared).await > 0, "items shared a statement");
+    app.assert_invariant().await;
+}
+
 async fn two_reservations_with_the_same_expected_version_let_exactly_one_win(isolation: Isolation) {
     let app = Arc::new(TestApp::spawn_with(isolation).await);
     let id = app.create_inventory("SEEN-1", 1000).await;
@@ -90,6 +121,7 @@ at_every_isolation! {
     the_same_expected_version_lets_exactly_one_of_two_win
         => two_reservations_with_the_same_expected_version_let_exactly_one_win;
     repeats_of_one_idempotency_key_take_one_unit => twenty_repeats_of_one_idempotency_key_take_one_unit;
+    one_caller_per_item_takes_each_item_once => a_wave_of_one_caller_per_item_takes_each_item_once;
 }
 
 #[tokio::test(flavor = "multi_thread")]
