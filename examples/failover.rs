@@ -10,7 +10,9 @@
 //! they reserve with an idempotency key, place orders with a key and cancel
 //! them, and retry every retryable answer (`DATABASE_UNAVAILABLE`,
 //! `OVERLOADED`, HTTP 502/503/504, a connection that broke) with the same
-//! key, as a well-behaved client does, until it ends in a union member. A
+//! key, as a well-behaved client does, until it ends in a union member
+//! (`cancelOrder` has no key: a retry that finds the order already
+//! `CANCELLED` counts as the cancellation whose answer was lost). A
 //! subscriber follows one hot inventory over a websocket through HAProxy.
 //! Part-way through the load one fault is injected:
 //!
@@ -271,7 +273,8 @@ fn retryable(code: &str) -> bool {
 
 impl Seen {
     /// Sends `query` until it ends in a union member (retrying retryable
-    /// errors with the same variables, so the same key); the member.
+    /// errors with the same variables, so the same key); the member, and
+    /// whether an attempt before it failed (so it may have committed).
     async fn until_answered(
         &self,
         gql: &Gql,
@@ -279,17 +282,19 @@ impl Seen {
         query: &str,
         variables: Value,
         field: &str,
-    ) -> Option<(String, Value)> {
+    ) -> Option<(String, Value, bool)> {
         let started = Instant::now();
+        let mut retried = false;
         loop {
             let sent = Instant::now();
             match gql.call(token, query, variables.clone(), field).await {
                 Outcome::Ok(name, data) => {
                     self.answered.fetch_add(1, Ordering::Relaxed);
                     lock(&self.successes).push((Instant::now(), sent));
-                    return Some((name, data));
+                    return Some((name, data, retried));
                 }
                 Outcome::Error(code) if retryable(&code) => {
+                    retried = true;
                     self.retryable.fetch_add(1, Ordering::Relaxed);
                     lock(&self.errors).push(Instant::now());
                     *lock(&self.codes).entry(code.clone()).or_default() += 1;
@@ -470,7 +475,8 @@ impl Client {
             if !round.is_multiple_of(8) {
                 let item = self.reserve_items[(self.n + round) % self.reserve_items.len()];
                 let input = json!({ "i": { "inventoryId": item, "idempotencyKey": format!("r-{round}") } });
-                let Some((name, data)) = seen.until_answered(&self.gql, token, RESERVE, input, "reserve").await else {
+                let Some((name, data, _)) = seen.until_answered(&self.gql, token, RESERVE, input, "reserve").await
+                else {
                     continue;
                 };
                 match name.as_str() {
@@ -488,7 +494,7 @@ impl Client {
                 "shippingAddress": address(),
                 "idempotencyKey": format!("o-{round}"),
             }});
-            let Some((name, data)) = seen.until_answered(&self.gql, token, PLACE_ORDER, input, "placeOrder").await
+            let Some((name, data, _)) = seen.until_answered(&self.gql, token, PLACE_ORDER, input, "placeOrder").await
             else {
                 continue;
             };
@@ -500,10 +506,14 @@ impl Client {
             };
             lock(&seen.placed).push(id);
             if round.is_multiple_of(16)
-                && let Some((name, _)) =
+                && let Some((name, data, retried)) =
                     seen.until_answered(&self.gql, token, CANCEL, json!({ "id": id }), "cancelOrder").await
             {
-                if name == "OrderCancelled" {
+                // cancelOrder has no key: when an attempt failed with its
+                // commit in flight (the primary killed), the retry finds
+                // the order already CANCELLED, which is that attempt's work.
+                let ours = retried && name == "OrderCannotBeCancelled" && data["order"]["status"] == "CANCELLED";
+                if name == "OrderCancelled" || ours {
                     lock(&seen.cancelled).push(id);
                 } else {
                     lock(&seen.bad).push(format!("cancelOrder: {name}"));

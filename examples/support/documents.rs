@@ -30,7 +30,8 @@ pub const ORDER_VERSION: &str = "query($id: UUID!) { order(id: $id) { version } 
 
 pub const CONFIRM: &str = "mutation($id: UUID!) { confirmOrder(id: $id) { __typename } }";
 
-pub const CANCEL: &str = "mutation($id: UUID!) { cancelOrder(id: $id) { __typename } }";
+pub const CANCEL: &str = r#"mutation($id: UUID!) { cancelOrder(id: $id) { __typename
+  ... on OrderCannotBeCancelled { order { status } } } }"#;
 
 pub const CHANGE_ADDRESS: &str = r#"mutation($i: ChangeShippingAddressInput!) { changeShippingAddress(input: $i) {
   __typename
