@@ -9,6 +9,8 @@
 //! statement so `stockguard check` stays true throughout. A slice's length
 //! adapts to aim at `batch` rows per statement. Nothing newer than the
 //! cutoff is touched; ACTIVE, ORDERED and FULFILLED lines are never touched.
+//! Last, the ledger's day partitions that the run emptied are dropped, so
+//! a year of days leaves no year of empty tables for reads to visit.
 
 use std::time::Duration;
 
@@ -54,6 +56,8 @@ pub struct Archived {
     pub ledger_rows: u64,
     /// Statements run.
     pub statements: u64,
+    /// The ledger's day partitions dropped, empty.
+    pub partitions: u64,
 }
 
 /// Archives what is older than `age`, aiming at `batch` rows per statement.
@@ -100,6 +104,9 @@ pub async fn archive(
             }
         }
     }
+    let row = db.query_one_raw(archiving::drop_empty_partitions(cutoff)).await?;
+    archived.partitions = row.map(|r| r.try_get::<i32>("", "dropped")).transpose()?.unwrap_or(0).max(0) as u64;
+    archived.statements += 1;
     Ok(archived)
 }
 

@@ -168,8 +168,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             database.close().await?;
             let archived = archived?;
             println!(
-                "archived {} reservations and {} ledger rows in {} statements",
-                archived.reservations, archived.ledger_rows, archived.statements
+                "archived {} reservations and {} ledger rows in {} statements, dropped {} empty day partitions of the ledger",
+                archived.reservations, archived.ledger_rows, archived.statements, archived.partitions
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -1,8 +1,8 @@
 //! The composition root: the one module that knows every feature's runtime
 //! parts and wires them together. It builds the reservation service (with
 //! its coalescer) and the live feeds once per process, hands them to the schema
-//! as data, starts the background work (the sweeper, the live-stock
-//! listener), and makes each request's DataLoaders. Features never import
+//! as data, starts the background work (the sweeper, the ledger's
+//! partitions ahead, the live-stock listener), and makes each request's DataLoaders. Features never import
 //! it, and the shared state (`app.rs`) knows no feature.
 
 use std::{sync::Arc, time::Duration};
@@ -20,6 +20,7 @@ use crate::{
     orders::loader::{OrderLinesLoader, OrderLoader},
     reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
     schema::{self, AppSchema},
+    stock::partitions,
 };
 
 /// One server process's parts: the shared state and each feature's runtime state.
@@ -65,8 +66,8 @@ impl Server {
         schema::build(self.state.clone(), self.reservations.clone(), self.live.clone())
     }
 
-    /// Starts the background work of a server process: the sweeper and the
-    /// live listener.
+    /// Starts the background work of a server process: the sweeper, the
+    /// ledger's partitions ahead, and the live listener.
     pub fn spawn_workers(&self) -> Workers {
         let (stop, stopped) = watch::channel(false);
         let limits = &self.state.limits;
@@ -76,8 +77,9 @@ impl Server {
             limits.sweep_batch,
             stopped.clone(),
         );
+        let partitions = partitions::spawn(self.state.db.clone(), stopped.clone());
         let listener = self.live.spawn_listener(self.state.db.clone(), stopped);
-        Workers { stop, tasks: vec![sweeper, listener] }
+        Workers { stop, tasks: vec![sweeper, partitions, listener] }
     }
 }
 

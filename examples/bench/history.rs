@@ -8,10 +8,12 @@
 //! (negative: the rows came before), and each inventory's version grows by
 //! its history rows in one relative UPDATE at the end, so the invariant
 //! holds again however the server changed the rows meanwhile (the sweeper).
-//! Their keys are time-ordered, as the server's are. The two indexes whose
-//! keys do not follow time (a user's reservations, the ledger's version per
-//! inventory) are dropped first and built again after, by one sort each: the
-//! state is the same as if the rows had come one by one, minus the hours.
+//! Their keys are time-ordered, as the server's are. The ledger rows go to
+//! the day partitions of their days, made first as the days would have.
+//! The indexes whose keys do not follow time (a user's reservations, each
+//! day's guard of the ledger's version per inventory) are dropped first and
+//! built again after, by one sort each: the state is the same as if the rows
+//! had come one by one, minus the hours.
 //!
 //! The probes time what must not grow with history: the sweeper's claim
 //! (nothing due) and the first page of a user's `myReservations`.
@@ -23,6 +25,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use stockguard::{
     pagination::Page,
     reservations::{store, sweeper},
+    stock,
 };
 use uuid::Uuid;
 
@@ -48,12 +51,10 @@ pub async fn fill(db: &DatabaseConnection, inventories: &[Uuid], n: u64) -> anyh
         [sea_orm::Value::from(inventories.to_vec())],
     ))
     .await?;
-    db.execute_unprepared(
-        "DROP INDEX reservations_user_created; \
-         ALTER TABLE stock_movements DROP CONSTRAINT stock_movements_inventory_id_version_after_key;",
-    )
-    .await
-    .context("history: drop the indexes rebuilt after")?;
+    // The ledger's partitions of the month, as its days would have made them.
+    stock::partitions::make(db, 31, 0).await.context("history: the ledger's day partitions")?;
+    db.execute_unprepared("DROP INDEX reservations_user_created;").await.context("history: drop the user index")?;
+    each_day_guard(db, "DROP CONSTRAINT %2$I").await.context("history: drop the ledger's guards")?;
     let mut start = 0;
     while start < n {
         let end = (start + CHUNK).min(n);
@@ -93,18 +94,38 @@ SELECT {ledger_key}, inventory_id, CASE WHEN g % 2 = 0 THEN -1 ELSE 1 END,
          DROP TABLE bench_history_inventories;"
     );
     db.execute_unprepared(&sql).await.context("history: versions")?;
-    for sql in [
+    db.execute_unprepared(
         "SET maintenance_work_mem = '256MB'; \
-         CREATE INDEX reservations_user_created ON reservations (user_id, created_at, id); \
-         ALTER TABLE stock_movements ADD CONSTRAINT stock_movements_inventory_id_version_after_key \
-             UNIQUE (inventory_id, version_after);",
-        "VACUUM (ANALYZE) reservations",
-        "VACUUM (ANALYZE) stock_movements",
-        "CHECKPOINT",
-    ] {
+         CREATE INDEX reservations_user_created ON reservations (user_id, created_at, id);",
+    )
+    .await
+    .context("history: the user index")?;
+    each_day_guard(db, "ADD CONSTRAINT %2$I UNIQUE (inventory_id, version_after)")
+        .await
+        .context("history: the ledger's guards")?;
+    for sql in ["VACUUM (ANALYZE) reservations", "VACUUM (ANALYZE) stock_movements", "CHECKPOINT"] {
         db.execute_unprepared(sql).await.with_context(|| format!("history: {sql}"))?;
     }
     Ok(started.elapsed().as_secs_f64())
+}
+
+/// Runs `ALTER TABLE <partition> <action>` on each day partition of the
+/// ledger, `%2$I` in `action` naming the partition's guard constraint.
+async fn each_day_guard(db: &DatabaseConnection, action: &str) -> Result<(), sea_orm::DbErr> {
+    let sql = format!(
+        r#"
+DO $$
+DECLARE part text;
+BEGIN
+    FOR part IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+                 WHERE i.inhparent = 'stock_movements'::regclass AND c.relname ~ '^stock_movements_[0-9]{{8}}$'
+    LOOP
+        EXECUTE format('ALTER TABLE %1$I {action}', part, part || '_inventory_id_version_after_key');
+    END LOOP;
+END
+$$"#
+    );
+    db.execute_unprepared(&sql).await.map(drop)
 }
 
 /// What must not grow with history, in µs per call (median of `runs`).

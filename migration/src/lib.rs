@@ -22,6 +22,7 @@ mod m20261202_092000_announce_orders_and_checkouts;
 mod m20261203_090000_trim_the_reserve_path;
 mod m20261203_100000_create_ledger_checkpoints;
 mod m20261204_090000_guard_inventories_instead_of_checking_each_row;
+mod m20261205_090000_partition_the_ledger_by_day;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -40,6 +41,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_090000_trim_the_reserve_path::Migration),
             Box::new(m20261203_100000_create_ledger_checkpoints::Migration),
             Box::new(m20261204_090000_guard_inventories_instead_of_checking_each_row::Migration),
+            Box::new(m20261205_090000_partition_the_ledger_by_day::Migration),
         ]
     }
 }

@@ -1,7 +1,8 @@
 //! Archiving the ledger: old `stock_movements` rows go, and what they
 //! added up to stays in their inventory's checkpoint row
 //! (`ledger_checkpoints`), so the ledger still adds up to every inventory's
-//! stock, version, received and fulfilled units.
+//! stock, version, received and fulfilled units; the day partitions they
+//! leave empty go too.
 
 use chrono::{DateTime, Utc};
 use sea_orm::{DbBackend, Statement};
@@ -46,4 +47,16 @@ WITH old AS (
 )
 SELECT count(*) AS archived FROM old"#;
     Statement::from_sql_and_values(DbBackend::Postgres, SQL, [from.into(), until.into()])
+}
+
+/// Drops the ledger's day partitions that end by `before` and hold no row
+/// (the archive has emptied them); one row, how many it dropped. It waits
+/// at most a moment for the table's lock and leaves the rest for the next
+/// run when it cannot have it.
+pub fn drop_empty_partitions(before: DateTime<Utc>) -> Statement {
+    Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT drop_empty_ledger_partitions($1) AS dropped",
+        [before.into()],
+    )
 }

@@ -3,8 +3,9 @@
 //! ([`taking`]), giving it back on release, expiry and cancel
 //! ([`returning`]), receiving it on create and restock ([`receiving`]),
 //! changing a held quantity ([`adjusting`]), shipping an order's lines
-//! out of the warehouse ([`shipping`]), and folding old ledger rows into
-//! checkpoints ([`archiving`]).
+//! out of the warehouse ([`shipping`]), folding old ledger rows into
+//! checkpoints ([`archiving`]), and keeping the ledger's day partitions
+//! ready ([`partitions`]).
 //!
 //! They are built from the same fragments, so docs/design.md's rule has one
 //! home: a change of an inventory is one version step (`version + 1` per
@@ -17,6 +18,7 @@
 pub mod adjusting;
 pub mod archiving;
 mod fragments;
+pub mod partitions;
 pub mod receiving;
 pub mod returning;
 pub mod shipping;

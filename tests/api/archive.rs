@@ -4,9 +4,9 @@
 use std::{process::Command, sync::Arc, time::Duration};
 
 use futures::future::join_all;
-use sea_orm::ConnectionTrait;
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use serde_json::json;
-use stockguard::{archive, auth::Role, db::Collisions, invariant};
+use stockguard::{archive, auth::Role, db::Collisions, invariant, stock};
 use tokio::sync::Barrier;
 
 use crate::helpers::{TestApp, uuid};
@@ -26,6 +26,9 @@ async fn history(app: &TestApp) -> [uuid::Uuid; 2] {
     let token = app.token("old-keyed", Role::Customer);
     let keyed = app.reserve(&token, json!({ "inventoryId": ids[0], "idempotencyKey": "old-key" })).await;
     app.release(&token, uuid(&keyed["reservation"]["id"])).await;
+    // The ledger of 100 days ago had its day partitions; the backdated rows
+    // move into them.
+    stock::partitions::make(&app.db, 101, -100).await.expect("the partitions of 100 days ago");
     app.db
         .execute_unprepared(
             "UPDATE reservations SET created_at = created_at - interval '100 days'; \
@@ -42,6 +45,11 @@ async fn archiving_under_concurrent_reserves_keeps_the_ledger_true_and_spares_re
     let ids = history(&app).await;
     let old_ledger = app.count("SELECT count(*) FROM stock_movements").await;
     assert_eq!(old_ledger, 2 + 41 + 31, "two creations, 41 reservations, 31 releases");
+    let old_partitions = "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+         WHERE i.inhparent = 'stock_movements'::regclass \
+           AND c.relname < 'stock_movements_' || to_char(now() - interval '99 days', 'YYYYMMDD')";
+    assert_eq!(app.count(old_partitions).await, 2, "the days 100 and 101 days ago");
+    assert_eq!(app.count("SELECT count(*) FROM stock_movements_default").await, 0, "every row in its day");
 
     // Reserves, an archive of small slices and checks, all at once.
     let barrier = Arc::new(Barrier::new(42));
@@ -80,6 +88,7 @@ async fn archiving_under_concurrent_reserves_keeps_the_ledger_true_and_spares_re
     assert!(drifts.is_empty(), "the check failed while the archive ran: {drifts:?}");
     assert_eq!((archived.reservations, archived.ledger_rows), (30, old_ledger as u64), "{archived:?}");
     assert!(archived.statements > 2, "batched: {archived:?}");
+    assert_eq!((archived.partitions, app.count(old_partitions).await), (2, 0), "the emptied days dropped");
     // What is recent or still counts is all there.
     assert_eq!(app.count("SELECT count(*) FROM reservations WHERE created_at > now() - interval '1 day'").await, 40);
     assert_eq!(app.count("SELECT count(*) FROM stock_movements").await, 40);
@@ -147,4 +156,95 @@ async fn an_inventory_is_never_deleted_or_truncated() {
     }
     assert_eq!(app.count("SELECT count(*) FROM inventories").await, 2);
     app.assert_invariant().await;
+}
+
+/// The ledger has a partition per day (UTC), so history leaves today's
+/// guard index small; processes starting together make the days ahead once.
+#[tokio::test(flavor = "multi_thread")]
+async fn todays_ledger_rows_go_to_todays_partition_made_once_by_processes_racing_for_it() {
+    let app = Arc::new(TestApp::spawn().await);
+    let id = app.create_inventory("TODAY-1", 10).await;
+    let token = app.token("today", Role::Customer);
+    assert_eq!(app.reserve(&token, json!({ "inventoryId": id })).await["__typename"], "Reserved");
+    let where_rows = app
+        .rows(
+            "SELECT tableoid::regclass::text AS part, count(*) AS n FROM stock_movements \
+              WHERE inventory_id IN (SELECT id FROM inventories WHERE sku = 'TODAY-1') GROUP BY 1",
+        )
+        .await;
+    let today = app.rows("SELECT 'stock_movements_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD') AS part").await;
+    assert_eq!(where_rows, vec![json!({ "part": today[0]["part"], "n": 2 })], "created and reserved, today");
+
+    // The guard is the day's: a version written twice is refused.
+    let twice = app
+        .db
+        .execute_unprepared(&format!(
+            "INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after) \
+             VALUES ('{id}', 0, 'RESTOCKED', 9, 2)"
+        ))
+        .await;
+    assert!(twice.is_err_and(|e| e.to_string().contains("duplicate key")), "version 2 is taken");
+
+    // Eight processes' upkeep at once, for the next 40 days.
+    let days_made = "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+          WHERE i.inhparent = 'stock_movements'::regclass AND c.relname ~ '^stock_movements_[0-9]{8}$' \
+            AND c.relname >= 'stock_movements_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')";
+    let before = app.count(days_made).await;
+    assert!(before > i64::from(stock::partitions::DAYS_AHEAD), "today and a week ahead are ready: {before}");
+    let barrier = Arc::new(Barrier::new(8));
+    let racing = (0..8).map(|_| {
+        let (app, barrier) = (app.clone(), barrier.clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            stock::partitions::make(&app.db, 0, 40).await
+        })
+    });
+    let made: Vec<i32> = join_all(racing).await.into_iter().map(|r| r.expect("task").expect("made")).collect();
+    assert_eq!(app.count(days_made).await, 41, "today and the next 40 days, one partition each");
+    assert_eq!(made.iter().map(|&n| i64::from(n)).sum::<i64>(), 41 - before, "each day made once: {made:?}");
+}
+
+/// An existing ledger is not copied by the migration that partitions it: it
+/// becomes the partition of everything up to tomorrow, whole, and the days
+/// after it get partitions of their own.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ledger_from_before_partitioning_stays_whole_and_later_days_get_their_own() {
+    use migration::{Migrator, MigratorTrait};
+    let server = crate::helpers::server_url();
+    let name = format!("sg_test_{}", uuid::Uuid::new_v4().simple());
+    let admin = sea_orm::Database::connect(format!("{server}/postgres")).await.expect("connect");
+    admin.execute_unprepared(&format!("CREATE DATABASE \"{name}\"")).await.expect("create the database");
+    let url = format!("{server}/{name}");
+    let upgraded = async {
+        let db = sea_orm::Database::connect(&url).await.expect("connect");
+        let before = Migrator::migrations().len() as u32 - 1;
+        Migrator::up(&db, Some(before)).await.expect("the migrations before partitioning");
+        db.execute_unprepared(
+            "INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, created_at) \
+             SELECT gen_random_uuid(), 5, 'CREATED', 5, 1, now() - g * interval '1 day' FROM generate_series(0, 9) g",
+        )
+        .await
+        .expect("a ledger of ten days");
+        Migrator::up(&db, None).await.expect("partition the ledger");
+        let rows = |sql: &'static str| {
+            let db = &db;
+            async move {
+                let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await.expect("query");
+                row.expect("row").try_get_by_index::<String>(0).expect("text")
+            }
+        };
+        let kept = rows("SELECT string_agg(DISTINCT tableoid::regclass::text, ',') || ':' || count(*) FROM stock_movements").await;
+        let later = rows(
+            "INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, created_at) \
+             VALUES (gen_random_uuid(), 5, 'CREATED', 5, 1, now() + interval '2 days') \
+             RETURNING (tableoid::regclass::text = 'stock_movements_' || to_char(created_at AT TIME ZONE 'UTC', 'YYYYMMDD'))::text",
+        )
+        .await;
+        db.close().await.expect("close");
+        (kept, later)
+    }
+    .await;
+    admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await.expect("drop");
+    admin.close().await.expect("close");
+    assert_eq!(upgraded, ("stock_movements_before:10".to_owned(), "true".to_owned()));
 }
