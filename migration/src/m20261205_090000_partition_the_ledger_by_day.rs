@@ -62,7 +62,10 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION ledger_partitions(first date, last date) RETURNS integer LANGUAGE plpgsql AS $$
+-- Both run as their owner (the role that migrates), so a server whose role
+-- may not create tables still keeps its days ahead.
+CREATE FUNCTION ledger_partitions(first date, last date) RETURNS integer LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     made integer := 0;
     day date;
@@ -90,16 +93,16 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION drop_empty_ledger_partitions(before timestamptz) RETURNS integer LANGUAGE plpgsql AS $$
+-- Dropping a partition locks the whole ledger for a moment: it never waits
+-- long in line for that lock behind a transaction (writers would queue
+-- behind the wait); an archive run after this one drops what is left.
+CREATE FUNCTION drop_empty_ledger_partitions(before timestamptz) RETURNS integer LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path FROM CURRENT SET lock_timeout = '200ms' AS $$
 DECLARE
     dropped integer := 0;
     part regclass;
     has_rows boolean;
 BEGIN
-    -- Dropping a partition locks the whole ledger for a moment: never wait
-    -- long in line for it behind a transaction (writers queue behind the
-    -- wait); an archive run after this one drops what is left.
-    PERFORM set_config('lock_timeout', '200ms', true);
     FOR part IN
         SELECT c.oid::regclass FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
          WHERE i.inhparent = 'stock_movements'::regclass AND c.relname ~ '^stock_movements_[0-9]{8}$'
