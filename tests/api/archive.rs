@@ -4,7 +4,7 @@
 use std::{process::Command, sync::Arc, time::Duration};
 
 use futures::future::join_all;
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use serde_json::json;
 use stockguard::{archive, auth::Role, db::Collisions, invariant, stock};
 use tokio::sync::Barrier;
@@ -247,4 +247,37 @@ async fn a_ledger_from_before_partitioning_stays_whole_and_later_days_get_their_
     admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")).await.expect("drop");
     admin.close().await.expect("close");
     assert_eq!(upgraded, ("stock_movements_before:10".to_owned(), "true".to_owned()));
+}
+
+/// A deployment may serve with a role that cannot create tables (one role
+/// migrates, another serves): the days ahead are made all the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_role_that_may_not_create_tables_still_makes_the_days_ahead() {
+    let app = TestApp::spawn().await;
+    let role = format!("sg_test_role_{}", uuid::Uuid::new_v4().simple());
+    app.db.execute_unprepared(&format!("CREATE ROLE {role} NOLOGIN")).await.expect("a role of its own");
+    let as_role = async {
+        let txn = app.db.begin().await?;
+        txn.execute_unprepared(&format!("SET LOCAL ROLE {role}")).await?;
+        txn.execute_unprepared("SAVEPOINT s").await?;
+        let refused = txn.execute_unprepared("CREATE TABLE may_not (x int)").await.err().map(|e| e.to_string());
+        txn.execute_unprepared("ROLLBACK TO SAVEPOINT s").await?;
+        txn.execute_unprepared(
+            "SELECT ledger_partitions((now() AT TIME ZONE 'UTC')::date + 50, (now() AT TIME ZONE 'UTC')::date + 51)",
+        )
+        .await?;
+        txn.commit().await.map(|()| refused)
+    }
+    .await;
+    app.db.execute_unprepared(&format!("DROP ROLE {role}")).await.expect("drop the role it made");
+    let refused = as_role.expect("the role makes partitions through the function, not by itself");
+    assert!(refused.is_some_and(|e| e.contains("permission denied")), "the role itself creates no table");
+    let made = app
+        .count(
+            "SELECT count(*) FROM pg_class WHERE relname IN \
+             ('stock_movements_' || to_char(now() AT TIME ZONE 'UTC' + interval '50 days', 'YYYYMMDD'), \
+              'stock_movements_' || to_char(now() AT TIME ZONE 'UTC' + interval '51 days', 'YYYYMMDD'))",
+        )
+        .await;
+    assert_eq!(made, 2);
 }
