@@ -24,6 +24,7 @@ use crate::{
     embedded::EmbeddedPostgres,
     http, invariant, schema, seed,
     server::Server,
+    stock::partitions,
     telemetry,
 };
 
@@ -222,6 +223,12 @@ impl Database {
             .with_context(|| format!("cannot reach or create the database at {}", redact(&url)))?;
         let conn = db::connect(&url, config).await.with_context(|| format!("cannot connect to {}", redact(&url)))?;
         db::migrate(&conn).await.context("migrations failed")?;
+        // Before the first request: a server that was down past the last
+        // day made ahead would otherwise write today's first rows into the
+        // default partition, and today's partition could not be attached.
+        partitions::make(&conn, 0, partitions::DAYS_AHEAD)
+            .await
+            .context("making the ledger's partitions ahead failed")?;
         Ok(Self { conn, embedded })
     }
 

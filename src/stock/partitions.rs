@@ -3,10 +3,11 @@
 //! `stock_movements` has a partition per day (UTC), so that only today's
 //! partition takes rows and its guard index holds today's rows alone (the
 //! migration `m20261205_090000_partition_the_ledger_by_day` says why). Every
-//! server process makes the partitions of today and the next
-//! [`DAYS_AHEAD`] days at start and hourly: a week of margin, so a day
-//! never starts without its partition while any process runs. A row of a
-//! day without one would still be written, into the default partition.
+//! process makes the partitions of today and the next [`DAYS_AHEAD`] days
+//! when it opens the database, before it serves, and a server hourly after
+//! that: a week of margin, so a day never starts without its partition
+//! while any process runs. A row of a day without one would still be
+//! written, into the default partition.
 
 use std::time::Duration;
 

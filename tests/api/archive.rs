@@ -281,3 +281,26 @@ async fn a_server_role_that_may_not_create_tables_still_makes_the_days_ahead() {
         .await;
     assert_eq!(made, 2);
 }
+
+/// A process that starts after every day made ahead has passed (the
+/// servers down for a week) makes today's partition before it serves, so
+/// today's rows do not go to the default partition.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_started_past_its_days_ahead_makes_today_before_anything_else() {
+    let app = TestApp::spawn().await;
+    app.db
+        .execute_unprepared(
+            "DO $$ DECLARE part text; BEGIN \
+               FOR part IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+                            WHERE i.inhparent = 'stock_movements'::regclass AND c.relname ~ '^stock_movements_[0-9]{8}$' \
+               LOOP EXECUTE format('DROP TABLE %I', part); END LOOP; END $$",
+        )
+        .await
+        .expect("no day partitions left");
+    let today = "SELECT count(*) FROM pg_class \
+                 WHERE relname = 'stock_movements_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')";
+    assert_eq!(app.count(today).await, 0);
+    let check = stockguard(&["check", "--database-url", &app.database_url]);
+    assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
+    assert_eq!(app.count(today).await, 1, "made when the process opened the database");
+}

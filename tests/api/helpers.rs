@@ -193,6 +193,11 @@ impl TestApp {
         let checks =
             DatabaseConfig { pool_size: 2, acquire_timeout_ms: 30_000, statement_timeout_ms: 30_000, ..config.clone() };
         let direct = db::connect(&database_url, &checks).await.expect("connect for checks");
+        // The template may be older than its days ahead; a server makes them
+        // before serving, and so does the test's.
+        stockguard::stock::partitions::make(&direct, 0, stockguard::stock::partitions::DAYS_AHEAD)
+            .await
+            .expect("the ledger's days ahead");
         let mut pool = db::connect(&database_url, &config).await.expect("connect the server");
         let statements = Arc::new(AtomicUsize::new(0));
         let counter = statements.clone();
