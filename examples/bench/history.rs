@@ -117,9 +117,7 @@ async fn each_day_guard(db: &DatabaseConnection, action: &str) -> Result<(), sea
 DO $$
 DECLARE part text;
 BEGIN
-    FOR part IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-                 WHERE i.inhparent = 'stock_movements'::regclass AND c.relname ~ '^stock_movements_[0-9]{{8}}$'
-    LOOP
+    FOR part IN SELECT d.part::text FROM ledger_days() d LOOP
         EXECUTE format('ALTER TABLE %1$I {action}', part, part || '_inventory_id_version_after_key');
     END LOOP;
 END

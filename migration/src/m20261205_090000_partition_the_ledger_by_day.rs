@@ -24,6 +24,8 @@
 //!   catches on the day it happens.
 //! - `drop_empty_ledger_partitions(before)`: the archive's last step, which
 //!   drops the day partitions ending by `before` that it has emptied.
+//! - `ledger_days()`: the day partitions and their days, for the functions
+//!   above and whoever else needs them.
 //!
 //! A ledger that already has rows becomes the partition of everything up to
 //! tomorrow, as it is (no row is copied); the day partitions start after it.
@@ -60,6 +62,14 @@ BEGIN
         DROP TABLE stock_movements_before;
     END IF;
 END
+$$;
+
+-- The ledger's day partitions and their days (UTC), read from the catalog.
+CREATE FUNCTION ledger_days() RETURNS TABLE (part regclass, day date) LANGUAGE sql STABLE
+    SET search_path FROM CURRENT AS $$
+    SELECT c.oid::regclass, to_date(right(c.relname, 8), 'YYYYMMDD')
+      FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+     WHERE i.inhparent = 'stock_movements'::regclass AND c.relname ~ '^stock_movements_[0-9]{8}$'
 $$;
 
 -- Both run as their owner (the role that migrates), so a server whose role
@@ -104,10 +114,8 @@ DECLARE
     has_rows boolean;
 BEGIN
     FOR part IN
-        SELECT c.oid::regclass FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-         WHERE i.inhparent = 'stock_movements'::regclass AND c.relname ~ '^stock_movements_[0-9]{8}$'
-           AND (to_date(right(c.relname, 8), 'YYYYMMDD') + 1)::timestamp AT TIME ZONE 'UTC' <= before
-         ORDER BY c.relname
+        SELECT d.part FROM ledger_days() d
+         WHERE (d.day + 1)::timestamp AT TIME ZONE 'UTC' <= before ORDER BY d.day
     LOOP
         BEGIN
             LOCK TABLE stock_movements IN ACCESS EXCLUSIVE MODE;
@@ -138,6 +146,7 @@ CREATE TABLE stock_movements_plain (LIKE stock_movements INCLUDING DEFAULTS INCL
 INSERT INTO stock_movements_plain SELECT * FROM stock_movements;
 DROP FUNCTION drop_empty_ledger_partitions(timestamptz);
 DROP FUNCTION ledger_partitions(date, date);
+DROP FUNCTION ledger_days();
 DROP TABLE stock_movements;
 ALTER TABLE stock_movements_plain RENAME TO stock_movements;
 ALTER TABLE stock_movements ADD PRIMARY KEY (id), ADD UNIQUE (inventory_id, version_after);

@@ -33,11 +33,12 @@ pub async fn make(db: &impl ConnectionTrait, days_back: i32, days_ahead: i32) ->
     row.map_or(Ok(0), |row| row.try_get_by_index::<i32>(0))
 }
 
-/// Makes the partitions ahead now and every hour until `stop` turns true;
-/// a failure is logged and tried again next hour.
+/// Makes the partitions ahead every hour until `stop` turns true (the
+/// first an hour after start: opening the database made them); a failure
+/// is logged and tried again next hour.
 pub fn spawn(db: DatabaseConnection, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(EVERY);
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {

@@ -45,9 +45,8 @@ async fn archiving_under_concurrent_reserves_keeps_the_ledger_true_and_spares_re
     let ids = history(&app).await;
     let old_ledger = app.count("SELECT count(*) FROM stock_movements").await;
     assert_eq!(old_ledger, 2 + 41 + 31, "two creations, 41 reservations, 31 releases");
-    let old_partitions = "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
-         WHERE i.inhparent = 'stock_movements'::regclass \
-           AND c.relname < 'stock_movements_' || to_char(now() - interval '99 days', 'YYYYMMDD')";
+    let old_partitions =
+        "SELECT count(*) FROM ledger_days() WHERE day < (now() AT TIME ZONE 'UTC' - interval '99 days')::date";
     assert_eq!(app.count(old_partitions).await, 2, "the days 100 and 101 days ago");
     assert_eq!(app.count("SELECT count(*) FROM stock_movements_default").await, 0, "every row in its day");
 
@@ -186,9 +185,7 @@ async fn todays_ledger_rows_go_to_todays_partition_made_once_by_processes_racing
     assert!(twice.is_err_and(|e| e.to_string().contains("duplicate key")), "version 2 is taken");
 
     // Eight processes' upkeep at once, for the next 40 days.
-    let days_made = "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
-          WHERE i.inhparent = 'stock_movements'::regclass AND c.relname ~ '^stock_movements_[0-9]{8}$' \
-            AND c.relname >= 'stock_movements_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')";
+    let days_made = "SELECT count(*) FROM ledger_days() WHERE day >= (now() AT TIME ZONE 'UTC')::date";
     let before = app.count(days_made).await;
     assert!(before > i64::from(stock::partitions::DAYS_AHEAD), "today and a week ahead are ready: {before}");
     let barrier = Arc::new(Barrier::new(8));
@@ -272,13 +269,8 @@ async fn a_server_role_that_may_not_create_tables_still_makes_the_days_ahead() {
     app.db.execute_unprepared(&format!("DROP ROLE {role}")).await.expect("drop the role it made");
     let refused = as_role.expect("the role makes partitions through the function, not by itself");
     assert!(refused.is_some_and(|e| e.contains("permission denied")), "the role itself creates no table");
-    let made = app
-        .count(
-            "SELECT count(*) FROM pg_class WHERE relname IN \
-             ('stock_movements_' || to_char(now() AT TIME ZONE 'UTC' + interval '50 days', 'YYYYMMDD'), \
-              'stock_movements_' || to_char(now() AT TIME ZONE 'UTC' + interval '51 days', 'YYYYMMDD'))",
-        )
-        .await;
+    let made =
+        app.count("SELECT count(*) FROM ledger_days() WHERE day - (now() AT TIME ZONE 'UTC')::date IN (50, 51)").await;
     assert_eq!(made, 2);
 }
 
@@ -290,15 +282,13 @@ async fn a_process_started_past_its_days_ahead_makes_today_before_anything_else(
     let app = TestApp::spawn().await;
     app.db
         .execute_unprepared(
-            "DO $$ DECLARE part text; BEGIN \
-               FOR part IN SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
-                            WHERE i.inhparent = 'stock_movements'::regclass AND c.relname ~ '^stock_movements_[0-9]{8}$' \
-               LOOP EXECUTE format('DROP TABLE %I', part); END LOOP; END $$",
+            "DO $$ DECLARE part regclass; BEGIN \
+               FOR part IN SELECT d.part FROM ledger_days() d LOOP EXECUTE format('DROP TABLE %s', part); END LOOP; \
+             END $$",
         )
         .await
         .expect("no day partitions left");
-    let today = "SELECT count(*) FROM pg_class \
-                 WHERE relname = 'stock_movements_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD')";
+    let today = "SELECT count(*) FROM ledger_days() WHERE day = (now() AT TIME ZONE 'UTC')::date";
     assert_eq!(app.count(today).await, 0);
     let check = stockguard(&["check", "--database-url", &app.database_url]);
     assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
