@@ -129,12 +129,13 @@ pub async fn reserve_client(
     let mut rng = Rng::new(seed);
     // Keys are unique per user: a client's run has its own prefix.
     let (prefix, mut sent) = (Uuid::new_v4().simple(), 0u64);
+    let mut lean = gql.lean()?;
     while Instant::now() < until && budget.as_ref().is_none_or(|left| left.fetch_sub(1, Ordering::SeqCst) > 0) {
         let id = targets[rng.below(targets.len())];
         sent += 1;
         let key = keyed.then(|| format!("{prefix}-{sent}"));
         let start = Instant::now();
-        let outcome = gql.reserve_lean(&authorization, id, key.as_deref()).await;
+        let outcome = lean.reserve(&authorization, id, key.as_deref()).await;
         rec.record(start, &outcome, ONE_REQUEST);
     }
     Ok(rec)
