@@ -143,8 +143,12 @@ pub struct Lean {
     /// [`RESERVE_TYPENAME`] as a JSON string.
     reserve_json: String,
     /// Open until the server closes it or a request on it fails.
-    connection: Option<(SendRequest<Full<Bytes>>, Connection<TokioIo<TcpStream>, Full<Bytes>>)>,
+    connection: Option<Open>,
 }
+
+/// An open HTTP/1.1 connection: where requests go in, and the connection
+/// itself, which must be driven for them to be answered.
+type Open = (SendRequest<Full<Bytes>>, Connection<TokioIo<TcpStream>, Full<Bytes>>);
 
 impl Lean {
     /// `reserve` of one unit of `inventory`, with `key` if given.

@@ -23,6 +23,7 @@ mod m20261203_090000_trim_the_reserve_path;
 mod m20261203_100000_create_ledger_checkpoints;
 mod m20261204_090000_guard_inventories_instead_of_checking_each_row;
 mod m20261205_090000_partition_the_ledger_by_day;
+mod m20261206_090000_announce_stock_changes_once_per_statement;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -42,6 +43,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261203_100000_create_ledger_checkpoints::Migration),
             Box::new(m20261204_090000_guard_inventories_instead_of_checking_each_row::Migration),
             Box::new(m20261205_090000_partition_the_ledger_by_day::Migration),
+            Box::new(m20261206_090000_announce_stock_changes_once_per_statement::Migration),
         ]
     }
 }

@@ -75,6 +75,56 @@ async fn a_subscriber_sees_each_reservation_in_order_over_legacy_graphql_ws() {
     three_reservations_arrive_in_order("graphql-ws", "start", "data").await;
 }
 
+/// One statement that changes several inventories (here `reserveMany`)
+/// announces each watched one with its own new state, and none of the
+/// others: the announcement is a statement trigger over every changed row.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_statement_announces_every_watched_inventory_it_changes_and_no_other() {
+    use sea_orm::sqlx::postgres::PgListener;
+
+    let app = TestApp::spawn().await;
+    let (first, second) =
+        (app.create_inventory("LIVE-MANY-1", 10).await, app.create_inventory("LIVE-MANY-2", 10).await);
+    let quiet = app.create_inventory("LIVE-MANY-QUIET", 10).await;
+    let mut listener = PgListener::connect(&app.database_url).await.expect("listen");
+    listener.listen("inventory_changed").await.expect("LISTEN");
+    let mut socket = connect(&app.address, "graphql-transport-ws").await;
+    for (n, id) in [(1, first), (2, second)] {
+        let payload = json!({ "query": SUBSCRIPTION, "variables": { "id": id } });
+        send(&mut socket, json!({ "id": n.to_string(), "type": "subscribe", "payload": payload })).await;
+        until_watched(&app, id).await;
+    }
+
+    let alice = app.token("alice", Role::Customer);
+    let items = json!([
+        { "inventoryId": first, "quantity": 1 },
+        { "inventoryId": quiet, "quantity": 3 },
+        { "inventoryId": second, "quantity": 2 },
+    ]);
+    assert_eq!(app.reserve_many(&alice, items).await["__typename"], "ReservedAll");
+
+    // A transaction's notifications are delivered together at its commit.
+    let mut heard = Vec::new();
+    while let Ok(notification) = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await {
+        let row: serde_json::Value = serde_json::from_str(notification.expect("heard").payload()).expect("a row");
+        heard.push((row["id"].as_str().expect("id").to_owned(), row["stock"].as_i64(), row["version"].as_i64()));
+    }
+    heard.sort();
+    let mut expected = vec![(first.to_string(), Some(9), Some(2)), (second.to_string(), Some(8), Some(2))];
+    expected.sort();
+    assert_eq!(heard, expected, "each watched inventory once, with its own state; the quiet one never");
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let message = next(&mut socket).await;
+        seen.push((
+            message["id"].as_str().expect("id").to_owned(),
+            message["payload"]["data"]["inventoryChanged"]["stock"].as_i64(),
+        ));
+    }
+    seen.sort();
+    assert_eq!(seen, [("1".to_owned(), Some(9)), ("2".to_owned(), Some(8))]);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_metrics_page_counts_outcomes_latency_and_the_pool() {
     let app = TestApp::spawn().await;
