@@ -15,12 +15,20 @@
 //! built again after, by one sort each: the state is the same as if the rows
 //! had come one by one, minus the hours.
 //!
+//! The history goes into a second database, seeded as the first and
+//! served by a second server. SPREAD is then measured in both, round by
+//! round (Stockguard without, with; raw SQL without, with), so the
+//! comparison is made in the same minutes: cells taken minutes apart
+//! differed by as much as the machine drifted (the raw-SQL limit alone
+//! moved by 0.6–0.9× between the main cells and a later history cell).
+//!
 //! The probes time what must not grow with history: the sweeper's claim
-//! (nothing due) and the first page of a user's `myReservations`.
+//! (nothing due) and the first page of a user's `myReservations`, in both
+//! databases after the cells.
 
-use std::time::Instant;
+use std::{path::Path, process::Stdio, time::Instant};
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use stockguard::{
     pagination::Page,
@@ -28,6 +36,79 @@ use stockguard::{
     stock,
 };
 use uuid::Uuid;
+
+use crate::{
+    report::{History, HistoryCell, Sides},
+    scenarios::{Bench, Raw, Scenario, Shop, Side},
+    support::{ServerProcess, ThrowAway},
+};
+
+/// The history run: a second database and server, `bench.settings.history`
+/// rows of history there, then SPREAD at 16 and 64 clients in both
+/// databases, round by round.
+pub async fn compare(
+    bench: &mut Bench,
+    server: &ServerProcess,
+    server_bin: &Path,
+    database_url_base: &str,
+    secret: &str,
+) -> anyhow::Result<History> {
+    let database = ThrowAway::create(database_url_base, "bench").await?;
+    eprintln!("bench: history: a second database {} and server", database.name);
+    let result = async {
+        let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
+        let second = ServerProcess::start(server_bin, &database.url, secret, &locking, Stdio::inherit()).await?;
+        let result = measure_with(bench, server, &second, &database.url).await;
+        let stopped = second.stop().await;
+        let history = result?;
+        let status = stopped?;
+        if !status.success() {
+            bail!("the second server exited with {status} after SIGTERM");
+        }
+        Ok(history)
+    }
+    .await;
+    database.drop("bench").await;
+    result
+}
+
+/// Seeds and fills the second database, then measures both.
+async fn measure_with(
+    bench: &mut Bench,
+    server: &ServerProcess,
+    second: &ServerProcess,
+    database_url: &str,
+) -> anyhow::Result<History> {
+    let rows = bench.settings.history;
+    let shop = Shop::open(database_url, second, &bench.keys).await?;
+    bench.invariant.check(&shop.db, "seeding the second database").await?;
+    eprintln!("bench: history: filling {rows} past reservations and ledger rows");
+    let fill_secs = fill(&shop.db, &shop.spread, rows).await?;
+    bench.invariant.check(&shop.db, "the history fill").await?;
+    let mut cells = Vec::new();
+    for clients in bench.settings.clients.iter().copied().filter(|c| [16, 64].contains(c)).collect::<Vec<_>>() {
+        eprintln!("bench: SPREAD x{clients} without and with history: Stockguard and raw SQL");
+        let sides = [
+            Side { label: "Stockguard without", shop: &bench.shop, server: Some(server), raw: Raw::Limit },
+            Side { label: "with", shop: &shop, server: Some(second), raw: Raw::Limit },
+            Side { label: "raw SQL without", shop: &bench.shop, server: None, raw: Raw::Limit },
+            Side { label: "with", shop: &shop, server: None, raw: Raw::Limit },
+        ];
+        let [stockguard, stockguard_with, raw, raw_with] = bench.rounds(&sides, Scenario::Spread, clients).await?;
+        let after = format!("SPREAD x{clients} without and with history");
+        bench.invariant.check(&bench.shop.db, &after).await?;
+        bench.invariant.check(&shop.db, &after).await?;
+        cells.push(HistoryCell {
+            clients,
+            without: Sides { stockguard, raw },
+            with: Sides { stockguard: stockguard_with, raw: raw_with },
+        });
+    }
+    let without = probe(&bench.shop.db, 200).await?;
+    let with = probe(&shop.db, 200).await?;
+    shop.db.close().await?;
+    Ok(History { rows, fill_secs, without, with, cells })
+}
 
 /// Rows one fill statement writes.
 const CHUNK: u64 = 1_000_000;

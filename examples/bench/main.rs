@@ -13,8 +13,8 @@
 //! limit: the server's own reserve statement (`RESERVE_SQL`, with the
 //! server's TTL), prepared, through as many direct database connections,
 //! with no HTTP and no GraphQL. The two sides take turns in `--rounds`
-//! rounds (each after `--warmup-secs`), so whatever else the machine does
-//! falls on both alike; before each cell the inventories are vacuumed and a
+//! rounds (each after `--warmup-secs`, every other round in reverse), so
+//! whatever else the machine does falls on both alike; before each cell the inventories are vacuumed and a
 //! checkpoint is taken, as pgbench does. Then it compares strategies on HOT (plain
 //! `reserve` vs `expectedVersion` with re-read and up to 3 retries) and one
 //! contested order in optimistic vs pessimistic locking (the server is
@@ -47,18 +47,17 @@
 use std::{
     path::{Path, PathBuf},
     process::Stdio,
-    sync::Arc,
     time::Duration,
 };
 
 use anyhow::bail;
 use clap::{Parser, Subcommand};
-use stockguard::auth::{Keys, Role};
+use stockguard::auth::Keys;
 
 use measure::{clk_tck, machine};
 use report::{Report, Strategy};
-use scenarios::{Bench, Scenario, seed_spread, server_ttl_secs, show};
-use support::{ServerProcess, ThrowAway, client::Gql, server_binary, status_kb};
+use scenarios::{Bench, Invariant, Scenario, Shop, server_ttl_secs, show};
+use support::{ServerProcess, ThrowAway, server_binary, status_kb};
 
 mod history;
 mod load;
@@ -104,9 +103,9 @@ struct Args {
     /// PostgreSQL server URL without a database name; `sg_bench_<random>` is created there.
     #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
     database_url_base: String,
-    /// Past reservations (and as many ledger rows) to fill in after the
-    /// main cells, before SPREAD is measured again (0: no history run; the
-    /// smoke never fills).
+    /// Past reservations (and as many ledger rows) to fill into a second
+    /// database after the main cells; SPREAD is then measured in both,
+    /// round by round (0: no history run; the smoke never fills).
     #[arg(long, default_value_t = 10_000_000)]
     history: u64,
     /// Every reserve (over HTTP and in raw SQL) carries a fresh idempotency
@@ -201,7 +200,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     let database = ThrowAway::create(&args.database_url_base, "bench").await?;
     eprintln!("bench: database {}, server {}", database.name, server_bin.display());
 
-    let result = run(settings, &server_bin, &database.url).await;
+    let result = run(settings, &server_bin, &args.database_url_base, &database.url).await;
     database.drop("bench").await;
     let (markdown, ok) = result?;
     println!("{markdown}");
@@ -216,12 +215,17 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
 /// Everything between creating and dropping the database. Returns the
 /// report and whether the benchmark passed (invariant held, every reserve
 /// run reserved something).
-async fn run(settings: Settings, server_bin: &Path, database_url: &str) -> anyhow::Result<(String, bool)> {
+async fn run(
+    settings: Settings,
+    server_bin: &Path,
+    database_url_base: &str,
+    database_url: &str,
+) -> anyhow::Result<(String, bool)> {
     let secret = Keys::random_secret();
     let keys = Keys::new(secret.as_bytes(), stockguard::auth::DEFAULT_MAX_TOKEN_TTL_SECS)?;
     let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
     let server = ServerProcess::start(server_bin, database_url, &secret, &locking, Stdio::inherit()).await?;
-    let result = main_matrix(settings, keys, &server, server_bin, database_url, &secret).await;
+    let result = main_matrix(settings, keys, &server, server_bin, database_url_base, database_url, &secret).await;
     let stopped = server.stop().await;
     let (markdown, ok) = result?;
     let status = stopped?;
@@ -236,23 +240,13 @@ async fn main_matrix(
     keys: Keys,
     server: &ServerProcess,
     server_bin: &Path,
+    database_url_base: &str,
     database_url: &str,
     secret: &str,
 ) -> anyhow::Result<(String, bool)> {
-    let db_config = stockguard::config::DatabaseConfig {
-        database_url: Some(database_url.to_owned()),
-        pool_size: 2,
-        acquire_timeout_ms: 10_000,
-        statement_timeout_ms: 300_000,
-        ..stockguard::config::DatabaseConfig::default()
-    };
-    let db = stockguard::db::connect(database_url, &db_config).await?;
-
     eprintln!("bench: seeding HOT (GraphQL) and SPREAD (10,000 rows, SQL)");
-    let operator = keys.mint("bench-operator", Role::Operator, chrono::Duration::hours(4))?;
-    let hot = Gql::new(&server.url, 1)?.create_inventory(&operator, "HOT", "bench HOT", 1_000_000_000).await?;
-    let spread = Arc::new(seed_spread(&db).await?);
-    scenarios::create_floor(&db).await?;
+    let shop = Shop::open(database_url, server, &keys).await?;
+    let db = &shop.db;
 
     // The server inherits the environment, so STOCKGUARD_* settings can be benchmarked.
     const SET_BY_BENCH: [&str; 4] =
@@ -272,10 +266,10 @@ async fn main_matrix(
          RUST_LOG=warn; load generator, server and PostgreSQL share the machine\n",
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
         machine(),
-        show(&db, "SELECT version()").await.split(" on ").next().unwrap_or("?"),
-        show(&db, "SHOW synchronous_commit").await,
-        show(&db, "SHOW shared_buffers").await,
-        show(&db, "SHOW max_connections").await,
+        show(db, "SELECT version()").await.split(" on ").next().unwrap_or("?"),
+        show(db, "SHOW synchronous_commit").await,
+        show(db, "SHOW shared_buffers").await,
+        show(db, "SHOW max_connections").await,
         server_bin.file_name().and_then(|n| n.to_str()).unwrap_or("stockguard"),
         server_bin.parent().and_then(|p| p.file_name()).and_then(|n| n.to_str()).unwrap_or("?"),
     );
@@ -283,16 +277,12 @@ async fn main_matrix(
     let mut bench = Bench {
         settings,
         keys,
-        database_url: database_url.to_owned(),
-        db,
-        hot,
-        spread,
+        shop,
         clk_tck: clk_tck(),
         ttl_secs: server_ttl_secs()?,
-        invariant_checks: 0,
-        violations: Vec::new(),
+        invariant: Invariant::default(),
     };
-    bench.check_invariant("seeding").await?;
+    bench.invariant.check(&bench.shop.db, "seeding").await?;
 
     let mut cells = Vec::new();
     for scenario in [Scenario::Hot, Scenario::Spread] {
@@ -317,18 +307,7 @@ async fn main_matrix(
     let main_hwm_kb = status_kb(server.pid, "VmHWM").unwrap_or(0);
 
     let history = if bench.settings.history > 0 {
-        let rows = bench.settings.history;
-        let before = history::probe(&bench.db, 200).await?;
-        eprintln!("bench: history: filling {rows} past reservations and ledger rows");
-        let fill_secs = history::fill(&bench.db, &bench.spread, rows).await?;
-        bench.check_invariant("the history fill").await?;
-        let after = history::probe(&bench.db, 200).await?;
-        let mut history_cells = Vec::new();
-        for clients in bench.settings.clients.iter().copied().filter(|c| [16, 64].contains(c)).collect::<Vec<_>>() {
-            eprintln!("bench: SPREAD x{clients} with history: Stockguard and raw SQL");
-            history_cells.push(bench.cell(server, Scenario::Spread, clients).await?);
-        }
-        Some(report::History { rows, fill_secs, before, after, cells: history_cells })
+        Some(history::compare(&mut bench, server, server_bin, database_url_base, secret).await?)
     } else {
         None
     };
@@ -344,7 +323,7 @@ async fn main_matrix(
     let pessimistic = bench.contested_order(&pessimistic_server, clients, "pessimistic").await;
     pessimistic_server.stop().await?;
     let pessimistic = pessimistic?;
-    bench.check_invariant("the pessimistic server stopped").await?;
+    bench.invariant.check(&bench.shop.db, "the pessimistic server stopped").await?;
 
     let strategy = Strategy {
         clients,
@@ -357,8 +336,7 @@ async fn main_matrix(
         header,
         cells: &cells,
         strategy: &strategy,
-        invariant_checks: bench.invariant_checks,
-        violations: &bench.violations,
+        invariant: &bench.invariant,
         main_hwm_kb,
         history: history.as_ref(),
     };
@@ -378,11 +356,13 @@ async fn main_matrix(
     if !idle.is_empty() {
         eprintln!("bench: no successful reservation in {}", idle.join(", "));
     }
-    if bench.violations.is_empty() {
-        eprintln!("bench: invariant: holds after every run ({} checks)", bench.invariant_checks);
+    let invariant = &bench.invariant;
+    if invariant.violations.is_empty() {
+        eprintln!("bench: invariant: holds after every run ({} checks)", invariant.checks);
     } else {
-        eprintln!("bench: invariant: VIOLATED ({} drifts)", bench.violations.len());
+        eprintln!("bench: invariant: VIOLATED ({} drifts)", invariant.violations.len());
     }
-    bench.db.close().await?;
-    Ok((markdown, bench.violations.is_empty() && idle.is_empty()))
+    let ok = invariant.violations.is_empty() && idle.is_empty();
+    bench.shop.db.close().await?;
+    Ok((markdown, ok))
 }

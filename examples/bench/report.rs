@@ -4,7 +4,12 @@
 
 use std::{fmt::Write as _, path::Path};
 
-use crate::{Settings, history::Probes, measure::Stats, scenarios::Scenario};
+use crate::{
+    Settings,
+    history::Probes,
+    measure::Stats,
+    scenarios::{Invariant, Scenario},
+};
 
 /// One reserve cell: a scenario at a client count, both sides.
 pub struct Cell {
@@ -20,18 +25,37 @@ pub struct Cell {
     pub floor: Stats,
 }
 
-/// The SPREAD cells measured again after the history fill.
+/// Stockguard and the raw-SQL limit in one database.
+pub struct Sides {
+    /// Over HTTP.
+    pub stockguard: Stats,
+    /// The raw-SQL limit.
+    pub raw: Stats,
+}
+
+/// SPREAD at a client count in the database without history and in the
+/// one with it, measured round by round.
+pub struct HistoryCell {
+    /// Concurrent clients.
+    pub clients: usize,
+    /// The main database (only the benchmark's own rows).
+    pub without: Sides,
+    /// The second database, filled with history.
+    pub with: Sides,
+}
+
+/// The history run (see `history.rs`).
 pub struct History {
     /// Past reservations (and ledger rows) filled in.
     pub rows: u64,
     /// How long the fill took.
     pub fill_secs: f64,
-    /// The probes before the fill.
-    pub before: Probes,
-    /// The probes after it.
-    pub after: Probes,
-    /// SPREAD at 16 and 64 clients, after the fill.
-    pub cells: Vec<Cell>,
+    /// The probes in the database without history.
+    pub without: Probes,
+    /// The probes in the one with it.
+    pub with: Probes,
+    /// SPREAD at 16 and 64 clients.
+    pub cells: Vec<HistoryCell>,
 }
 
 /// CPU µs per successful reservation: (server, PostgreSQL backends).
@@ -87,10 +111,8 @@ pub struct Report<'a> {
     pub cells: &'a [Cell],
     /// The strategy comparison.
     pub strategy: &'a Strategy,
-    /// Invariant checks made.
-    pub invariant_checks: u32,
-    /// What they found.
-    pub violations: &'a [String],
+    /// The invariant checks.
+    pub invariant: &'a Invariant,
     /// VmHWM of the first server when the main matrix was done.
     pub main_hwm_kb: u64,
     /// The history run, if one was made.
@@ -105,10 +127,13 @@ impl Report<'_> {
 
     /// Errors over every run.
     pub fn total_errors(&self) -> u64 {
-        let cells: u64 = self.cells.iter().map(|c| c.stockguard.errors + c.raw.errors).sum();
+        let cells: u64 = self.cells.iter().map(|c| c.stockguard.errors + c.raw.errors + c.floor.errors).sum();
+        let history: u64 = (self.history.iter().flat_map(|h| &h.cells))
+            .map(|c| c.without.stockguard.errors + c.without.raw.errors + c.with.stockguard.errors + c.with.raw.errors)
+            .sum();
         let strategy: u64 =
             self.strategy.expected.errors + self.strategy.orders.iter().map(|(_, s)| s.errors).sum::<u64>();
-        cells + strategy
+        cells + history + strategy
     }
 
     /// (target, measured, met or None when not measured).
@@ -153,40 +178,26 @@ impl Report<'_> {
             out.push((target, "not measured".into(), None));
         }
         let target = "SPREAD throughput with history ≥ 0.9× without".to_owned();
-        match self.history {
-            Some(h) if !h.cells.is_empty() => {
-                let worst = h
-                    .cells
-                    .iter()
-                    .filter_map(|after| {
-                        let empty = self.cell(Scenario::Spread, after.clients)?;
-                        let r = ratio(
-                            after.stockguard.per_sec(after.stockguard.successes),
-                            empty.stockguard.per_sec(empty.stockguard.successes),
-                        );
-                        Some((after.clients, r))
-                    })
-                    .fold(None, |w: Option<(usize, f64)>, (c, r)| match w {
-                        Some((_, wr)) if wr <= r => w,
-                        _ => Some((c, r)),
-                    });
-                match worst {
-                    Some((clients, r)) => out.push((
-                        target,
-                        format!("{r:.2}× at {clients} clients (the lowest) with {} history rows", h.rows),
-                        Some(r >= 0.9),
-                    )),
-                    None => out.push((target, "not measured".into(), None)),
-                }
-            }
-            _ => out.push((target, "not measured".into(), None)),
+        let worst = (self.history.iter().flat_map(|h| h.cells.iter().map(move |c| (h.rows, c))))
+            .map(|(rows, c)| {
+                let (without, with) = (&c.without.stockguard, &c.with.stockguard);
+                (rows, c.clients, ratio(with.per_sec(with.successes), without.per_sec(without.successes)))
+            })
+            .min_by(|a, b| a.2.total_cmp(&b.2));
+        match worst {
+            Some((rows, clients, r)) => out.push((
+                target,
+                format!("{r:.2}× at {clients} clients (the lowest) with {rows} history rows"),
+                Some(r >= 0.9),
+            )),
+            None => out.push((target, "not measured".into(), None)),
         }
         let errors = self.total_errors();
         out.push(("zero errors".into(), format!("{errors} errors"), Some(errors == 0)));
-        let v = self.violations.len();
+        let v = self.invariant.violations.len();
         out.push((
             "zero invariant violations".into(),
-            format!("{v} violations in {} checks", self.invariant_checks),
+            format!("{v} violations in {} checks", self.invariant.checks),
             Some(v == 0),
         ));
         out
@@ -302,35 +313,36 @@ impl Report<'_> {
             let _ = writeln!(
                 md,
                 "\n## SPREAD with {} rows of history\n\n\
-                 After the cells above, {} past reservations (released or expired, 100,000 users, over 30 days) \
-                 and as many ledger rows were filled in ({:.0} s), then SPREAD was measured again the same way. \
-                 Without = the SPREAD cell above (the tables then held only the benchmark's own rows).\n\n\
+                 A second database, seeded as the first and served by a second server, was filled with {} past \
+                 reservations (released or expired, 100,000 users, over 30 days) and as many ledger rows ({:.0} s). \
+                 Then SPREAD was measured in both databases, taking turns round by round as a cell's sides do: \
+                 Stockguard without, with; raw SQL without, with. Without = the first database (only the \
+                 benchmark's own rows).\n\n\
                  | clients | Stockguard res/s without / with | ratio | p99 ms without / with | raw SQL res/s without / with | ratio |\n\
                  |--:|--:|--:|--:|--:|--:|",
                 h.rows, h.rows, h.fill_secs
             );
-            for after in &h.cells {
-                let Some(empty) = self.cell(Scenario::Spread, after.clients) else { continue };
-                let (ge, gh) = (
-                    empty.stockguard.per_sec(empty.stockguard.successes),
-                    after.stockguard.per_sec(after.stockguard.successes),
-                );
-                let (re, rh) = (empty.raw.per_sec(empty.raw.successes), after.raw.per_sec(after.raw.successes));
+            for c in &h.cells {
+                let (ge, gh) = (&c.without.stockguard, &c.with.stockguard);
+                let (re, rh) = (&c.without.raw, &c.with.raw);
+                let (ge_s, gh_s) = (ge.per_sec(ge.successes), gh.per_sec(gh.successes));
+                let (re_s, rh_s) = (re.per_sec(re.successes), rh.per_sec(rh.successes));
                 let _ = writeln!(
                     md,
-                    "| {} | {ge:.0} / {gh:.0} | {:.2} | {:.2} / {:.2} | {re:.0} / {rh:.0} | {:.2} |",
-                    after.clients,
-                    ratio(gh, ge),
-                    empty.stockguard.p99_ms,
-                    after.stockguard.p99_ms,
-                    ratio(rh, re),
+                    "| {} | {ge_s:.0} / {gh_s:.0} | {:.2} | {:.2} / {:.2} | {re_s:.0} / {rh_s:.0} | {:.2} |",
+                    c.clients,
+                    ratio(gh_s, ge_s),
+                    ge.p99_ms,
+                    gh.p99_ms,
+                    ratio(rh_s, re_s),
                 );
             }
             let _ = writeln!(
                 md,
-                "\nWhat must not grow with history (median of 200 calls, µs): one sweep with nothing due \
-                 {:.0} before / {:.0} after; the first page (20 rows) of `myReservations` for a user with thousands {:.0} before / {:.0} after.",
-                h.before.sweep_us, h.after.sweep_us, h.before.my_reservations_us, h.after.my_reservations_us
+                "\nWhat must not grow with history (median of 200 calls after the cells, µs, without / with): \
+                 one sweep with nothing due {:.0} / {:.0}; the first page (20 rows) of `myReservations` for a user \
+                 with thousands {:.0} / {:.0}.",
+                h.without.sweep_us, h.with.sweep_us, h.without.my_reservations_us, h.with.my_reservations_us
             );
         }
 
@@ -384,11 +396,11 @@ impl Report<'_> {
                 None => writeln!(md, "- {target}: not measured in this run"),
             };
         }
-        if self.violations.is_empty() {
-            let _ = writeln!(md, "\nInvariant: held after every run ({} checks).", self.invariant_checks);
+        if self.invariant.violations.is_empty() {
+            let _ = writeln!(md, "\nInvariant: held after every run ({} checks).", self.invariant.checks);
         } else {
             md.push_str("\nInvariant VIOLATED:\n\n");
-            for v in self.violations {
+            for v in &self.invariant.violations {
                 let _ = writeln!(md, "- {v}");
             }
         }

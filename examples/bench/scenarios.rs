@@ -322,33 +322,38 @@ pub fn address(line1: &str) -> Value {
 // ---------------------------------------------------------------------------
 // The benchmark's runs
 
-/// The benchmark's state between runs: its database, the seeded
-/// inventories, and the invariant checks made so far.
-pub struct Bench {
-    /// The run's settings.
-    pub settings: Settings,
-    /// Mints the clients' tokens.
-    pub keys: Keys,
+/// One database the benchmark measures on, as its server sees it: HOT,
+/// the SPREAD inventories and the floor's schema.
+pub struct Shop {
     /// The throw-away database.
     pub database_url: String,
-    /// A connection for settling and checking.
+    /// A connection for seeding, settling and checking.
     pub db: DatabaseConnection,
     /// The one HOT inventory.
     pub hot: Uuid,
     /// The SPREAD inventories.
     pub spread: Arc<Vec<Uuid>>,
-    /// Clock ticks per second, for /proc CPU times.
-    pub clk_tck: f64,
-    /// The server's reservation TTL, which the raw-SQL runs pass too, so both
-    /// write the same rows (an expiring reservation is also in the sweeper's index).
-    pub ttl_secs: i32,
-    /// Invariant checks made.
-    pub invariant_checks: u32,
-    /// What the checks found.
-    pub violations: Vec<String>,
 }
 
-impl Bench {
+impl Shop {
+    /// Seeds the database of `server` (already migrated by it): HOT through
+    /// the server, SPREAD and the floor in SQL.
+    pub async fn open(database_url: &str, server: &ServerProcess, keys: &Keys) -> anyhow::Result<Self> {
+        let config = stockguard::config::DatabaseConfig {
+            database_url: Some(database_url.to_owned()),
+            pool_size: 2,
+            acquire_timeout_ms: 10_000,
+            statement_timeout_ms: 300_000,
+            ..stockguard::config::DatabaseConfig::default()
+        };
+        let db = stockguard::db::connect(database_url, &config).await?;
+        let operator = keys.mint("bench-operator", Role::Operator, chrono::Duration::hours(4))?;
+        let hot = Gql::new(&server.url, 1)?.create_inventory(&operator, "HOT", "bench HOT", 1_000_000_000).await?;
+        let spread = Arc::new(seed_spread(&db).await?);
+        create_floor(&db).await?;
+        Ok(Self { database_url: database_url.to_owned(), db, hot, spread })
+    }
+
     fn targets(&self, scenario: Scenario) -> Arc<Vec<Uuid>> {
         match scenario {
             Scenario::Hot => Arc::new(vec![self.hot]),
@@ -356,6 +361,76 @@ impl Bench {
         }
     }
 
+    /// Brings the database to the same state before every run, as pgbench
+    /// does: the inventories vacuumed (earlier runs left dead row versions)
+    /// and a checkpoint taken, so no run pays for the one before it and a
+    /// checkpoint falls inside a measured window less often.
+    async fn settle(&self) -> anyhow::Result<()> {
+        for sql in ["VACUUM (ANALYZE) inventories", "VACUUM (ANALYZE) floor.inventories", "CHECKPOINT"] {
+            self.db.execute_unprepared(sql).await.with_context(|| format!("before a run: {sql}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The docs/design.md invariant checks made so far and what they found.
+#[derive(Default)]
+pub struct Invariant {
+    /// Checks made.
+    pub checks: u32,
+    /// What they found.
+    pub violations: Vec<String>,
+}
+
+impl Invariant {
+    /// Checks the invariant in `db`; a violation is remembered (and makes
+    /// the benchmark exit 1).
+    pub async fn check(&mut self, db: &DatabaseConnection, after: &str) -> anyhow::Result<()> {
+        let drifts = stockguard::invariant::check(db).await.context("invariant check")?;
+        self.checks += 1;
+        if drifts.is_empty() {
+            eprintln!("bench:   invariant holds after {after}");
+        } else {
+            for drift in &drifts {
+                eprintln!("bench:   INVARIANT VIOLATED after {after}: {drift}");
+                self.violations.push(format!("after {after}: {drift}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One side of a reserve cell: who reserves, in which database.
+pub struct Side<'a> {
+    /// Its name in the progress lines.
+    pub label: &'static str,
+    /// Where it reserves.
+    pub shop: &'a Shop,
+    /// `Some(server)`: `reserve` over HTTP; `None`: `raw` straight to the database.
+    pub server: Option<&'a ServerProcess>,
+    /// The statement when straight to the database.
+    pub raw: Raw,
+}
+
+/// The benchmark's state between runs: its database, and the invariant
+/// checks made so far.
+pub struct Bench {
+    /// The run's settings.
+    pub settings: Settings,
+    /// Mints the clients' tokens.
+    pub keys: Keys,
+    /// The database of the main server.
+    pub shop: Shop,
+    /// Clock ticks per second, for /proc CPU times.
+    pub clk_tck: f64,
+    /// The server's reservation TTL, which the raw-SQL runs pass too, so both
+    /// write the same rows (an expiring reservation is also in the sweeper's index).
+    pub ttl_secs: i32,
+    /// The invariant checks.
+    pub invariant: Invariant,
+}
+
+impl Bench {
     fn tokens(&self, clients: usize) -> anyhow::Result<Vec<String>> {
         (0..clients)
             .map(|i| Ok(self.keys.mint(&format!("bench-{i}"), Role::Customer, chrono::Duration::hours(4))?))
@@ -367,53 +442,74 @@ impl Bench {
         window_of(self.settings.warmup, self.settings.duration)
     }
 
-    /// One reserve cell: Stockguard and raw SQL take turns for
+    /// One reserve cell: Stockguard, raw SQL and the floor take turns for
     /// `settings.rounds` rounds, each measured for its share of the duration.
     pub async fn cell(&mut self, server: &ServerProcess, scenario: Scenario, clients: usize) -> anyhow::Result<Cell> {
-        self.settle().await?;
+        let shop = &self.shop;
+        let sides = [
+            Side { label: "Stockguard", shop, server: Some(server), raw: Raw::Limit },
+            Side { label: "raw SQL", shop, server: None, raw: Raw::Limit },
+            Side { label: "floor", shop, server: None, raw: Raw::Floor },
+        ];
+        let [stockguard, raw, floor] = self.rounds(&sides, scenario, clients).await?;
+        self.invariant.check(&self.shop.db, &format!("{} x{clients}, Stockguard and raw SQL", scenario.name())).await?;
+        Ok(Cell { scenario, clients, stockguard, raw, floor })
+    }
+
+    /// `sides` take turns for `settings.rounds` rounds, each measured for
+    /// its share of the duration, so whatever else the machine does falls
+    /// on all of them alike; every other round runs them in reverse.
+    /// Every database is settled first.
+    pub async fn rounds<const N: usize>(
+        &self,
+        sides: &[Side<'_>; N],
+        scenario: Scenario,
+        clients: usize,
+    ) -> anyhow::Result<[Stats; N]> {
+        for (i, side) in sides.iter().enumerate() {
+            if !sides[..i].iter().any(|s| std::ptr::eq(s.shop, side.shop)) {
+                side.shop.settle().await?;
+            }
+        }
         let rounds = self.settings.rounds;
         let slice = self.settings.duration / rounds;
-        let (mut stockguard, mut raw, mut floor) = (Measured::default(), Measured::default(), Measured::default());
+        let mut measured: [Measured; N] = std::array::from_fn(|_| Measured::default());
         for round in 1..=rounds {
-            let (s, r, f) = (
-                self.stockguard(server, scenario, clients, slice).await?,
-                self.raw_sql(Raw::Limit, scenario, clients, slice).await?,
-                self.raw_sql(Raw::Floor, scenario, clients, slice).await?,
-            );
+            // Every other round backwards, so no side always runs first
+            // (or always right after a given other).
+            let mut order: [usize; N] = std::array::from_fn(|i| i);
+            if round % 2 == 0 {
+                order.reverse();
+            }
+            let mut reserved = [0.0; N];
+            for i in order {
+                let side = &sides[i];
+                let m = match side.server {
+                    Some(server) => self.stockguard(server, side.shop, scenario, clients, slice).await?,
+                    None => self.raw_sql(side.raw, side.shop, scenario, clients, slice).await?,
+                };
+                reserved[i] = m.0.outcomes.get("Reserved").copied().unwrap_or(0) as f64 / slice.as_secs_f64();
+                measured[i].add(m);
+            }
             // Per round, so a slow patch (a checkpoint's full-page writes) shows where it fell.
-            let per_sec =
-                |m: &(Recorder, Usage)| m.0.outcomes.get("Reserved").copied().unwrap_or(0) as f64 / slice.as_secs_f64();
-            eprintln!(
-                "bench:   round {round}: Stockguard {:.0}, raw SQL {:.0}, floor {:.0} res/s",
-                per_sec(&s),
-                per_sec(&r),
-                per_sec(&f)
-            );
-            stockguard.add(s);
-            raw.add(r);
-            floor.add(f);
+            let line: Vec<String> = sides.iter().zip(reserved).map(|(s, r)| format!("{} {r:.0}", s.label)).collect();
+            eprintln!("bench:   round {round}: {} res/s", line.join(", "));
         }
-        self.check_invariant(&format!("{} x{clients}, Stockguard and raw SQL", scenario.name())).await?;
         let seconds = (slice * rounds).as_secs_f64();
-        Ok(Cell {
-            scenario,
-            clients,
-            stockguard: stockguard.stats(seconds),
-            raw: raw.stats(seconds),
-            floor: floor.stats(seconds),
-        })
+        Ok(measured.map(|m| m.stats(seconds)))
     }
 
     /// `reserve` over HTTP for `measured`: one task per client, each with its own token.
     async fn stockguard(
-        &mut self,
+        &self,
         server: &ServerProcess,
+        shop: &Shop,
         scenario: Scenario,
         clients: usize,
         measured: Duration,
     ) -> anyhow::Result<(Recorder, Usage)> {
         let gql = Arc::new(Gql::new(&server.url, clients)?);
-        let targets = self.targets(scenario);
+        let targets = shop.targets(scenario);
         let (measure_from, until) = window_of(self.settings.warmup, measured);
         let tasks = (self.tokens(clients)?.into_iter().enumerate())
             .map(|(i, token)| {
@@ -422,23 +518,24 @@ impl Bench {
                 tokio::spawn(reserve_client(gql.clone(), token, targets.clone(), i as u64 + 1, rec, None, keyed))
             })
             .collect();
-        measure(Some(server.pid), &self.db, self.clk_tck, measure_from, run_tasks(tasks)).await
+        measure(Some(server.pid), &shop.db, self.clk_tck, measure_from, run_tasks(tasks)).await
     }
 
     /// `statement` for `measured`, prepared, through one dedicated
     /// connection per client.
     async fn raw_sql(
-        &mut self,
+        &self,
         statement: Raw,
+        shop: &Shop,
         scenario: Scenario,
         clients: usize,
         measured: Duration,
     ) -> anyhow::Result<(Recorder, Usage)> {
-        let targets = self.targets(scenario);
+        let targets = shop.targets(scenario);
         let (ttl_secs, keyed) = (self.ttl_secs, self.settings.keyed);
         let mut connections = Vec::with_capacity(clients);
         for _ in 0..clients {
-            connections.push(connect_patiently(&self.database_url).await.context("raw SQL: connect")?);
+            connections.push(connect_patiently(&shop.database_url).await.context("raw SQL: connect")?);
         }
         let (measure_from, until) = window_of(self.settings.warmup, measured);
         // The connections are closed after the measurement, so their
@@ -495,7 +592,7 @@ impl Bench {
                 })
             })
             .collect();
-        let measured = measure(None, &self.db, self.clk_tck, measure_from, run_tasks(tasks)).await;
+        let measured = measure(None, &shop.db, self.clk_tck, measure_from, run_tasks(tasks)).await;
         let connections = std::mem::take(&mut *done.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         for conn in connections {
             let _ = conn.close().await;
@@ -508,8 +605,8 @@ impl Bench {
     pub async fn expected_version(&mut self, server: &ServerProcess, clients: usize) -> anyhow::Result<Stats> {
         let gql = Arc::new(Gql::new(&server.url, clients)?);
         let tokens = self.tokens(clients)?;
-        let hot = self.hot;
-        self.settle().await?;
+        let hot = self.shop.hot;
+        self.shop.settle().await?;
         let (measure_from, until) = self.window();
         let tasks = tokens
             .into_iter()
@@ -553,10 +650,10 @@ impl Bench {
             })
             .collect();
         let (recorder, usage) =
-            measure(Some(server.pid), &self.db, self.clk_tck, measure_from, run_tasks(tasks)).await?;
+            measure(Some(server.pid), &self.shop.db, self.clk_tck, measure_from, run_tasks(tasks)).await?;
         let mut stats = Stats::from(recorder, self.settings.duration.as_secs_f64(), &["Reserved"]);
         stats.usage = usage;
-        self.check_invariant(&format!("expectedVersion HOT x{clients}")).await?;
+        self.invariant.check(&self.shop.db, &format!("expectedVersion HOT x{clients}")).await?;
         Ok(stats)
     }
 
@@ -575,44 +672,17 @@ impl Bench {
         let first = gql.place_order(&customer, inventory, address("start")).await?;
         let contest =
             Arc::new(OrderContest { gql, current: Arc::new(RwLock::new(first)), operator, customer, inventory });
-        self.settle().await?;
+        self.shop.settle().await?;
         let (measure_from, until) = self.window();
         let tasks = (0..clients)
             .map(|i| tokio::spawn(contest.clone().client(i, Recorder::new(measure_from, until), until)))
             .collect();
         let (recorder, usage) =
-            measure(Some(server.pid), &self.db, self.clk_tck, measure_from, run_tasks(tasks)).await?;
+            measure(Some(server.pid), &self.shop.db, self.clk_tck, measure_from, run_tasks(tasks)).await?;
         let mut stats = Stats::from(recorder, self.settings.duration.as_secs_f64(), &ORDER_SUCCESSES);
         stats.usage = usage;
-        self.check_invariant(&format!("contested order, {mode}")).await?;
+        self.invariant.check(&self.shop.db, &format!("contested order, {mode}")).await?;
         Ok(stats)
-    }
-
-    /// Brings the database to the same state before every run, as pgbench
-    /// does: the inventories vacuumed (earlier runs left dead row versions)
-    /// and a checkpoint taken, so no run pays for the one before it and a
-    /// checkpoint falls inside a measured window less often.
-    async fn settle(&self) -> anyhow::Result<()> {
-        for sql in ["VACUUM (ANALYZE) inventories", "VACUUM (ANALYZE) floor.inventories", "CHECKPOINT"] {
-            self.db.execute_unprepared(sql).await.with_context(|| format!("before a run: {sql}"))?;
-        }
-        Ok(())
-    }
-
-    /// The docs/design.md invariant, from the database; a violation is remembered
-    /// (and makes the benchmark exit 1).
-    pub async fn check_invariant(&mut self, after: &str) -> anyhow::Result<()> {
-        let drifts = stockguard::invariant::check(&self.db).await.context("invariant check")?;
-        self.invariant_checks += 1;
-        if drifts.is_empty() {
-            eprintln!("bench:   invariant holds after {after}");
-        } else {
-            for drift in &drifts {
-                eprintln!("bench:   INVARIANT VIOLATED after {after}: {drift}");
-                self.violations.push(format!("after {after}: {drift}"));
-            }
-        }
-        Ok(())
     }
 }
 
