@@ -39,7 +39,7 @@ use uuid::Uuid;
 
 use crate::{
     report::{History, HistoryCell, Sides},
-    scenarios::{Bench, Raw, Scenario, Shop, Side},
+    scenarios::{Bench, By, Raw, Scenario, Shop, Side},
     support::{ServerProcess, ThrowAway},
 };
 
@@ -89,10 +89,10 @@ async fn measure_with(
     for clients in bench.settings.clients.iter().copied().filter(|c| [16, 64].contains(c)).collect::<Vec<_>>() {
         eprintln!("bench: SPREAD x{clients} without and with history: Stockguard and raw SQL");
         let sides = [
-            Side { label: "Stockguard without", shop: &bench.shop, server: Some(server), raw: Raw::Limit },
-            Side { label: "with", shop: &shop, server: Some(second), raw: Raw::Limit },
-            Side { label: "raw SQL without", shop: &bench.shop, server: None, raw: Raw::Limit },
-            Side { label: "with", shop: &shop, server: None, raw: Raw::Limit },
+            Side { label: "Stockguard without", shop: &bench.shop, by: By::Http(server) },
+            Side { label: "with", shop: &shop, by: By::Http(second) },
+            Side { label: "raw SQL without", shop: &bench.shop, by: By::Sql(Raw::Limit) },
+            Side { label: "with", shop: &shop, by: By::Sql(Raw::Limit) },
         ];
         let [stockguard, stockguard_with, raw, raw_with] = bench.rounds(&sides, Scenario::Spread, clients).await?;
         let after = format!("SPREAD x{clients} without and with history");

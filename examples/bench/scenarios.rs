@@ -406,10 +406,17 @@ pub struct Side<'a> {
     pub label: &'static str,
     /// Where it reserves.
     pub shop: &'a Shop,
-    /// `Some(server)`: `reserve` over HTTP; `None`: `raw` straight to the database.
-    pub server: Option<&'a ServerProcess>,
-    /// The statement when straight to the database.
-    pub raw: Raw,
+    /// How.
+    pub by: By<'a>,
+}
+
+/// How a side reserves.
+#[derive(Clone, Copy)]
+pub enum By<'a> {
+    /// `reserve` over HTTP to this server.
+    Http(&'a ServerProcess),
+    /// This statement straight to the database.
+    Sql(Raw),
 }
 
 /// The benchmark's state between runs: its database, and the invariant
@@ -447,9 +454,9 @@ impl Bench {
     pub async fn cell(&mut self, server: &ServerProcess, scenario: Scenario, clients: usize) -> anyhow::Result<Cell> {
         let shop = &self.shop;
         let sides = [
-            Side { label: "Stockguard", shop, server: Some(server), raw: Raw::Limit },
-            Side { label: "raw SQL", shop, server: None, raw: Raw::Limit },
-            Side { label: "floor", shop, server: None, raw: Raw::Floor },
+            Side { label: "Stockguard", shop, by: By::Http(server) },
+            Side { label: "raw SQL", shop, by: By::Sql(Raw::Limit) },
+            Side { label: "floor", shop, by: By::Sql(Raw::Floor) },
         ];
         let [stockguard, raw, floor] = self.rounds(&sides, scenario, clients).await?;
         self.invariant.check(&self.shop.db, &format!("{} x{clients}, Stockguard and raw SQL", scenario.name())).await?;
@@ -484,9 +491,9 @@ impl Bench {
             let mut reserved = [0.0; N];
             for i in order {
                 let side = &sides[i];
-                let m = match side.server {
-                    Some(server) => self.stockguard(server, side.shop, scenario, clients, slice).await?,
-                    None => self.raw_sql(side.raw, side.shop, scenario, clients, slice).await?,
+                let m = match side.by {
+                    By::Http(server) => self.stockguard(server, side.shop, scenario, clients, slice).await?,
+                    By::Sql(statement) => self.raw_sql(statement, side.shop, scenario, clients, slice).await?,
                 };
                 reserved[i] = m.0.outcomes.get("Reserved").copied().unwrap_or(0) as f64 / slice.as_secs_f64();
                 measured[i].add(m);
