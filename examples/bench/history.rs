@@ -28,7 +28,7 @@
 
 use std::{path::Path, process::Stdio, time::Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use stockguard::{
     pagination::Page,
@@ -59,13 +59,7 @@ pub async fn compare(
         let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
         let second = ServerProcess::start(server_bin, &database.url, secret, &locking, Stdio::inherit()).await?;
         let result = measure_with(bench, server, &second, &database.url).await;
-        let stopped = second.stop().await;
-        let history = result?;
-        let status = stopped?;
-        if !status.success() {
-            bail!("the second server exited with {status} after SIGTERM");
-        }
-        Ok(history)
+        second.stop_after(result).await
     }
     .await;
     database.drop("bench").await;

@@ -226,13 +226,7 @@ async fn run(
     let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
     let server = ServerProcess::start(server_bin, database_url, &secret, &locking, Stdio::inherit()).await?;
     let result = main_matrix(settings, keys, &server, server_bin, database_url_base, database_url, &secret).await;
-    let stopped = server.stop().await;
-    let (markdown, ok) = result?;
-    let status = stopped?;
-    if !status.success() {
-        bail!("the server exited with {status} after SIGTERM");
-    }
-    Ok((markdown, ok))
+    server.stop_after(result).await
 }
 
 async fn main_matrix(

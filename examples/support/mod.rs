@@ -92,6 +92,21 @@ impl ServerProcess {
     }
 }
 
+impl ServerProcess {
+    /// Stops the server once `result` (of what ran against it) is in:
+    /// `result`'s error first, then a failed stop, then an exit other than
+    /// success.
+    pub async fn stop_after<T>(self, result: anyhow::Result<T>) -> anyhow::Result<T> {
+        let stopped = self.stop().await;
+        let value = result?;
+        let status = stopped?;
+        if !status.success() {
+            bail!("the server exited with {status} after SIGTERM");
+        }
+        Ok(value)
+    }
+}
+
 /// A line of /proc/<pid>/status in kB (`VmRSS`, `VmHWM`), if the process runs.
 pub fn status_kb(pid: u32, key: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
