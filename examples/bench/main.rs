@@ -14,8 +14,10 @@
 //! server's TTL), prepared, through as many direct database connections,
 //! with no HTTP and no GraphQL. The two sides take turns in `--rounds`
 //! rounds (each after `--warmup-secs`, every other round in reverse), so
-//! whatever else the machine does falls on both alike; before each cell the inventories are vacuumed and a
-//! checkpoint is taken, as pgbench does. Then it compares strategies on HOT (plain
+//! whatever else the machine does falls on both alike; before each cell the
+//! inventories are vacuumed and a checkpoint is taken, as pgbench does. With
+//! `--history N`, SPREAD is also measured beside a second database holding N
+//! rows of history (see `history.rs`). Then it compares strategies on HOT (plain
 //! `reserve` vs `expectedVersion` with re-read and up to 3 retries) and one
 //! contested order in optimistic vs pessimistic locking (the server is
 //! restarted for the second mode).
