@@ -52,8 +52,3 @@ impl AppState {
         }
     }
 }
-
-/// The shared state from a resolver's context; the schema is always built with it.
-pub fn state<'a>(ctx: &async_graphql::Context<'a>) -> &'a AppState {
-    ctx.data_unchecked::<AppState>()
-}

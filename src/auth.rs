@@ -5,7 +5,6 @@
 //! missing or bad token on a protected field is `UNAUTHENTICATED`, a role that
 //! may not call a field at all is `FORBIDDEN`.
 
-use async_graphql::Context;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
@@ -91,6 +90,17 @@ pub enum Viewer {
     User(User),
 }
 
+impl Viewer {
+    /// The signed-in user, or `UNAUTHENTICATED` with the reason.
+    pub fn user(&self) -> Result<&User, AppError> {
+        match self {
+            Self::User(user) => Ok(user),
+            Self::Invalid(reason) => Err(AppError::Unauthenticated(reason)),
+            Self::Anonymous => Err(AppError::Unauthenticated("this operation needs a bearer token")),
+        }
+    }
+}
+
 /// The signing and verifying keys for one secret.
 #[derive(Clone)]
 pub struct Keys {
@@ -167,21 +177,6 @@ impl Keys {
         }
         Viewer::User(User { id: claims.sub, role: claims.role })
     }
-}
-
-/// The signed-in user, or `UNAUTHENTICATED`.
-pub fn user<'a>(ctx: &'a Context<'_>) -> Result<&'a User, AppError> {
-    match ctx.data_opt::<Viewer>() {
-        Some(Viewer::User(user)) => Ok(user),
-        Some(Viewer::Invalid(reason)) => Err(AppError::Unauthenticated(reason)),
-        Some(Viewer::Anonymous) | None => Err(AppError::Unauthenticated("this operation needs a bearer token")),
-    }
-}
-
-/// The signed-in operator, or `UNAUTHENTICATED` / `FORBIDDEN`.
-pub fn operator<'a>(ctx: &'a Context<'_>) -> Result<&'a User, AppError> {
-    let user = user(ctx)?;
-    if user.is_operator() { Ok(user) } else { Err(AppError::Forbidden) }
 }
 
 #[cfg(test)]

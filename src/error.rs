@@ -3,7 +3,10 @@
 //! Business outcomes (sold out, conflict, not found) are not errors: they are
 //! enums returned by the services and union members in the API. What is left
 //! here is really an error, and each variant maps to one `extensions.code`.
-//! Internal details are logged where the error is made and never sent.
+//! An internal error carries its cause, which is logged once, where the error
+//! becomes a response (`extend`), and never sent.
+
+use std::sync::Arc;
 
 use async_graphql::ErrorExtensions;
 use sea_orm::DbErr;
@@ -33,15 +36,21 @@ pub enum AppError {
     /// The database could not be reached in time; the client may retry.
     #[error("the database is unavailable, try again")]
     DatabaseUnavailable,
-    /// Anything else; the cause was logged.
+    /// Anything else: a failure of ours or of the database that the client
+    /// can do nothing about. The cause is for the log, never for the client.
     #[error("internal error")]
-    Internal,
+    Internal(Arc<anyhow::Error>),
 }
 
 impl AppError {
     /// Bad input on `field`.
     pub fn bad_input(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::BadInput { field: field.into(), message: message.into() }
+    }
+
+    /// An internal error caused by `cause`.
+    pub fn internal(cause: impl Into<anyhow::Error>) -> Self {
+        Self::Internal(Arc::new(cause.into()))
     }
 
     /// The `extensions.code` of this error.
@@ -52,7 +61,7 @@ impl AppError {
             Self::Unauthenticated(_) => "UNAUTHENTICATED",
             Self::Forbidden => "FORBIDDEN",
             Self::DatabaseUnavailable => "DATABASE_UNAVAILABLE",
-            Self::Internal => "INTERNAL",
+            Self::Internal(_) => "INTERNAL",
         }
     }
 }
@@ -67,16 +76,16 @@ impl From<DbErr> for AppError {
                 tracing::warn!(error = %err, "database unavailable");
                 Self::DatabaseUnavailable
             }
-            failure => {
-                tracing::error!(error = %err, ?failure, "database error");
-                Self::Internal
-            }
+            failure => Self::internal(anyhow::Error::new(err).context(format!("database error ({failure:?})"))),
         }
     }
 }
 
 impl ErrorExtensions for AppError {
     fn extend(&self) -> async_graphql::Error {
+        if let Self::Internal(cause) = self {
+            tracing::error!(cause = format!("{cause:#}"), "internal error");
+        }
         async_graphql::Error::new(self.to_string()).extend_with(|_, ext| {
             ext.set("code", self.code());
             match self {

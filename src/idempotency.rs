@@ -126,7 +126,7 @@ pub async fn first_use(db: &DatabaseConnection, user_id: &str, key: &Key) -> Res
     let first =
         Entity::find().filter(Column::UserId.eq(user_id)).filter(Column::IdempotencyKey.eq(&key.key)).one(db).await?;
     // Claimed by this very request, so it wrote its reservation in the same statement.
-    first.map(Some).ok_or(AppError::Internal)
+    first.map(Some).ok_or_else(|| AppError::internal(anyhow::anyhow!("a claimed idempotency key has no reservation")))
 }
 
 /// Every reservation of the multi-item request that first used the key,
@@ -137,7 +137,9 @@ pub async fn replay_multi_item(
     key: &Key,
 ) -> Result<Option<Vec<ReservationRow>>, AppError> {
     let Some(first) = first_use(db, user_id, key).await? else { return Ok(None) };
-    let multi_item = first.multi_item_id.ok_or(AppError::Internal)?;
+    let multi_item = first
+        .multi_item_id
+        .ok_or_else(|| AppError::internal(anyhow::anyhow!("a reserveMany key's first use has no multi-item id")))?;
     let lines =
         Entity::find().filter(Column::MultiItemId.eq(multi_item)).order_by_asc(Column::InventoryId).all(db).await?;
     Ok(Some(lines))
@@ -147,7 +149,7 @@ pub async fn replay_multi_item(
 /// used the key, if any.
 pub async fn replay_order(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Uuid>, AppError> {
     let Some(claim) = claim(db, user_id, key).await? else { return Ok(None) };
-    Ok(Some(claim.order_id.ok_or(AppError::Internal)?))
+    Ok(Some(claim.order_id.ok_or_else(|| AppError::internal(anyhow::anyhow!("an order key's claim has no order")))?))
 }
 
 #[cfg(test)]

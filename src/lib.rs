@@ -13,6 +13,8 @@ pub mod auth;
 pub mod cli;
 /// Every setting, from flags or the environment, with the API's limits.
 pub mod config;
+/// What a resolver takes from its context, checked: the caller, the state, services and loaders.
+pub mod context;
 /// Connecting, creating and migrating the database; the one place that classifies database errors.
 pub mod db;
 /// GraphQL documents read within bounds (tokens, nesting, expanded size), parsed once and kept.

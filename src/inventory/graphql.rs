@@ -16,8 +16,8 @@ use super::{
     store::{self, StockStates},
 };
 use crate::{
-    app::state,
-    auth,
+    app::AppState,
+    context::Parts,
     error::{AppError, GqlResult, IntoGql},
     live::{Live, WatchError},
     node,
@@ -81,8 +81,8 @@ impl Inventory {
         #[graphql(default = 20, desc = "Page size, 1 to the configured maximum (100).")] first: Option<i32>,
         #[graphql(desc = "The `endCursor` of the previous page.")] after: Option<String>,
     ) -> GqlResult<Connection<VersionCursor, StockMovement>> {
-        auth::operator(ctx).gql()?;
-        let app = state(ctx);
+        ctx.operator()?;
+        let app = ctx.part::<AppState>()?;
         let page = Page::parse(first, after.as_deref(), app.limits.max_page_size).gql()?;
         let rows = movements::page(&app.db, self.0.id, page).await.gql()?;
         Ok(connection(page, rows, |row| VersionCursor(row.version_after), StockMovement))
@@ -116,20 +116,19 @@ impl Inventory {
 impl Inventory {
     /// This inventory's stock states, through the request's DataLoader.
     async fn states(&self, ctx: &Context<'_>) -> GqlResult<StockStates> {
-        let loader = ctx.data_unchecked::<DataLoader<StockStatesLoader>>();
+        let loader = ctx.part::<DataLoader<StockStatesLoader>>()?;
         let states = loader.load_one(self.0.id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
         // The row was read, so it exists; it cannot be deleted.
-        states.ok_or_else(|| AppError::Internal.extend())
+        states
+            .ok_or_else(|| AppError::internal(anyhow::anyhow!("inventory {} has no stock states", self.0.id)).extend())
     }
 }
 
 /// A count of units as a GraphQL `Int`. Sums of holds are wider than a
 /// row's stock; one past `i32::MAX` is a broken database, not a client's fault.
 fn units(n: i64) -> GqlResult<i32> {
-    i32::try_from(n).map_err(|_| {
-        tracing::error!(n, "a stock state does not fit in an Int");
-        AppError::Internal.extend()
-    })
+    i32::try_from(n)
+        .map_err(|_| AppError::internal(anyhow::anyhow!("a stock state of {n} does not fit in an Int")).extend())
 }
 
 /// A ledger row as the API shows it.
@@ -193,15 +192,15 @@ impl From<InventoryRow> for Inventory {
 /// One ledger row through the request's DataLoader (operators only, as
 /// `Inventory.movements`).
 pub async fn movement(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<StockMovement>> {
-    auth::operator(ctx).gql()?;
-    let loader = ctx.data_unchecked::<DataLoader<MovementLoader>>();
+    ctx.operator()?;
+    let loader = ctx.part::<DataLoader<MovementLoader>>()?;
     Ok(loader.load_one(id).await.gql()?.map(StockMovement))
 }
 
 /// Loads one inventory through the request's DataLoader, so that all the
 /// `inventory` fields of one response cost one statement.
 pub async fn load(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Inventory>> {
-    let loader = ctx.data_unchecked::<DataLoader<InventoryLoader>>();
+    let loader = ctx.part::<DataLoader<InventoryLoader>>()?;
     let row = loader.load_one(id).await.gql()?;
     Ok(row.map(Inventory))
 }
@@ -291,7 +290,7 @@ impl InventoryQuery {
         if sku.contains('\0') {
             return Ok(None);
         }
-        let loader = ctx.data_unchecked::<DataLoader<InventoryBySkuLoader>>();
+        let loader = ctx.part::<DataLoader<InventoryBySkuLoader>>()?;
         let row = loader.load_one(sku).await.gql()?;
         Ok(row.map(Inventory))
     }
@@ -304,7 +303,7 @@ impl InventoryQuery {
         #[graphql(default = 20, desc = "Page size, 1 to the configured maximum (100).")] first: Option<i32>,
         #[graphql(desc = "The `endCursor` of the previous page.")] after: Option<String>,
     ) -> GqlResult<Connection<Cursor, Inventory>> {
-        let app = state(ctx);
+        let app = ctx.part::<AppState>()?;
         let page = Page::parse(first, after.as_deref(), app.limits.max_page_size).gql()?;
         let rows = store::page(&app.db, page).await.gql()?;
         Ok(connection(page, rows, |row| Cursor { created_at: row.created_at, id: row.id }, Inventory))
@@ -323,11 +322,11 @@ impl InventoryMutation {
         ctx: &Context<'_>,
         #[graphql(desc = "The new inventory.")] input: CreateInventoryInput,
     ) -> GqlResult<Inventory> {
-        auth::operator(ctx).gql()?;
+        ctx.operator()?;
         let sku = validate::text("input.sku", &input.sku, 64).gql()?;
         let name = validate::text("input.name", &input.name, 200).gql()?;
         let stock = validate::within("input.stock", input.stock, 0..=MAX_STOCK_CHANGE).gql()?;
-        Ok(Inventory(service::create(&state(ctx).db, &sku, &name, stock).await.gql()?))
+        Ok(Inventory(service::create(&ctx.part::<AppState>()?.db, &sku, &name, stock).await.gql()?))
     }
 
     /// Adds stock (operators). With `expectedVersion`, only if the row is
@@ -337,9 +336,9 @@ impl InventoryMutation {
         ctx: &Context<'_>,
         #[graphql(desc = "Which inventory, how many units, and optionally the version seen.")] input: RestockInput,
     ) -> GqlResult<RestockResult> {
-        auth::operator(ctx).gql()?;
+        ctx.operator()?;
         let quantity = validate::within("input.quantity", input.quantity, 1..=MAX_STOCK_CHANGE).gql()?;
-        let app = state(ctx);
+        let app = ctx.part::<AppState>()?;
         let outcome =
             service::restock(&app.db, &app.collisions, input.inventory_id, quantity, input.expected_version).await;
         Ok(telemetry::counted(
@@ -373,8 +372,10 @@ impl InventorySubscription {
     ) -> async_graphql::Result<BoxStream<'static, Inventory>> {
         // The schema that serves introspection alone has no live stock, and
         // runs no subscription.
-        let live = ctx.data::<Live>().map_err(|_| AppError::Internal.extend())?;
-        let changes = live.watch(state(ctx).db.clone(), id).await.map_err(|err| match err {
+        let live = ctx
+            .data::<Live>()
+            .map_err(|_| AppError::internal(anyhow::anyhow!("the schema was built without live feeds")).extend())?;
+        let changes = live.watch(ctx.part::<AppState>()?.db.clone(), id).await.map_err(|err| match err {
             WatchError::NotFound => AppError::bad_input("id", "no inventory has this id").extend(),
             WatchError::Db(err) => AppError::from(err).extend(),
         })?;

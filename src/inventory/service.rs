@@ -15,7 +15,7 @@ use crate::{
 pub async fn create(db: &DatabaseConnection, sku: &str, name: &str, stock: i32) -> Result<InventoryRow, AppError> {
     match store::create(db, Uuid::new_v4(), sku, name, stock).await {
         Ok(Some(row)) => Ok(row),
-        Ok(None) => Err(AppError::Internal),
+        Ok(None) => Err(AppError::internal(anyhow::anyhow!("creating inventory {sku:?} returned no row"))),
         Err(err) if matches!(classify(&err), DbFailure::UniqueViolation(_)) => {
             Err(AppError::bad_input("input.sku", format!("an inventory with sku {sku:?} already exists")))
         }

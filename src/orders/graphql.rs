@@ -18,8 +18,9 @@ use super::{
     },
 };
 use crate::{
-    app::state,
-    auth::{self, User},
+    app::AppState,
+    auth::User,
+    context::Parts,
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Inventory, load as load_inventory},
     live::Live,
@@ -60,7 +61,7 @@ impl Order {
 
     /// The lines, one per inventory (batched per request).
     async fn items(&self, ctx: &Context<'_>) -> GqlResult<Vec<OrderItem>> {
-        let loader = ctx.data_unchecked::<DataLoader<OrderLinesLoader>>();
+        let loader = ctx.part::<DataLoader<OrderLinesLoader>>()?;
         let lines = loader.load_one(self.0.id).await.gql()?;
         Ok(lines.unwrap_or_default().into_iter().map(OrderItem).collect())
     }
@@ -112,7 +113,9 @@ pub struct OrderItem(ReservationRow);
 impl OrderItem {
     /// The inventory (batched per request).
     async fn inventory(&self, ctx: &Context<'_>) -> GqlResult<Inventory> {
-        load_inventory(ctx, self.0.inventory_id).await?.ok_or_else(|| AppError::Internal.extend())
+        load_inventory(ctx, self.0.inventory_id)
+            .await?
+            .ok_or_else(|| AppError::internal(anyhow::anyhow!("an order line's inventory is missing")).extend())
     }
 
     /// Units.
@@ -425,7 +428,7 @@ async fn transition<R: TransitionResult>(
     transition: Transition,
     field: &'static str,
 ) -> GqlResult<R> {
-    let app = state(ctx);
+    let app = ctx.part::<AppState>()?;
     let outcome = service::transition(&app.db, &app.limits, user, id, transition).await.gql()?;
     Ok(telemetry::counted(field, R::of(outcome, id)))
 }
@@ -472,8 +475,8 @@ pub enum ChangeShippingAddressResult {
 /// operators), through the request's DataLoader; `UNAUTHENTICATED` without
 /// a token.
 pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Order>> {
-    let user = auth::user(ctx).gql()?;
-    let loader = ctx.data_unchecked::<DataLoader<OrderLoader>>();
+    let user = ctx.user()?;
+    let loader = ctx.part::<DataLoader<OrderLoader>>()?;
     let order = loader.load_one(id).await.gql()?;
     Ok(order.filter(|order| user.may_see(&order.user_id)).map(Order))
 }
@@ -502,8 +505,8 @@ impl OrderQuery {
         #[graphql(desc = "The `endCursor` of the previous page.")] after: Option<String>,
         #[graphql(desc = "Only orders in this status.")] status: Option<OrderStatus>,
     ) -> GqlResult<Connection<Cursor, Order>> {
-        let user = auth::user(ctx).gql()?;
-        let app = state(ctx);
+        let user = ctx.user()?;
+        let app = ctx.part::<AppState>()?;
         let page = Page::parse(first, after.as_deref(), app.limits.max_page_size).gql()?;
         let owner = (!user.is_operator()).then_some(user.id.as_str());
         let orders = super::store::page(&app.db, owner, status, page).await.gql()?;
@@ -523,8 +526,8 @@ impl OrderMutation {
         ctx: &Context<'_>,
         #[graphql(desc = "The lines, the address and an optional idempotency key.")] input: PlaceOrderInput,
     ) -> GqlResult<PlaceOrderResult> {
-        let user = auth::user(ctx).gql()?;
-        let app = state(ctx);
+        let user = ctx.user()?;
+        let app = ctx.part::<AppState>()?;
         let lines = ReserveItemInput::merge(&input.items, app.limits.max_quantity).gql()?;
         let address = input.shipping_address.parse("input.shippingAddress").gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
@@ -546,7 +549,7 @@ impl OrderMutation {
         ctx: &Context<'_>,
         #[graphql(desc = "The order's id.")] id: Uuid,
     ) -> GqlResult<ConfirmOrderResult> {
-        let user = auth::operator(ctx).gql()?;
+        let user = ctx.operator()?;
         transition(ctx, user, id, Transition::Confirm, "confirmOrder").await
     }
 
@@ -557,7 +560,7 @@ impl OrderMutation {
         ctx: &Context<'_>,
         #[graphql(desc = "The order's id.")] id: Uuid,
     ) -> GqlResult<CancelOrderResult> {
-        let user = auth::user(ctx).gql()?;
+        let user = ctx.user()?;
         transition(ctx, user, id, Transition::Cancel, "cancelOrder").await
     }
 
@@ -569,8 +572,8 @@ impl OrderMutation {
         #[graphql(desc = "The order, the version the client saw, and the new address.")]
         input: ChangeShippingAddressInput,
     ) -> GqlResult<ChangeShippingAddressResult> {
-        let user = auth::user(ctx).gql()?;
-        let app = state(ctx);
+        let user = ctx.user()?;
+        let app = ctx.part::<AppState>()?;
         let address = input.shipping_address.parse("input.shippingAddress").gql()?;
         let submitted = ShippingAddress::from(&address);
         let outcome = service::change_shipping_address(
@@ -617,8 +620,8 @@ impl OrderMutation {
         ctx: &Context<'_>,
         #[graphql(desc = "The cart's reservations, the address and an optional idempotency key.")] input: CheckoutInput,
     ) -> GqlResult<CheckoutResult> {
-        let user = auth::user(ctx).gql()?;
-        let app = state(ctx);
+        let user = ctx.user()?;
+        let app = ctx.part::<AppState>()?;
         let cart = service::cart(&input.reservation_ids).gql()?;
         let address = input.shipping_address.parse("input.shippingAddress").gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
@@ -651,7 +654,7 @@ impl OrderMutation {
         ctx: &Context<'_>,
         #[graphql(desc = "The CONFIRMED order.")] id: Uuid,
     ) -> GqlResult<FulfillOrderResult> {
-        let user = auth::operator(ctx).gql()?;
+        let user = ctx.operator()?;
         transition(ctx, user, id, Transition::Fulfil, "fulfillOrder").await
     }
 }
@@ -672,11 +675,13 @@ impl OrderSubscription {
         ctx: &Context<'_>,
         #[graphql(desc = "The order to follow.")] id: Uuid,
     ) -> async_graphql::Result<BoxStream<'static, Order>> {
-        let user = auth::user(ctx).gql()?;
+        let user = ctx.user()?;
         // The schema that serves introspection alone has no live feeds, and
         // runs no subscription.
-        let live = ctx.data::<Live>().map_err(|_| AppError::Internal.extend())?;
-        let db = state(ctx).db.clone();
+        let live = ctx
+            .data::<Live>()
+            .map_err(|_| AppError::internal(anyhow::anyhow!("the schema was built without live feeds")).extend())?;
+        let db = ctx.part::<AppState>()?.db.clone();
         let Some(order) = super::store::find(&db, id).await.gql()?.filter(|order| user.may_see(&order.user_id)) else {
             return Err(AppError::bad_input("id", "no order has this id").extend());
         };

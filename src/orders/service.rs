@@ -74,9 +74,10 @@ pub async fn place_order(
             Ok(PlaceOutcome::ItemsUnavailable(multi_item::all_in_conflict(db, lines).await?))
         }
         // The key's first request committed while this one waited.
-        Err(err) if idempotency::is_taken(&err) => {
-            replay(db, user_id, key.as_ref()).await?.map(PlaceOutcome::Placed).ok_or(AppError::Internal)
-        }
+        Err(err) if idempotency::is_taken(&err) => replay(db, user_id, key.as_ref())
+            .await?
+            .map(PlaceOutcome::Placed)
+            .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no order"))),
         Err(err) => Err(err.into()),
     }
 }
@@ -93,7 +94,11 @@ fn fingerprinted(address: &ShippingAddress) -> String {
 async fn replay(db: &DatabaseConnection, user_id: &str, key: Option<&Key>) -> Result<Option<Order>, AppError> {
     let Some(key) = key else { return Ok(None) };
     let Some(order_id) = idempotency::replay_order(db, user_id, key).await? else { return Ok(None) };
-    Ok(Some(store::find(db, order_id).await?.ok_or(AppError::Internal)?))
+    Ok(Some(
+        store::find(db, order_id)
+            .await?
+            .ok_or_else(|| AppError::internal(anyhow::anyhow!("an idempotency key names a missing order")))?,
+    ))
 }
 
 /// The reservations of a checkout as the request names them: sorted (the
@@ -168,7 +173,10 @@ pub async fn checkout(
         Ok(attempted) => attempted,
         // The key was claimed first by a request that has committed.
         Err(err) if idempotency::is_taken(&err) => {
-            return replay(db, user_id, key.as_ref()).await?.map(CheckoutOutcome::Placed).ok_or(AppError::Internal);
+            return replay(db, user_id, key.as_ref())
+                .await?
+                .map(CheckoutOutcome::Placed)
+                .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no order")));
         }
         Err(err) => return Err(err.into()),
     };
@@ -176,8 +184,11 @@ pub async fn checkout(
         && !lines.is_empty()
     {
         if lines.len() != reservation_ids.len() {
-            tracing::error!(lines = lines.len(), asked = reservation_ids.len(), "a checkout wrote part of a cart");
-            return Err(AppError::Internal);
+            return Err(AppError::internal(anyhow::anyhow!(
+                "a checkout wrote {} of a cart's {} lines",
+                lines.len(),
+                reservation_ids.len()
+            )));
         }
         return Ok(CheckoutOutcome::Placed(order));
     }
@@ -385,7 +396,8 @@ pub async fn change_shipping_address(
         changed.version = expected_version + 1;
         return Ok(AddressOutcome::Changed(changed));
     }
-    let latest = store::find(db, id).await?.ok_or(AppError::Internal)?;
+    let latest =
+        store::find(db, id).await?.ok_or_else(|| AppError::internal(anyhow::anyhow!("order {id} vanished")))?;
     Ok(if latest.status() == super::entity::OrderStatus::Pending {
         AddressOutcome::VersionConflict(latest)
     } else {

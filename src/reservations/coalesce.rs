@@ -204,7 +204,9 @@ impl Coalescer {
             if let Some(batch) = batch {
                 tokio::spawn(self.clone().serve(batch));
             }
-            return answer.await.unwrap_or(Err(AppError::Internal));
+            return answer.await.unwrap_or_else(|_| {
+                Err(AppError::internal(anyhow::anyhow!("the coalesced batch ended without answering")))
+            });
         }
         if self.window.is_zero() {
             // A lane of its own: served at once, in its own task; whoever
@@ -217,7 +219,9 @@ impl Coalescer {
         // that goes away cannot strand the others.
         let (reply, answer) = oneshot::channel();
         tokio::spawn(self.clone().serve(vec![Waiting::new(user_id, request, reply)]));
-        answer.await.unwrap_or(Err(AppError::Internal))
+        answer.await.unwrap_or_else(|_| {
+            Err(AppError::internal(anyhow::anyhow!("the reservation's task ended without answering")))
+        })
     }
 
     /// Runs one batch in a lane already counted as running (its inventories

@@ -15,8 +15,8 @@ use super::{
     store,
 };
 use crate::{
-    app::state,
-    auth,
+    app::AppState,
+    context::Parts,
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Conflict, Inventory, InventoryNotFound, load as load_inventory},
     node,
@@ -29,8 +29,7 @@ use crate::{
 /// serves introspection alone is built without it, and no resolver runs there.
 fn service<'a>(ctx: &Context<'a>) -> GqlResult<&'a ReservationService> {
     ctx.data::<ReservationService>().map_err(|_| {
-        tracing::error!("the schema was built without the reservation service");
-        AppError::Internal.extend()
+        AppError::internal(anyhow::anyhow!("the schema was built without the reservation service")).extend()
     })
 }
 
@@ -52,7 +51,9 @@ impl Reservation {
 
     /// The inventory the stock was taken from (batched per request).
     async fn inventory(&self, ctx: &Context<'_>) -> GqlResult<Inventory> {
-        load_inventory(ctx, self.0.inventory_id).await?.ok_or_else(|| AppError::Internal.extend())
+        load_inventory(ctx, self.0.inventory_id)
+            .await?
+            .ok_or_else(|| AppError::internal(anyhow::anyhow!("a reservation's inventory is missing")).extend())
     }
 
     /// The owner.
@@ -152,8 +153,8 @@ impl ReserveResult {
 /// for operators), through the request's DataLoader; `UNAUTHENTICATED`
 /// without a token.
 pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Reservation>> {
-    let user = auth::user(ctx).gql()?;
-    let loader = ctx.data_unchecked::<DataLoader<ReservationLoader>>();
+    let user = ctx.user()?;
+    let loader = ctx.part::<DataLoader<ReservationLoader>>()?;
     let row = loader.load_one(id).await.gql()?;
     Ok(row.filter(|row| user.may_see(&row.user_id)).map(Reservation))
 }
@@ -181,8 +182,8 @@ impl ReservationQuery {
         #[graphql(default = 20, desc = "Page size, 1 to the configured maximum (100).")] first: Option<i32>,
         #[graphql(desc = "The `endCursor` of the previous page.")] after: Option<String>,
     ) -> GqlResult<Connection<Cursor, Reservation>> {
-        let user = auth::user(ctx).gql()?;
-        let app = state(ctx);
+        let user = ctx.user()?;
+        let app = ctx.part::<AppState>()?;
         let page = Page::parse(first, after.as_deref(), app.limits.max_page_size).gql()?;
         let rows = store::page_for_user(&app.db, &user.id, page).await.gql()?;
         Ok(connection(page, rows, |row| Cursor { created_at: row.created_at, id: row.id }, Reservation))
@@ -202,8 +203,8 @@ impl ReservationMutation {
         ctx: &Context<'_>,
         #[graphql(desc = "What to take, and how to guard it.")] input: ReserveInput,
     ) -> GqlResult<ReserveResult> {
-        let user = auth::user(ctx).gql()?;
-        let app = state(ctx);
+        let user = ctx.user()?;
+        let app = ctx.part::<AppState>()?;
         let request = ReserveRequest {
             inventory_id: input.inventory_id,
             quantity: validate::quantity("input.quantity", input.quantity, app.limits.max_quantity).gql()?,
@@ -223,8 +224,8 @@ impl ReservationMutation {
         ctx: &Context<'_>,
         #[graphql(desc = "The lines, and an optional idempotency key.")] input: ReserveManyInput,
     ) -> GqlResult<ReserveManyResult> {
-        let user = auth::user(ctx).gql()?;
-        let app = state(ctx);
+        let user = ctx.user()?;
+        let app = ctx.part::<AppState>()?;
         let lines = ReserveItemInput::merge(&input.items, app.limits.max_quantity).gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
         let ttl = app.limits.reservation_ttl_secs;
@@ -249,7 +250,7 @@ impl ReservationMutation {
         ctx: &Context<'_>,
         #[graphql(desc = "The reservation's id.")] id: Uuid,
     ) -> GqlResult<ReleaseResult> {
-        let user = auth::user(ctx).gql()?;
+        let user = ctx.user()?;
         Ok(telemetry::counted(
             "releaseReservation",
             match service(ctx)?.release(id, &user.id).await.gql()? {
@@ -277,8 +278,8 @@ impl ReservationMutation {
         #[graphql(desc = "The reservation's id.")] id: Uuid,
         #[graphql(desc = "Seconds to add to its expiry, 1 to the configured maximum (3600).")] seconds: i32,
     ) -> GqlResult<ExtendResult> {
-        let user = auth::user(ctx).gql()?;
-        let app = state(ctx);
+        let user = ctx.user()?;
+        let app = ctx.part::<AppState>()?;
         let max = app.limits.max_reservation_ttl_secs;
         let seconds = validate::within("seconds", seconds, 1..=max).gql()?;
         Ok(telemetry::counted(
@@ -307,8 +308,8 @@ impl ReservationMutation {
         ctx: &Context<'_>,
         #[graphql(desc = "The reservation and its new quantity.")] input: ChangeReservationQuantityInput,
     ) -> GqlResult<ChangeReservationQuantityResult> {
-        let user = auth::user(ctx).gql()?;
-        let app = state(ctx);
+        let user = ctx.user()?;
+        let app = ctx.part::<AppState>()?;
         let quantity = validate::quantity("input.quantity", input.quantity, app.limits.max_quantity).gql()?;
         let id = input.reservation_id;
         Ok(telemetry::counted(

@@ -210,7 +210,7 @@ impl ReservationService {
             Err(err) if idempotency::is_taken(&err) => replay_multi_item(&self.db, user_id, key.as_ref())
                 .await?
                 .map(ReserveManyOutcome::ReservedAll)
-                .ok_or(AppError::Internal),
+                .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no first use"))),
             Err(err) => Err(err.into()),
         }
     }
@@ -325,7 +325,9 @@ pub async fn reserve_alone(
         Ok(attempted) => attempted,
         // The key was used first by a request that has committed.
         Err(err) if idempotency::is_taken(&err) => {
-            return replay(db, user_id, key.as_ref()).await?.ok_or(AppError::Internal);
+            return replay(db, user_id, key.as_ref())
+                .await?
+                .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no first use")));
         }
         Err(err) => return Err(err.into()),
     };
@@ -383,7 +385,9 @@ pub(super) async fn replay(
 ) -> Result<Option<ReserveOutcome>, AppError> {
     let Some(key) = key else { return Ok(None) };
     let Some(first) = idempotency::first_use(db, user_id, key).await? else { return Ok(None) };
-    let inventory = inventory_store::find(db, first.inventory_id).await?.ok_or(AppError::Internal)?;
+    let inventory = inventory_store::find(db, first.inventory_id)
+        .await?
+        .ok_or_else(|| AppError::internal(anyhow::anyhow!("a reservation's inventory is missing")))?;
     Ok(Some(ReserveOutcome::Reserved { reservation: first, inventory }))
 }
 
