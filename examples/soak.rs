@@ -36,7 +36,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use rand::{Rng as _, SeedableRng as _, rngs::SmallRng, seq::IndexedRandom as _};
+use rand::{RngExt as _, SeedableRng as _, rngs::SmallRng, seq::IndexedRandom as _};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::auth::{Keys, Role};
@@ -230,7 +230,7 @@ impl Client {
 
     /// Up to `n` distinct inventories.
     fn inventories(&mut self, n: usize) -> Vec<Uuid> {
-        self.shared.inventories.choose_multiple(&mut self.rng, n).copied().collect()
+        self.shared.inventories.sample(&mut self.rng, n).copied().collect()
     }
 
     fn remember(&mut self, reservation: &Value) {

@@ -17,7 +17,7 @@ use std::{
 };
 
 use futures::future::join_all;
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand::{RngExt as _, SeedableRng, rngs::StdRng};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait};
 use serde_json::{Value, json};
 use stockguard::{
