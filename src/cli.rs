@@ -19,7 +19,7 @@ use crate::{
     app::AppState,
     archive,
     auth::{Keys, Role},
-    config::{DEFAULT_DATABASE_URL, DatabaseConfig, LogFormat, ServeConfig},
+    config::{DEFAULT_DATABASE_URL, DatabaseConfig, ProcessConfig, ServeConfig},
     db,
     embedded::EmbeddedPostgres,
     http, invariant, schema, seed,
@@ -41,16 +41,8 @@ struct Cli {
     #[command(flatten)]
     database: DatabaseConfig,
 
-    /// Log format.
-    #[arg(long, env = "STOCKGUARD_LOG_FORMAT", value_enum, default_value = "text", global = true)]
-    log_format: LogFormat,
-
-    /// Threads that run requests; 0 = one per CPU core, less one (at least
-    /// one) when PostgreSQL runs on this machine too (no URL, a loopback
-    /// host or a Unix socket): every hand-over between the server's threads
-    /// is a wake-up the database's processes wait behind.
-    #[arg(long, env = "STOCKGUARD_WORKER_THREADS", default_value_t = 0, global = true)]
-    worker_threads: usize,
+    #[command(flatten)]
+    process: ProcessConfig,
 
     #[command(flatten)]
     serve: ServeConfig,
@@ -101,10 +93,10 @@ enum Command {
 /// Runs the command line on a runtime of the configured size.
 pub fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    telemetry::init(cli.log_format);
+    telemetry::init(cli.process.log_format);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-    runtime.worker_threads(match cli.worker_threads {
+    runtime.worker_threads(match cli.process.worker_threads {
         0 => default_worker_threads(cores, cli.database.database_url.as_deref()),
         threads => threads,
     });

@@ -1,5 +1,9 @@
 //! Configuration: every setting is a flag and an environment variable, with
 //! defaults that give a working server on a developer's machine.
+//!
+//! The doc comments below are the settings' `--help` and their rows in
+//! docs/operations.md: [`settings_table`] renders that table from the flags,
+//! and a unit test fails when the file's copy differs.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -11,8 +15,12 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/stock
 /// How the server connects to PostgreSQL.
 #[derive(Args, Debug, Clone)]
 pub struct DatabaseConfig {
-    /// PostgreSQL URL. Without it: the server on 127.0.0.1:5432 if one listens,
-    /// otherwise a private PostgreSQL started from the installed binaries.
+    /// PostgreSQL URL; the database is created if missing. Without it: the
+    /// server on `127.0.0.1:5432` if one listens, otherwise a private
+    /// PostgreSQL started from the installed binaries. libpq's multi-host form
+    /// (`postgres://h1:p1,h2:p2/db?target_session_attrs=read-write`, as
+    /// `pg_autoctl show uri` prints it) makes every pool follow the host that
+    /// accepts writes; several hosts need `STOCKGUARD_JWT_SECRET`.
     #[arg(long, env = "DATABASE_URL", global = true)]
     pub database_url: Option<String>,
 
@@ -25,8 +33,8 @@ pub struct DatabaseConfig {
     #[arg(long, env = "STOCKGUARD_POOL_SIZE", default_value_t = 16, global = true)]
     pub pool_size: u32,
 
-    /// How long a request waits for a pooled connection before it fails with
-    /// `DATABASE_UNAVAILABLE` (milliseconds).
+    /// How long a request waits for a pooled connection (and a new connection
+    /// for its server) before it fails with `DATABASE_UNAVAILABLE` (milliseconds).
     #[arg(long, env = "STOCKGUARD_ACQUIRE_TIMEOUT_MS", default_value_t = 3000, global = true)]
     pub acquire_timeout_ms: u64,
 
@@ -47,6 +55,24 @@ impl DatabaseConfig {
     }
 }
 
+/// The process's own settings, for every command: its log lines and its threads.
+#[derive(Args, Debug, Clone)]
+pub struct ProcessConfig {
+    /// Format of the log lines on stderr; `RUST_LOG` filters them.
+    #[arg(long, env = "STOCKGUARD_LOG_FORMAT", value_enum, default_value = "text", global = true)]
+    pub log_format: LogFormat,
+
+    /// Threads that run requests; 0 = one per CPU core, less one (at least
+    /// one) when PostgreSQL runs on this machine too (no URL, a loopback
+    /// host or a Unix socket): every hand-over between the server's threads
+    /// is a wake-up the database's processes wait behind.
+    // On two cores shared with PostgreSQL one thread was faster than two in
+    // every benchmark cell: bench/results/decisions.md, "A core left to a
+    // PostgreSQL on the same machine".
+    #[arg(long, env = "STOCKGUARD_WORKER_THREADS", default_value_t = 0, global = true)]
+    pub worker_threads: usize,
+}
+
 /// The API's limits (docs/api.md "Limits") and the write policies: order
 /// locking, reservation lifetimes, the sweeper, coalescing, collision re-runs.
 #[derive(Args, Debug, Clone)]
@@ -63,12 +89,13 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_MAX_DEPTH", default_value_t = 12)]
     pub max_depth: usize,
 
-    /// Most complex query accepted (one point per field).
+    /// Most complex query accepted: one point per field, and a connection's
+    /// rows count `first` times.
     #[arg(long, env = "STOCKGUARD_MAX_COMPLEXITY", default_value_t = 2000)]
     pub max_complexity: usize,
 
     /// Most lexical tokens in a query text; longer documents are refused
-    /// before they are parsed (GRAPHQL_PARSE_FAILED).
+    /// before they are parsed (`GRAPHQL_PARSE_FAILED`).
     #[arg(long, env = "STOCKGUARD_MAX_TOKENS", default_value_t = 5000)]
     pub max_tokens: usize,
 
@@ -123,9 +150,10 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_MAX_SUBSCRIPTIONS", default_value_t = 2000)]
     pub max_subscriptions: usize,
 
-    /// Most GraphQL requests in flight per process; more are refused at once
-    /// with HTTP 503 (`OVERLOADED`) instead of queueing without bound. This
-    /// also bounds every queue behind it (the pool's waiters, coalesced batches).
+    /// Most GraphQL operations in flight per process, HTTP and websocket
+    /// (live subscriptions aside); more are refused at once with `OVERLOADED`
+    /// (HTTP 503) instead of queueing without bound. This also bounds every
+    /// queue behind it (the pool's waiters, coalesced batches).
     #[arg(long, env = "STOCKGUARD_MAX_IN_FLIGHT", default_value_t = 512)]
     pub max_in_flight: usize,
 
@@ -133,15 +161,16 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_MAX_BATCH", default_value_t = 10)]
     pub max_batch: usize,
 
-    /// How order transitions guard against concurrent writers.
+    /// How `confirmOrder` and `cancelOrder` guard an order against concurrent writers.
     #[arg(long, env = "STOCKGUARD_ORDER_LOCKING", value_enum, default_value = "optimistic")]
     pub order_locking: OrderLocking,
 
-    /// `lock_timeout` of the pessimistic order path (milliseconds).
+    /// `lock_timeout` of the pessimistic order path; its `statement_timeout`
+    /// is twice this (milliseconds).
     #[arg(long, env = "STOCKGUARD_LOCK_TIMEOUT_MS", default_value_t = 2000)]
     pub lock_timeout_ms: u64,
 
-    /// Lifetime of a new ACTIVE reservation in seconds; 0 = never expires.
+    /// Lifetime of a new ACTIVE reservation (seconds; 0 = never expires).
     #[arg(long, env = "STOCKGUARD_RESERVATION_TTL_SECS", default_value_t = 900)]
     pub reservation_ttl_secs: i32,
 
@@ -159,7 +188,8 @@ pub struct Limits {
 
     /// Serve concurrent reservations (with or without `expectedVersion` or an
     /// idempotency key) that wait at the same time with one statement, on one
-    /// inventory or many.
+    /// inventory or many. The variable takes `true` or `false` (or yes/no,
+    /// on/off, 1/0).
     #[arg(long, env = "STOCKGUARD_COALESCE", default_value_t = true, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
     pub coalesce: bool,
 
@@ -184,8 +214,9 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_COALESCE_WINDOW_US", default_value_t = 0)]
     pub coalesce_window_us: u64,
 
-    /// How often a statement is run when it collides (SQLSTATE 40001 or 40P01)
-    /// before the collision is reported as `Conflict`.
+    /// How often a statement (or multi-item transaction) is run when it
+    /// collides (SQLSTATE 40001 or 40P01) before the collision is reported as
+    /// `Conflict`.
     #[arg(long, env = "STOCKGUARD_COLLISION_ATTEMPTS", default_value_t = 20)]
     pub collision_attempts: u32,
 }
@@ -243,8 +274,10 @@ pub struct ServeConfig {
     #[arg(long, env = "STOCKGUARD_ADDR", default_value = "127.0.0.1:8000")]
     pub addr: SocketAddr,
 
-    /// HS256 secret for bearer tokens. Without it a random one is made at start
-    /// and ready-made tokens are printed.
+    /// HS256 secret for bearer tokens, at least 32 bytes (also read by
+    /// `stockguard token`); required to listen on an address other than
+    /// loopback. Without it a random secret is made at start, ready-made
+    /// tokens are printed, and GraphiQL carries an operator token.
     #[arg(long, env = "STOCKGUARD_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: Option<String>,
 
@@ -260,7 +293,8 @@ pub struct ServeConfig {
     #[arg(long, env = "STOCKGUARD_SHUTDOWN_DELAY_MS", default_value_t = 0)]
     pub shutdown_delay_ms: u64,
 
-    /// Do not add demo inventory to an empty database.
+    /// Do not add demo inventory to an empty database. The variable takes
+    /// `true` or `false` (or yes/no, on/off, 1/0).
     #[arg(long, env = "STOCKGUARD_NO_SEED", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_seed: bool,
 
@@ -268,9 +302,88 @@ pub struct ServeConfig {
     pub limits: Limits,
 }
 
+/// Every setting, as `stockguard` reads them: the database's and the
+/// process's for every command, and `serve`'s.
+fn settings() -> Command {
+    let command = DatabaseConfig::augment_args(Command::new("stockguard"));
+    let command = ProcessConfig::augment_args(command);
+    let mut command = ServeConfig::augment_args(command);
+    // Building fills in what the derive leaves implicit, such as a flag's `false`.
+    command.build();
+    command
+}
+
+/// The settings table of docs/operations.md, in Markdown: one row per
+/// setting with its flag, environment variable, default and help (the doc
+/// comments above, with the possible values of a choice).
+pub fn settings_table() -> String {
+    let mut table = String::from("| flag | environment | default | meaning |\n| --- | --- | --- | --- |\n");
+    let command = settings();
+    for arg in command.get_arguments().filter(|arg| !arg.is_hide_set() && arg.get_id() != "help") {
+        let flag = arg.get_long().map_or_else(|| "—".to_owned(), |long| format!("`--{long}`"));
+        let env = arg.get_env().map_or_else(|| "—".to_owned(), |env| format!("`{}`", env.to_string_lossy()));
+        let defaults: Vec<String> =
+            arg.get_default_values().iter().map(|value| format!("`{}`", value.to_string_lossy())).collect();
+        let default = if defaults.is_empty() { "none".to_owned() } else { defaults.join(", ") };
+        let help = arg.get_long_help().or(arg.get_help()).map(ToString::to_string).unwrap_or_default();
+        let mut meaning = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        // A choice's values, each with its own doc comment; a boolean's go unlisted.
+        let values: Vec<String> = arg
+            .get_possible_values()
+            .iter()
+            .filter(|value| !value.is_hide_set())
+            .filter_map(|value| Some(format!("`{}`: {}", value.get_name(), value.get_help()?)))
+            .collect();
+        if !values.is_empty() {
+            meaning = format!("{meaning}. {}", values.join(". "));
+        }
+        let row = [flag, env, default, meaning.replace('|', "\\|")].join(" | ");
+        table.push_str(&format!("| {row} |\n"));
+    }
+    table
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where the settings table is kept, between two marker comments.
+    const OPERATIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md");
+    const BEGIN: &str = "<!-- settings:begin (generated from src/config.rs) -->\n";
+    const END: &str = "<!-- settings:end -->";
+
+    #[test]
+    fn the_settings_table_in_the_docs_is_the_flags_own() {
+        let text = std::fs::read_to_string(OPERATIONS).expect("docs/operations.md");
+        let start = text.find(BEGIN).expect("docs/operations.md has the settings:begin marker") + BEGIN.len();
+        let end = start + text[start..].find(END).expect("docs/operations.md has the settings:end marker");
+        let table = settings_table();
+        if text[start..end] == table {
+            return;
+        }
+        if std::env::var_os("STOCKGUARD_WRITE_DOCS").is_some() {
+            std::fs::write(OPERATIONS, format!("{}{table}{}", &text[..start], &text[end..])).expect("written");
+            return;
+        }
+        panic!(
+            "docs/operations.md's settings table is not the one the flags in src/config.rs make; \
+             rewrite it with `STOCKGUARD_WRITE_DOCS=1 cargo test --lib config` and commit it.\n\
+             The table the flags make:\n{table}"
+        );
+    }
+
+    #[test]
+    fn every_setting_has_a_flag_an_environment_variable_and_a_meaning() {
+        let command = settings();
+        for arg in command.get_arguments().filter(|arg| arg.get_id() != "help") {
+            assert!(
+                arg.get_long().is_some() && arg.get_env().is_some(),
+                "{} needs a flag and a variable",
+                arg.get_id()
+            );
+            assert!(arg.get_help().is_some(), "{} needs a doc comment: it is the documentation", arg.get_id());
+        }
+    }
 
     #[test]
     fn the_defaults_are_the_command_line_defaults() {
