@@ -6,6 +6,43 @@
 //! asks for it — then a request that never ran is a 4xx without `data` —,
 //! else `application/json` (no `Accept`, `*/*` and `application/json`
 //! included), where every GraphQL answer is a 200.
+//!
+//! Requests are read here, not by async-graphql-axum 7.2, because its
+//! extractor (`GraphQLRequest`, `GraphQLBatchRequest`) answers otherwise.
+//! Swapped in for `parse_get` and `read_body`/`parse_body`, with our checks
+//! kept around it, these tests failed:
+//!
+//! - it reads the body from `into_body()`, which axum's `DefaultBodyLimit`
+//!   does not bound: a 70 KiB query ran and answered 200
+//!   (`http::bodies_that_are_not_graphql_requests_get_400_and_oversized_ones_413`).
+//!   With the body wrapped in `http_body_util::Limited`, the overflow reaches
+//!   the rejection as `ParseRequestError::Io` holding only the error's text,
+//!   so it is a 400, not a 413, unless the code were chosen by matching that
+//!   text (the same test, `fuzz::bodies_that_are_no_graphql_request_get_400_or_413_and_write_nothing`,
+//!   `http_spec::a_body_past_the_limit_is_413_with_or_without_a_length`);
+//! - its GET reads `operation_name` where the spec says `operationName`, so a
+//!   document of several operations cannot be run by GET
+//!   (`http_spec::a_get_of_several_operations_runs_the_one_its_operation_name_names`).
+//!
+//! Read from its source, not run: it takes a missing or non-JSON
+//! `Content-Type` as JSON and `multipart/*` as uploads without a size or
+//! count bound (the 415 check below comes first, as
+//! `http::a_post_without_a_json_content_type_is_415_and_runs_nothing` wants);
+//! it parses through the untagged `BatchRequest`, which copies every string
+//! of the body once more (see `parse_body`); and its `GraphQLResponse` is
+//! always a 200 as `application/graphql-response+json`, whatever `Accept`
+//! says, which `http::request_errors_are_400_without_data_under_graphql_response_json_and_200_under_json`,
+//! `http::graphiql_is_only_for_browsers_and_accept_picks_the_media_type` and
+//! the audit's 400-status checks (`clients::the_graphql_over_http_audit_has_no_failures_and_no_warnings`)
+//! refuse. Wrapped in all of that, what it would still do is one
+//! `serde_json::from_slice`. Its websocket side runs async-graphql's own
+//! protocol (`async_graphql::http::WebSocket`), which `ws.rs` uses directly;
+//! its `GraphQLSubscription` sets no message size (axum's 64 MiB default),
+//! and `GraphQLWebSocket::serve` owns the socket's loop, so the
+//! `connection_init` deadline (close 4408) and the server's pings have no
+//! place in it (`attacks::a_socket_that_never_initialises_is_closed_and_oversized_messages_are_refused_unrun`,
+//! `attacks::the_server_pings_a_quiet_socket_and_closes_one_that_never_answers`).
+//! So the crate is not a dependency.
 
 use async_graphql::{BatchRequest, Request, Response};
 use axum::{

@@ -19,6 +19,7 @@ mod fuzz;
 mod helpers;
 mod hostile;
 mod http;
+mod http_spec;
 mod lifecycle;
 mod live;
 mod node;
