@@ -2,8 +2,8 @@
 //! defaults that give a working server on a developer's machine.
 //!
 //! The doc comments below are the settings' `--help` and their rows in
-//! docs/operations.md: [`settings_table`] renders that table from the flags,
-//! and a unit test fails when the file's copy differs.
+//! docs/operations.md: a unit test renders that table from the flags and
+//! fails when the file's copy differs.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -302,50 +302,50 @@ pub struct ServeConfig {
     pub limits: Limits,
 }
 
-/// Every setting, as `stockguard` reads them: the database's and the
-/// process's for every command, and `serve`'s.
-fn settings() -> Command {
-    let command = DatabaseConfig::augment_args(Command::new("stockguard"));
-    let command = ProcessConfig::augment_args(command);
-    let mut command = ServeConfig::augment_args(command);
-    // Building fills in what the derive leaves implicit, such as a flag's `false`.
-    command.build();
-    command
-}
-
-/// The settings table of docs/operations.md, in Markdown: one row per
-/// setting with its flag, environment variable, default and help (the doc
-/// comments above, with the possible values of a choice).
-pub fn settings_table() -> String {
-    let mut table = String::from("| flag | environment | default | meaning |\n| --- | --- | --- | --- |\n");
-    let command = settings();
-    for arg in command.get_arguments().filter(|arg| !arg.is_hide_set() && arg.get_id() != "help") {
-        let flag = arg.get_long().map_or_else(|| "—".to_owned(), |long| format!("`--{long}`"));
-        let env = arg.get_env().map_or_else(|| "—".to_owned(), |env| format!("`{}`", env.to_string_lossy()));
-        let defaults: Vec<String> =
-            arg.get_default_values().iter().map(|value| format!("`{}`", value.to_string_lossy())).collect();
-        let default = if defaults.is_empty() { "none".to_owned() } else { defaults.join(", ") };
-        let help = arg.get_long_help().or(arg.get_help()).map(ToString::to_string).unwrap_or_default();
-        let mut meaning = help.split_whitespace().collect::<Vec<_>>().join(" ");
-        // A choice's values, each with its own doc comment; a boolean's go unlisted.
-        let values: Vec<String> = arg
-            .get_possible_values()
-            .iter()
-            .filter(|value| !value.is_hide_set())
-            .filter_map(|value| Some(format!("`{}`: {}", value.get_name(), value.get_help()?)))
-            .collect();
-        if !values.is_empty() {
-            meaning = format!("{meaning}. {}", values.join(". "));
-        }
-        let row = [flag, env, default, meaning.replace('|', "\\|")].join(" | ");
-        table.push_str(&format!("| {row} |\n"));
-    }
-    table
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every setting, as `stockguard` reads them: the database's and the
+    /// process's for every command, and `serve`'s.
+    fn settings() -> Command {
+        let command = DatabaseConfig::augment_args(Command::new("stockguard"));
+        let command = ProcessConfig::augment_args(command);
+        let mut command = ServeConfig::augment_args(command);
+        // Building fills in what the derive leaves implicit, such as a flag's `false`.
+        command.build();
+        command
+    }
+
+    /// The settings table of docs/operations.md, in Markdown: one row per
+    /// setting with its flag, environment variable, default and help (the doc
+    /// comments above, with the possible values of a choice).
+    fn settings_table() -> String {
+        let mut table = String::from("| flag | environment | default | meaning |\n| --- | --- | --- | --- |\n");
+        let command = settings();
+        for arg in command.get_arguments().filter(|arg| !arg.is_hide_set() && arg.get_id() != "help") {
+            let flag = arg.get_long().map_or_else(|| "—".to_owned(), |long| format!("`--{long}`"));
+            let env = arg.get_env().map_or_else(|| "—".to_owned(), |env| format!("`{}`", env.to_string_lossy()));
+            let defaults: Vec<String> =
+                arg.get_default_values().iter().map(|value| format!("`{}`", value.to_string_lossy())).collect();
+            let default = if defaults.is_empty() { "none".to_owned() } else { defaults.join(", ") };
+            let help = arg.get_long_help().or(arg.get_help()).map(ToString::to_string).unwrap_or_default();
+            let mut meaning = help.split_whitespace().collect::<Vec<_>>().join(" ");
+            // A choice's values, each with its own doc comment; a boolean's go unlisted.
+            let values: Vec<String> = arg
+                .get_possible_values()
+                .iter()
+                .filter(|value| !value.is_hide_set())
+                .filter_map(|value| Some(format!("`{}`: {}", value.get_name(), value.get_help()?)))
+                .collect();
+            if !values.is_empty() {
+                meaning = format!("{meaning}. {}", values.join(". "));
+            }
+            let row = [flag, env, default, meaning.replace('|', "\\|")].join(" | ");
+            table.push_str(&format!("| {row} |\n"));
+        }
+        table
+    }
 
     /// Where the settings table is kept, between two marker comments.
     const OPERATIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md");
