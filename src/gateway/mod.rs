@@ -157,7 +157,7 @@ impl Gateway {
 }
 
 /// What is done to every response of an operation before it leaves: the
-/// spec's nulls for field errors (see `nulls.rs`).
+/// spec's nulls for field errors (see `shapes.rs`).
 struct Completion {
     checked: Arc<Checked>,
     operation_name: Option<String>,
@@ -209,7 +209,7 @@ impl Prepared {
     /// server answers instead of queueing, so memory and waiting stay bounded.
     pub fn admit(self) -> Result<Admitted, Refusal> {
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
-            crate::telemetry::db_failure("overloaded");
+            crate::telemetry::overloaded();
             return Err(Refusal::Overloaded);
         };
         Ok(Admitted { prepared: self, permit: InFlight::new(permit) })

@@ -31,8 +31,8 @@ pub use self::server::{ConnectionLimits, serve};
 use crate::{app::AppState, gateway::Gateway, server::Server};
 
 /// What the handlers share: axum clones it for every request, so it is
-/// one `Arc` (the GraphiQL page and two copies of the state were copied
-/// per request before, a tenth of the server's CPU per reservation).
+/// one `Arc` (a clone of the GraphiQL page and of the state for each
+/// request measured a tenth of the server's CPU per reservation).
 #[derive(Clone)]
 struct Http(Arc<Shared>);
 

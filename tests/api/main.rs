@@ -1,6 +1,7 @@
 //! Stockguard's integration tests: one binary, each test with its own fresh
 //! database and a real server on port 0, talked to over real HTTP.
 
+mod admission;
 mod archive;
 mod attacks;
 mod auth;
