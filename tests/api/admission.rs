@@ -1,7 +1,7 @@
 //! Admission: what a request refused at the in-flight limit is counted as.
 
-use serde_json::{Value, json};
 use sea_orm::{ConnectionTrait, TransactionTrait};
+use serde_json::{Value, json};
 use stockguard::{auth::Role, config::Limits};
 
 use crate::helpers::{Isolation, Options, TestApp};
