@@ -16,6 +16,7 @@ mod db_errors;
 mod deploy;
 mod documents;
 mod faults;
+mod fingerprints;
 mod fuzz;
 mod helpers;
 mod hostile;
