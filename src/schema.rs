@@ -1,7 +1,7 @@
 //! The GraphQL schema, merged from the feature modules. It does not know about
 //! HTTP: the gateway puts the caller and fresh DataLoaders into each request
-//! (`server::request_data`), and `server.rs` builds the features' runtime
-//! state it is given.
+//! (`server::request_data`, which `server.rs` gives it), and `server.rs`
+//! builds the features' runtime state it is given.
 
 use std::collections::BTreeMap;
 

@@ -65,7 +65,7 @@ pub fn router(server: &Server, graphiql_token: Option<&str>) -> Router {
     let app = server.state().clone();
     let limits = app.limits.clone();
     let state = Http(Arc::new(Shared {
-        gateway: Gateway::new(server),
+        gateway: server.gateway(),
         app,
         graphiql: graphiql::Page::new(bearer.as_deref()),
         subscriptions: ws::Subscriptions::default(),
