@@ -12,8 +12,21 @@
 //! the order it inserts. Beside the key goes the request's fingerprint, a
 //! hash of what makes it that request, so a true replay (same key, same
 //! request) gets the first outcome and a reuse (same key, other request, or
-//! another operation) is refused with `IDEMPOTENCY_KEY_REUSED`. Fingerprints
-//! are stored, so their text must never change: the tests below pin them.
+//! another operation) is refused with `IDEMPOTENCY_KEY_REUSED`.
+//!
+//! Fingerprints are stored, so what they hash must never change: it is an
+//! explicit byte encoding of the request ([`Part`]), written here and pinned
+//! by the tests below, never a text the toolchain makes. A stored
+//! fingerprint is `v2:` and the hex SHA-256 of that encoding.
+//!
+//! Keys stored before the encoding existed hold the bare hex SHA-256 of a
+//! text made with Rust's `Debug` ([`legacy`]). A replay of such a key is
+//! matched against that text, so it still gets its first outcome; a key is
+//! matched by the scheme its stored fingerprint names, never by both. Keys
+//! are kept for good (nothing deletes them), so the legacy scheme stays while
+//! `SELECT count(*) FROM idempotency_keys WHERE request_fingerprint NOT LIKE
+//! 'v2:%'` is above zero; once it is zero (or a retention for keys has passed
+//! since the last legacy key was written), [`legacy`] can go.
 
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter, QueryOrder, Statement,
@@ -40,15 +53,139 @@ const INDEXES: [&str; 2] = ["idempotency_keys_pkey", "reservations_user_idempote
 pub struct Key {
     /// The key, as the client sent it (already checked).
     pub key: String,
-    /// The request's fingerprint.
+    /// The request's fingerprint, as it is stored: `v2:` and the hex
+    /// SHA-256 of its canonical encoding.
     pub fingerprint: String,
+    /// The fingerprint a key stored before the canonical encoding holds for
+    /// the same request (see [`legacy`]); only ever compared, never stored.
+    legacy: String,
+}
+
+/// What a stored fingerprint of the canonical encoding starts with.
+const CANONICAL: &str = "v2:";
+
+/// What the encoding of every request starts with: its name and version.
+const MAGIC: &[u8] = b"stockguard.idempotency.v2";
+
+/// A value of a request as it enters a fingerprint, in the canonical
+/// encoding: one tag byte, then
+///
+/// - `s` text: its length in bytes (u32, big-endian), its UTF-8 bytes;
+/// - `i` integer: i64, big-endian;
+/// - `u` UUID: its 16 bytes;
+/// - `n` absent (an optional value not given): nothing;
+/// - `l` list: its length (u32, big-endian), then each item;
+/// - `r` record: its number of fields (u32, big-endian), then each field's
+///   name (as text, without its tag) and value, in the order the request's
+///   constructor below writes them (never sorted, never skipped).
+///
+/// A request is [`MAGIC`], its operation's name as text (without its tag),
+/// then a record of its fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part<'a> {
+    /// Text.
+    Text(&'a str),
+    /// An integer.
+    Int(i64),
+    /// A UUID.
+    Id(Uuid),
+    /// An optional value that was not given.
+    Absent,
+    /// A list.
+    List(Vec<Part<'a>>),
+    /// Named fields, in a fixed order.
+    Record(Vec<(&'a str, Part<'a>)>),
+}
+
+impl<'a> Part<'a> {
+    /// Text, or [`Part::Absent`].
+    pub fn optional_text(value: Option<&'a str>) -> Self {
+        value.map_or(Self::Absent, Self::Text)
+    }
+
+    /// An integer, or [`Part::Absent`].
+    pub fn optional_int(value: Option<i32>) -> Self {
+        value.map_or(Self::Absent, |n| Self::Int(n.into()))
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Self::Text(text) => {
+                out.push(b's');
+                encode_text(text, out);
+            }
+            Self::Int(n) => {
+                out.push(b'i');
+                out.extend_from_slice(&n.to_be_bytes());
+            }
+            Self::Id(id) => {
+                out.push(b'u');
+                out.extend_from_slice(id.as_bytes());
+            }
+            Self::Absent => out.push(b'n'),
+            Self::List(items) => {
+                out.push(b'l');
+                encode_len(items.len(), out);
+                items.iter().for_each(|item| item.encode(out));
+            }
+            Self::Record(fields) => {
+                out.push(b'r');
+                encode_len(fields.len(), out);
+                for (name, value) in fields {
+                    encode_text(name, out);
+                    value.encode(out);
+                }
+            }
+        }
+    }
+}
+
+fn encode_len(len: usize, out: &mut Vec<u8>) {
+    // Requests are bounded far below 4 GiB by the body limit.
+    out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+}
+
+fn encode_text(text: &str, out: &mut Vec<u8>) {
+    encode_len(text.len(), out);
+    out.extend_from_slice(text.as_bytes());
+}
+
+/// The canonical encoding of `operation` with `fields`.
+fn encoding(operation: &str, fields: Vec<(&str, Part<'_>)>) -> Vec<u8> {
+    let mut out = MAGIC.to_vec();
+    encode_text(operation, &mut out);
+    Part::Record(fields).encode(&mut out);
+    out
+}
+
+/// The stored fingerprint of `operation` with `fields`.
+fn canonical(operation: &str, fields: Vec<(&str, Part<'_>)>) -> String {
+    format!("{CANONICAL}{}", hex::encode(Sha256::digest(encoding(operation, fields))))
+}
+
+/// What else makes a multi-item request or a checkout what it is, beside
+/// its lines: its fields, and the text the legacy fingerprint held for them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Extra<'a> {
+    /// Fields after the lines, in a fixed order.
+    pub fields: Vec<(&'a str, Part<'a>)>,
+    /// The same, as keys stored before the canonical encoding hashed it.
+    pub legacy: String,
 }
 
 impl Key {
     /// The key of a single `reserve`.
     pub fn reserve(key: String, inventory_id: Uuid, quantity: i32, expected_version: Option<i32>) -> Self {
-        let canonical = format!("reserve\n{inventory_id}\n{quantity}\n{expected_version:?}");
-        Self { key, fingerprint: hex::encode(Sha256::digest(canonical.as_bytes())) }
+        let fields = vec![
+            ("inventoryId", Part::Id(inventory_id)),
+            ("quantity", Part::Int(quantity.into())),
+            ("expectedVersion", Part::optional_int(expected_version)),
+        ];
+        Self {
+            key,
+            fingerprint: canonical("reserve", fields),
+            legacy: legacy::reserve(inventory_id, quantity, expected_version),
+        }
     }
 
     /// The key of a multi-item `operation` (`"reserveMany"`, `"placeOrder"`)
@@ -58,22 +195,73 @@ impl Key {
         key: String,
         operation: &str,
         lines: impl IntoIterator<Item = (Uuid, i32, Option<i32>)>,
-        extra: &str,
+        extra: Extra<'_>,
     ) -> Self {
-        let mut hasher = Sha256::new();
-        hasher.update(operation.as_bytes());
-        for (inventory_id, quantity, expected_version) in lines {
-            hasher.update(format!("\n{inventory_id}:{quantity}:{expected_version:?}"));
-        }
-        hasher.update(b"\n");
-        hasher.update(extra.as_bytes());
-        Self { key, fingerprint: hex::encode(hasher.finalize()) }
+        let lines: Vec<_> = lines.into_iter().collect();
+        let legacy = legacy::multi_item(operation, &lines, &extra.legacy);
+        let lines = lines
+            .into_iter()
+            .map(|(inventory_id, quantity, expected_version)| {
+                Part::Record(vec![
+                    ("inventoryId", Part::Id(inventory_id)),
+                    ("quantity", Part::Int(quantity.into())),
+                    ("expectedVersion", Part::optional_int(expected_version)),
+                ])
+            })
+            .collect();
+        let mut fields = vec![("lines", Part::List(lines))];
+        fields.extend(extra.fields);
+        Self { key, fingerprint: canonical(operation, fields), legacy }
     }
 
     /// The key of a `checkout` of these reservations (sorted, without
     /// repeats, as the request is merged), plus `extra`: anything else that
     /// makes the request what it is.
-    pub fn checkout(key: String, reservation_ids: &[Uuid], extra: &str) -> Self {
+    pub fn checkout(key: String, reservation_ids: &[Uuid], extra: Extra<'_>) -> Self {
+        let legacy = legacy::checkout(reservation_ids, &extra.legacy);
+        let mut fields = vec![("reservationIds", Part::List(reservation_ids.iter().copied().map(Part::Id).collect()))];
+        fields.extend(extra.fields);
+        Self { key, fingerprint: canonical("checkout", fields), legacy }
+    }
+
+    /// Whether a stored fingerprint is this request's, by the scheme it was
+    /// stored with.
+    fn matches(&self, stored: &str) -> bool {
+        if stored.starts_with(CANONICAL) { stored == self.fingerprint } else { stored == self.legacy }
+    }
+}
+
+/// The fingerprints of keys stored before the canonical encoding: the hex
+/// SHA-256 of a text that wrote optional integers (and, from `orders`, the
+/// shipping address) as `Debug` did. The texts are spelled out here so that
+/// no `Debug` output enters them; they are matched, never stored (see the
+/// module docs for when they can go).
+pub mod legacy {
+    use sha2::{Digest, Sha256};
+    use uuid::Uuid;
+
+    /// An optional integer as `Debug` wrote it: `Some(3)`, `None`.
+    pub fn optional(value: Option<i32>) -> String {
+        value.map_or_else(|| "None".to_owned(), |n| format!("Some({n})"))
+    }
+
+    pub(super) fn reserve(inventory_id: Uuid, quantity: i32, expected_version: Option<i32>) -> String {
+        let text = format!("reserve\n{inventory_id}\n{quantity}\n{}", optional(expected_version));
+        hex::encode(Sha256::digest(text.as_bytes()))
+    }
+
+    pub(super) fn multi_item(operation: &str, lines: &[(Uuid, i32, Option<i32>)], extra: &str) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(operation.as_bytes());
+        for (inventory_id, quantity, expected_version) in lines {
+            hasher.update(format!("\n{inventory_id}:{quantity}:{}", optional(*expected_version)));
+        }
+        hasher.update(b"\n");
+        hasher.update(extra.as_bytes());
+        hex::encode(hasher.finalize())
+    }
+
+    pub(super) fn checkout(reservation_ids: &[Uuid], extra: &str) -> String {
         let mut hasher = Sha256::new();
         hasher.update(b"checkout");
         for id in reservation_ids {
@@ -81,7 +269,7 @@ impl Key {
         }
         hasher.update(b"\n");
         hasher.update(extra.as_bytes());
-        Self { key, fingerprint: hex::encode(hasher.finalize()) }
+        hex::encode(hasher.finalize())
     }
 }
 
@@ -105,7 +293,7 @@ async fn claim(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Opti
     .one(db)
     .await?;
     match claim {
-        Some(claim) if claim.request_fingerprint != key.fingerprint => Err(AppError::IdempotencyKeyReused),
+        Some(claim) if !key.matches(&claim.request_fingerprint) => Err(AppError::IdempotencyKeyReused),
         claim => Ok(claim),
     }
 }
@@ -156,29 +344,90 @@ pub async fn replay_order(db: &DatabaseConnection, user_id: &str, key: &Key) -> 
 mod tests {
     use super::*;
 
-    // Stored fingerprints must stay valid across releases: a changed text
-    // would turn every replay of an older key into IDEMPOTENCY_KEY_REUSED.
+    // Stored fingerprints must stay valid across releases: a changed
+    // encoding would turn every replay of an older key into
+    // IDEMPOTENCY_KEY_REUSED. The canonical ones are pinned, and so are the
+    // legacy ones that keys stored before them still hold.
+
+    const ADDRESS: &str = r#"ShippingAddress { name: "Alice", line1: "1 Main St", line2: None, city: "Osaka", postal_code: "530-0001", country: "JP" }"#;
+
+    fn address() -> Extra<'static> {
+        Extra {
+            fields: vec![(
+                "address",
+                Part::Record(vec![
+                    ("name", Part::Text("Alice")),
+                    ("line1", Part::Text("1 Main St")),
+                    ("line2", Part::Absent),
+                    ("city", Part::Text("Osaka")),
+                    ("postalCode", Part::Text("530-0001")),
+                    ("country", Part::Text("JP")),
+                ]),
+            )],
+            legacy: ADDRESS.to_owned(),
+        }
+    }
+
+    #[test]
+    fn the_canonical_encoding_is_the_documented_bytes() {
+        let fields = vec![
+            ("inventoryId", Part::Id(Uuid::from_u128(1))),
+            ("quantity", Part::Int(2)),
+            ("expectedVersion", Part::Absent),
+        ];
+        let expected = [
+            &b"stockguard.idempotency.v2"[..],
+            b"\0\0\0\x07reserve",
+            b"r\0\0\0\x03",
+            b"\0\0\0\x0binventoryId",
+            b"u\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x01",
+            b"\0\0\0\x08quantity",
+            b"i\0\0\0\0\0\0\0\x02",
+            b"\0\0\0\x0fexpectedVersion",
+            b"n",
+        ]
+        .concat();
+        assert_eq!(encoding("reserve", fields), expected);
+        let list = Part::List(vec![Part::Text("é"), Part::Int(-1)]);
+        let mut out = Vec::new();
+        list.encode(&mut out);
+        assert_eq!(out, b"l\0\0\0\x02s\0\0\0\x02\xc3\xa9i\xff\xff\xff\xff\xff\xff\xff\xff");
+    }
 
     #[test]
     fn the_fingerprint_of_a_reserve_never_changes() {
         let key = Key::reserve("k".into(), Uuid::from_u128(1), 2, Some(3));
-        assert_eq!(key.fingerprint, "7b4809da65cb4d8601e408b69581b64c75c341d4bc16551c7821af6a333104bf");
+        assert_eq!(key.fingerprint, "v2:4ca41c39e0d2d05362162d67b6506b965caa63bf8499d33ad82d15569210e961");
+        assert_eq!(key.legacy, "7b4809da65cb4d8601e408b69581b64c75c341d4bc16551c7821af6a333104bf");
     }
 
     #[test]
     fn the_fingerprints_of_multi_item_requests_never_change() {
         let lines = [(Uuid::from_u128(1), 1, None), (Uuid::from_u128(2), 4, Some(7))];
-        let many = Key::multi_item("k".into(), "reserveMany", lines, "");
-        assert_eq!(many.fingerprint, "21f934cb3a771e43aaff30c3400372f1003055020e3f8ea1dd7e7ebc59dbfd4e");
-        let address = r#"ShippingAddress { name: "Alice", line1: "1 Main St", line2: None, city: "Osaka", postal_code: "530-0001", country: "JP" }"#;
-        let order = Key::multi_item("k".into(), "placeOrder", lines, address);
-        assert_eq!(order.fingerprint, "f7765cbbe731b738278329a9605cfa30124996f60a61fe5ee181d87f1aa9331c");
+        let many = Key::multi_item("k".into(), "reserveMany", lines, Extra::default());
+        assert_eq!(many.fingerprint, "v2:26e6c4e7c08d1c0ad49824850e9dc7c1ff95b0747ab4378ea919a5dbfb73c341");
+        assert_eq!(many.legacy, "21f934cb3a771e43aaff30c3400372f1003055020e3f8ea1dd7e7ebc59dbfd4e");
+        let order = Key::multi_item("k".into(), "placeOrder", lines, address());
+        assert_eq!(order.fingerprint, "v2:b8920e7ad0af2a0f1ec2daf8bab693b278ae53b8773d5a999c53aa23ec43030c");
+        assert_eq!(order.legacy, "f7765cbbe731b738278329a9605cfa30124996f60a61fe5ee181d87f1aa9331c");
     }
 
     #[test]
     fn the_fingerprint_of_a_checkout_never_changes() {
-        let address = r#"ShippingAddress { name: "Alice", line1: "1 Main St", line2: None, city: "Osaka", postal_code: "530-0001", country: "JP" }"#;
-        let key = Key::checkout("k".into(), &[Uuid::from_u128(1), Uuid::from_u128(2)], address);
-        assert_eq!(key.fingerprint, "3ffc95a42fdaf8f5153e4279acb60f7765bcb164755129f082b41041197df284");
+        let key = Key::checkout("k".into(), &[Uuid::from_u128(1), Uuid::from_u128(2)], address());
+        assert_eq!(key.fingerprint, "v2:343d94cd4c8ca5f1ce1e1ccf185d8e7b3ae0ec7039d17211824330e0e5a07220");
+        assert_eq!(key.legacy, "3ffc95a42fdaf8f5153e4279acb60f7765bcb164755129f082b41041197df284");
+    }
+
+    #[test]
+    fn a_stored_fingerprint_is_matched_by_the_scheme_it_names() {
+        let key = Key::reserve("k".into(), Uuid::from_u128(1), 2, Some(3));
+        assert!(key.matches(&key.fingerprint));
+        assert!(key.matches(&key.legacy), "a key stored before the canonical encoding replays");
+        let other = Key::reserve("k".into(), Uuid::from_u128(1), 5, Some(3));
+        assert!(!key.matches(&other.fingerprint));
+        assert!(!key.matches(&other.legacy));
+        // A legacy hex behind the canonical prefix is not this request's.
+        assert!(!key.matches(&format!("{CANONICAL}{}", key.legacy)));
     }
 }

@@ -1,7 +1,7 @@
 //! The GraphQL schema, merged from the feature modules. It does not know about
 //! HTTP: the gateway puts the caller and fresh DataLoaders into each request
-//! (`server::request_data`), and `server.rs` builds the features' runtime
-//! state it is given.
+//! (`server::request_data`, which `server.rs` gives it), and `server.rs`
+//! builds the features' runtime state it is given.
 
 use std::collections::BTreeMap;
 
@@ -42,8 +42,9 @@ pub type AppSchema = Schema<Query, Mutation, Subscription>;
 
 fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, Subscription> {
     Schema::build(Query::default(), Mutation::default(), Subscription::default())
-        .limit_depth(limits.max_depth)
-        .limit_complexity(limits.max_complexity)
+        // The depth and complexity bounds are kept by `ErrorCodes`, which
+        // refuses with their codes (see `gateway/codes.rs`).
+        .extension(gateway::ErrorCodes::new(limits))
         // The same bound `documents.rs` checks first, so async-graphql's own
         // walk over the expanded document never goes deeper than that check.
         .limit_recursive_depth(documents::MAX_NESTING)
@@ -53,13 +54,7 @@ fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, Sub
 /// configured depth and complexity limits.
 pub fn build(state: AppState, reservations: ReservationService, live: Live) -> AppSchema {
     let limits = state.limits.clone();
-    builder(&limits)
-        .data(state)
-        .data(reservations)
-        .data(live)
-        .extension(telemetry::Observe)
-        .extension(gateway::ErrorCodes)
-        .finish()
+    builder(&limits).data(state).data(reservations).data(live).extension(telemetry::Observe).finish()
 }
 
 /// Depth allowed to introspection-only requests. GraphiQL's own schema query
@@ -72,7 +67,7 @@ pub const INTROSPECTION_DEPTH: usize = 20;
 /// so it carries only the shared state.
 pub fn build_for_introspection(state: AppState) -> AppSchema {
     let limits = Limits { max_depth: state.limits.max_depth.max(INTROSPECTION_DEPTH), ..(*state.limits).clone() };
-    builder(&limits).data(state).extension(telemetry::Observe).extension(gateway::ErrorCodes).finish()
+    builder(&limits).data(state).extension(telemetry::Observe).finish()
 }
 
 /// The schema as SDL: what `stockguard schema` prints and `schema.graphql` holds.

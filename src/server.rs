@@ -15,6 +15,8 @@ use tokio::{
 
 use crate::{
     app::AppState,
+    documents::Bounds,
+    gateway::{Gateway, Setup},
     inventory::loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
     live::Live,
     orders::loader::{OrderLinesLoader, OrderLoader},
@@ -64,6 +66,22 @@ impl Server {
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
         schema::build(self.state.clone(), self.reservations.clone(), self.live.clone())
+    }
+
+    /// The gateway every operation of this process enters through, over
+    /// its schemas, its limits and its per-request DataLoaders.
+    pub fn gateway(&self) -> Gateway {
+        let limits = &self.state.limits;
+        let schema = self.schema();
+        let state = self.state.clone();
+        Gateway::new(Setup {
+            sdl: schema::sdl_of(&schema),
+            schema: Arc::new(schema),
+            introspection: Arc::new(schema::build_for_introspection(self.state.clone())),
+            bounds: Bounds { max_tokens: limits.max_tokens, max_selections: limits.max_complexity },
+            in_flight: self.in_flight(),
+            request_data: Arc::new(move |request| request_data(&state, request)),
+        })
     }
 
     /// Starts the background work of a server process: the sweeper, the

@@ -107,10 +107,16 @@ pub fn collision_retry(kind: &'static str) {
     counter!("stockguard_collision_retries_total", "kind" => kind).increment(1);
 }
 
-/// Counts failures by class (serialization_failure, deadlock, lock_timeout,
-/// unavailable, overloaded, ...).
+/// Counts database failures by class (serialization_failure, deadlock,
+/// lock_timeout, unavailable, ...).
 pub fn db_failure(class: &'static str) {
     counter!("stockguard_db_failures_total", "class" => class).increment(1);
+}
+
+/// Counts GraphQL operations refused at the in-flight limit (`OVERLOADED`):
+/// the server was full, the database was not asked.
+pub fn overloaded() {
+    counter!("stockguard_overloaded_total").increment(1);
 }
 
 /// Counts TCP connections opening (`1`) and closing (`-1`).

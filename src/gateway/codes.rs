@@ -1,15 +1,46 @@
 //! An `extensions.code` on every error an operation can end in: the
 //! async-graphql extension [`ErrorCodes`] gives one to each error that
 //! async-graphql or a resolver left without; `docs/operations.md` lists them.
+//!
+//! The code is chosen from where the error was made, never from its text.
+//! Each hook of the extension wraps one phase of async-graphql's request,
+//! and an error that leaves a phase is of that phase's kind:
+//!
+//! - **Parsing** (the gateway hands the document over parsed, so only the
+//!   recursion bound can refuse it here; `documents.rs` checks a tighter one
+//!   first): `MAX_DEPTH_LIMIT` if the text parses, else `GRAPHQL_PARSE_FAILED`.
+//! - **Validation**: `BAD_USER_INPUT` for an error at an argument whose value
+//!   names a variable (the value came from the variables), else
+//!   `GRAPHQL_VALIDATION_FAILED`. The depth and complexity bounds are judged
+//!   here from async-graphql's own measures of a valid document
+//!   ([`ValidationResult`]), so those refusals are made here with their codes
+//!   (the schema itself is built without those limits).
+//! - **Execution**: an error located at an argument's value is a value that
+//!   does not coerce to its type (`BAD_USER_INPUT`): async-graphql reports an
+//!   argument it cannot read there, a resolver reports at its field. Every
+//!   error a resolver makes carries its code already (`IntoGql`), so one
+//!   without a code at its field is a bug: `INTERNAL`, logged.
+//! - **Choosing the operation** (after validation, before execution; the
+//!   gateway chooses first with the same code): `OPERATION_RESOLUTION_FAILURE`.
+//!
+//! Variables are coerced by the gateway before any of this (`shapes.rs`):
+//! a variable that is not of its type, or a non-null one not given, is a
+//! request error there, so async-graphql's validation never measures a
+//! complexity from a variable it cannot read.
 
 use std::sync::{Arc, Mutex};
 
 use async_graphql::{
-    Pos, Response, ServerError, ServerResult, Value, Variables,
-    extensions::{Extension, ExtensionContext, ExtensionFactory, NextParseQuery, NextRequest, NextSubscribe},
+    Pos, Response, ServerError, ServerResult, ValidationResult, Value, Variables,
+    extensions::{
+        Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextRequest, NextSubscribe,
+        NextValidation,
+    },
     parser::types::{ExecutableDocument, Field, Selection, SelectionSet},
 };
 use futures::{StreamExt, stream::BoxStream};
+
+use crate::config::Limits;
 
 /// The `extensions.code` of an error, if it has one.
 pub fn code_of(error: &ServerError) -> Option<&str> {
@@ -26,46 +57,95 @@ pub fn coded(mut error: ServerError, code: &str) -> ServerError {
 }
 
 /// The async-graphql extension that gives every error of an operation an
-/// `extensions.code`: validation failures, variables that do not coerce, the
-/// depth and complexity limits, and (as a last resort, logged) any field
-/// error a resolver left without one.
-pub struct ErrorCodes;
+/// `extensions.code` (see the module docs), and refuses documents past the
+/// depth and complexity bounds.
+pub struct ErrorCodes {
+    /// Most complexity points (`limits.max_complexity`).
+    max_complexity: usize,
+    /// Deepest field nesting (`limits.max_depth`).
+    max_depth: usize,
+}
+
+impl ErrorCodes {
+    /// Codes errors and keeps the depth and complexity bounds of `limits`.
+    pub fn new(limits: &Limits) -> Self {
+        Self { max_complexity: limits.max_complexity, max_depth: limits.max_depth }
+    }
+}
 
 impl ExtensionFactory for ErrorCodes {
     fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(ErrorCodesExtension::default())
+        Arc::new(ErrorCodesExtension {
+            max_complexity: self.max_complexity,
+            max_depth: self.max_depth,
+            arguments: Arc::default(),
+        })
     }
 }
 
-#[derive(Default)]
 struct ErrorCodesExtension {
-    /// Where the document's arguments that use a variable are named: an
-    /// invalid value there came from the variables (BAD_USER_INPUT), an
-    /// invalid value elsewhere is a literal in the document (validation).
-    /// Shared with the response stream of a subscription.
-    variable_arguments: Arc<Mutex<Vec<Pos>>>,
+    max_complexity: usize,
+    max_depth: usize,
+    /// Where the document's arguments are; shared with the response stream
+    /// of a subscription.
+    arguments: Arc<Mutex<Arguments>>,
 }
 
-/// Gives every error of `response` that has no code one.
-fn code_errors(response: &mut Response, variable_arguments: &Mutex<Vec<Pos>>) {
+/// The positions of the document's arguments (of fields and directives, in
+/// operations and fragments).
+#[derive(Default)]
+struct Arguments {
+    /// The names of arguments whose value is or holds a variable: where
+    /// validation reports a value it refuses.
+    variable_names: Vec<Pos>,
+    /// Every argument's value: where execution reports a value that does
+    /// not coerce.
+    values: Vec<Pos>,
+}
+
+impl ErrorCodesExtension {
+    fn arguments(&self) -> std::sync::MutexGuard<'_, Arguments> {
+        self.arguments.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Where an error without a code came from.
+#[derive(Clone, Copy)]
+enum Phase {
+    /// Resolving fields (a query, a mutation, an event of a subscription).
+    Execution,
+    /// After validation and before execution (choosing the operation), or
+    /// the execution of a subscription's event.
+    Rest,
+}
+
+/// Gives every error of `response` that has no code one, by `phase`.
+fn code_errors(response: &mut Response, arguments: &Mutex<Arguments>, phase: Phase) {
     if response.errors.iter().all(|e| code_of(e).is_some()) {
         return;
     }
-    let variable_arguments = variable_arguments.lock().map(|p| p.clone()).unwrap_or_default();
+    let arguments = arguments.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     for error in response.errors.iter_mut().filter(|e| code_of(e).is_none()) {
-        let code = classify(error, &variable_arguments);
-        if code == "INTERNAL" {
-            tracing::error!(message = %error.message, path = ?error.path, "a field error without a code");
-        }
+        let at_values = !error.locations.is_empty() && error.locations.iter().all(|p| arguments.values.contains(p));
+        let code = match phase {
+            _ if at_values => "BAD_USER_INPUT",
+            Phase::Rest if error.path.is_empty() => "OPERATION_RESOLUTION_FAILURE",
+            Phase::Execution | Phase::Rest => {
+                tracing::error!(message = %error.message, path = ?error.path, "a field error without a code");
+                "INTERNAL"
+            }
+        };
         error.extensions.get_or_insert_with(Default::default).set("code", code);
     }
 }
 
 #[async_graphql::async_trait::async_trait]
 impl Extension for ErrorCodesExtension {
+    /// What is left without a code here was refused after validation and
+    /// before execution: the choice of operation.
     async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
         let mut response = next.run(ctx).await;
-        code_errors(&mut response, &self.variable_arguments);
+        code_errors(&mut response, &self.arguments, Phase::Rest);
         response
     }
 
@@ -76,10 +156,10 @@ impl Extension for ErrorCodesExtension {
         stream: BoxStream<'s, Response>,
         next: NextSubscribe<'_>,
     ) -> BoxStream<'s, Response> {
-        let variable_arguments = self.variable_arguments.clone();
+        let arguments = self.arguments.clone();
         next.run(ctx, stream)
             .map(move |mut response| {
-                code_errors(&mut response, &variable_arguments);
+                code_errors(&mut response, &arguments, Phase::Rest);
                 response
             })
             .boxed()
@@ -92,49 +172,63 @@ impl Extension for ErrorCodesExtension {
         variables: &Variables,
         next: NextParseQuery<'_>,
     ) -> ServerResult<ExecutableDocument> {
-        let document = next.run(ctx, query, variables).await?;
-        let uses_variables = document.operations.iter().any(|(_, op)| !op.node.variable_definitions.is_empty());
-        if uses_variables && let Ok(mut positions) = self.variable_arguments.lock() {
-            collect_variable_arguments(&document, &mut positions);
+        match next.run(ctx, query, variables).await {
+            Ok(document) => {
+                collect_arguments(&document, &mut self.arguments());
+                Ok(document)
+            }
+            // After parsing, async-graphql checks only the recursion bound
+            // (`limit_recursive_depth`; no directive limit is set).
+            Err(error) if async_graphql::parser::parse_query(query).is_ok() => Err(coded(error, "MAX_DEPTH_LIMIT")),
+            Err(error) => Err(coded(error, "GRAPHQL_PARSE_FAILED")),
         }
-        Ok(document)
+    }
+
+    async fn validation(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        next: NextValidation<'_>,
+    ) -> Result<ValidationResult, Vec<ServerError>> {
+        let result = next.run(ctx).await.map_err(|errors| {
+            let arguments = self.arguments();
+            let code = |error: &ServerError| {
+                let at_variable = error.locations.iter().any(|pos| arguments.variable_names.contains(pos));
+                if at_variable { "BAD_USER_INPUT" } else { "GRAPHQL_VALIDATION_FAILED" }
+            };
+            errors
+                .into_iter()
+                .map(|error| {
+                    let code = code(&error);
+                    coded(error, code)
+                })
+                .collect::<Vec<_>>()
+        })?;
+        if result.complexity > self.max_complexity {
+            let error = ServerError::new("Query is too complex.", None);
+            return Err(vec![coded(error, "COST_ESTIMATED_TOO_EXPENSIVE")]);
+        }
+        if result.depth > self.max_depth {
+            return Err(vec![coded(ServerError::new("Query is nested too deep.", None), "MAX_DEPTH_LIMIT")]);
+        }
+        Ok(result)
+    }
+
+    async fn execute(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        operation_name: Option<&str>,
+        next: NextExecute<'_>,
+    ) -> Response {
+        let mut response = next.run(ctx, operation_name).await;
+        code_errors(&mut response, &self.arguments, Phase::Execution);
+        response
     }
 }
 
-/// The code of an error async-graphql or a resolver left without one.
-fn classify(error: &ServerError, variable_arguments: &[Pos]) -> &'static str {
-    let message = error.message.as_str();
-    // A value that does not coerce to its type (a UUID that is not one, an
-    // Int out of range, a variable not given): async-graphql's
-    // `InputValueError` messages, at validation (for variables) or at
-    // execution (for arguments, then with a path).
-    let coercion = message.starts_with("Failed to parse \"")
-        || message.starts_with("Expected input type \"")
-        || (message.starts_with("Variable ") && message.ends_with(" is not defined."));
-    if coercion {
-        return "BAD_USER_INPUT";
-    }
-    if !error.path.is_empty() {
-        // Every error a resolver makes carries its code already (`IntoGql`).
-        return "INTERNAL";
-    }
-    if message == "Query is too complex." {
-        "COST_ESTIMATED_TOO_EXPENSIVE"
-    } else if message == "Query is nested too deep." || message.starts_with("The recursion depth of the query") {
-        "MAX_DEPTH_LIMIT"
-    } else if message.starts_with("Invalid value for argument")
-        && error.locations.iter().any(|pos| variable_arguments.contains(pos))
-    {
-        "BAD_USER_INPUT"
-    } else {
-        "GRAPHQL_VALIDATION_FAILED"
-    }
-}
-
-/// The positions of every argument (of a field or a directive) whose value
-/// names a variable, in operations and fragments.
-fn collect_variable_arguments(document: &ExecutableDocument, positions: &mut Vec<Pos>) {
-    fn set(selection_set: &SelectionSet, positions: &mut Vec<Pos>) {
+/// The positions of every argument (of a field or a directive), in
+/// operations and fragments.
+fn collect_arguments(document: &ExecutableDocument, positions: &mut Arguments) {
+    fn set(selection_set: &SelectionSet, positions: &mut Arguments) {
         for selection in &selection_set.items {
             match &selection.node {
                 Selection::Field(selected) => field(&selected.node, positions),
@@ -143,11 +237,12 @@ fn collect_variable_arguments(document: &ExecutableDocument, positions: &mut Vec
             }
         }
     }
-    fn field(field: &Field, positions: &mut Vec<Pos>) {
+    fn field(field: &Field, positions: &mut Arguments) {
         let directive_arguments = field.directives.iter().flat_map(|d| d.node.arguments.iter());
         for (name, value) in field.arguments.iter().chain(directive_arguments) {
+            positions.values.push(value.pos);
             if uses_variable(&value.node) {
-                positions.push(name.pos);
+                positions.variable_names.push(name.pos);
             }
         }
         set(&field.selection_set.node, positions);
@@ -165,9 +260,9 @@ fn collect_variable_arguments(document: &ExecutableDocument, positions: &mut Vec
 fn uses_variable(value: &async_graphql_value::Value) -> bool {
     use async_graphql_value::Value as V;
     match value {
-        V::Variable(_) => true,
         V::List(items) => items.iter().any(uses_variable),
         V::Object(fields) => fields.values().any(uses_variable),
+        V::Variable(_) => true,
         _ => false,
     }
 }

@@ -12,6 +12,11 @@
 //!
 //! Every error an operation can end in carries an `extensions.code`
 //! ([`ErrorCodes`]); `docs/operations.md` lists them.
+//!
+//! The gateway sits below the schema and the composition root: it is given
+//! what it runs ([`Setup`]: the schemas as [`Run`], their SDL, the request
+//! data) by `server.rs`, and imports neither, so `schema.rs` can use its
+//! [`ErrorCodes`] without a cycle.
 
 mod codes;
 mod persisted;
@@ -31,24 +36,61 @@ use async_graphql::{
     Positioned, Request, Response, ServerError,
     parser::types::{DocumentOperations, ExecutableDocument, OperationDefinition, OperationType},
 };
-use futures::{StreamExt, stream::BoxStream};
+use futures::{FutureExt, StreamExt, future::BoxFuture, stream::BoxStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::{
-    app::AppState,
     auth::Viewer,
     documents::{Bounds, Checked, Documents, Introspection},
-    schema::{self, AppSchema},
-    server::{self, Server},
 };
+
+/// What runs a checked operation: a schema, seen only as what it does
+/// (async-graphql's `Executor`, in a form that can be held as a value).
+pub trait Run: Send + Sync + 'static {
+    /// Runs a query or mutation to its response.
+    fn execute(&self, request: Request) -> BoxFuture<'static, Response>;
+
+    /// Runs any operation as a stream of responses.
+    fn execute_stream(&self, request: Request) -> BoxStream<'static, Response>;
+}
+
+impl<E: async_graphql::Executor + Clone> Run for E {
+    fn execute(&self, request: Request) -> BoxFuture<'static, Response> {
+        let executor = self.clone();
+        async move { executor.execute(request).await }.boxed()
+    }
+
+    fn execute_stream(&self, request: Request) -> BoxStream<'static, Response> {
+        async_graphql::Executor::execute_stream(self, request, None)
+    }
+}
+
+/// Puts a request's own data (its DataLoaders) into it.
+pub type RequestData = Arc<dyn Fn(Request) -> Request + Send + Sync>;
+
+/// What a gateway is made of, given by the composition root.
+pub struct Setup {
+    /// The schema with the API's depth bound.
+    pub schema: Arc<dyn Run>,
+    /// The same schema with the looser depth bound for introspection-only documents.
+    pub introspection: Arc<dyn Run>,
+    /// The schema's SDL, for variable coercion and the nulls of field errors.
+    pub sdl: String,
+    /// The bounds every document keeps.
+    pub bounds: Bounds,
+    /// One permit per operation in flight in the process.
+    pub in_flight: Arc<Semaphore>,
+    /// Each request's own data; the gateway adds the caller.
+    pub request_data: RequestData,
+}
 
 /// Admits GraphQL operations; cheap to clone, one per server.
 #[derive(Clone)]
 pub struct Gateway {
     /// The schema with the API's depth bound.
-    schema: AppSchema,
+    schema: Arc<dyn Run>,
     /// The same schema with the looser depth bound for introspection-only documents.
-    introspection: AppSchema,
+    introspection: Arc<dyn Run>,
     /// Checked documents of recent queries.
     documents: Documents,
     /// Queries registered by hash (automatic persisted queries).
@@ -57,8 +99,8 @@ pub struct Gateway {
     shapes: Arc<Shapes>,
     /// One permit per operation in flight.
     in_flight: Arc<Semaphore>,
-    /// What every request's data is made from (the DataLoaders' pools).
-    app: AppState,
+    /// Each request's own data.
+    request_data: RequestData,
 }
 
 /// Why an operation was not run.
@@ -100,25 +142,17 @@ impl Refusal {
 }
 
 impl Gateway {
-    /// A gateway over `server`'s schema and limits.
-    pub fn new(server: &Server) -> Self {
-        let app = server.state().clone();
-        let bounds = Bounds { max_tokens: app.limits.max_tokens, max_selections: app.limits.max_complexity };
-        let schema = server.schema();
+    /// A gateway made of `setup`.
+    pub fn new(setup: Setup) -> Self {
         Self {
-            shapes: Arc::new(Shapes::from_sdl(&schema::sdl_of(&schema))),
-            introspection: schema::build_for_introspection(app.clone()),
-            schema,
-            documents: Documents::new(bounds),
+            shapes: Arc::new(Shapes::from_sdl(&setup.sdl)),
+            introspection: setup.introspection,
+            schema: setup.schema,
+            documents: Documents::new(setup.bounds),
             persisted: Persisted::default(),
-            in_flight: server.in_flight(),
-            app,
+            in_flight: setup.in_flight,
+            request_data: setup.request_data,
         }
-    }
-
-    /// The schema operations run on.
-    pub fn schema(&self) -> &AppSchema {
-        &self.schema
     }
 
     /// Checks `request`'s document and picks its operation, without taking
@@ -145,7 +179,7 @@ impl Gateway {
         let completion =
             Completion { checked, operation_name: request.operation_name.clone(), kind, shapes: self.shapes.clone() };
         // Each operation gets its own DataLoaders, so nothing is cached past it.
-        let request = server::request_data(&self.app, request.data(viewer));
+        let request = (self.request_data)(request.data(viewer));
         Ok(Prepared { request, schema, completion, in_flight: self.in_flight.clone() })
     }
 
@@ -157,7 +191,7 @@ impl Gateway {
 }
 
 /// What is done to every response of an operation before it leaves: the
-/// spec's nulls for field errors (see `nulls.rs`).
+/// spec's nulls for field errors (see `shapes.rs`).
 struct Completion {
     checked: Arc<Checked>,
     operation_name: Option<String>,
@@ -194,7 +228,7 @@ impl Completion {
 /// A checked operation that has not taken its permit yet.
 pub struct Prepared {
     request: Request,
-    schema: AppSchema,
+    schema: Arc<dyn Run>,
     completion: Completion,
     in_flight: Arc<Semaphore>,
 }
@@ -209,7 +243,7 @@ impl Prepared {
     /// server answers instead of queueing, so memory and waiting stay bounded.
     pub fn admit(self) -> Result<Admitted, Refusal> {
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
-            crate::telemetry::db_failure("overloaded");
+            crate::telemetry::overloaded();
             return Err(Refusal::Overloaded);
         };
         Ok(Admitted { prepared: self, permit: InFlight::new(permit) })

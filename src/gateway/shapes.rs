@@ -9,11 +9,15 @@
 //!   spec's result after execution, from each error's path, the document's
 //!   selections (a response key's field and type) and the field types. It
 //!   only runs for a response that has field errors.
-//! - **Variable coercion**: a variable whose value is not of its type is a
-//!   request error, before anything runs. async-graphql checks the built-in
-//!   scalars but not `UUID` and `DateTime`, whose bad values only fail the
-//!   field that reads them. [`Shapes::coerce`] checks those, through lists
-//!   and input objects.
+//! - **Variable coercion**: a variable whose value is not of its type, or a
+//!   non-null one that is not given, is a request error, before anything
+//!   runs. async-graphql checks the built-in scalars at validation, but not
+//!   `UUID` and `DateTime` (whose bad values only fail the field that reads
+//!   them) nor missing variables (which fail at execution), and it reads a
+//!   paginated field's `first` for its complexity before its own checks, so
+//!   a bad one there reaches the client as an error of the document.
+//!   [`Shapes::coerce`] checks the scalars, nulls and presence, through lists
+//!   and input objects, so every such refusal is ours, with its code.
 
 use std::collections::HashMap;
 
@@ -65,20 +69,30 @@ impl Shapes {
         variables: &Variables,
     ) -> Result<(), ServerError> {
         for definition in definitions {
-            let name = &definition.node.name.node;
-            let Some(value) = variables.get(name) else { continue };
-            if let Err(why) = self.check(&definition.node.var_type.node, value) {
-                let message = format!("variable ${name} is not of type {}: {why}", definition.node.var_type.node);
+            let (name, ty) = (&definition.node.name.node, &definition.node.var_type.node);
+            let refused = match variables.get(name) {
+                Some(value) => {
+                    self.check(ty, value).err().map(|why| format!("variable ${name} is not of type {ty}: {why}"))
+                }
+                None if definition.node.default_value.is_none() && !ty.nullable => {
+                    Some(format!("variable ${name} of type {ty} is not given"))
+                }
+                None => None,
+            };
+            if let Some(message) = refused {
                 return Err(super::coded(ServerError::new(message, Some(definition.pos)), "BAD_USER_INPUT"));
             }
         }
         Ok(())
     }
 
-    /// Whether `value` fits `ty`, for the scalars async-graphql leaves unchecked.
+    /// Whether `value` fits `ty`: its nulls, its scalars and its input
+    /// objects' fields (a missing field of an input object is left to
+    /// async-graphql's validation).
     fn check(&self, ty: &Type, value: &Value) -> Result<(), String> {
         match (&ty.base, value) {
-            (_, Value::Null) => Ok(()),
+            (_, Value::Null) if ty.nullable => Ok(()),
+            (_, Value::Null) => Err(format!("null where {ty} is needed")),
             (BaseType::List(item), Value::List(items)) => items.iter().try_for_each(|value| self.check(item, value)),
             // A single value stands for a list of one (input coercion).
             (BaseType::List(item), value) => self.check(item, value),
@@ -89,7 +103,16 @@ impl Shapes {
                 ("DateTime", Value::String(text)) => chrono::DateTime::parse_from_rfc3339(text)
                     .map(drop)
                     .map_err(|_| format!("{text:?} is not an RFC 3339 date-time")),
-                ("UUID" | "DateTime", value) => Err(format!("{value} is not a string")),
+                ("String", Value::String(_)) | ("Boolean", Value::Boolean(_)) => Ok(()),
+                ("UUID" | "DateTime" | "String", value) => Err(format!("{value} is not a string")),
+                ("Boolean", value) => Err(format!("{value} is not a boolean")),
+                ("Int", Value::Number(number)) if number.as_i64().is_some_and(|n| i32::try_from(n).is_ok()) => Ok(()),
+                ("Int", value) => Err(format!("{value} is not a 32-bit integer")),
+                ("Float", Value::Number(_)) => Ok(()),
+                ("Float", value) => Err(format!("{value} is not a number")),
+                ("ID", Value::String(_)) => Ok(()),
+                ("ID", Value::Number(number)) if number.is_i64() || number.is_u64() => Ok(()),
+                ("ID", value) => Err(format!("{value} is not an ID")),
                 (input, Value::Object(object)) => {
                     let Some(fields) = self.inputs.get(input) else { return Ok(()) };
                     object.iter().try_for_each(|(field, value)| match fields.get(field.as_str()) {
@@ -300,6 +323,29 @@ type MovementConnection { total: Int! }
         assert!(coerce(json!({ "lines": [], "one": 42 })).is_err());
         let error = coerce(json!({ "lines": [], "one": "x" })).expect_err("refused");
         assert_eq!(super::super::code_of(&error), Some("BAD_USER_INPUT"));
+    }
+
+    #[test]
+    fn built_in_scalars_nulls_and_missing_variables_are_refused_before_validation() {
+        let refused = |declared: &str, variables: serde_json::Value| {
+            let query = format!("query({declared}) {{ __typename }}");
+            let document = async_graphql::parser::parse_query(query).expect("query");
+            let DocumentOperations::Single(operation) = &document.operations else { panic!("one operation") };
+            Shapes::from_sdl(SDL)
+                .coerce(&operation.node.variable_definitions, &Variables::from_json(variables))
+                .is_err()
+        };
+        assert!(refused("$f: Int", json!({ "f": "ten" })));
+        assert!(refused("$f: Int", json!({ "f": 3_000_000_000_i64 })));
+        assert!(refused("$f: Int", json!({ "f": 1.5 })));
+        assert!(!refused("$f: Int", json!({ "f": 10 })));
+        assert!(!refused("$f: Int", json!({})), "a nullable variable may be left out");
+        assert!(refused("$f: Int!", json!({})), "a non-null one may not");
+        assert!(!refused("$f: Int! = 3", json!({})), "unless it has a default");
+        assert!(refused("$f: Int!", json!({ "f": null })));
+        assert!(refused("$s: [String!]", json!({ "s": ["a", null] })));
+        assert!(refused("$b: Boolean", json!({ "b": "yes" })));
+        assert!(!refused("$i: ID, $x: Float", json!({ "i": 7, "x": 1 })));
     }
 
     #[test]

@@ -31,8 +31,8 @@ pub use self::server::{ConnectionLimits, serve};
 use crate::{app::AppState, gateway::Gateway, server::Server};
 
 /// What the handlers share: axum clones it for every request, so it is
-/// one `Arc` (the GraphiQL page and two copies of the state were copied
-/// per request before, a tenth of the server's CPU per reservation).
+/// one `Arc` (a clone of the GraphiQL page and of the state for each
+/// request measured a tenth of the server's CPU per reservation).
 #[derive(Clone)]
 struct Http(Arc<Shared>);
 
@@ -65,7 +65,7 @@ pub fn router(server: &Server, graphiql_token: Option<&str>) -> Router {
     let app = server.state().clone();
     let limits = app.limits.clone();
     let state = Http(Arc::new(Shared {
-        gateway: Gateway::new(server),
+        gateway: server.gateway(),
         app,
         graphiql: graphiql::Page::new(bearer.as_deref()),
         subscriptions: ws::Subscriptions::default(),

@@ -10,6 +10,12 @@
 //! (a socket that answers nothing for two is closed), and a cap on live
 //! subscriptions per socket and per process (past it, that subscription
 //! gets an error; the socket stays open).
+//!
+//! A panic in an operation's work ends that operation with an `INTERNAL`
+//! error and leaves the socket and the process serving (the websocket's
+//! counterpart of the HTTP router's `CatchPanicLayer`): a query or mutation
+//! runs in a task of its own, and a subscription's stream is polled under
+//! [`guarded`].
 
 use std::{
     sync::{
@@ -32,7 +38,7 @@ use axum::{
     http::{HeaderMap, StatusCode, header},
     response::{IntoResponse, Response as HttpResponse},
 };
-use futures::{SinkExt, StreamExt, stream::BoxStream};
+use futures::{FutureExt, SinkExt, StreamExt, stream::BoxStream};
 
 use super::Http;
 use crate::{
@@ -190,12 +196,13 @@ impl SocketExecutor {
 impl Executor for SocketExecutor {
     fn execute(&self, request: Request) -> impl std::future::Future<Output = Response> + Send {
         let admitted = self.gateway.admit(request, self.caller());
-        async move {
+        let work = async move {
             match admitted {
                 Ok(admitted) => admitted.execute().await,
                 Err(refusal) => refusal.into_response(),
             }
-        }
+        };
+        std::panic::AssertUnwindSafe(work).catch_unwind().map(|answer| answer.unwrap_or_else(|_| panicked()))
     }
 
     fn execute_stream(&self, request: Request, _session: Option<Arc<Data>>) -> BoxStream<'static, Response> {
@@ -210,10 +217,7 @@ impl Executor for SocketExecutor {
             return match prepared.admit() {
                 Ok(admitted) => {
                     let work = tokio::spawn(admitted.execute());
-                    futures::stream::once(
-                        async move { work.await.unwrap_or_else(|_| Refusal::internal().into_response()) },
-                    )
-                    .boxed()
+                    futures::stream::once(async move { work.await.unwrap_or_else(|_| panicked()) }).boxed()
                 }
                 Err(refusal) => once(refusal.into_response()),
             };
@@ -229,12 +233,28 @@ impl Executor for SocketExecutor {
             error.extensions.get_or_insert_with(Default::default).set("code", "TOO_MANY_SUBSCRIPTIONS");
             return once(Response::from_errors(vec![error]));
         };
-        let responses = prepared.stream_unmetered();
+        let responses = guarded(prepared.stream_unmetered());
         futures::stream::unfold((responses, place), |(mut responses, place)| async move {
             responses.next().await.map(|response| (response, (responses, place)))
         })
         .boxed()
     }
+}
+
+/// `responses`, ending with one `INTERNAL` error instead of unwinding into
+/// the socket's task when polling them panics.
+fn guarded(responses: BoxStream<'static, Response>) -> BoxStream<'static, Response> {
+    std::panic::AssertUnwindSafe(responses)
+        .catch_unwind()
+        .map(|response| response.unwrap_or_else(|_| panicked()))
+        .boxed()
+}
+
+/// The answer to an operation whose work panicked (the panic itself was
+/// reported by the panic hook).
+fn panicked() -> Response {
+    tracing::error!("a websocket operation panicked");
+    Refusal::internal().into_response()
 }
 
 fn once(response: Response) -> BoxStream<'static, Response> {
@@ -267,5 +287,23 @@ impl Counted {
 impl Drop for Counted {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_subscription_whose_stream_panics_ends_with_an_internal_error() {
+        let first = Response::new(async_graphql::Value::from(1));
+        let responses = futures::stream::iter([Some(first), None])
+            .map(|response| response.unwrap_or_else(|| panic!("a resolver's bug")))
+            .boxed();
+        let answers: Vec<Response> = guarded(responses).collect().await;
+        assert_eq!(answers.len(), 2, "the event before the panic, then the error, then the end");
+        assert!(answers[0].errors.is_empty());
+        let code = answers[1].errors.first().and_then(crate::gateway::code_of);
+        assert_eq!(code, Some("INTERNAL"));
     }
 }

@@ -21,7 +21,7 @@ use crate::{
     config::{Limits, OrderLocking},
     db::{Attempted, Collisions, DbFailure, classify},
     error::AppError,
-    idempotency::{self, Key},
+    idempotency::{self, Extra, Key, Part},
     reservations::{
         ReservationRow, ReservationStatus,
         multi_item::{self, MAX_LINES, Unavailable},
@@ -53,7 +53,7 @@ pub async fn place_order(
     address: ShippingAddress,
     idempotency_key: Option<String>,
 ) -> Result<PlaceOutcome, AppError> {
-    let key = idempotency_key.map(|key| multi_item::key(key, "placeOrder", lines, &fingerprinted(&address)));
+    let key = idempotency_key.map(|key| multi_item::key(key, "placeOrder", lines, fingerprinted(&address)));
     if let Some(order) = replay(db, user_id, key.as_ref()).await? {
         return Ok(PlaceOutcome::Placed(order));
     }
@@ -82,12 +82,28 @@ pub async fn place_order(
     }
 }
 
-/// The address as it enters a `placeOrder` fingerprint. Its `Debug` text is
-/// stored inside every keyed order's fingerprint, so it must not change (a
-/// test below pins it): renaming `ShippingAddress` or a field would turn
-/// replays of older keys into `IDEMPOTENCY_KEY_REUSED`.
-fn fingerprinted(address: &ShippingAddress) -> String {
-    format!("{address:?}")
+/// The address as it enters the fingerprint of a `placeOrder` or a
+/// `checkout`: its fields by their API names, in a fixed order, and the text
+/// keys stored before the canonical encoding hold for it (see
+/// `idempotency.rs`). That text is what `Debug` wrote for `ShippingAddress`,
+/// spelled out so that renaming the struct or a field cannot change it; its
+/// strings are still escaped as `Debug` escapes a `str`, which is how they
+/// were stored (a printable ASCII address, the usual one, is written as is).
+fn fingerprinted(address: &ShippingAddress) -> Extra<'_> {
+    let fields = vec![
+        ("name", Part::Text(&address.name)),
+        ("line1", Part::Text(&address.line1)),
+        ("line2", Part::optional_text(address.line2.as_deref())),
+        ("city", Part::Text(&address.city)),
+        ("postalCode", Part::Text(&address.postal_code)),
+        ("country", Part::Text(&address.country)),
+    ];
+    let line2 = address.line2.as_ref().map_or_else(|| "None".to_owned(), |line2| format!("Some({line2:?})"));
+    let legacy = format!(
+        "ShippingAddress {{ name: {:?}, line1: {:?}, line2: {line2}, city: {:?}, postal_code: {:?}, country: {:?} }}",
+        address.name, address.line1, address.city, address.postal_code, address.country
+    );
+    Extra { fields: vec![("address", Part::Record(fields))], legacy }
 }
 
 /// The order placed first with this key, if any.
@@ -163,7 +179,7 @@ pub async fn checkout(
     address: ShippingAddress,
     idempotency_key: Option<String>,
 ) -> Result<CheckoutOutcome, AppError> {
-    let key = idempotency_key.map(|key| Key::checkout(key, reservation_ids, &fingerprinted(&address)));
+    let key = idempotency_key.map(|key| Key::checkout(key, reservation_ids, fingerprinted(&address)));
     if let Some(order) = replay(db, user_id, key.as_ref()).await? {
         return Ok(CheckoutOutcome::Placed(order));
     }
@@ -420,8 +436,13 @@ mod tests {
             country: "JP".into(),
         };
         assert_eq!(
-            fingerprinted(&address),
+            fingerprinted(&address).legacy,
             r#"ShippingAddress { name: "Alice", line1: "1 Main St", line2: None, city: "Osaka", postal_code: "530-0001", country: "JP" }"#
         );
+        let with_line2 = ShippingAddress { line2: Some("Floor \"2\"".into()), ..address.clone() };
+        assert_eq!(fingerprinted(&with_line2).legacy, format!("{with_line2:?}"), "as Debug wrote it");
+        let Part::Record(fields) = &fingerprinted(&address).fields[0].1 else { panic!("a record") };
+        let names: Vec<&str> = fields.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, ["name", "line1", "line2", "city", "postalCode", "country"]);
     }
 }

@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::ReservationRow;
 use crate::{
     error::AppError,
-    idempotency::Key,
+    idempotency::{Extra, Key},
     inventory::{InventoryRow, store as inventory_store},
     stock::taking::{self, Line, Purpose},
     validate,
@@ -70,7 +70,7 @@ pub fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>, AppErr
 
 /// The idempotency key of a multi-item `operation` over `lines`, with
 /// `extra` for anything else that makes the request what it is.
-pub fn key(key: String, operation: &str, lines: &[Line], extra: &str) -> Key {
+pub fn key(key: String, operation: &str, lines: &[Line], extra: Extra<'_>) -> Key {
     Key::multi_item(key, operation, lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version)), extra)
 }
 

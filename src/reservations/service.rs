@@ -20,7 +20,7 @@ use crate::{
     app::AppState,
     db::{Attempted, Collisions, StatementPool},
     error::AppError,
-    idempotency::{self, Key},
+    idempotency::{self, Extra, Key},
     inventory::{InventoryRow, store as inventory_store},
     stock::taking::{Line, Purpose, ReservationChange, Reserve},
 };
@@ -187,7 +187,7 @@ impl ReservationService {
         idempotency_key: Option<String>,
         ttl_secs: i32,
     ) -> Result<ReserveManyOutcome, AppError> {
-        let key = idempotency_key.map(|key| multi_item::key(key, "reserveMany", lines, ""));
+        let key = idempotency_key.map(|key| multi_item::key(key, "reserveMany", lines, Extra::default()));
         if let Some(first) = replay_multi_item(&self.db, user_id, key.as_ref()).await? {
             return Ok(ReserveManyOutcome::ReservedAll(first));
         }

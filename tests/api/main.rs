@@ -1,6 +1,7 @@
 //! Stockguard's integration tests: one binary, each test with its own fresh
 //! database and a real server on port 0, talked to over real HTTP.
 
+mod admission;
 mod archive;
 mod attacks;
 mod auth;
@@ -15,6 +16,7 @@ mod db_errors;
 mod deploy;
 mod documents;
 mod faults;
+mod fingerprints;
 mod fuzz;
 mod helpers;
 mod hostile;
