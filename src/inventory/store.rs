@@ -9,11 +9,13 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::entity::{Column, Entity, Model};
 use crate::{
     db::{Attempted, Collisions},
     pagination::{self, Page},
-    stock::receiving,
+    stock::{
+        receiving,
+        rows::inventory::{Column, Entity, Model},
+    },
 };
 
 /// One inventory by id.

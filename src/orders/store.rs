@@ -17,7 +17,7 @@ use super::{
 use crate::{
     idempotency::Key,
     pagination::{self, Page},
-    reservations::{ReservationRow, entity as reservations},
+    stock::rows::{ReservationRow, reservation as reservations},
     stock::{self, returning, shipping},
 };
 

@@ -9,12 +9,12 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::entity::{Column, Entity, Model};
 use crate::{
     db::{Attempted, Collisions, StatementPool},
     pagination::{self, Page},
     stock::{
         adjusting, returning,
+        rows::reservation::{Column, Entity, Model},
         taking::{CoalescedReserve, ReservationChange, Reserve, Turn},
     },
 };
@@ -127,23 +127,4 @@ pub async fn page_for_user(db: &DatabaseConnection, user_id: &str, page: Page) -
 /// The query of [`page_for_user`].
 pub fn page_query(user_id: &str, page: Page) -> Select<Entity> {
     pagination::keyset(Entity::find().filter(Column::UserId.eq(user_id)), Column::CreatedAt, Column::Id, page)
-}
-
-/// Deletes the reservations made in `[from, until)` that are done with
-/// (RELEASED or EXPIRED) and carry no idempotency key; how many it deleted.
-///
-/// Nothing counts them any more: the invariant sums only ACTIVE, ORDERED and
-/// FULFILLED lines, and no statement changes a RELEASED or EXPIRED row, so
-/// the delete takes no lock another writer waits for. A keyed one stays, so
-/// a replay of its key still finds its first outcome.
-pub async fn archive_slice(
-    db: &impl ConnectionTrait,
-    from: chrono::DateTime<chrono::Utc>,
-    until: chrono::DateTime<chrono::Utc>,
-) -> Result<u64, DbErr> {
-    const SQL: &str = "DELETE FROM reservations \
-         WHERE created_at >= $1 AND created_at < $2 \
-           AND status IN ('RELEASED', 'EXPIRED') AND idempotency_key IS NULL";
-    let deleted = db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, [from.into(), until.into()]));
-    Ok(deleted.await?.rows_affected())
 }

@@ -21,6 +21,7 @@ mod fragments;
 pub mod partitions;
 pub mod receiving;
 pub mod returning;
+pub mod rows;
 pub mod shipping;
 pub mod taking;
 

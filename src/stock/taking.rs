@@ -11,10 +11,12 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-use super::fragments::{
-    INVENTORY_COLUMNS, LEDGER, LEDGER_WITH_ID, expiry, inventory_columns, reservation_columns_as_r, set, step,
+use super::{
+    fragments::{
+        INVENTORY_COLUMNS, LEDGER, LEDGER_WITH_ID, expiry, inventory_columns, reservation_columns_as_r, set, step,
+    },
+    rows::{InventoryRow, ReservationRow},
 };
-use crate::{inventory::InventoryRow, reservations::ReservationRow};
 
 /// The one-statement reservation. Parameters: `$1` inventory id, `$2`
 /// quantity, `$3` expected version (NULL: none), `$4` the new reservation's
