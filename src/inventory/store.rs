@@ -3,6 +3,8 @@
 //! so the ledger can never disagree with the row). `service.rs` decides what
 //! a result means.
 
+use std::sync::LazyLock;
+
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
     Statement, Value,
@@ -13,8 +15,11 @@ use crate::{
     db::{Attempted, Collisions},
     pagination::{self, Page},
     stock::{
-        receiving,
-        rows::inventory::{Column, Entity, Model},
+        fragments, receiving,
+        rows::{
+            ReservationStatus,
+            inventory::{Column, Entity, Model},
+        },
     },
 };
 
@@ -66,20 +71,27 @@ impl StockStates {
 /// from one snapshot. Only holding rows are summed (`reservations_held`),
 /// however many released and expired ones an inventory has had.
 pub async fn states(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<StockStates>, DbErr> {
-    const SQL: &str = r#"
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
 SELECT i.id AS inventory_id, i.stock::bigint AS available,
        coalesce(h.reserved, 0)::bigint AS reserved, coalesce(h.committed, 0)::bigint AS committed
   FROM inventories i
   LEFT JOIN (
     SELECT inventory_id,
-           sum(quantity) FILTER (WHERE status = 'ACTIVE') AS reserved,
-           sum(quantity) FILTER (WHERE status = 'ORDERED') AS committed
+           {reserved} AS reserved,
+           {committed} AS committed
       FROM reservations
-     WHERE status IN ('ACTIVE', 'ORDERED') AND inventory_id = ANY($1)
+     WHERE status IN {holding} AND inventory_id = ANY($1)
      GROUP BY inventory_id
   ) h ON h.inventory_id = i.id
- WHERE i.id = ANY($1)"#;
-    let statement = Statement::from_sql_and_values(DbBackend::Postgres, SQL, [Value::from(ids.to_vec())]);
+ WHERE i.id = ANY($1)"#,
+            reserved = fragments::units(ReservationStatus::Active),
+            committed = fragments::units(ReservationStatus::Ordered),
+            holding = fragments::holding(),
+        )
+    });
+    let statement = Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [Value::from(ids.to_vec())]);
     StockStates::find_by_statement(statement).all(db).await
 }
 

@@ -3,6 +3,8 @@
 //! and reading reservations. Nothing here decides what a result means;
 //! `service.rs` does.
 
+use std::sync::LazyLock;
+
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
     Select, Statement,
@@ -13,7 +15,7 @@ use crate::{
     db::{Attempted, Collisions, StatementPool},
     pagination::{self, Page},
     stock::{
-        adjusting, returning,
+        adjusting, fragments, returning,
         rows::reservation::{Column, Entity, Model},
         taking::{CoalescedReserve, ReservationChange, Reserve, Turn},
     },
@@ -90,15 +92,20 @@ pub async fn extend(
     // The expiry condition is in the WHERE, so a reservation the sweeper has
     // claimed (or that ran out a moment ago) is not revived; 0 rows: not the
     // caller's, not ACTIVE, or expired.
-    const SQL: &str = r#"
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
 UPDATE reservations
    SET expires_at = CASE WHEN expires_at IS NOT NULL
        THEN least(expires_at + $3::integer * interval '1 second', now() + $4::integer * interval '1 second') END
- WHERE id = $1 AND user_id = $2 AND status = 'ACTIVE' AND (expires_at IS NULL OR expires_at > now())
-RETURNING *"#;
+ WHERE id = $1 AND user_id = $2 AND {active_unexpired}
+RETURNING *"#,
+            active_unexpired = fragments::active_unexpired(),
+        )
+    });
     let run = || {
         let values = [id.into(), owner.into(), seconds.into(), max_ttl_secs.into()];
-        Model::find_by_statement(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values)).one(db)
+        Model::find_by_statement(Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), values)).one(db)
     };
     collisions.run(id, run).await
 }

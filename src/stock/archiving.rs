@@ -10,7 +10,10 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 use sea_orm::{DbBackend, Statement};
 
-use super::rows::{ReservationStatus, sql_list};
+use super::{
+    fragments::{ledger_fulfilled, ledger_received, ledger_stock},
+    rows::{ReservationStatus, sql_list},
+};
 
 /// The reservations the archive may delete: done with (RELEASED or
 /// EXPIRED) and without an idempotency key.
@@ -57,7 +60,9 @@ pub fn oldest_ledger_row() -> Statement {
 /// that deleted it only, and the checkpoint is added to under its row lock
 /// (`ON CONFLICT DO UPDATE`).
 pub fn archive_ledger(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
-    const SQL: &str = r#"
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
 WITH old AS (
     DELETE FROM stock_movements
      WHERE created_at >= $1 AND created_at < $2
@@ -65,9 +70,9 @@ WITH old AS (
 ), sums AS (
     SELECT inventory_id,
            count(*) AS changes,
-           coalesce(sum(delta) FILTER (WHERE reason <> 'FULFILLED'), 0) AS stock,
-           coalesce(sum(delta) FILTER (WHERE reason IN ('CREATED', 'RESTOCKED')), 0) AS received,
-           coalesce(-sum(delta) FILTER (WHERE reason = 'FULFILLED'), 0) AS fulfilled,
+           {stock} AS stock,
+           {received} AS received,
+           {fulfilled} AS fulfilled,
            max(version_after) AS version_after,
            max(created_at) AS archived_until
       FROM old GROUP BY inventory_id
@@ -84,8 +89,13 @@ WITH old AS (
            archived_until = greatest(c.archived_until, excluded.archived_until)
     RETURNING 1
 )
-SELECT count(*) AS archived FROM old"#;
-    Statement::from_sql_and_values(DbBackend::Postgres, SQL, [from.into(), until.into()])
+SELECT count(*) AS archived FROM old"#,
+            stock = ledger_stock(),
+            received = ledger_received(),
+            fulfilled = ledger_fulfilled(),
+        )
+    });
+    Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [from.into(), until.into()])
 }
 
 /// Drops the ledger's day partitions that end by `before` and hold no row

@@ -5,7 +5,10 @@ use std::sync::LazyLock;
 use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
-use super::fragments::{INVENTORY_COLUMNS, LEDGER, step};
+use super::{
+    fragments::{INVENTORY_COLUMNS, LEDGER, step},
+    rows::{MovementReason, sql},
+};
 
 /// A new inventory at version 1 with its `CREATED` ledger row, in one
 /// statement; one row, the inventory. A taken SKU fails on its unique index.
@@ -19,9 +22,10 @@ WITH created AS (
     RETURNING {INVENTORY_COLUMNS}
 ), movement AS (
     {LEDGER}
-    SELECT id, stock, 'CREATED', stock, version, NULL, NULL FROM created
+    SELECT id, stock, {reason}, stock, version, NULL, NULL FROM created
 )
-SELECT * FROM created"#
+SELECT * FROM created"#,
+            reason = sql(MovementReason::Created),
         )
     });
     Statement::from_sql_and_values(
@@ -48,10 +52,11 @@ WITH restocked AS (
  RETURNING {INVENTORY_COLUMNS}
 ), movement AS (
     {LEDGER}
-    SELECT id, $2, 'RESTOCKED', stock, version, NULL, NULL FROM restocked
+    SELECT id, $2, {reason}, stock, version, NULL, NULL FROM restocked
 )
 SELECT * FROM restocked"#,
             set = step("", "+ $2"),
+            reason = sql(MovementReason::Restocked),
         )
     });
     Statement::from_sql_and_values(

@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{
-    DbBackend, DbErr, FromQueryResult, QueryResult, Statement, Value,
+    ActiveEnum, DbBackend, DbErr, FromQueryResult, QueryResult, Statement, Value,
     sqlx::{self, Postgres, postgres::PgArguments, query::Query},
 };
 use uuid::Uuid;
@@ -15,7 +15,7 @@ use super::{
     fragments::{
         INVENTORY_COLUMNS, LEDGER, LEDGER_WITH_ID, expiry, inventory_columns, reservation_columns_as_r, set, step,
     },
-    rows::{InventoryRow, ReservationRow},
+    rows::{InventoryRow, MovementReason, ReservationRow, ReservationStatus, sql},
 };
 
 /// The one-statement reservation. Parameters: `$1` inventory id, `$2`
@@ -42,14 +42,16 @@ WITH taken AS (
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
-    SELECT $4, id, $5, $2, 'ACTIVE', $6, $7, {expires}
+    SELECT $4, id, $5, $2, {active}, $6, $7, {expires}
       FROM taken
  RETURNING *
 ), movement AS (
     {LEDGER_WITH_ID}
-    SELECT $9, id, -$2, 'RESERVED', stock, version, $4, NULL FROM taken
+    SELECT $9, id, -$2, {reserved}, stock, version, $4, NULL FROM taken
 )
 SELECT taken.*, {reservation} FROM taken, reservation r"#,
+        active = sql(ReservationStatus::Active),
+        reserved = sql(MovementReason::Reserved),
         set = step("", "- $2"),
         expires = expiry("$8"),
         reservation = reservation_columns_as_r(),
@@ -191,13 +193,13 @@ WITH RECURSIVE req AS MATERIALIZED (
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
-    SELECT r.reservation_id, r.inventory_id, r.user_id, r.quantity, 'ACTIVE', r.idempotency_key,
+    SELECT r.reservation_id, r.inventory_id, r.user_id, r.quantity, {active}, r.idempotency_key,
            r.request_fingerprint, {expires}
       FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
      WHERE s.granted
 ), movement AS (
     {LEDGER_WITH_ID}
-    SELECT r.movement_id, r.inventory_id, -r.quantity, 'RESERVED', s.stock, s.version, r.reservation_id, NULL
+    SELECT r.movement_id, r.inventory_id, -r.quantity, {reserved}, s.stock, s.version, r.reservation_id, NULL
       FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
      WHERE s.granted
 )
@@ -211,6 +213,8 @@ SELECT s.k IS NOT NULL AS found, coalesce(s.granted, false) AS granted,
   LEFT JOIN taken t ON t.id = r.inventory_id
  ORDER BY r.n"#,
         set = set("last.stock", "last.version"),
+        active = sql(ReservationStatus::Active),
+        reserved = sql(MovementReason::Reserved),
         expires = expiry("r.ttl_secs"),
         fits = "(w.stock >= r.quantity AND (r.expected_version IS NULL OR r.expected_version = w.version))",
     )
@@ -254,18 +258,20 @@ WITH req AS MATERIALIZED (
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
-    SELECT t.reservation_id, t.id, t.user_id, t.quantity, 'ACTIVE', t.idempotency_key, t.request_fingerprint,
+    SELECT t.reservation_id, t.id, t.user_id, t.quantity, {active}, t.idempotency_key, t.request_fingerprint,
            {taken_expires}
       FROM taken t
 ), movement AS (
     {LEDGER_WITH_ID}
-    SELECT t.movement_id, t.id, -t.quantity, 'RESERVED', t.stock, t.version, t.reservation_id, NULL FROM taken t
+    SELECT t.movement_id, t.id, -t.quantity, {reserved}, t.stock, t.version, t.reservation_id, NULL FROM taken t
 )
 SELECT CASE WHEN t.n IS NOT NULL THEN true END AS found, t.n IS NOT NULL AS granted,
        {taken}, now() AS now, {expires} AS expires_at
   FROM req r LEFT JOIN taken t ON t.n = r.n
  ORDER BY r.n"#,
         set = step("i.", "- r.quantity"),
+        active = sql(ReservationStatus::Active),
+        reserved = sql(MovementReason::Reserved),
         inventory = inventory_columns("i."),
         taken = inventory_columns("t."),
         taken_expires = expiry("t.ttl_secs"),
@@ -451,8 +457,8 @@ SELECT * FROM reservation ORDER BY inventory_id"#,
     });
     // Order lines never expire: they hold stock until the order is cancelled.
     let (order_id, status, reason, ttl_secs) = match purpose {
-        Purpose::Reservations { ttl_secs } => (None, "ACTIVE", "RESERVED", ttl_secs),
-        Purpose::Order(id) => (Some(id), "ORDERED", "ORDERED", 0),
+        Purpose::Reservations { ttl_secs } => (None, ReservationStatus::Active, MovementReason::Reserved, ttl_secs),
+        Purpose::Order(id) => (Some(id), ReservationStatus::Ordered, MovementReason::Ordered, 0),
     };
     let values: Vec<Value> = vec![
         Value::from(lines.iter().map(|l| l.inventory_id).collect::<Vec<Uuid>>()),
@@ -462,11 +468,11 @@ SELECT * FROM reservation ORDER BY inventory_id"#,
         Value::from(lines.iter().map(|l| l.expected_version.unwrap_or(0)).collect::<Vec<i32>>()),
         order_id.into(),
         user_id.into(),
-        status.into(),
+        status.to_value().into(),
         key.map(|(key, _)| key.to_owned()).into(),
         key.map(|(_, fingerprint)| fingerprint.to_owned()).into(),
         multi_item_id.into(),
-        reason.into(),
+        reason.to_value().into(),
         Value::from(lines.iter().map(|l| l.expected_version.is_some()).collect::<Vec<bool>>()),
         ttl_secs.into(),
     ];
