@@ -3,7 +3,7 @@
 //! so the ledger can never disagree with the row). `service.rs` decides what
 //! a result means.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::{
     db::{Attempted, Collisions},
+    live,
     pagination::{self, Page},
     stock::{
         fragments, receiving,
@@ -122,4 +123,34 @@ pub async fn restock(
         row.map(|row| Model::from_query_result(&row, "")).transpose()
     };
     collisions.run(id, run).await
+}
+
+impl live::Followed for Model {
+    fn id(&self) -> Uuid {
+        self.id
+    }
+
+    fn version(&self) -> i32 {
+        self.version
+    }
+
+    /// An inventory can always change again.
+    fn is_final(&self) -> bool {
+        false
+    }
+}
+
+/// The inventories as the live feed follows them: the trigger announces a
+/// changed row as JSON on `inventory_changed` and, for a checkout, which
+/// changes what an inventory holds but not its row, the id alone on
+/// `inventory_states_changed` (see the migrations).
+pub fn live_source() -> live::Source<Model> {
+    live::Source {
+        watchers: "inventory_watchers",
+        key: "inventory_id",
+        rows: "inventory_changed",
+        ids: Some("inventory_states_changed"),
+        parse: |payload| serde_json::from_str(payload).map_err(|err| err.to_string()),
+        read: Arc::new(|db, ids| Box::pin(async move { find_many(&db, ids).await })),
+    }
 }

@@ -2,7 +2,10 @@
 //! change an order, and it always checks the version it was read at, so no
 //! caller can forget the check.
 
-use std::{sync::LazyLock, time::Duration};
+use std::{
+    sync::{Arc, LazyLock},
+    time::Duration,
+};
 
 use sea_orm::{
     ActiveEnum, ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection,
@@ -16,6 +19,7 @@ use super::{
 };
 use crate::{
     idempotency::Key,
+    live,
     pagination::{self, Page},
     stock::{
         self, fragments, returning,
@@ -240,4 +244,35 @@ pub async fn page(
 /// The lines (reservations) of these orders.
 pub async fn lines(db: &DatabaseConnection, order_ids: &[Uuid]) -> Result<Vec<ReservationRow>, DbErr> {
     reservations::Entity::find().filter(reservations::Column::OrderId.is_in(order_ids.iter().copied())).all(db).await
+}
+
+impl live::Followed for Order {
+    fn id(&self) -> Uuid {
+        self.id
+    }
+
+    fn version(&self) -> i32 {
+        self.version
+    }
+
+    fn is_final(&self) -> bool {
+        matches!(self.status(), OrderStatus::Cancelled | OrderStatus::Fulfilled)
+    }
+}
+
+/// The orders as the live feed follows them: the trigger announces a
+/// changed row as JSON on `order_changed` (see the migrations); a row that
+/// breaks the order rules is not announced to anyone.
+pub fn live_source() -> live::Source<Order> {
+    live::Source {
+        watchers: "order_watchers",
+        key: "order_id",
+        rows: "order_changed",
+        ids: None,
+        parse: |payload| {
+            let row: Model = serde_json::from_str(payload).map_err(|err| err.to_string())?;
+            Order::reconstitute(row).map_err(|err| format!("an announced order breaks the order rules: {err}"))
+        },
+        read: Arc::new(|db, ids| Box::pin(async move { find_many(&db, &ids).await })),
+    }
 }
