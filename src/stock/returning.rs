@@ -63,7 +63,8 @@ SELECT returned.*, {reservation} FROM returned, released r"#,
 /// The limit is written into the text, not bound: with `LIMIT $1` the
 /// generic plan is costed for an unknown limit, PostgreSQL judges it dearer
 /// than a plan for the actual one and plans the whole statement again on
-/// every sweep, which costs more than the sweep (bench/results/decisions.md).
+/// every sweep, which costs more than the sweep
+/// (bench/results/decisions.md#plans-made-once).
 /// A process sweeps with one limit, so this is still one prepared statement.
 pub fn sweep(limit: i64) -> Statement {
     Statement::from_string(

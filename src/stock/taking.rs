@@ -225,7 +225,8 @@ SELECT s.k IS NOT NULL AS found, coalesce(s.granted, false) AS granted,
 /// there is nothing to walk, so each caller's reservation is the conditional
 /// UPDATE of its own row, decided by the UPDATE's own WHERE as in
 /// [`RESERVE_SQL`]. Without the walk's `FOR UPDATE` and recursive CTE it
-/// costs PostgreSQL about 15 % less per batch (bench/results/decisions.md).
+/// costs PostgreSQL about 15 % less per batch
+/// (bench/results/decisions.md#a-statement-without-the-walk-for-batches-of-distinct-inventories-kept).
 /// The same parameters; one row per caller in arrival order, as
 /// [`Turn::from_row`] reads it: `found` NULL for a caller not served (no
 /// row, too little stock, another version: like [`RESERVE_SQL`]'s zero rows,
