@@ -16,7 +16,7 @@ use sea_orm::{ActiveEnum, DeriveActiveEnum, EnumIter};
 pub use inventory::Model as InventoryRow;
 pub use reservation::{Model as ReservationRow, ReservationStatus};
 
-/// Why stock changed: the `reason` of a ledger row.
+/// Why stock changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum)]
 #[sea_orm(rs_type = "String", db_type = "Text")]
 pub enum MovementReason {
