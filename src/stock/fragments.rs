@@ -2,36 +2,21 @@
 //! sums the features' reads and the invariant share with them. Every
 //! status and ledger reason is written from its enum ([`super::rows`]).
 
-use super::rows::{MovementReason, ReservationStatus, sql, sql_list};
+use sea_orm::{IdenStatic, Iterable};
 
-/// The inventory columns a statement returns, so a row reads back as an
-/// `InventoryRow` (SeaORM reads a row's columns by name).
-pub const INVENTORY_COLUMNS: &str = "id, sku, name, stock, version, created_at, updated_at";
+use super::rows::{MovementReason, ReservationStatus, inventory, reservation, sql, sql_list};
 
-/// [`INVENTORY_COLUMNS`] of the inventory aliased `alias` (`"i."`).
+/// The inventory columns of the inventory aliased `alias` (`""`, `"i."`),
+/// every one an `InventoryRow` reads (SeaORM reads a row's columns by name).
 pub fn inventory_columns(alias: &str) -> String {
-    INVENTORY_COLUMNS.split(", ").map(|column| format!("{alias}{column}")).collect::<Vec<_>>().join(", ")
+    inventory::Column::iter().map(|column| format!("{alias}{}", column.as_str())).collect::<Vec<_>>().join(", ")
 }
-
-/// The reservation columns, every one a `ReservationRow` reads.
-const RESERVATION_COLUMNS: [&str; 11] = [
-    "id",
-    "inventory_id",
-    "order_id",
-    "user_id",
-    "quantity",
-    "status",
-    "idempotency_key",
-    "request_fingerprint",
-    "created_at",
-    "expires_at",
-    "batch_id",
-];
 
 /// Every reservation column of `r` as `r_<column>`, so one row carries an
 /// inventory and a reservation side by side (read back with the prefix `"r_"`).
 pub fn reservation_columns_as_r() -> String {
-    RESERVATION_COLUMNS.iter().map(|column| format!("r.{column} AS r_{column}")).collect::<Vec<_>>().join(", ")
+    let columns = reservation::Column::iter().map(|column| format!("r.{0} AS r_{0}", column.as_str()));
+    columns.collect::<Vec<_>>().join(", ")
 }
 
 /// The `SET` of a change that leaves the row at `stock` and `version`; the

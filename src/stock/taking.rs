@@ -12,9 +12,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::{
-    fragments::{
-        INVENTORY_COLUMNS, LEDGER, LEDGER_WITH_ID, expiry, inventory_columns, reservation_columns_as_r, set, step,
-    },
+    fragments::{LEDGER, LEDGER_WITH_ID, expiry, inventory_columns, reservation_columns_as_r, set, step},
     rows::{InventoryRow, MovementReason, ReservationRow, ReservationStatus, sql},
 };
 
@@ -38,7 +36,7 @@ WITH taken AS (
     UPDATE inventories
        {set}
      WHERE id = $1 AND stock >= $2 AND ($3::integer IS NULL OR version = $3)
- RETURNING {INVENTORY_COLUMNS}
+ RETURNING {columns}
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
@@ -53,6 +51,7 @@ SELECT taken.*, {reservation} FROM taken, reservation r"#,
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
         set = step("", "- $2"),
+        columns = inventory_columns(""),
         expires = expiry("$8"),
         reservation = reservation_columns_as_r(),
     )
@@ -169,7 +168,7 @@ WITH RECURSIVE req AS MATERIALIZED (
         AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
              expected_version, ttl_secs, n)
 ), inv AS MATERIALIZED (
-    SELECT {INVENTORY_COLUMNS}
+    SELECT {columns}
       FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
 ), walk AS (
     SELECT inv.id AS inventory_id, 0::bigint AS k, inv.stock AS stock, inv.version AS version, false AS granted
@@ -213,6 +212,7 @@ SELECT s.k IS NOT NULL AS found, coalesce(s.granted, false) AS granted,
   LEFT JOIN taken t ON t.id = r.inventory_id
  ORDER BY r.n"#,
         set = set("last.stock", "last.version"),
+        columns = inventory_columns(""),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
         expires = expiry("r.ttl_secs"),
@@ -380,7 +380,7 @@ impl Turn {
 pub fn lock_lines(inventory_ids: &[Uuid]) -> Statement {
     Statement::from_sql_and_values(
         DbBackend::Postgres,
-        format!("SELECT {INVENTORY_COLUMNS} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE"),
+        format!("SELECT {} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE", inventory_columns("")),
         [Value::from(inventory_ids.to_vec())],
     )
 }
