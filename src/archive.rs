@@ -15,11 +15,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 
 use crate::{
     db::{Attempted, Collisions},
-    reservations::store,
     stock::archiving,
 };
 
@@ -77,7 +76,9 @@ pub async fn archive(
             let until = (from + slice).min(cutoff);
             let run = || async {
                 match table {
-                    Table::Reservations => store::archive_slice(db, from, until).await,
+                    Table::Reservations => {
+                        Ok(db.execute_raw(archiving::archive_reservations(from, until)).await?.rows_affected())
+                    }
                     Table::Ledger => {
                         let row = db.query_one_raw(archiving::archive_ledger(from, until)).await?;
                         Ok(row.map(|r| r.try_get::<i64>("", "archived")).transpose()?.unwrap_or(0).max(0) as u64)
@@ -119,13 +120,11 @@ enum Table {
 
 /// When the oldest row of `table` the archive may delete was made.
 async fn oldest(db: &DatabaseConnection, table: Table) -> Result<Option<DateTime<Utc>>, DbErr> {
-    let sql = match table {
-        Table::Reservations => {
-            "SELECT min(created_at) FROM reservations WHERE status IN ('RELEASED', 'EXPIRED') AND idempotency_key IS NULL"
-        }
-        Table::Ledger => "SELECT min(created_at) FROM stock_movements",
+    let statement = match table {
+        Table::Reservations => archiving::oldest_reservation(),
+        Table::Ledger => archiving::oldest_ledger_row(),
     };
-    let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await?;
+    let row = db.query_one_raw(statement).await?;
     Ok(row.and_then(|r| r.try_get_by_index::<Option<DateTime<Utc>>>(0).ok().flatten()))
 }
 

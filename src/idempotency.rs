@@ -37,9 +37,9 @@ use uuid::Uuid;
 use crate::{
     db::{DbFailure, classify},
     error::AppError,
-    reservations::{
+    stock::rows::{
         ReservationRow,
-        entity::{Column, Entity},
+        reservation::{Column, Entity},
     },
 };
 

@@ -19,8 +19,15 @@
 //! at every moment, not only when writers are idle. `stockguard check`, every
 //! concurrency test and the benchmark use this one check.
 
+use std::sync::LazyLock;
+
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, FromQueryResult, Statement};
 use uuid::Uuid;
+
+use crate::stock::{
+    fragments::{ledger_fulfilled, ledger_received, ledger_stock, units},
+    rows::{ReservationStatus, sql_list},
+};
 
 /// One inventory whose numbers do not add up.
 #[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
@@ -73,22 +80,24 @@ impl std::fmt::Display for Drift {
 /// Every inventory that breaks the invariant; empty when all is well. One
 /// statement, so all the numbers come from one snapshot.
 pub async fn check(db: &impl ConnectionTrait) -> Result<Vec<Drift>, DbErr> {
-    const SQL: &str = r#"
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
 WITH lines AS (
     SELECT inventory_id,
-           coalesce(sum(quantity) FILTER (WHERE status = 'ACTIVE'), 0) AS reserved,
-           coalesce(sum(quantity) FILTER (WHERE status = 'ORDERED'), 0) AS committed,
-           coalesce(sum(quantity) FILTER (WHERE status = 'FULFILLED'), 0) AS fulfilled
-      FROM reservations WHERE status IN ('ACTIVE', 'ORDERED', 'FULFILLED') GROUP BY inventory_id
+           coalesce({reserved}, 0) AS reserved,
+           coalesce({committed}, 0) AS committed,
+           coalesce({fulfilled}, 0) AS fulfilled
+      FROM reservations WHERE status IN {counted} GROUP BY inventory_id
 ), ledger AS (
     -- The ledger rows, and what archived ones added up to (their checkpoint).
     SELECT inventory_id, sum(changes) AS changes, sum(ledger_stock) AS ledger_stock,
            sum(ledger_fulfilled) AS ledger_fulfilled, sum(received) AS received
       FROM (SELECT inventory_id,
                    count(*) AS changes,
-                   coalesce(sum(delta) FILTER (WHERE reason <> 'FULFILLED'), 0) AS ledger_stock,
-                   coalesce(-sum(delta) FILTER (WHERE reason = 'FULFILLED'), 0) AS ledger_fulfilled,
-                   coalesce(sum(delta) FILTER (WHERE reason IN ('CREATED', 'RESTOCKED')), 0) AS received
+                   {ledger_stock} AS ledger_stock,
+                   {ledger_fulfilled} AS ledger_fulfilled,
+                   {ledger_received} AS received
               FROM stock_movements GROUP BY inventory_id
             UNION ALL
             SELECT inventory_id, changes, stock, fulfilled, received FROM ledger_checkpoints) AS parts
@@ -111,6 +120,15 @@ SELECT i.id, i.sku, i.stock, i.version,
             AND i.version = coalesce(l.changes, 0)
             AND i.stock = coalesce(l.ledger_stock, 0)
             AND coalesce(h.fulfilled, 0) = coalesce(l.ledger_fulfilled, 0))
- ORDER BY i.sku"#;
-    Drift::find_by_statement(Statement::from_string(DbBackend::Postgres, SQL)).all(db).await
+ ORDER BY i.sku"#,
+            reserved = units(ReservationStatus::Active),
+            committed = units(ReservationStatus::Ordered),
+            fulfilled = units(ReservationStatus::Fulfilled),
+            counted = sql_list([ReservationStatus::Active, ReservationStatus::Ordered, ReservationStatus::Fulfilled]),
+            ledger_stock = ledger_stock(),
+            ledger_fulfilled = ledger_fulfilled(),
+            ledger_received = ledger_received(),
+        )
+    });
+    Drift::find_by_statement(Statement::from_string(DbBackend::Postgres, SQL.as_str())).all(db).await
 }

@@ -1,14 +1,19 @@
-//! Live changes: `Subscription.inventoryChanged` and
+//! Live changes: the feeds behind `Subscription.inventoryChanged` and
 //! `Subscription.orderChanged`, fed by PostgreSQL LISTEN/NOTIFY.
 //!
 //! Triggers NOTIFY inside the changing transaction, so only committed states
 //! are announced, in commit order. Each server process keeps one listening
-//! connection for every channel and fans the announcements out in memory
-//! through a bounded broadcast channel per feed (stock, orders): a
-//! subscriber that falls behind skips ahead (and is sent the latest row)
-//! instead of slowing the others or any writer. The listener reconnects by
-//! itself when the database goes away, then resends every watched row's
-//! current state, so nothing committed in the gap is lost.
+//! connection ([`Live`]) for the channels of every feed and fans the
+//! announcements out in memory through a bounded broadcast channel per feed
+//! ([`Feed`]): a subscriber that falls behind skips ahead (and is sent the
+//! latest row) instead of slowing the others or any writer. The listener
+//! reconnects by itself when the database goes away, then resends every
+//! watched row's current state, so nothing committed in the gap is lost.
+//!
+//! This module knows no feature: a feature describes the rows it follows
+//! as a [`Source`] (its trigger's channels and watcher table, how an
+//! announcement reads as a row, how rows are read afresh), and the
+//! composition root (`server.rs`) makes a feed of it.
 //!
 //! PostgreSQL serializes the commits of every transaction that NOTIFYs, so
 //! the triggers only notify for watched rows (see the migrations): each
@@ -18,9 +23,9 @@
 //!
 //! A checkout changes an inventory's `reserved` and `committed` without
 //! changing its row; its trigger announces only the inventory's id (on
-//! `inventory_states_changed`), and the subscriptions of that inventory
-//! read the row afresh, so what they send is never older than what they sent
-//! before.
+//! `inventory_states_changed`, a source's `ids` channel), and the
+//! subscriptions of that inventory read the row afresh, so what they send
+//! is never older than what they sent before.
 
 use std::{
     collections::HashMap,
@@ -31,7 +36,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{StreamExt, stream::BoxStream};
+use futures::{StreamExt, future::BoxFuture, stream::BoxStream};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, sqlx::postgres::PgListener};
 use tokio::{
     sync::{Mutex, broadcast, watch},
@@ -39,75 +44,248 @@ use tokio::{
 };
 use uuid::Uuid;
 
-use crate::{
-    inventory::{InventoryRow, store as inventory_store},
-    orders::{
-        domain::Order,
-        entity::{Model as OrderRow, OrderStatus},
-        store as order_store,
-    },
-};
-
-/// The channel the inventory trigger announces a changed row on (the row as JSON).
-const INVENTORY_CHANGED: &str = "inventory_changed";
-
-/// The channel a checkout's trigger announces an inventory on whose states
-/// changed without its row (the id alone).
-const INVENTORY_STATES_CHANGED: &str = "inventory_states_changed";
-
-/// The channel the order trigger announces a changed row on (the row as JSON).
-const ORDER_CHANGED: &str = "order_changed";
-
 /// Announcements buffered per feed and process before slow subscribers skip ahead.
 const BUFFER: usize = 4096;
 
-/// One committed inventory change as the listener heard it.
+/// A row a feed follows.
+pub trait Followed: Clone + Send + Sync + 'static {
+    /// The row's id, as its announcements and watcher rows name it.
+    fn id(&self) -> Uuid;
+    /// Its version: grows with every committed change.
+    fn version(&self) -> i32;
+    /// Whether the row can no longer change, so following it ends.
+    fn is_final(&self) -> bool;
+}
+
+/// Reads the rows with these ids as they are committed now (missing ones
+/// are left out).
+pub type Read<T> =
+    Arc<dyn Fn(DatabaseConnection, Vec<Uuid>) -> BoxFuture<'static, Result<Vec<T>, DbErr>> + Send + Sync>;
+
+/// What a feature tells Live about the rows it follows.
+pub struct Source<T> {
+    /// The table of watcher rows its trigger consults (`inventory_watchers`).
+    pub watchers: &'static str,
+    /// The watched row's id column in it (`inventory_id`).
+    pub key: &'static str,
+    /// The channel its trigger announces a committed row on (as JSON).
+    pub rows: &'static str,
+    /// The channel that announces the id alone of a row that changed in a
+    /// way the row does not show, to be read afresh, if there is one.
+    pub ids: Option<&'static str>,
+    /// The row an announcement on `rows` carries.
+    pub parse: fn(&str) -> Result<T, String>,
+    /// Reads rows afresh.
+    pub read: Read<T>,
+}
+
+/// One committed change as the listener heard it.
 #[derive(Debug, Clone)]
-enum Heard {
+enum Heard<T> {
     /// The row as committed.
-    Row(InventoryRow),
-    /// The inventory with this id changed in a way its row does not show
-    /// (a checkout moved units from `reserved` to `committed`): read it afresh.
+    Row(T),
+    /// The row with this id changed in a way it does not show: read it afresh.
     Moved(Uuid),
 }
 
-/// The in-process fan-out of committed inventory and order changes.
-#[derive(Clone)]
-pub struct Live {
-    /// Inventory changes.
-    stock: broadcast::Sender<Heard>,
-    /// Order changes, as orders.
-    orders: broadcast::Sender<Order>,
-    /// The inventories this process watches.
-    watched_inventories: Arc<Watched>,
-    /// The orders this process watches.
-    watched_orders: Arc<Watched>,
+/// The in-process fan-out of one kind of row's committed changes.
+pub struct Feed<T> {
+    /// The changes heard.
+    heard: broadcast::Sender<Heard<T>>,
+    /// The rows this process watches.
+    watched: Arc<Watched>,
+    /// Where the rows come from.
+    source: Arc<Source<T>>,
 }
 
-impl Default for Live {
-    fn default() -> Self {
-        let process = Uuid::new_v4();
-        Self {
-            stock: broadcast::channel(BUFFER).0,
-            orders: broadcast::channel(BUFFER).0,
-            watched_inventories: Arc::new(Watched::new(process, &INVENTORIES)),
-            watched_orders: Arc::new(Watched::new(process, &ORDERS)),
-        }
+impl<T> Clone for Feed<T> {
+    fn clone(&self) -> Self {
+        Self { heard: self.heard.clone(), watched: self.watched.clone(), source: self.source.clone() }
     }
 }
 
 /// Why a subscription could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
-    /// No inventory has this id; nothing was registered.
-    #[error("no inventory has this id")]
+    /// No row has this id; nothing was registered.
+    #[error("no row has this id")]
     NotFound,
     /// The database failed.
     #[error(transparent)]
     Db(#[from] DbErr),
 }
 
+impl<T: Followed> Feed<T> {
+    /// The row `id` as committed now, if it exists.
+    async fn read_one(&self, db: &DatabaseConnection, id: Uuid) -> Result<Option<T>, DbErr> {
+        Ok((self.source.read)(db.clone(), vec![id]).await?.into_iter().next())
+    }
+
+    /// Every committed state of row `id` from now on, as announced; refused
+    /// for a row that does not exist.
+    pub async fn watch(&self, db: DatabaseConnection, id: Uuid) -> Result<BoxStream<'static, T>, WatchError> {
+        if self.read_one(&db, id).await?.is_none() {
+            return Err(WatchError::NotFound);
+        }
+        // Subscribe before the watcher row exists, so nothing announced
+        // after the row commits can be missed.
+        let receiver = self.heard.subscribe();
+        let watcher = self.watched.register(&db, id).await?;
+        let feed = self.clone();
+        let changes = futures::stream::unfold((receiver, watcher), move |(mut receiver, watcher)| {
+            let (db, feed) = (db.clone(), feed.clone());
+            async move {
+                loop {
+                    let fresh = match receiver.recv().await {
+                        Ok(Heard::Row(row)) if row.id() == id => return Some((row, (receiver, watcher))),
+                        Ok(Heard::Moved(moved)) if moved == id => true,
+                        Ok(_) => false,
+                        // Fell behind: skip to the latest committed row.
+                        Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                            tracing::debug!(skipped, %id, "slow subscriber skipped ahead");
+                            true
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    };
+                    if fresh && let Ok(Some(row)) = feed.read_one(&db, id).await {
+                        return Some((row, (receiver, watcher)));
+                    }
+                }
+            }
+        });
+        Ok(changes.boxed())
+    }
+
+    /// The committed states of `row` (as the caller was shown it) from now
+    /// on, each once and newer than the last, in commit order; the stream
+    /// ends after a final state, and at once for a row already final. Who
+    /// may follow is the caller's decision.
+    pub async fn follow(&self, db: DatabaseConnection, row: &T) -> Result<BoxStream<'static, T>, DbErr> {
+        if row.is_final() {
+            return Ok(futures::stream::empty().boxed());
+        }
+        let id = row.id();
+        let receiver = self.heard.subscribe();
+        let watcher = self.watched.register(&db, id).await?;
+        // A change committed after the caller read the row but before the
+        // watcher row committed was not announced: read it again now.
+        let missed = self.read_one(&db, id).await?.filter(|latest| latest.version() > row.version());
+        let state = (receiver, watcher, row.version(), missed, false);
+        let feed = self.clone();
+        let changes = futures::stream::unfold(state, move |(mut receiver, watcher, mut seen, mut missed, done)| {
+            let (db, feed) = (db.clone(), feed.clone());
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    let latest = match missed.take() {
+                        Some(row) => row,
+                        None => match receiver.recv().await {
+                            Ok(Heard::Row(row)) if row.id() == id => row,
+                            Ok(Heard::Moved(moved)) if moved == id => match feed.read_one(&db, id).await {
+                                Ok(Some(row)) => row,
+                                _ => continue,
+                            },
+                            Ok(_) => continue,
+                            Err(broadcast::error::RecvError::Lagged(skipped)) => {
+                                tracing::debug!(skipped, %id, "slow follower skipped ahead");
+                                match feed.read_one(&db, id).await {
+                                    Ok(Some(row)) => row,
+                                    _ => continue,
+                                }
+                            }
+                            Err(broadcast::error::RecvError::Closed) => return None,
+                        },
+                    };
+                    // A state read afresh may come again as its announcement.
+                    if latest.version() <= seen {
+                        continue;
+                    }
+                    seen = latest.version();
+                    let done = latest.is_final();
+                    return Some((latest, (receiver, watcher, seen, None, done)));
+                }
+            }
+        });
+        Ok(changes.boxed())
+    }
+}
+
+/// A feed as the listener drives it, whatever its rows.
+trait Hearing: Send + Sync {
+    /// The channels it listens on.
+    fn channels(&self) -> Vec<&'static str>;
+    /// Broadcasts an announcement on one of its channels.
+    fn hear(&self, channel: &str, payload: &str);
+    /// The rows it watches.
+    fn watched(&self) -> &Watched;
+    /// Broadcasts the current state of the rows `ids`.
+    fn resend<'a>(&'a self, db: &'a DatabaseConnection, ids: Vec<Uuid>) -> BoxFuture<'a, Result<(), DbErr>>;
+}
+
+impl<T: Followed> Hearing for Feed<T> {
+    fn channels(&self) -> Vec<&'static str> {
+        std::iter::once(self.source.rows).chain(self.source.ids).collect()
+    }
+
+    fn hear(&self, channel: &str, payload: &str) {
+        // No receivers is fine: nobody in this process is watching.
+        if channel == self.source.rows {
+            match (self.source.parse)(payload) {
+                Ok(row) => drop(self.heard.send(Heard::Row(row))),
+                Err(err) => tracing::warn!(error = %err, channel, "unreadable announcement"),
+            }
+        } else {
+            match payload.parse::<Uuid>() {
+                Ok(id) => drop(self.heard.send(Heard::Moved(id))),
+                Err(err) => tracing::warn!(error = %err, channel, "unreadable announcement of an id"),
+            }
+        }
+    }
+
+    fn watched(&self) -> &Watched {
+        &self.watched
+    }
+
+    fn resend<'a>(&'a self, db: &'a DatabaseConnection, ids: Vec<Uuid>) -> BoxFuture<'a, Result<(), DbErr>> {
+        Box::pin(async move {
+            for row in (self.source.read)(db.clone(), ids).await? {
+                drop(self.heard.send(Heard::Row(row)));
+            }
+            Ok(())
+        })
+    }
+}
+
+/// One listening connection per process for every feed made with [`Live::feed`].
+#[derive(Clone)]
+pub struct Live {
+    /// This process in the watcher tables.
+    process: Uuid,
+    /// The feeds, in the order they were made.
+    feeds: Vec<Arc<dyn Hearing>>,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Self { process: Uuid::new_v4(), feeds: Vec::new() }
+    }
+}
+
 impl Live {
+    /// A feed of the rows `source` describes, heard by this listener.
+    pub fn feed<T: Followed>(&mut self, source: Source<T>) -> Feed<T> {
+        let kind = Kind { table: source.watchers, key: source.key };
+        let feed = Feed {
+            heard: broadcast::channel(BUFFER).0,
+            watched: Arc::new(Watched::new(self.process, kind)),
+            source: Arc::new(source),
+        };
+        self.feeds.push(Arc::new(feed.clone()));
+        feed
+    }
+
     /// Listens on one connection until `stop` turns true, re-connecting after
     /// failures, and broadcasts every announcement.
     pub fn spawn_listener(&self, db: DatabaseConnection, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
@@ -131,94 +309,6 @@ impl Live {
         })
     }
 
-    /// The committed states of inventory `id` from now on; refused for an
-    /// inventory that does not exist.
-    pub async fn watch(
-        &self,
-        db: DatabaseConnection,
-        id: Uuid,
-    ) -> Result<BoxStream<'static, InventoryRow>, WatchError> {
-        if inventory_store::find(&db, id).await?.is_none() {
-            return Err(WatchError::NotFound);
-        }
-        // Subscribe before the watcher row exists, so nothing announced
-        // after the row commits can be missed.
-        let receiver = self.stock.subscribe();
-        let watcher = self.watched_inventories.register(&db, id).await?;
-        let changes = futures::stream::unfold((receiver, watcher), move |(mut receiver, watcher)| {
-            let db = db.clone();
-            async move {
-                loop {
-                    let fresh = match receiver.recv().await {
-                        Ok(Heard::Row(row)) if row.id == id => return Some((row, (receiver, watcher))),
-                        Ok(Heard::Moved(moved)) if moved == id => true,
-                        Ok(_) => false,
-                        // Fell behind: skip to the latest committed row.
-                        Err(broadcast::error::RecvError::Lagged(skipped)) => {
-                            tracing::debug!(skipped, %id, "slow subscriber skipped ahead");
-                            true
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return None,
-                    };
-                    if fresh && let Ok(Some(row)) = inventory_store::find(&db, id).await {
-                        return Some((row, (receiver, watcher)));
-                    }
-                }
-            }
-        });
-        Ok(changes.boxed())
-    }
-
-    /// The committed states of `order` (as the caller was shown it) from
-    /// now on, each once, in commit order; the stream ends after a final
-    /// state (CANCELLED, FULFILLED), and at once for an order already final.
-    /// Who may watch is the caller's decision.
-    pub async fn watch_order(&self, db: DatabaseConnection, order: &Order) -> Result<BoxStream<'static, Order>, DbErr> {
-        if is_final(order) {
-            return Ok(futures::stream::empty().boxed());
-        }
-        let id = order.id;
-        let receiver = self.orders.subscribe();
-        let watcher = self.watched_orders.register(&db, id).await?;
-        // A change committed after the caller read the order but before the
-        // watcher row committed was not announced: read it again now.
-        let missed = order_store::find(&db, id).await?.filter(|latest| latest.version > order.version);
-        let state = (receiver, watcher, order.version, missed, false);
-        let changes = futures::stream::unfold(state, move |(mut receiver, watcher, mut seen, mut missed, done)| {
-            let db = db.clone();
-            async move {
-                if done {
-                    return None;
-                }
-                loop {
-                    let latest = match missed.take() {
-                        Some(order) => order,
-                        None => match receiver.recv().await {
-                            Ok(order) if order.id == id => order,
-                            Ok(_) => continue,
-                            Err(broadcast::error::RecvError::Lagged(skipped)) => {
-                                tracing::debug!(skipped, %id, "slow order subscriber skipped ahead");
-                                match order_store::find(&db, id).await {
-                                    Ok(Some(order)) => order,
-                                    _ => continue,
-                                }
-                            }
-                            Err(broadcast::error::RecvError::Closed) => return None,
-                        },
-                    };
-                    // A state read afresh may come again as its announcement.
-                    if latest.version <= seen {
-                        continue;
-                    }
-                    seen = latest.version;
-                    let done = is_final(&latest);
-                    return Some((latest, (receiver, watcher, seen, None, done)));
-                }
-            }
-        });
-        Ok(changes.boxed())
-    }
-
     /// One listening connection: LISTEN on every channel, register the
     /// watched rows with it, then broadcast until the connection is lost.
     /// A registration that fails ends it too, so that it is tried again on
@@ -233,23 +323,20 @@ impl Live {
         // an outage requests hold the pool, and a listener waiting behind
         // them would leave its subscribers without announcements.
         let pid: i32 = sea_orm::sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut listener).await?;
-        let inventories = self.watched_inventories.listening_on(&mut listener, pid).await.map_err(register)?;
-        let orders = self.watched_orders.listening_on(&mut listener, pid).await.map_err(register)?;
-        listener.listen_all([INVENTORY_CHANGED, INVENTORY_STATES_CHANGED, ORDER_CHANGED]).await?;
-        let registered = async {
-            // Changes committed while no one listened were not announced:
-            // after a reconnect, send every watched row's current state once
-            // (read after LISTEN, so nothing falls in between), so
-            // subscribers catch up.
-            if reconnect {
-                inventory_store::find_many(db, inventories).await?.into_iter().for_each(|row| {
-                    drop(self.stock.send(Heard::Row(row)));
-                });
-                order_store::find_many(db, &orders).await?.into_iter().for_each(|order| drop(self.orders.send(order)));
+        let mut watched = Vec::with_capacity(self.feeds.len());
+        for feed in &self.feeds {
+            watched.push(feed.watched().listening_on(&mut listener, pid).await.map_err(register)?);
+        }
+        let channels: Vec<&str> = self.feeds.iter().flat_map(|feed| feed.channels()).collect();
+        listener.listen_all(channels).await?;
+        // Changes committed while no one listened were not announced: after
+        // a reconnect, send every watched row's current state once (read
+        // after LISTEN, so nothing falls in between), so subscribers catch up.
+        if reconnect {
+            for (feed, ids) in self.feeds.iter().zip(watched) {
+                feed.resend(db, ids).await.map_err(register)?;
             }
-            Ok::<_, DbErr>(())
-        };
-        registered.await.map_err(register)?;
+        }
         loop {
             // `None`: the connection was lost; announcements may have been missed
             // while it was, so start over with a fresh LISTEN.
@@ -258,24 +345,10 @@ impl Live {
                     "the listening connection closed".into(),
                 )));
             };
-            // No receivers is fine: nobody in this process is watching.
-            let payload = notification.payload();
-            match notification.channel() {
-                // The trigger sends the row as committed, one key per column.
-                INVENTORY_CHANGED => match serde_json::from_str::<InventoryRow>(payload) {
-                    Ok(row) => drop(self.stock.send(Heard::Row(row))),
-                    Err(err) => tracing::warn!(error = %err, "unreadable inventory announcement"),
-                },
-                INVENTORY_STATES_CHANGED => match payload.parse::<Uuid>() {
-                    Ok(id) => drop(self.stock.send(Heard::Moved(id))),
-                    Err(err) => tracing::warn!(error = %err, "unreadable inventory states announcement"),
-                },
-                ORDER_CHANGED => match serde_json::from_str::<OrderRow>(payload).map(Order::reconstitute) {
-                    Ok(Ok(order)) => drop(self.orders.send(order)),
-                    Ok(Err(err)) => tracing::warn!(error = %err, "an announced order breaks the order rules"),
-                    Err(err) => tracing::warn!(error = %err, "unreadable order announcement"),
-                },
-                channel => tracing::warn!(channel, "an announcement on a channel nobody listens to"),
+            let channel = notification.channel();
+            match self.feeds.iter().find(|feed| feed.channels().contains(&channel)) {
+                Some(feed) => feed.hear(channel, notification.payload()),
+                None => tracing::warn!(channel, "an announcement on a channel nobody listens to"),
             }
         }
     }
@@ -296,11 +369,6 @@ fn register(err: impl std::fmt::Display) -> ListenError {
     ListenError::Register(err.to_string())
 }
 
-/// Whether `order` can no longer change.
-fn is_final(order: &Order) -> bool {
-    matches!(order.status(), OrderStatus::Cancelled | OrderStatus::Fulfilled)
-}
-
 /// What is watched: the table of watcher rows and its key column.
 struct Kind {
     /// `inventory_watchers` or `order_watchers`.
@@ -308,12 +376,6 @@ struct Kind {
     /// The watched row's id column in it.
     key: &'static str,
 }
-
-/// Watched inventories.
-const INVENTORIES: Kind = Kind { table: "inventory_watchers", key: "inventory_id" };
-
-/// Watched orders.
-const ORDERS: Kind = Kind { table: "order_watchers", key: "order_id" };
 
 /// The rows of one kind this process watches, and their rows in the
 /// kind's watcher table: one row per (process, watched row) however many
@@ -325,7 +387,7 @@ struct Watched {
     /// This process in the watcher tables.
     process: Uuid,
     /// What is watched.
-    kind: &'static Kind,
+    kind: Kind,
     /// Subscriptions per watched row. A tokio mutex, held across the
     /// statement that adds or removes a watcher row, so that a watcher row is
     /// never removed while a subscription that needs it is starting.
@@ -335,7 +397,7 @@ struct Watched {
 }
 
 impl Watched {
-    fn new(process: Uuid, kind: &'static Kind) -> Self {
+    fn new(process: Uuid, kind: Kind) -> Self {
         Self { process, kind, counts: Mutex::default(), listener_pid: AtomicI32::new(0) }
     }
 
@@ -344,7 +406,7 @@ impl Watched {
         let mut counts = self.counts.lock().await;
         let count = counts.entry(id).or_default();
         if *count == 0 {
-            let Kind { table, key } = self.kind;
+            let Kind { table, key } = &self.kind;
             let written = db
                 .execute_raw(Statement::from_sql_and_values(
                     DbBackend::Postgres,
@@ -373,7 +435,7 @@ impl Watched {
             return;
         }
         counts.remove(&id);
-        let Kind { table, key } = self.kind;
+        let Kind { table, key } = &self.kind;
         let removed = db
             .execute_raw(Statement::from_sql_and_values(
                 DbBackend::Postgres,
@@ -397,7 +459,7 @@ impl Watched {
         // One statement, so the rows of this process are never half replaced.
         // (Its parts see one snapshot, so a row is updated in place rather
         // than deleted and inserted again.)
-        let Kind { table, key } = self.kind;
+        let Kind { table, key } = &self.kind;
         let sql = format!(
             r#"
 WITH stale AS (

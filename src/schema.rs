@@ -1,7 +1,7 @@
-//! The GraphQL schema, merged from the feature modules. It does not know about
-//! HTTP: the gateway puts the caller and fresh DataLoaders into each request
-//! (`server::request_data`, which `server.rs` gives it), and `server.rs`
-//! builds the features' runtime state it is given.
+//! The GraphQL schema, merged from the feature modules' types. It does not
+//! know about HTTP: the gateway puts the caller and fresh DataLoaders into
+//! each request (`server::request_data`), and `server.rs` builds the
+//! features' runtime state (services, live feeds) and hands it over as data.
 
 use std::collections::BTreeMap;
 
@@ -15,13 +15,9 @@ use crate::{
     config::Limits,
     documents, gateway,
     inventory::graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
-    live::Live,
     node::NodeQuery,
     orders::graphql::{OrderMutation, OrderQuery, OrderSubscription},
-    reservations::{
-        graphql::{ReservationMutation, ReservationQuery},
-        service::ReservationService,
-    },
+    reservations::graphql::{ReservationMutation, ReservationQuery},
     telemetry,
 };
 
@@ -40,7 +36,10 @@ pub struct Subscription(InventorySubscription, OrderSubscription);
 /// The schema Stockguard serves.
 pub type AppSchema = Schema<Query, Mutation, Subscription>;
 
-fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, Subscription> {
+/// [`AppSchema`] while it is being built.
+pub type AppSchemaBuilder = async_graphql::SchemaBuilder<Query, Mutation, Subscription>;
+
+fn builder(limits: &Limits) -> AppSchemaBuilder {
     Schema::build(Query::default(), Mutation::default(), Subscription::default())
         // The depth and complexity bounds are kept by `ErrorCodes`, which
         // refuses with their codes (see `gateway/codes.rs`).
@@ -50,11 +49,11 @@ fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, Sub
         .limit_recursive_depth(documents::MAX_NESTING)
 }
 
-/// The schema over `state` and the features' runtime state, with the
-/// configured depth and complexity limits.
-pub fn build(state: AppState, reservations: ReservationService, live: Live) -> AppSchema {
+/// The schema over `state` and the features' runtime state, which
+/// `features` adds as data, with the configured depth and complexity limits.
+pub fn build(state: AppState, features: impl FnOnce(AppSchemaBuilder) -> AppSchemaBuilder) -> AppSchema {
     let limits = state.limits.clone();
-    builder(&limits).data(state).data(reservations).data(live).extension(telemetry::Observe).finish()
+    features(builder(&limits)).data(state).extension(telemetry::Observe).finish()
 }
 
 /// Depth allowed to introspection-only requests. GraphiQL's own schema query

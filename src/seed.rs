@@ -2,10 +2,7 @@
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, PaginatorTrait};
 
-use crate::{
-    error::AppError,
-    inventory::{entity::Entity as Inventories, service},
-};
+use crate::{error::AppError, inventory::service, stock::rows::inventory::Entity as Inventories};
 
 /// SKU, name and stock of the demo items.
 const DEMO: &[(&str, &str, i32)] = &[

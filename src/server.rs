@@ -1,8 +1,9 @@
 //! The composition root: the one module that knows every feature's runtime
 //! parts and wires them together. It builds the reservation service (with
-//! its coalescer) and the live feeds once per process, hands them to the schema
-//! as data, starts the background work (the sweeper, the ledger's partitions
-//! ahead, the live-stock listener), and makes each request's DataLoaders.
+//! its coalescer) and the live feeds of inventories and orders (each from
+//! its feature's source) once per process, hands them to the schema as
+//! data, starts the background work (the sweeper, the ledger's partitions
+//! ahead, the live listener), and makes each request's DataLoaders.
 //! Features never import it, and the shared state (`app.rs`) knows no feature.
 
 use std::{sync::Arc, time::Duration};
@@ -17,9 +18,16 @@ use crate::{
     app::AppState,
     documents::Bounds,
     gateway::{Gateway, Setup},
-    inventory::loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
-    live::Live,
-    orders::loader::{OrderLinesLoader, OrderLoader},
+    inventory::{
+        self, InventoryRow,
+        loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
+    },
+    live::{Feed, Live},
+    orders::{
+        self,
+        domain::Order,
+        loader::{OrderLinesLoader, OrderLoader},
+    },
     reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
     schema::{self, AppSchema},
     stock::partitions,
@@ -32,8 +40,12 @@ pub struct Server {
     state: AppState,
     /// Reservations, with the coalescer of hot items.
     reservations: ReservationService,
-    /// Committed inventory and order changes, for subscriptions.
+    /// The listener of every live feed.
     live: Live,
+    /// Committed inventory changes, for `inventoryChanged`.
+    inventories: Feed<InventoryRow>,
+    /// Committed order changes, for `orderChanged`.
+    orders: Feed<Order>,
     /// One permit per GraphQL operation in flight in this process (the
     /// gateway takes them, HTTP and websocket alike).
     in_flight: Arc<Semaphore>,
@@ -44,7 +56,10 @@ impl Server {
     pub fn new(state: AppState) -> Self {
         let reservations = ReservationService::new(&state);
         let in_flight = Arc::new(Semaphore::new(state.limits.max_in_flight.max(1)));
-        Self { state, reservations, live: Live::default(), in_flight }
+        let mut live = Live::default();
+        let inventories = live.feed(inventory::store::live_source());
+        let orders = live.feed(orders::store::live_source());
+        Self { state, reservations, live, inventories, orders, in_flight }
     }
 
     /// The permits of the in-flight limit.
@@ -65,7 +80,9 @@ impl Server {
 
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
-        schema::build(self.state.clone(), self.reservations.clone(), self.live.clone())
+        schema::build(self.state.clone(), |schema| {
+            schema.data(self.reservations.clone()).data(self.inventories.clone()).data(self.orders.clone())
+        })
     }
 
     /// The gateway every operation of this process enters through, over

@@ -19,7 +19,7 @@ use crate::{
     app::AppState,
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
-    live::{Live, WatchError},
+    live::{Feed, WatchError},
     node,
     pagination::{Connection, Cursor, Page, VersionCursor, connection},
     telemetry, validate,
@@ -373,7 +373,7 @@ impl InventorySubscription {
         // The schema that serves introspection alone has no live stock, and
         // runs no subscription.
         let live = ctx
-            .data::<Live>()
+            .data::<Feed<InventoryRow>>()
             .map_err(|_| AppError::internal(anyhow::anyhow!("the schema was built without live feeds")).extend())?;
         let changes = live.watch(ctx.part::<AppState>()?.db.clone(), id).await.map_err(|err| match err {
             WatchError::NotFound => AppError::bad_input("id", "no inventory has this id").extend(),

@@ -13,7 +13,7 @@ use async_graphql::dataloader::Loader;
 use sea_orm::{DatabaseConnection, DbErr};
 use uuid::Uuid;
 
-use super::{entity::Model, store::StockStates};
+use super::{InventoryRow as Model, store::StockStates};
 
 /// Loads inventories by id in batches.
 pub struct InventoryLoader {

@@ -8,40 +8,7 @@ use sea_orm::{
 };
 
 use crate::pagination::{Page, VersionCursor};
-
-/// Why stock changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum)]
-#[sea_orm(rs_type = "String", db_type = "Text")]
-pub enum MovementReason {
-    /// The inventory was created with its initial stock.
-    #[sea_orm(string_value = "CREATED")]
-    Created,
-    /// A reservation took stock.
-    #[sea_orm(string_value = "RESERVED")]
-    Reserved,
-    /// A reservation was released and its stock returned.
-    #[sea_orm(string_value = "RELEASED")]
-    Released,
-    /// A reservation expired and the sweeper returned its stock.
-    #[sea_orm(string_value = "EXPIRED")]
-    Expired,
-    /// An operator added stock.
-    #[sea_orm(string_value = "RESTOCKED")]
-    Restocked,
-    /// An order line took stock.
-    #[sea_orm(string_value = "ORDERED")]
-    Ordered,
-    /// An order was cancelled and its line's stock returned.
-    #[sea_orm(string_value = "ORDER_CANCELLED")]
-    OrderCancelled,
-    /// An order line's units left the warehouse: `delta` is the change of
-    /// on-hand units (available stock does not move, `stockAfter` is unchanged).
-    #[sea_orm(string_value = "FULFILLED")]
-    Fulfilled,
-    /// A reservation's quantity was changed; `delta` is the change of available stock.
-    #[sea_orm(string_value = "QUANTITY_CHANGED")]
-    QuantityChanged,
-}
+pub use crate::stock::rows::MovementReason;
 
 /// One ledger row.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]

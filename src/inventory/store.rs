@@ -3,17 +3,25 @@
 //! so the ledger can never disagree with the row). `service.rs` decides what
 //! a result means.
 
+use std::sync::{Arc, LazyLock};
+
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
     Statement, Value,
 };
 use uuid::Uuid;
 
-use super::entity::{Column, Entity, Model};
 use crate::{
     db::{Attempted, Collisions},
+    live,
     pagination::{self, Page},
-    stock::receiving,
+    stock::{
+        fragments, receiving,
+        rows::{
+            ReservationStatus,
+            inventory::{Column, Entity, Model},
+        },
+    },
 };
 
 /// One inventory by id.
@@ -64,20 +72,27 @@ impl StockStates {
 /// from one snapshot. Only holding rows are summed (`reservations_held`),
 /// however many released and expired ones an inventory has had.
 pub async fn states(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<StockStates>, DbErr> {
-    const SQL: &str = r#"
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
 SELECT i.id AS inventory_id, i.stock::bigint AS available,
        coalesce(h.reserved, 0)::bigint AS reserved, coalesce(h.committed, 0)::bigint AS committed
   FROM inventories i
   LEFT JOIN (
     SELECT inventory_id,
-           sum(quantity) FILTER (WHERE status = 'ACTIVE') AS reserved,
-           sum(quantity) FILTER (WHERE status = 'ORDERED') AS committed
+           {reserved} AS reserved,
+           {committed} AS committed
       FROM reservations
-     WHERE status IN ('ACTIVE', 'ORDERED') AND inventory_id = ANY($1)
+     WHERE status IN {holding} AND inventory_id = ANY($1)
      GROUP BY inventory_id
   ) h ON h.inventory_id = i.id
- WHERE i.id = ANY($1)"#;
-    let statement = Statement::from_sql_and_values(DbBackend::Postgres, SQL, [Value::from(ids.to_vec())]);
+ WHERE i.id = ANY($1)"#,
+            reserved = fragments::units(ReservationStatus::Active),
+            committed = fragments::units(ReservationStatus::Ordered),
+            holding = fragments::holding(),
+        )
+    });
+    let statement = Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [Value::from(ids.to_vec())]);
     StockStates::find_by_statement(statement).all(db).await
 }
 
@@ -108,4 +123,34 @@ pub async fn restock(
         row.map(|row| Model::from_query_result(&row, "")).transpose()
     };
     collisions.run(id, run).await
+}
+
+impl live::Followed for Model {
+    fn id(&self) -> Uuid {
+        self.id
+    }
+
+    fn version(&self) -> i32 {
+        self.version
+    }
+
+    /// An inventory can always change again.
+    fn is_final(&self) -> bool {
+        false
+    }
+}
+
+/// The inventories as the live feed follows them: the trigger announces a
+/// changed row as JSON on `inventory_changed` and, for a checkout, which
+/// changes what an inventory holds but not its row, the id alone on
+/// `inventory_states_changed` (see the migrations).
+pub fn live_source() -> live::Source<Model> {
+    live::Source {
+        watchers: "inventory_watchers",
+        key: "inventory_id",
+        rows: "inventory_changed",
+        ids: Some("inventory_states_changed"),
+        parse: |payload| serde_json::from_str(payload).map_err(|err| err.to_string()),
+        read: Arc::new(|db, ids| Box::pin(async move { find_many(&db, ids).await })),
+    }
 }

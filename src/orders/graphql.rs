@@ -23,7 +23,7 @@ use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Inventory, load as load_inventory},
-    live::Live,
+    live::Feed,
     node,
     pagination::{Connection, Cursor, Page, connection},
     reservations::{
@@ -679,13 +679,13 @@ impl OrderSubscription {
         // The schema that serves introspection alone has no live feeds, and
         // runs no subscription.
         let live = ctx
-            .data::<Live>()
+            .data::<Feed<OrderValue>>()
             .map_err(|_| AppError::internal(anyhow::anyhow!("the schema was built without live feeds")).extend())?;
         let db = ctx.part::<AppState>()?.db.clone();
         let Some(order) = super::store::find(&db, id).await.gql()?.filter(|order| user.may_see(&order.user_id)) else {
             return Err(AppError::bad_input("id", "no order has this id").extend());
         };
-        let changes = live.watch_order(db, &order).await.gql()?;
+        let changes = live.follow(db, &order).await.gql()?;
         Ok(changes.map(Order).boxed())
     }
 }

@@ -2,11 +2,14 @@
 //! change an order, and it always checks the version it was read at, so no
 //! caller can forget the check.
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, LazyLock},
+    time::Duration,
+};
 
 use sea_orm::{
-    ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction,
-    DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter, Statement, Value,
+    ActiveEnum, ActiveModelTrait, ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection,
+    DatabaseTransaction, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter, Statement, Value,
 };
 use uuid::Uuid;
 
@@ -16,9 +19,13 @@ use super::{
 };
 use crate::{
     idempotency::Key,
+    live,
     pagination::{self, Page},
-    reservations::{ReservationRow, entity as reservations},
-    stock::{self, returning, shipping},
+    stock::{
+        self, fragments, returning,
+        rows::{ReservationRow, ReservationStatus, reservation as reservations, sql},
+        shipping,
+    },
 };
 
 /// A row that cannot be an order is a broken database, never the client's fault.
@@ -98,12 +105,6 @@ UPDATE orders
  WHERE id = $1 AND version = $2"#;
     let address = order.address();
     let (confirmation, fulfilment) = (order.confirmation(), order.fulfilment());
-    let status = match order.status() {
-        OrderStatus::Pending => "PENDING",
-        OrderStatus::Confirmed => "CONFIRMED",
-        OrderStatus::Cancelled => "CANCELLED",
-        OrderStatus::Fulfilled => "FULFILLED",
-    };
     let result = db
         .execute_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
@@ -111,7 +112,7 @@ UPDATE orders
             [
                 order.id.into(),
                 seen.into(),
-                status.into(),
+                order.status().to_value().into(),
                 address.name.clone().into(),
                 address.line1.clone().into(),
                 address.line2.clone().into(),
@@ -172,20 +173,22 @@ pub async fn checkout(
     reservation_ids: &[Uuid],
     key: Option<&Key>,
 ) -> Result<Vec<ReservationRow>, DbErr> {
-    const SQL: &str = r#"
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
 WITH lines AS (
     SELECT id FROM reservations
-     WHERE id = ANY($1) AND user_id = $2 AND status = 'ACTIVE' AND (expires_at IS NULL OR expires_at > now())
+     WHERE id = ANY($1) AND user_id = $2 AND {active_unexpired}
      ORDER BY id
        FOR UPDATE
 ), placed AS (
     INSERT INTO orders (id, user_id, status, ship_name, ship_line1, ship_line2, ship_city, ship_postal_code,
                         ship_country, version, created_at)
-    SELECT $3, $2, 'PENDING', $4, $5, $6, $7, $8, $9, $10, $11
+    SELECT $3, $2, {pending}, $4, $5, $6, $7, $8, $9, $10, $11
      WHERE (SELECT count(*) FROM lines) = cardinality($1::uuid[])
  RETURNING id
 ), ordered AS (
-    UPDATE reservations r SET status = 'ORDERED', order_id = p.id, expires_at = NULL
+    UPDATE reservations r SET status = {ordered}, order_id = p.id, expires_at = NULL
       FROM placed p, lines l
      WHERE r.id = l.id
  RETURNING r.*
@@ -193,7 +196,12 @@ WITH lines AS (
     INSERT INTO idempotency_keys (user_id, idempotency_key, request_fingerprint, order_id)
     SELECT $2, $12, $13, id FROM placed WHERE $12::text IS NOT NULL
 )
-SELECT * FROM ordered ORDER BY id"#;
+SELECT * FROM ordered ORDER BY id"#,
+            active_unexpired = fragments::active_unexpired(),
+            pending = sql(OrderStatus::Pending),
+            ordered = sql(ReservationStatus::Ordered),
+        )
+    });
     let address = order.address();
     let values: Vec<Value> = vec![
         Value::from(reservation_ids.to_vec()),
@@ -210,7 +218,8 @@ SELECT * FROM ordered ORDER BY id"#;
         key.map(|k| k.key.clone()).into(),
         key.map(|k| k.fingerprint.clone()).into(),
     ];
-    ReservationRow::find_by_statement(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values)).all(db).await
+    let statement = Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), values);
+    ReservationRow::find_by_statement(statement).all(db).await
 }
 
 /// One page of orders in `(created_at, id)` order, with one extra row when
@@ -235,4 +244,35 @@ pub async fn page(
 /// The lines (reservations) of these orders.
 pub async fn lines(db: &DatabaseConnection, order_ids: &[Uuid]) -> Result<Vec<ReservationRow>, DbErr> {
     reservations::Entity::find().filter(reservations::Column::OrderId.is_in(order_ids.iter().copied())).all(db).await
+}
+
+impl live::Followed for Order {
+    fn id(&self) -> Uuid {
+        self.id
+    }
+
+    fn version(&self) -> i32 {
+        self.version
+    }
+
+    fn is_final(&self) -> bool {
+        matches!(self.status(), OrderStatus::Cancelled | OrderStatus::Fulfilled)
+    }
+}
+
+/// The orders as the live feed follows them: the trigger announces a
+/// changed row as JSON on `order_changed` (see the migrations); a row that
+/// breaks the order rules is not announced to anyone.
+pub fn live_source() -> live::Source<Order> {
+    live::Source {
+        watchers: "order_watchers",
+        key: "order_id",
+        rows: "order_changed",
+        ids: None,
+        parse: |payload| {
+            let row: Model = serde_json::from_str(payload).map_err(|err| err.to_string())?;
+            Order::reconstitute(row).map_err(|err| format!("an announced order breaks the order rules: {err}"))
+        },
+        read: Arc::new(|db, ids| Box::pin(async move { find_many(&db, &ids).await })),
+    }
 }

@@ -3,7 +3,6 @@
 //! and reading reservations back.
 
 pub mod coalesce;
-pub mod entity;
 pub mod graphql;
 pub mod loader;
 pub mod multi_item;
@@ -11,4 +10,4 @@ pub mod service;
 pub mod store;
 pub mod sweeper;
 
-pub use entity::{Model as ReservationRow, ReservationStatus};
+pub use crate::stock::rows::{ReservationRow, ReservationStatus};

@@ -3,18 +3,20 @@
 //! and reading reservations. Nothing here decides what a result means;
 //! `service.rs` does.
 
+use std::sync::LazyLock;
+
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
     Select, Statement,
 };
 use uuid::Uuid;
 
-use super::entity::{Column, Entity, Model};
 use crate::{
     db::{Attempted, Collisions, StatementPool},
     pagination::{self, Page},
     stock::{
-        adjusting, returning,
+        adjusting, fragments, returning,
+        rows::reservation::{Column, Entity, Model},
         taking::{CoalescedReserve, ReservationChange, Reserve, Turn},
     },
 };
@@ -90,15 +92,20 @@ pub async fn extend(
     // The expiry condition is in the WHERE, so a reservation the sweeper has
     // claimed (or that ran out a moment ago) is not revived; 0 rows: not the
     // caller's, not ACTIVE, or expired.
-    const SQL: &str = r#"
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
 UPDATE reservations
    SET expires_at = CASE WHEN expires_at IS NOT NULL
        THEN least(expires_at + $3::integer * interval '1 second', now() + $4::integer * interval '1 second') END
- WHERE id = $1 AND user_id = $2 AND status = 'ACTIVE' AND (expires_at IS NULL OR expires_at > now())
-RETURNING *"#;
+ WHERE id = $1 AND user_id = $2 AND {active_unexpired}
+RETURNING *"#,
+            active_unexpired = fragments::active_unexpired(),
+        )
+    });
     let run = || {
         let values = [id.into(), owner.into(), seconds.into(), max_ttl_secs.into()];
-        Model::find_by_statement(Statement::from_sql_and_values(DbBackend::Postgres, SQL, values)).one(db)
+        Model::find_by_statement(Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), values)).one(db)
     };
     collisions.run(id, run).await
 }
@@ -127,23 +134,4 @@ pub async fn page_for_user(db: &DatabaseConnection, user_id: &str, page: Page) -
 /// The query of [`page_for_user`].
 pub fn page_query(user_id: &str, page: Page) -> Select<Entity> {
     pagination::keyset(Entity::find().filter(Column::UserId.eq(user_id)), Column::CreatedAt, Column::Id, page)
-}
-
-/// Deletes the reservations made in `[from, until)` that are done with
-/// (RELEASED or EXPIRED) and carry no idempotency key; how many it deleted.
-///
-/// Nothing counts them any more: the invariant sums only ACTIVE, ORDERED and
-/// FULFILLED lines, and no statement changes a RELEASED or EXPIRED row, so
-/// the delete takes no lock another writer waits for. A keyed one stays, so
-/// a replay of its key still finds its first outcome.
-pub async fn archive_slice(
-    db: &impl ConnectionTrait,
-    from: chrono::DateTime<chrono::Utc>,
-    until: chrono::DateTime<chrono::Utc>,
-) -> Result<u64, DbErr> {
-    const SQL: &str = "DELETE FROM reservations \
-         WHERE created_at >= $1 AND created_at < $2 \
-           AND status IN ('RELEASED', 'EXPIRED') AND idempotency_key IS NULL";
-    let deleted = db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, SQL, [from.into(), until.into()]));
-    Ok(deleted.await?.rows_affected())
 }

@@ -5,7 +5,10 @@ use std::sync::LazyLock;
 use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
-use super::fragments::{LEDGER, inventory_columns, reservation_columns_as_r, step};
+use super::{
+    fragments::{LEDGER, active_unexpired, inventory_columns, reservation_columns_as_r, step},
+    rows::{MovementReason, sql},
+};
 
 /// Changes an ACTIVE, unexpired reservation of `owner`'s to `quantity`
 /// units in one statement: more takes the difference from the inventory with
@@ -27,7 +30,7 @@ pub fn change_quantity(reservation_id: Uuid, owner: &str, quantity: i32) -> Stat
             r#"
 WITH line AS (
     SELECT id, inventory_id, quantity FROM reservations
-     WHERE id = $1 AND user_id = $2 AND status = 'ACTIVE' AND (expires_at IS NULL OR expires_at > now())
+     WHERE id = $1 AND user_id = $2 AND {active_unexpired}
        FOR UPDATE
 ), changed AS (
     UPDATE inventories i
@@ -42,9 +45,11 @@ WITH line AS (
  RETURNING r.*
 ), movement AS (
     {LEDGER}
-    SELECT id, held - $3::integer, 'QUANTITY_CHANGED', stock, version, $1, NULL FROM changed
+    SELECT id, held - $3::integer, {reason}, stock, version, $1, NULL FROM changed
 )
 SELECT changed.*, {reservation} FROM changed, resized r"#,
+            active_unexpired = active_unexpired(),
+            reason = sql(MovementReason::QuantityChanged),
             set = step("i.", "- ($3::integer - l.quantity)"),
             columns = inventory_columns("i."),
             reservation = reservation_columns_as_r(),

@@ -1,11 +1,53 @@
-//! Archiving the ledger: old `stock_movements` rows go, and what they
-//! added up to stays in their inventory's checkpoint row
-//! (`ledger_checkpoints`), so the ledger still adds up to every inventory's
-//! stock, version, received and fulfilled units; the day partitions they
-//! leave empty go too.
+//! Archiving: old reservations that are done with go, and old ledger
+//! rows (`stock_movements`) go while what they added up to stays in their
+//! inventory's checkpoint row (`ledger_checkpoints`), so the ledger still
+//! adds up to every inventory's stock, version, received and fulfilled
+//! units; the day partitions they leave empty go too. `archive.rs` runs
+//! these slice by slice.
+
+use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{DbBackend, Statement};
+
+use super::{
+    fragments::{ledger_fulfilled, ledger_received, ledger_stock},
+    rows::{ReservationStatus, sql_list},
+};
+
+/// The reservations the archive may delete: done with (RELEASED or
+/// EXPIRED) and without an idempotency key.
+///
+/// Nothing counts them any more: the invariant sums only ACTIVE, ORDERED and
+/// FULFILLED lines, and no statement changes a RELEASED or EXPIRED row, so
+/// deleting them takes no lock another writer waits for. A keyed one stays,
+/// so a replay of its key still finds its first outcome.
+fn archivable() -> String {
+    let done = sql_list([ReservationStatus::Released, ReservationStatus::Expired]);
+    format!("status IN {done} AND idempotency_key IS NULL")
+}
+
+/// When the oldest reservation the archive may delete was made; one row,
+/// NULL when there is none.
+pub fn oldest_reservation() -> Statement {
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("SELECT min(created_at) FROM reservations WHERE {}", archivable()));
+    Statement::from_string(DbBackend::Postgres, SQL.as_str())
+}
+
+/// Deletes the reservations made in `[from, until)` that the archive may
+/// delete; run with `execute`, its rows affected are how many it deleted.
+pub fn archive_reservations(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!("DELETE FROM reservations WHERE created_at >= $1 AND created_at < $2 AND {}", archivable())
+    });
+    Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [from.into(), until.into()])
+}
+
+/// When the oldest ledger row was made; one row, NULL when there is none.
+pub fn oldest_ledger_row() -> Statement {
+    Statement::from_string(DbBackend::Postgres, "SELECT min(created_at) FROM stock_movements")
+}
 
 /// Deletes the ledger rows made in `[from, until)` and adds them to their
 /// inventories' checkpoints, in one statement; one row, how many it archived.
@@ -18,7 +60,9 @@ use sea_orm::{DbBackend, Statement};
 /// that deleted it only, and the checkpoint is added to under its row lock
 /// (`ON CONFLICT DO UPDATE`).
 pub fn archive_ledger(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
-    const SQL: &str = r#"
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
 WITH old AS (
     DELETE FROM stock_movements
      WHERE created_at >= $1 AND created_at < $2
@@ -26,9 +70,9 @@ WITH old AS (
 ), sums AS (
     SELECT inventory_id,
            count(*) AS changes,
-           coalesce(sum(delta) FILTER (WHERE reason <> 'FULFILLED'), 0) AS stock,
-           coalesce(sum(delta) FILTER (WHERE reason IN ('CREATED', 'RESTOCKED')), 0) AS received,
-           coalesce(-sum(delta) FILTER (WHERE reason = 'FULFILLED'), 0) AS fulfilled,
+           {stock} AS stock,
+           {received} AS received,
+           {fulfilled} AS fulfilled,
            max(version_after) AS version_after,
            max(created_at) AS archived_until
       FROM old GROUP BY inventory_id
@@ -45,8 +89,13 @@ WITH old AS (
            archived_until = greatest(c.archived_until, excluded.archived_until)
     RETURNING 1
 )
-SELECT count(*) AS archived FROM old"#;
-    Statement::from_sql_and_values(DbBackend::Postgres, SQL, [from.into(), until.into()])
+SELECT count(*) AS archived FROM old"#,
+            stock = ledger_stock(),
+            received = ledger_received(),
+            fulfilled = ledger_fulfilled(),
+        )
+    });
+    Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [from.into(), until.into()])
 }
 
 /// Drops the ledger's day partitions that end by `before` and hold no row

@@ -1,33 +1,22 @@
-//! The pieces every stock statement is made of.
+//! The pieces every stock statement is made of, and the conditions and
+//! sums the features' reads and the invariant share with them. Every
+//! status and ledger reason is written from its enum ([`super::rows`]).
 
-/// The inventory columns a statement returns, in the entity's order, so a
-/// row reads back as an `InventoryRow`.
-pub const INVENTORY_COLUMNS: &str = "id, sku, name, stock, version, created_at, updated_at";
+use sea_orm::{IdenStatic, Iterable};
 
-/// [`INVENTORY_COLUMNS`] of the inventory aliased `alias` (`"i."`).
+use super::rows::{MovementReason, ReservationStatus, inventory, reservation, sql, sql_list};
+
+/// The inventory columns of the inventory aliased `alias` (`""`, `"i."`),
+/// every one an `InventoryRow` reads (SeaORM reads a row's columns by name).
 pub fn inventory_columns(alias: &str) -> String {
-    INVENTORY_COLUMNS.split(", ").map(|column| format!("{alias}{column}")).collect::<Vec<_>>().join(", ")
+    inventory::Column::iter().map(|column| format!("{alias}{}", column.as_str())).collect::<Vec<_>>().join(", ")
 }
-
-/// The reservation columns, in the entity's order.
-const RESERVATION_COLUMNS: [&str; 11] = [
-    "id",
-    "inventory_id",
-    "order_id",
-    "user_id",
-    "quantity",
-    "status",
-    "idempotency_key",
-    "request_fingerprint",
-    "created_at",
-    "expires_at",
-    "batch_id",
-];
 
 /// Every reservation column of `r` as `r_<column>`, so one row carries an
 /// inventory and a reservation side by side (read back with the prefix `"r_"`).
 pub fn reservation_columns_as_r() -> String {
-    RESERVATION_COLUMNS.iter().map(|column| format!("r.{column} AS r_{column}")).collect::<Vec<_>>().join(", ")
+    let columns = reservation::Column::iter().map(|column| format!("r.{0} AS r_{0}", column.as_str()));
+    columns.collect::<Vec<_>>().join(", ")
 }
 
 /// The `SET` of a change that leaves the row at `stock` and `version`; the
@@ -65,8 +54,8 @@ pub enum Lines {
 
 /// The CTEs `totals`, `changed` and `movement` of a statement that changes
 /// many reservation lines at once; `lines` names an earlier CTE of the
-/// changed lines (`id, inventory_id, quantity`), `order_id` the ledger's
-/// order (`"NULL"`, `"$1"`). With `locked`, the inventories are the rows of
+/// changed lines (`id, inventory_id, quantity`), `reason` their ledger rows'
+/// reason, `order_id` the ledger's order (`"NULL"`, `"$1"`). With `locked`, the inventories are the rows of
 /// an earlier CTE `locked` (`id`), already locked in id order.
 ///
 /// Each line is its own change of its inventory, even when several lines
@@ -75,7 +64,7 @@ pub enum Lines {
 /// version (lines of one inventory in id order). An `UPDATE ... FROM` that
 /// joined the lines themselves would update a shared row once, for one of
 /// its lines, and lose the others.
-pub fn per_line(lines: &str, what: Lines, reason: &str, order_id: &str, locked: bool) -> String {
+pub fn per_line(lines: &str, what: Lines, reason: MovementReason, order_id: &str, locked: bool) -> String {
     let (stock, delta, stock_after) = match what {
         Lines::Return => ("i.stock + t.quantity", "e.quantity", "c.stock - c.quantity + sum(e.quantity) OVER w"),
         Lines::Ship => ("i.stock", "-e.quantity", "c.stock"),
@@ -93,12 +82,13 @@ pub fn per_line(lines: &str, what: Lines, reason: &str, order_id: &str, locked: 
  RETURNING i.id, i.stock, i.version, t.quantity, t.n
 ), movement AS (
     {LEDGER}
-    SELECT e.inventory_id, {delta}, '{reason}', ({stock_after})::integer,
+    SELECT e.inventory_id, {delta}, {reason}, ({stock_after})::integer,
            (c.version - c.n + row_number() OVER w)::integer, e.id, {order_id}
       FROM {lines} e JOIN changed c ON c.id = e.inventory_id
     WINDOW w AS (PARTITION BY e.inventory_id ORDER BY e.id)
 )"#,
         set = set(stock, "i.version + t.n"),
+        reason = sql(reason),
     )
 }
 
@@ -106,15 +96,17 @@ pub fn per_line(lines: &str, what: Lines, reason: &str, order_id: &str, locked: 
 /// `status` at once, each line one change of its inventory (see
 /// [`per_line`]); one row, how many lines moved. Only ORDERED lines match,
 /// so a line moves once.
-pub fn order_lines(status: &str, what: Lines, reason: &str) -> String {
+pub fn order_lines(status: ReservationStatus, what: Lines, reason: MovementReason) -> String {
     format!(
         r#"
 WITH moved AS (
-    UPDATE reservations SET status = '{status}'
-     WHERE order_id = $1 AND status = 'ORDERED'
+    UPDATE reservations SET status = {status}
+     WHERE order_id = $1 AND status = {ordered}
  RETURNING id, inventory_id, quantity
 ), {changes}
 SELECT count(*) FROM moved"#,
+        status = sql(status),
+        ordered = sql(ReservationStatus::Ordered),
         changes = per_line("moved", what, reason, "$1", false),
     )
 }
@@ -123,4 +115,41 @@ SELECT count(*) FROM moved"#,
 /// integer parameter `seconds` (`"$8"`); 0 means never (NULL).
 pub fn expiry(seconds: &str) -> String {
     format!("CASE WHEN {seconds}::integer > 0 THEN now() + {seconds}::integer * interval '1 second' END")
+}
+
+/// The condition of a reservation that holds stock for its user and has
+/// not run out: ACTIVE and unexpired. Only such a line may be released,
+/// changed, extended or checked out; one past its expiry is the sweeper's.
+pub fn active_unexpired() -> String {
+    format!("status = {} AND (expires_at IS NULL OR expires_at > now())", sql(ReservationStatus::Active))
+}
+
+/// The statuses of reservations that hold stock (`('ACTIVE', 'ORDERED')`):
+/// the predicate of the partial index `reservations_held`, which a read of
+/// what an inventory holds names in its text so the index serves it.
+pub fn holding() -> String {
+    sql_list([ReservationStatus::Active, ReservationStatus::Ordered])
+}
+
+/// The units of reservations in `status` (`sum(quantity) FILTER (...)`,
+/// NULL for none), summed over the group.
+pub fn units(status: ReservationStatus) -> String {
+    format!("sum(quantity) FILTER (WHERE status = {})", sql(status))
+}
+
+/// The ledger rows' sum of changes of available stock (every reason but
+/// FULFILLED, which moves on-hand units only), 0 for none.
+pub fn ledger_stock() -> String {
+    format!("coalesce(sum(delta) FILTER (WHERE reason <> {}), 0)", sql(MovementReason::Fulfilled))
+}
+
+/// The ledger rows' units received: initial stock and restocks, 0 for none.
+pub fn ledger_received() -> String {
+    let received = sql_list([MovementReason::Created, MovementReason::Restocked]);
+    format!("coalesce(sum(delta) FILTER (WHERE reason IN {received}), 0)")
+}
+
+/// The ledger rows' units shipped (positive), 0 for none.
+pub fn ledger_fulfilled() -> String {
+    format!("coalesce(-sum(delta) FILTER (WHERE reason = {}), 0)", sql(MovementReason::Fulfilled))
 }

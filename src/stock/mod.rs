@@ -11,16 +11,20 @@
 //! home: a change of an inventory is one version step (`version + 1` per
 //! change, `updated_at = now()`) and one ledger row (`INSERT INTO
 //! stock_movements`) written by the same statement, and a statement that
-//! returns the inventory returns its columns in the entity's order. Features
-//! take a ready statement (its SQL and bind values) from here and run it;
-//! no other module writes `inventories`' stock or the ledger.
+//! returns the inventory returns the columns an `InventoryRow` reads.
+//! Features take a ready statement (its SQL and bind values) from here and
+//! run it; no other module writes `inventories`' stock or the ledger. The
+//! rows these statements return and the statuses they write are here too
+//! ([`rows`]), with the conditions and sums that reads and the invariant
+//! share with them ([`fragments`]), so no status is spelled twice.
 
 pub mod adjusting;
 pub mod archiving;
-mod fragments;
+pub mod fragments;
 pub mod partitions;
 pub mod receiving;
 pub mod returning;
+pub mod rows;
 pub mod shipping;
 pub mod taking;
 

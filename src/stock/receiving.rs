@@ -5,7 +5,10 @@ use std::sync::LazyLock;
 use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
-use super::fragments::{INVENTORY_COLUMNS, LEDGER, step};
+use super::{
+    fragments::{LEDGER, inventory_columns, step},
+    rows::{MovementReason, sql},
+};
 
 /// A new inventory at version 1 with its `CREATED` ledger row, in one
 /// statement; one row, the inventory. A taken SKU fails on its unique index.
@@ -16,12 +19,14 @@ pub fn create(id: Uuid, sku: &str, name: &str, stock: i32) -> Statement {
 WITH created AS (
     INSERT INTO inventories (id, sku, name, stock, version)
     VALUES ($1, $2, $3, $4, 1)
-    RETURNING {INVENTORY_COLUMNS}
+    RETURNING {columns}
 ), movement AS (
     {LEDGER}
-    SELECT id, stock, 'CREATED', stock, version, NULL, NULL FROM created
+    SELECT id, stock, {reason}, stock, version, NULL, NULL FROM created
 )
-SELECT * FROM created"#
+SELECT * FROM created"#,
+            reason = sql(MovementReason::Created),
+            columns = inventory_columns(""),
         )
     });
     Statement::from_sql_and_values(
@@ -45,13 +50,15 @@ WITH restocked AS (
     UPDATE inventories
        {set}
      WHERE id = $1 AND ($3::integer IS NULL OR version = $3)
- RETURNING {INVENTORY_COLUMNS}
+ RETURNING {columns}
 ), movement AS (
     {LEDGER}
-    SELECT id, $2, 'RESTOCKED', stock, version, NULL, NULL FROM restocked
+    SELECT id, $2, {reason}, stock, version, NULL, NULL FROM restocked
 )
 SELECT * FROM restocked"#,
             set = step("", "+ $2"),
+            reason = sql(MovementReason::Restocked),
+            columns = inventory_columns(""),
         )
     });
     Statement::from_sql_and_values(

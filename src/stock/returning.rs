@@ -6,7 +6,12 @@ use std::sync::LazyLock;
 use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
-use super::fragments::{LEDGER, Lines, inventory_columns, order_lines, per_line, reservation_columns_as_r, step};
+use super::{
+    fragments::{
+        LEDGER, Lines, active_unexpired, inventory_columns, order_lines, per_line, reservation_columns_as_r, step,
+    },
+    rows::{MovementReason, ReservationStatus, sql},
+};
 
 /// Gives an ACTIVE, unexpired reservation of `owner`'s stock back, once: the
 /// conditions are in the UPDATE's WHERE, so of many concurrent releases
@@ -19,8 +24,8 @@ pub fn release(reservation_id: Uuid, owner: &str) -> Statement {
         format!(
             r#"
 WITH released AS (
-    UPDATE reservations SET status = 'RELEASED'
-     WHERE id = $1 AND status = 'ACTIVE' AND user_id = $2 AND (expires_at IS NULL OR expires_at > now())
+    UPDATE reservations SET status = {released}
+     WHERE id = $1 AND user_id = $2 AND {active_unexpired}
  RETURNING *
 ), returned AS (
     UPDATE inventories i
@@ -30,9 +35,12 @@ WITH released AS (
  RETURNING {columns}, r.quantity
 ), movement AS (
     {LEDGER}
-    SELECT id, quantity, 'RELEASED', stock, version, $1, NULL FROM returned
+    SELECT id, quantity, {reason}, stock, version, $1, NULL FROM returned
 )
 SELECT returned.*, {reservation} FROM returned, released r"#,
+            released = sql(ReservationStatus::Released),
+            active_unexpired = active_unexpired(),
+            reason = sql(MovementReason::Released),
             set = step("i.", "+ r.quantity"),
             columns = inventory_columns("i."),
             reservation = reservation_columns_as_r(),
@@ -55,7 +63,8 @@ SELECT returned.*, {reservation} FROM returned, released r"#,
 /// The limit is written into the text, not bound: with `LIMIT $1` the
 /// generic plan is costed for an unknown limit, PostgreSQL judges it dearer
 /// than a plan for the actual one and plans the whole statement again on
-/// every sweep, which costs more than the sweep (bench/results/decisions.md).
+/// every sweep, which costs more than the sweep
+/// (bench/results/decisions.md#plans-made-once).
 /// A process sweeps with one limit, so this is still one prepared statement.
 pub fn sweep(limit: i64) -> Statement {
     Statement::from_string(
@@ -64,12 +73,12 @@ pub fn sweep(limit: i64) -> Statement {
             r#"
 WITH due AS (
     SELECT id FROM reservations
-     WHERE status = 'ACTIVE' AND expires_at <= now()
+     WHERE status = {active} AND expires_at <= now()
      ORDER BY expires_at
      LIMIT {limit}
        FOR UPDATE SKIP LOCKED
 ), expired AS (
-    UPDATE reservations r SET status = 'EXPIRED'
+    UPDATE reservations r SET status = {expired}
       FROM due WHERE r.id = due.id
  RETURNING r.id, r.inventory_id, r.quantity
 ), locked AS MATERIALIZED (
@@ -79,7 +88,9 @@ WITH due AS (
        FOR UPDATE
 ), {returned}
 SELECT count(*) FROM expired"#,
-            returned = per_line("expired", Lines::Return, "EXPIRED", "NULL", true),
+            active = sql(ReservationStatus::Active),
+            expired = sql(ReservationStatus::Expired),
+            returned = per_line("expired", Lines::Return, MovementReason::Expired, "NULL", true),
         ),
     )
 }
@@ -90,6 +101,7 @@ SELECT count(*) FROM expired"#,
 /// inventory). Only ORDERED lines match, so stock can come back once per
 /// line. Run after [`super::lock_order`], in the cancelling transaction.
 pub fn cancel_order(order_id: Uuid) -> Statement {
-    static SQL: LazyLock<String> = LazyLock::new(|| order_lines("RELEASED", Lines::Return, "ORDER_CANCELLED"));
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| order_lines(ReservationStatus::Released, Lines::Return, MovementReason::OrderCancelled));
     Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [order_id.into()])
 }

@@ -5,7 +5,10 @@ use std::sync::LazyLock;
 use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
-use super::fragments::{Lines, order_lines};
+use super::{
+    fragments::{Lines, order_lines},
+    rows::{MovementReason, ReservationStatus},
+};
 
 /// Ships a fulfilled order's lines: they turn FULFILLED, and each is one
 /// change of its inventory that leaves available stock as it is (the units
@@ -16,6 +19,7 @@ use super::fragments::{Lines, order_lines};
 /// [`super::lock_order`], in the fulfilling transaction; one row, how many
 /// lines shipped.
 pub fn fulfil_order(order_id: Uuid) -> Statement {
-    static SQL: LazyLock<String> = LazyLock::new(|| order_lines("FULFILLED", Lines::Ship, "FULFILLED"));
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| order_lines(ReservationStatus::Fulfilled, Lines::Ship, MovementReason::Fulfilled));
     Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [order_id.into()])
 }

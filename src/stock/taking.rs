@@ -6,15 +6,15 @@ use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{
-    DbBackend, DbErr, FromQueryResult, QueryResult, Statement, Value,
+    ActiveEnum, DbBackend, DbErr, FromQueryResult, QueryResult, Statement, Value,
     sqlx::{self, Postgres, postgres::PgArguments, query::Query},
 };
 use uuid::Uuid;
 
-use super::fragments::{
-    INVENTORY_COLUMNS, LEDGER, LEDGER_WITH_ID, expiry, inventory_columns, reservation_columns_as_r, set, step,
+use super::{
+    fragments::{LEDGER, LEDGER_WITH_ID, expiry, inventory_columns, reservation_columns_as_r, set, step},
+    rows::{InventoryRow, MovementReason, ReservationRow, ReservationStatus, sql},
 };
-use crate::{inventory::InventoryRow, reservations::ReservationRow};
 
 /// The one-statement reservation. Parameters: `$1` inventory id, `$2`
 /// quantity, `$3` expected version (NULL: none), `$4` the new reservation's
@@ -36,19 +36,22 @@ WITH taken AS (
     UPDATE inventories
        {set}
      WHERE id = $1 AND stock >= $2 AND ($3::integer IS NULL OR version = $3)
- RETURNING {INVENTORY_COLUMNS}
+ RETURNING {columns}
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
-    SELECT $4, id, $5, $2, 'ACTIVE', $6, $7, {expires}
+    SELECT $4, id, $5, $2, {active}, $6, $7, {expires}
       FROM taken
  RETURNING *
 ), movement AS (
     {LEDGER_WITH_ID}
-    SELECT $9, id, -$2, 'RESERVED', stock, version, $4, NULL FROM taken
+    SELECT $9, id, -$2, {reserved}, stock, version, $4, NULL FROM taken
 )
 SELECT taken.*, {reservation} FROM taken, reservation r"#,
+        active = sql(ReservationStatus::Active),
+        reserved = sql(MovementReason::Reserved),
         set = step("", "- $2"),
+        columns = inventory_columns(""),
         expires = expiry("$8"),
         reservation = reservation_columns_as_r(),
     )
@@ -165,7 +168,7 @@ WITH RECURSIVE req AS MATERIALIZED (
         AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
              expected_version, ttl_secs, n)
 ), inv AS MATERIALIZED (
-    SELECT {INVENTORY_COLUMNS}
+    SELECT {columns}
       FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
 ), walk AS (
     SELECT inv.id AS inventory_id, 0::bigint AS k, inv.stock AS stock, inv.version AS version, false AS granted
@@ -189,13 +192,13 @@ WITH RECURSIVE req AS MATERIALIZED (
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
-    SELECT r.reservation_id, r.inventory_id, r.user_id, r.quantity, 'ACTIVE', r.idempotency_key,
+    SELECT r.reservation_id, r.inventory_id, r.user_id, r.quantity, {active}, r.idempotency_key,
            r.request_fingerprint, {expires}
       FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
      WHERE s.granted
 ), movement AS (
     {LEDGER_WITH_ID}
-    SELECT r.movement_id, r.inventory_id, -r.quantity, 'RESERVED', s.stock, s.version, r.reservation_id, NULL
+    SELECT r.movement_id, r.inventory_id, -r.quantity, {reserved}, s.stock, s.version, r.reservation_id, NULL
       FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
      WHERE s.granted
 )
@@ -209,6 +212,9 @@ SELECT s.k IS NOT NULL AS found, coalesce(s.granted, false) AS granted,
   LEFT JOIN taken t ON t.id = r.inventory_id
  ORDER BY r.n"#,
         set = set("last.stock", "last.version"),
+        columns = inventory_columns(""),
+        active = sql(ReservationStatus::Active),
+        reserved = sql(MovementReason::Reserved),
         expires = expiry("r.ttl_secs"),
         fits = "(w.stock >= r.quantity AND (r.expected_version IS NULL OR r.expected_version = w.version))",
     )
@@ -219,7 +225,8 @@ SELECT s.k IS NOT NULL AS found, coalesce(s.granted, false) AS granted,
 /// there is nothing to walk, so each caller's reservation is the conditional
 /// UPDATE of its own row, decided by the UPDATE's own WHERE as in
 /// [`RESERVE_SQL`]. Without the walk's `FOR UPDATE` and recursive CTE it
-/// costs PostgreSQL about 15 % less per batch (bench/results/decisions.md).
+/// costs PostgreSQL about 15 % less per batch
+/// (bench/results/decisions.md#a-statement-without-the-walk-for-batches-of-distinct-inventories-kept).
 /// The same parameters; one row per caller in arrival order, as
 /// [`Turn::from_row`] reads it: `found` NULL for a caller not served (no
 /// row, too little stock, another version: like [`RESERVE_SQL`]'s zero rows,
@@ -252,18 +259,20 @@ WITH req AS MATERIALIZED (
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
-    SELECT t.reservation_id, t.id, t.user_id, t.quantity, 'ACTIVE', t.idempotency_key, t.request_fingerprint,
+    SELECT t.reservation_id, t.id, t.user_id, t.quantity, {active}, t.idempotency_key, t.request_fingerprint,
            {taken_expires}
       FROM taken t
 ), movement AS (
     {LEDGER_WITH_ID}
-    SELECT t.movement_id, t.id, -t.quantity, 'RESERVED', t.stock, t.version, t.reservation_id, NULL FROM taken t
+    SELECT t.movement_id, t.id, -t.quantity, {reserved}, t.stock, t.version, t.reservation_id, NULL FROM taken t
 )
 SELECT CASE WHEN t.n IS NOT NULL THEN true END AS found, t.n IS NOT NULL AS granted,
        {taken}, now() AS now, {expires} AS expires_at
   FROM req r LEFT JOIN taken t ON t.n = r.n
  ORDER BY r.n"#,
         set = step("i.", "- r.quantity"),
+        active = sql(ReservationStatus::Active),
+        reserved = sql(MovementReason::Reserved),
         inventory = inventory_columns("i."),
         taken = inventory_columns("t."),
         taken_expires = expiry("t.ttl_secs"),
@@ -371,7 +380,7 @@ impl Turn {
 pub fn lock_lines(inventory_ids: &[Uuid]) -> Statement {
     Statement::from_sql_and_values(
         DbBackend::Postgres,
-        format!("SELECT {INVENTORY_COLUMNS} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE"),
+        format!("SELECT {} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE", inventory_columns("")),
         [Value::from(inventory_ids.to_vec())],
     )
 }
@@ -449,8 +458,8 @@ SELECT * FROM reservation ORDER BY inventory_id"#,
     });
     // Order lines never expire: they hold stock until the order is cancelled.
     let (order_id, status, reason, ttl_secs) = match purpose {
-        Purpose::Reservations { ttl_secs } => (None, "ACTIVE", "RESERVED", ttl_secs),
-        Purpose::Order(id) => (Some(id), "ORDERED", "ORDERED", 0),
+        Purpose::Reservations { ttl_secs } => (None, ReservationStatus::Active, MovementReason::Reserved, ttl_secs),
+        Purpose::Order(id) => (Some(id), ReservationStatus::Ordered, MovementReason::Ordered, 0),
     };
     let values: Vec<Value> = vec![
         Value::from(lines.iter().map(|l| l.inventory_id).collect::<Vec<Uuid>>()),
@@ -460,11 +469,11 @@ SELECT * FROM reservation ORDER BY inventory_id"#,
         Value::from(lines.iter().map(|l| l.expected_version.unwrap_or(0)).collect::<Vec<i32>>()),
         order_id.into(),
         user_id.into(),
-        status.into(),
+        status.to_value().into(),
         key.map(|(key, _)| key.to_owned()).into(),
         key.map(|(_, fingerprint)| fingerprint.to_owned()).into(),
         multi_item_id.into(),
-        reason.into(),
+        reason.to_value().into(),
         Value::from(lines.iter().map(|l| l.expected_version.is_some()).collect::<Vec<bool>>()),
         ttl_secs.into(),
     ];

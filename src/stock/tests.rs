@@ -10,7 +10,8 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::{
-    COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL, adjusting, lock_order, receiving, returning, shipping,
+    COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL, adjusting, archiving, lock_order, receiving, returning,
+    shipping,
     taking::{self, CoalescedReserve, Line, Purpose, Reserve},
 };
 use crate::config::DatabaseConfig;
@@ -23,6 +24,7 @@ fn server_url() -> String {
 /// Every statement built with sea-orm values, by name.
 fn statements() -> Vec<(&'static str, Statement)> {
     let id = Uuid::new_v4();
+    let now = chrono::Utc::now();
     let lines = [
         Line { inventory_id: id, quantity: 2, expected_version: Some(3) },
         Line { inventory_id: Uuid::new_v4(), quantity: 1, expected_version: None },
@@ -44,6 +46,11 @@ fn statements() -> Vec<(&'static str, Statement)> {
         ("change_quantity", adjusting::change_quantity(id, "alice", 3)),
         ("fulfil_order", shipping::fulfil_order(id)),
         ("latest reservation change", taking::ReservationChange::latest(id)),
+        ("oldest archivable reservation", archiving::oldest_reservation()),
+        ("archive_reservations", archiving::archive_reservations(now, now)),
+        ("oldest ledger row", archiving::oldest_ledger_row()),
+        ("archive_ledger", archiving::archive_ledger(now, now)),
+        ("drop_empty_partitions", archiving::drop_empty_partitions(now)),
     ]
 }
 

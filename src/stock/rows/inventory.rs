@@ -5,7 +5,7 @@ use sea_orm::entity::prelude::*;
 
 /// One stocked item. `version` is 1 when created and grows by exactly one with
 /// every committed change of the row. It deserializes from the live-stock
-/// trigger's JSON announcement of a row (`live.rs`).
+/// trigger's JSON announcement of a row (`inventory::store::live_source`).
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Deserialize)]
 #[sea_orm(table_name = "inventories")]
 pub struct Model {

@@ -1,0 +1,78 @@
+//! The rows the stock statements write and return, and the states they
+//! write into them: an inventory ([`InventoryRow`]), a reservation or order
+//! line ([`ReservationRow`], [`ReservationStatus`]) and why the ledger moved
+//! ([`MovementReason`]). They live here, below the features that read them,
+//! so the statements that make them need no feature; the features re-export
+//! them.
+//!
+//! Each status is spelled once, by its enum; a statement's text takes it
+//! from there with [`sql`].
+
+pub mod inventory;
+pub mod reservation;
+
+use sea_orm::{ActiveEnum, DeriveActiveEnum, EnumIter};
+
+pub use inventory::Model as InventoryRow;
+pub use reservation::{Model as ReservationRow, ReservationStatus};
+
+/// Why stock changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+pub enum MovementReason {
+    /// The inventory was created with its initial stock.
+    #[sea_orm(string_value = "CREATED")]
+    Created,
+    /// A reservation took stock.
+    #[sea_orm(string_value = "RESERVED")]
+    Reserved,
+    /// A reservation was released and its stock returned.
+    #[sea_orm(string_value = "RELEASED")]
+    Released,
+    /// A reservation expired and the sweeper returned its stock.
+    #[sea_orm(string_value = "EXPIRED")]
+    Expired,
+    /// An operator added stock.
+    #[sea_orm(string_value = "RESTOCKED")]
+    Restocked,
+    /// An order line took stock.
+    #[sea_orm(string_value = "ORDERED")]
+    Ordered,
+    /// An order was cancelled and its line's stock returned.
+    #[sea_orm(string_value = "ORDER_CANCELLED")]
+    OrderCancelled,
+    /// An order line's units left the warehouse: `delta` is the change of
+    /// on-hand units (available stock does not move, `stockAfter` is unchanged).
+    #[sea_orm(string_value = "FULFILLED")]
+    Fulfilled,
+    /// A reservation's quantity was changed; `delta` is the change of available stock.
+    #[sea_orm(string_value = "QUANTITY_CHANGED")]
+    QuantityChanged,
+}
+
+/// `value` as an SQL string literal (`'ACTIVE'`), to be written into a
+/// statement's text. Text rather than a bind parameter: PostgreSQL uses a
+/// partial index (`reservations_held`, `reservations_due`) only when it can
+/// see at planning time that the statement's condition implies the index's,
+/// and a generic plan cannot see through a parameter.
+pub fn sql<E: ActiveEnum<Value = String>>(value: E) -> String {
+    format!("'{}'", value.to_value())
+}
+
+/// `values` as an SQL list of literals (`('ACTIVE', 'ORDERED')`), for `IN`.
+pub fn sql_list<E: ActiveEnum<Value = String>>(values: impl IntoIterator<Item = E>) -> String {
+    format!("({})", values.into_iter().map(sql).collect::<Vec<_>>().join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_written_as_the_table_spells_them() {
+        assert_eq!(sql(ReservationStatus::Active), "'ACTIVE'");
+        assert_eq!(sql(MovementReason::OrderCancelled), "'ORDER_CANCELLED'");
+        let held = sql_list([ReservationStatus::Active, ReservationStatus::Ordered]);
+        assert_eq!(held, "('ACTIVE', 'ORDERED')");
+    }
+}
