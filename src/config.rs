@@ -184,8 +184,18 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_COALESCE_WINDOW_US", default_value_t = 0)]
     pub coalesce_window_us: u64,
 
-    /// How often a statement is run when it collides (SQLSTATE 40001 or 40P01)
-    /// before the collision is reported as `Conflict`.
+    /// How often a statement (or multi-item transaction) is run when it
+    /// collides (SQLSTATE 40001 or 40P01) before the operation gives up.
+    ///
+    /// Then nothing was written, and each operation answers one way
+    /// (`Attempted::done`): where its union has a conflict member, that
+    /// member with the latest rows (`reserve`, `restock`: `Conflict`;
+    /// `reserveMany`, `placeOrder`: `ItemsUnavailable`, every line
+    /// `CONFLICT`; `changeShippingAddress`: `OrderVersionConflict`, or
+    /// `OrderNotEditable` once the order is not PENDING); else the retryable
+    /// `DATABASE_UNAVAILABLE` (`releaseReservation`, `extendReservation`,
+    /// `changeReservationQuantity`, `checkout`), never a member that would
+    /// say the reservation is no longer ACTIVE.
     #[arg(long, env = "STOCKGUARD_COLLISION_ATTEMPTS", default_value_t = 20)]
     pub collision_attempts: u32,
 }

@@ -14,10 +14,16 @@ use crate::{
     app::AppState,
     config::Limits,
     documents, gateway,
-    inventory::graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
+    inventory::{
+        graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
+        service::InventoryService,
+    },
     live::Live,
     node::NodeQuery,
-    orders::graphql::{OrderMutation, OrderQuery, OrderSubscription},
+    orders::{
+        graphql::{OrderMutation, OrderQuery, OrderSubscription},
+        service::OrderService,
+    },
     reservations::{
         graphql::{ReservationMutation, ReservationQuery},
         service::ReservationService,
@@ -49,13 +55,26 @@ fn builder(limits: &Limits) -> async_graphql::SchemaBuilder<Query, Mutation, Sub
         .limit_recursive_depth(documents::MAX_NESTING)
 }
 
+/// Each feature's service, which its resolvers call.
+#[derive(Clone)]
+pub struct Services {
+    /// Inventories.
+    pub inventory: InventoryService,
+    /// Reservations, with the coalescer of hot items.
+    pub reservations: ReservationService,
+    /// Orders.
+    pub orders: OrderService,
+}
+
 /// The schema over `state` and the features' runtime state, with the
 /// configured depth and complexity limits.
-pub fn build(state: AppState, reservations: ReservationService, live: Live) -> AppSchema {
+pub fn build(state: AppState, services: Services, live: Live) -> AppSchema {
     let limits = state.limits.clone();
     builder(&limits)
         .data(state)
-        .data(reservations)
+        .data(services.inventory)
+        .data(services.reservations)
+        .data(services.orders)
         .data(live)
         .extension(telemetry::Observe)
         .extension(gateway::ErrorCodes)

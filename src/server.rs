@@ -1,6 +1,7 @@
 //! The composition root: the one module that knows every feature's runtime
 //! parts and wires them together. It builds the reservation service (with
-//! its coalescer) and the live feeds once per process, hands them to the schema
+//! its coalescer), the order and inventory services and the live feeds once
+//! per process, hands them to the schema
 //! as data, starts the background work (the sweeper, the ledger's partitions
 //! ahead, the live-stock listener), and makes each request's DataLoaders.
 //! Features never import it, and the shared state (`app.rs`) knows no feature.
@@ -15,11 +16,17 @@ use tokio::{
 
 use crate::{
     app::AppState,
-    inventory::loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
+    inventory::{
+        loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
+        service::InventoryService,
+    },
     live::Live,
-    orders::loader::{OrderLinesLoader, OrderLoader},
+    orders::{
+        loader::{OrderLinesLoader, OrderLoader},
+        service::OrderService,
+    },
     reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
-    schema::{self, AppSchema},
+    schema::{self, AppSchema, Services},
     stock::partitions,
 };
 
@@ -28,8 +35,8 @@ use crate::{
 pub struct Server {
     /// The state every request shares.
     state: AppState,
-    /// Reservations, with the coalescer of hot items.
-    reservations: ReservationService,
+    /// Each feature's service, with the coalescer of hot items.
+    services: Services,
     /// Committed inventory and order changes, for subscriptions.
     live: Live,
     /// One permit per GraphQL operation in flight in this process (the
@@ -40,9 +47,13 @@ pub struct Server {
 impl Server {
     /// The parts of a process serving `state`.
     pub fn new(state: AppState) -> Self {
-        let reservations = ReservationService::new(&state);
+        let services = Services {
+            inventory: InventoryService::new(&state),
+            reservations: ReservationService::new(&state),
+            orders: OrderService::new(&state),
+        };
         let in_flight = Arc::new(Semaphore::new(state.limits.max_in_flight.max(1)));
-        Self { state, reservations, live: Live::default(), in_flight }
+        Self { state, services, live: Live::default(), in_flight }
     }
 
     /// The permits of the in-flight limit.
@@ -63,7 +74,7 @@ impl Server {
 
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
-        schema::build(self.state.clone(), self.reservations.clone(), self.live.clone())
+        schema::build(self.state.clone(), self.services.clone(), self.live.clone())
     }
 
     /// Starts the background work of a server process: the sweeper, the

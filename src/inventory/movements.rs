@@ -10,7 +10,7 @@ use sea_orm::{
 use crate::pagination::{Page, VersionCursor};
 
 /// Why stock changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
 #[sea_orm(rs_type = "String", db_type = "Text")]
 pub enum MovementReason {
     /// The inventory was created with its initial stock.

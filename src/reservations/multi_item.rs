@@ -75,7 +75,7 @@ pub fn key(key: String, operation: &str, lines: &[Line], extra: &str) -> Key {
 }
 
 /// Why a line could not be served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, async_graphql::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnavailableReason {
     /// Not enough stock.
     SoldOut,
@@ -141,7 +141,6 @@ fn judge(lines: &[Line], locked: &[InventoryRow]) -> Vec<Unavailable> {
 /// Every line as a conflict, with the latest rows: what a request reports
 /// when each of its runs collided.
 pub async fn all_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
-    tracing::warn!(lines = lines.len(), "multi-item collisions exhausted");
     let rows = inventory_store::find_many(db, lines.iter().map(|l| l.inventory_id)).await?;
     Ok(lines
         .iter()

@@ -4,7 +4,7 @@
 //! statement that took nothing means (sold out, conflict, not found); the
 //! SQL runs in `store.rs`, the statements come from `stock`.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use chrono::Utc;
 use sea_orm::{DatabaseConnection, TransactionTrait};
@@ -18,10 +18,12 @@ use super::{
 };
 use crate::{
     app::AppState,
-    db::{Attempted, Collisions, StatementPool},
+    config::Limits,
+    db::{Collisions, Exhausted, StatementPool},
     error::AppError,
     idempotency::{self, Key},
     inventory::{InventoryRow, store as inventory_store},
+    pagination::Page,
     stock::taking::{Line, Purpose, ReservationChange, Reserve},
 };
 
@@ -143,6 +145,8 @@ pub struct ReservationService {
     /// Serves concurrent conditional reservations in batches (one
     /// inventory's or many's); none when coalescing is switched off.
     coalescer: Option<Coalescer>,
+    /// The limits requests are checked against.
+    limits: Arc<Limits>,
 }
 
 impl ReservationService {
@@ -167,7 +171,26 @@ impl ReservationService {
             statements: state.statements.clone(),
             collisions: state.collisions.clone(),
             coalescer,
+            limits: state.limits.clone(),
         }
+    }
+
+    /// The limits requests are checked against.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// One page of `user_id`'s reservations, oldest first: `first` rows
+    /// (checked against the limits) after the cursor `after`, with one more
+    /// when more follow.
+    pub async fn page(
+        &self,
+        user_id: &str,
+        first: Option<i32>,
+        after: Option<&str>,
+    ) -> Result<(Page, Vec<ReservationRow>), AppError> {
+        let page = Page::parse(first, after, self.limits.max_page_size)?;
+        Ok((page, store::page_for_user(&self.db, user_id, page).await?))
     }
 
     /// Takes stock for `user_id`, sharing one statement with others waiting
@@ -200,24 +223,32 @@ impl ReservationService {
             }
             Ok(taken)
         };
-        match self.collisions.run(lines[0].inventory_id, run).await {
-            Ok(Attempted::Done(Ok(rows))) => Ok(ReserveManyOutcome::ReservedAll(rows)),
-            Ok(Attempted::Done(Err(unavailable))) => Ok(ReserveManyOutcome::ItemsUnavailable(unavailable)),
-            Ok(Attempted::Exhausted { .. }) => {
-                Ok(ReserveManyOutcome::ItemsUnavailable(multi_item::all_in_conflict(&self.db, lines).await?))
-            }
+        let taken = match self.collisions.run(lines[0].inventory_id, run).await {
+            Ok(attempted) => attempted.done(),
             // The key's first request committed while this one waited.
-            Err(err) if idempotency::is_taken(&err) => replay_multi_item(&self.db, user_id, key.as_ref())
-                .await?
-                .map(ReserveManyOutcome::ReservedAll)
-                .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no first use"))),
-            Err(err) => Err(err.into()),
-        }
+            Err(err) if idempotency::is_taken(&err) => {
+                return replay_multi_item(&self.db, user_id, key.as_ref())
+                    .await?
+                    .map(ReserveManyOutcome::ReservedAll)
+                    .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no first use")));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        Ok(match taken {
+            Ok(Ok(rows)) => ReserveManyOutcome::ReservedAll(rows),
+            Ok(Err(unavailable)) => ReserveManyOutcome::ItemsUnavailable(unavailable),
+            Err(Exhausted { .. }) => {
+                ReserveManyOutcome::ItemsUnavailable(multi_item::all_in_conflict(&self.db, lines).await?)
+            }
+        })
     }
 
     /// Gives an ACTIVE, unexpired reservation of `owner`'s stock back, once.
+    /// When collision retries run out the reservation is as it was (still
+    /// ACTIVE, most likely), which no member of the release's union says:
+    /// the answer is the retryable `DATABASE_UNAVAILABLE`.
     pub async fn release(&self, id: Uuid, owner: &str) -> Result<ReleaseOutcome, AppError> {
-        if let Attempted::Done(Some(change)) = store::release(&self.db, &self.collisions, id, owner).await? {
+        if let Some(change) = store::release(&self.db, &self.collisions, id, owner).await?.done()? {
             return Ok(ReleaseOutcome::Released { reservation: change.reservation, inventory: change.inventory });
         }
         Ok(match store::find(&self.db, id).await?.filter(|r| r.user_id == owner) {
@@ -230,15 +261,11 @@ impl ReservationService {
     /// units in one statement (see `stock::adjusting`).
     pub async fn change_quantity(&self, id: Uuid, owner: &str, quantity: i32) -> Result<ChangeOutcome, AppError> {
         for _ in 0..CHANGE_ATTEMPTS {
-            match store::change_quantity(&self.db, &self.collisions, id, owner, quantity).await? {
-                Attempted::Done(Some(change)) => {
-                    return Ok(ChangeOutcome::Changed { reservation: change.reservation, inventory: change.inventory });
-                }
-                Attempted::Done(None) => {}
-                Attempted::Exhausted { attempts } => {
-                    tracing::warn!(attempts, %id, "quantity change collisions exhausted");
-                    return Err(AppError::DatabaseUnavailable);
-                }
+            // Collision retries that run out are `DATABASE_UNAVAILABLE`.
+            if let Some(change) =
+                store::change_quantity(&self.db, &self.collisions, id, owner, quantity).await?.done()?
+            {
+                return Ok(ChangeOutcome::Changed { reservation: change.reservation, inventory: change.inventory });
             }
             // Nothing changed; one read of the latest rows (one snapshot) tells why.
             let latest = store::find_with_inventory(&self.db, id).await?;
@@ -274,13 +301,11 @@ impl ReservationService {
         seconds: i32,
         max_ttl_secs: i32,
     ) -> Result<ExtendOutcome, AppError> {
-        match store::extend(&self.db, &self.collisions, id, owner, seconds, max_ttl_secs).await? {
-            Attempted::Done(Some(extended)) => return Ok(ExtendOutcome::Extended(extended)),
-            Attempted::Done(None) => {}
-            Attempted::Exhausted { attempts } => {
-                tracing::warn!(attempts, %id, "extension collisions exhausted");
-                return Err(AppError::DatabaseUnavailable);
-            }
+        // Collision retries that run out are `DATABASE_UNAVAILABLE`.
+        if let Some(extended) =
+            store::extend(&self.db, &self.collisions, id, owner, seconds, max_ttl_secs).await?.done()?
+        {
+            return Ok(ExtendOutcome::Extended(extended));
         }
         Ok(match store::find(&self.db, id).await?.filter(|r| r.user_id == owner) {
             None => ExtendOutcome::NotFound,
@@ -331,23 +356,20 @@ pub async fn reserve_alone(
         }
         Err(err) => return Err(err.into()),
     };
-    let exhausted = match attempted {
-        Attempted::Done(Some(change)) => {
+    let exhausted = match attempted.done() {
+        Ok(Some(change)) => {
             return Ok(ReserveOutcome::Reserved { reservation: change.reservation, inventory: change.inventory });
         }
-        Attempted::Done(None) => false,
-        Attempted::Exhausted { attempts } => {
-            tracing::warn!(attempts, inventory_id = %request.inventory_id, "reserve collisions exhausted");
-            true
-        }
+        Ok(None) => false,
+        Err(Exhausted { .. }) => true,
     };
     not_taken(db, user_id, request, key.as_ref(), exhausted).await
 }
 
 /// The answer to a reserve whose statement took nothing (or, `exhausted`,
-/// whose every attempt collided), from a read afterwards: a caller alone
-/// and a coalesced caller whose statement could not tell why are answered
-/// here alike.
+/// whose every attempt collided: `Conflict` with the latest row), from a
+/// read afterwards: a caller alone and a coalesced caller whose statement
+/// could not tell why are answered here alike.
 pub(super) async fn not_taken(
     db: &DatabaseConnection,
     user_id: &str,

@@ -14,6 +14,7 @@ mod concurrency;
 mod db_errors;
 mod deploy;
 mod documents;
+mod exhausted;
 mod faults;
 mod fuzz;
 mod helpers;
