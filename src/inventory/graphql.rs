@@ -417,9 +417,7 @@ impl InventorySubscription {
     ) -> async_graphql::Result<BoxStream<'static, Inventory>> {
         // The schema that serves introspection alone has no live stock, and
         // runs no subscription.
-        let live = ctx
-            .data::<Live>()
-            .map_err(|_| AppError::internal(anyhow::anyhow!("the schema was built without live feeds")).extend())?;
+        let live = ctx.part::<Live>()?;
         let Some(changes) = ctx.part::<InventoryService>()?.watch(live, id).await.gql()? else {
             return Err(AppError::bad_input("id", "no inventory has this id").extend());
         };

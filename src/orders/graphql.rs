@@ -475,9 +475,7 @@ impl OrderSubscription {
         let user = ctx.user()?;
         // The schema that serves introspection alone has no live feeds, and
         // runs no subscription.
-        let live = ctx
-            .data::<Live>()
-            .map_err(|_| AppError::internal(anyhow::anyhow!("the schema was built without live feeds")).extend())?;
+        let live = ctx.part::<Live>()?;
         let Some(changes) = ctx.part::<OrderService>()?.watch(live, user, id).await.gql()? else {
             return Err(AppError::bad_input("id", "no order has this id").extend());
         };

@@ -6,7 +6,9 @@
 //! inside an outer transaction). Changing the address is based on what a
 //! person saw, so it is never retried: a stale version is reported with the
 //! current order. A checkout is one statement, re-run on collisions; when it
-//! wrote nothing, one read of the cart's latest rows says why.
+//! wrote nothing, one read of the cart's latest rows says why. Placing an
+//! order writes the order row and takes the stock of every line (the
+//! reservations' `take_every_line`) in one transaction: all or nothing.
 
 use std::sync::Arc;
 
@@ -31,7 +33,8 @@ use crate::{
     pagination::Page,
     reservations::{
         ReservationRow, ReservationStatus,
-        multi_item::{self, MAX_LINES, Unavailable},
+        domain::{MAX_LINES, Unavailable},
+        service::{lines_in_conflict, multi_item_key, take_every_line},
         store as reservation_store,
     },
     stock::taking::{Line, Purpose},
@@ -158,7 +161,7 @@ impl OrderService {
         idempotency_key: Option<String>,
     ) -> Result<PlaceOutcome, AppError> {
         let Self { db, collisions, .. } = self;
-        let key = idempotency_key.map(|key| multi_item::key(key, "placeOrder", lines, &fingerprinted(&address)));
+        let key = idempotency_key.map(|key| multi_item_key(key, "placeOrder", lines, &fingerprinted(&address)));
         if let Some(order) = replay(db, user_id, key.as_ref()).await? {
             return Ok(PlaceOutcome::Placed(order));
         }
@@ -166,7 +169,7 @@ impl OrderService {
             let order = Order::place(Uuid::new_v4(), user_id.to_owned(), address.clone(), Utc::now());
             let txn = db.begin().await?;
             store::insert(&txn, &order).await?;
-            let taken = multi_item::take(&txn, user_id, lines, Purpose::Order(order.id), key.as_ref()).await?;
+            let taken = take_every_line(&txn, user_id, lines, Purpose::Order(order.id), key.as_ref()).await?;
             if taken.is_ok() {
                 txn.commit().await?;
             }
@@ -186,7 +189,7 @@ impl OrderService {
         Ok(match placed {
             Ok(Ok(order)) => PlaceOutcome::Placed(order),
             Ok(Err(unavailable)) => PlaceOutcome::ItemsUnavailable(unavailable),
-            Err(Exhausted { .. }) => PlaceOutcome::ItemsUnavailable(multi_item::all_in_conflict(db, lines).await?),
+            Err(Exhausted { .. }) => PlaceOutcome::ItemsUnavailable(lines_in_conflict(db, lines).await?),
         })
     }
 

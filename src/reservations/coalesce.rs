@@ -12,7 +12,8 @@
 //! when `backlog` callers wait: on a catalogue, where every caller's
 //! inventory is idle, opening a lane per caller would make many small
 //! statements where one larger one costs the database far less per
-//! reservation (bench/results/decisions.md). A batch is one statement that
+//! reservation (bench/results/decisions.md, "Lanes: open one beside a
+//! running one only for a backlog"). A batch is one statement that
 //! locks the batch's inventories in id order, grants each inventory's
 //! callers in arrival order against its locked stock, writes every granted
 //! reservation and ledger row, and answers each caller as if it had run

@@ -9,8 +9,8 @@ use uuid::Uuid;
 
 use super::{
     ReservationRow,
+    domain::{self, LineInput, Unavailable},
     loader::ReservationLoader,
-    multi_item::{self, LineInput, Unavailable},
     service::{
         ChangeOutcome, ExtendOutcome, ReleaseOutcome, ReservationService, ReserveManyOutcome, ReserveOutcome,
         ReserveRequest,
@@ -66,12 +66,12 @@ pub enum UnavailableReason {
     NotFound,
 }
 
-impl From<multi_item::UnavailableReason> for UnavailableReason {
-    fn from(reason: multi_item::UnavailableReason) -> Self {
+impl From<domain::UnavailableReason> for UnavailableReason {
+    fn from(reason: domain::UnavailableReason) -> Self {
         match reason {
-            multi_item::UnavailableReason::SoldOut => Self::SoldOut,
-            multi_item::UnavailableReason::Conflict => Self::Conflict,
-            multi_item::UnavailableReason::NotFound => Self::NotFound,
+            domain::UnavailableReason::SoldOut => Self::SoldOut,
+            domain::UnavailableReason::Conflict => Self::Conflict,
+            domain::UnavailableReason::NotFound => Self::NotFound,
         }
     }
 }
@@ -444,7 +444,7 @@ impl ReserveItemInput {
                 expected_version: item.expected_version,
             })
             .collect();
-        multi_item::merge(&lines, max_quantity)
+        domain::merge(&lines, max_quantity)
     }
 }
 

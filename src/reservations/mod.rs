@@ -3,10 +3,10 @@
 //! and reading reservations back.
 
 pub mod coalesce;
+pub mod domain;
 pub mod entity;
 pub mod graphql;
 pub mod loader;
-pub mod multi_item;
 pub mod service;
 pub mod store;
 pub mod sweeper;

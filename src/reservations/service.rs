@@ -1,19 +1,21 @@
-//! Reservation use cases: reserve (coalesced or alone), reserve many,
-//! release, extend, change the quantity. This is where it is decided which path a reservation
-//! takes, whether a request is the replay of an idempotency key, and what a
-//! statement that took nothing means (sold out, conflict, not found); the
-//! SQL runs in `store.rs`, the statements come from `stock`.
+//! Reservation use cases: reserve (coalesced or alone), reserve many (and
+//! the taking of every line or none that `placeOrder` shares), release,
+//! extend, change the quantity. This is where it is decided which path a
+//! reservation takes, whether a request is the replay of an idempotency
+//! key, and what a statement that took nothing means (sold out, conflict,
+//! not found); the rules that need no database are in `domain.rs`, the SQL
+//! runs in `store.rs`, the statements come from `stock`.
 
 use std::{sync::Arc, time::Duration};
 
 use chrono::Utc;
-use sea_orm::{DatabaseConnection, TransactionTrait};
+use sea_orm::{DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait};
 use uuid::Uuid;
 
 use super::{
     ReservationRow, ReservationStatus,
     coalesce::{Batching, Coalescer},
-    multi_item::{self, Unavailable},
+    domain::{self, Unavailable},
     store,
 };
 use crate::{
@@ -202,7 +204,7 @@ impl ReservationService {
         }
     }
 
-    /// Reserves every line or none (see [`multi_item`]).
+    /// Reserves every line or none (see [`take_every_line`]).
     pub async fn reserve_many(
         &self,
         user_id: &str,
@@ -210,14 +212,14 @@ impl ReservationService {
         idempotency_key: Option<String>,
         ttl_secs: i32,
     ) -> Result<ReserveManyOutcome, AppError> {
-        let key = idempotency_key.map(|key| multi_item::key(key, "reserveMany", lines, ""));
+        let key = idempotency_key.map(|key| multi_item_key(key, "reserveMany", lines, ""));
         if let Some(first) = replay_multi_item(&self.db, user_id, key.as_ref()).await? {
             return Ok(ReserveManyOutcome::ReservedAll(first));
         }
         let run = || async {
             let txn = self.db.begin().await?;
             let purpose = Purpose::Reservations { ttl_secs };
-            let taken = multi_item::take(&txn, user_id, lines, purpose, key.as_ref()).await?;
+            let taken = take_every_line(&txn, user_id, lines, purpose, key.as_ref()).await?;
             if taken.is_ok() {
                 txn.commit().await?;
             }
@@ -237,9 +239,7 @@ impl ReservationService {
         Ok(match taken {
             Ok(Ok(rows)) => ReserveManyOutcome::ReservedAll(rows),
             Ok(Err(unavailable)) => ReserveManyOutcome::ItemsUnavailable(unavailable),
-            Err(Exhausted { .. }) => {
-                ReserveManyOutcome::ItemsUnavailable(multi_item::all_in_conflict(&self.db, lines).await?)
-            }
+            Err(Exhausted { .. }) => ReserveManyOutcome::ItemsUnavailable(lines_in_conflict(&self.db, lines).await?),
         })
     }
 
@@ -314,6 +314,42 @@ impl ReservationService {
     }
 }
 
+/// The idempotency key of a multi-item `operation` over `lines`, with
+/// `extra` for anything else that makes the request what it is.
+pub fn multi_item_key(key: String, operation: &str, lines: &[Line], extra: &str) -> Key {
+    Key::multi_item(key, operation, lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version)), extra)
+}
+
+/// Takes every line (merged and sorted by `domain::merge`) or none, inside
+/// `txn`: the inventories are locked in id order, judged as locked, and one
+/// statement takes them all. `Ok(Err(..))` lists every line that cannot be
+/// served; the caller then rolls back (nothing was written).
+pub async fn take_every_line(
+    txn: &DatabaseTransaction,
+    user_id: &str,
+    lines: &[Line],
+    purpose: Purpose,
+    key: Option<&Key>,
+) -> Result<Result<Vec<ReservationRow>, Vec<Unavailable>>, DbErr> {
+    let locked = store::lock_lines(txn, lines).await?;
+    let unavailable = domain::judge(lines, &locked);
+    if !unavailable.is_empty() {
+        return Ok(Err(unavailable));
+    }
+    let rows = store::take_lines(txn, user_id, lines, purpose, key).await?;
+    if rows.len() != lines.len() {
+        return Err(DbErr::Custom(format!("{} of {} locked lines were taken", rows.len(), lines.len())));
+    }
+    Ok(Ok(rows))
+}
+
+/// Every line as a conflict, with the latest rows: what a multi-item
+/// request answers when its collision retries ran out.
+pub async fn lines_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
+    let latest = inventory_store::find_many(db, lines.iter().map(|l| l.inventory_id)).await?;
+    Ok(domain::in_conflict(lines, &latest))
+}
+
 /// Takes `quantity` units for `user_id` with the one-statement reserve: a
 /// caller that finds nothing running, a caller of a batch that failed, or
 /// every request when coalescing is off.
@@ -338,7 +374,8 @@ pub async fn reserve_alone(
         expected_version: request.expected_version,
         // Time-ordered (v7): new keys land at the right edge of the primary
         // key's B-tree instead of on a random page of it, which with months
-        // of history is a page that is seldom cached (bench/results/decisions.md).
+        // of history is a page that is seldom cached (bench/results/decisions.md,
+        // "Decisions", reservation ids).
         reservation_id: Uuid::now_v7(),
         movement_id: Uuid::now_v7(),
         user_id,

@@ -1,24 +1,16 @@
-//! Several inventories at once (`reserveMany`, `placeOrder`): all or nothing.
+//! The rules of reservations that need no database: the checking and
+//! merging of a multi-item request's lines (`reserveMany`, `placeOrder`),
+//! and which of them locked inventory rows cannot serve.
 //!
-//! Lines naming the same inventory are merged first. Then, in one short
-//! transaction, the rows are locked in one fixed order (by id), so two requests
-//! naming the same inventories in opposite orders queue instead of
-//! deadlocking; the lines are judged against the locked rows; and one
-//! statement takes the stock, writes the reservations and their ledger entries.
+//! Lines naming the same inventory are merged first and sorted by
+//! inventory id, the one order rows are locked in, so two requests naming
+//! the same inventories in opposite orders queue instead of deadlocking.
 
 use std::collections::BTreeMap;
 
-use sea_orm::{DatabaseConnection, DatabaseTransaction, DbErr, FromQueryResult};
 use uuid::Uuid;
 
-use super::ReservationRow;
-use crate::{
-    error::AppError,
-    idempotency::Key,
-    inventory::{InventoryRow, store as inventory_store},
-    stock::taking::{self, Line, Purpose},
-    validate,
-};
+use crate::{error::AppError, inventory::InventoryRow, stock::taking::Line, validate};
 
 /// Most lines in one request, after merging.
 pub const MAX_LINES: usize = 100;
@@ -68,12 +60,6 @@ pub fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>, AppErr
     Ok(merged.into_values().collect())
 }
 
-/// The idempotency key of a multi-item `operation` over `lines`, with
-/// `extra` for anything else that makes the request what it is.
-pub fn key(key: String, operation: &str, lines: &[Line], extra: &str) -> Key {
-    Key::multi_item(key, operation, lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version)), extra)
-}
-
 /// Why a line could not be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnavailableReason {
@@ -96,32 +82,8 @@ pub struct Unavailable {
     pub inventory: Option<InventoryRow>,
 }
 
-/// Takes every line or none, inside `txn`. `Ok(Err(..))` lists every line
-/// that cannot be served; the caller then rolls back (nothing was written).
-pub async fn take(
-    txn: &DatabaseTransaction,
-    user_id: &str,
-    lines: &[Line],
-    purpose: Purpose,
-    key: Option<&Key>,
-) -> Result<Result<Vec<ReservationRow>, Vec<Unavailable>>, DbErr> {
-    let ids: Vec<Uuid> = lines.iter().map(|l| l.inventory_id).collect();
-    let locked = InventoryRow::find_by_statement(taking::lock_lines(&ids)).all(txn).await?;
-    let unavailable = judge(lines, &locked);
-    if !unavailable.is_empty() {
-        return Ok(Err(unavailable));
-    }
-    let key = key.map(|k| (k.key.as_str(), k.fingerprint.as_str()));
-    let statement = taking::take_lines(lines, purpose, user_id, key, Uuid::new_v4());
-    let rows = ReservationRow::find_by_statement(statement).all(txn).await?;
-    if rows.len() != lines.len() {
-        return Err(DbErr::Custom(format!("{} of {} locked lines were taken", rows.len(), lines.len())));
-    }
-    Ok(Ok(rows))
-}
-
 /// Every line the locked rows cannot serve.
-fn judge(lines: &[Line], locked: &[InventoryRow]) -> Vec<Unavailable> {
+pub fn judge(lines: &[Line], locked: &[InventoryRow]) -> Vec<Unavailable> {
     lines
         .iter()
         .filter_map(|line| {
@@ -138,18 +100,18 @@ fn judge(lines: &[Line], locked: &[InventoryRow]) -> Vec<Unavailable> {
         .collect()
 }
 
-/// Every line as a conflict, with the latest rows: what a request reports
-/// when each of its runs collided.
-pub async fn all_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
-    let rows = inventory_store::find_many(db, lines.iter().map(|l| l.inventory_id)).await?;
-    Ok(lines
+/// Every line as a conflict beside `latest`, the rows as they are now (a
+/// line whose inventory is missing is not found): what a multi-item request
+/// answers when its collision retries ran out.
+pub fn in_conflict(lines: &[Line], latest: &[InventoryRow]) -> Vec<Unavailable> {
+    lines
         .iter()
         .map(|line| {
-            let inventory = rows.iter().find(|row| row.id == line.inventory_id).cloned();
+            let inventory = latest.iter().find(|row| row.id == line.inventory_id).cloned();
             let reason = if inventory.is_some() { UnavailableReason::Conflict } else { UnavailableReason::NotFound };
             Unavailable { inventory_id: line.inventory_id, reason, inventory }
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]
