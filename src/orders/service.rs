@@ -33,7 +33,7 @@ use crate::{
     pagination::Page,
     reservations::{
         ReservationRow, ReservationStatus,
-        domain::{MAX_LINES, Unavailable},
+        domain::{MAX_LINES, Unavailable, status_at},
         service::{lines_in_conflict, multi_item_key, take_every_line},
         store as reservation_store,
     },
@@ -406,13 +406,12 @@ async fn unavailable_reservations(
         .filter_map(|&reservation_id| {
             // Someone else's reservation reads as absent, so ids do not leak.
             let row = rows.iter().find(|row| row.id == reservation_id && row.user_id == user_id);
-            let reason = match row.map(|row| (row.status, row.expires_at)) {
+            let reason = match row.map(|row| status_at(row, now)) {
                 None => UnavailableReservationReason::NotFound,
-                Some((ReservationStatus::Active, Some(at))) if at <= now => UnavailableReservationReason::Expired,
-                Some((ReservationStatus::Active, _)) => return None,
-                Some((ReservationStatus::Expired, _)) => UnavailableReservationReason::Expired,
-                Some((ReservationStatus::Released, _)) => UnavailableReservationReason::Released,
-                Some((ReservationStatus::Ordered | ReservationStatus::Fulfilled, _)) => {
+                Some(ReservationStatus::Active) => return None,
+                Some(ReservationStatus::Expired) => UnavailableReservationReason::Expired,
+                Some(ReservationStatus::Released) => UnavailableReservationReason::Released,
+                Some(ReservationStatus::Ordered | ReservationStatus::Fulfilled) => {
                     UnavailableReservationReason::Ordered
                 }
             };

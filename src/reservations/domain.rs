@@ -1,6 +1,7 @@
-//! The rules of reservations that need no database: the checking and
-//! merging of a multi-item request's lines (`reserveMany`, `placeOrder`),
-//! and which of them locked inventory rows cannot serve.
+//! The rules of reservations that need no database: how a reservation's
+//! status reads, the checking and merging of a multi-item request's lines
+//! (`reserveMany`, `placeOrder`), and which of them locked inventory rows
+//! cannot serve.
 //!
 //! Lines naming the same inventory are merged first and sorted by
 //! inventory id, the one order rows are locked in, so two requests naming
@@ -8,9 +9,21 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::{ReservationRow, ReservationStatus};
 use crate::{error::AppError, inventory::InventoryRow, stock::taking::Line, validate};
+
+/// `reservation`'s status as it reads at `now`: an ACTIVE one past its
+/// expiry is EXPIRED at once, whether or not the sweeper has returned its
+/// stock yet (those units count as held until it has).
+pub fn status_at(reservation: &ReservationRow, now: DateTime<Utc>) -> ReservationStatus {
+    match (reservation.status, reservation.expires_at) {
+        (ReservationStatus::Active, Some(at)) if at <= now => ReservationStatus::Expired,
+        (status, _) => status,
+    }
+}
 
 /// Most lines in one request, after merging.
 pub const MAX_LINES: usize = 100;
@@ -120,6 +133,30 @@ mod tests {
 
     fn input(id: Uuid, quantity: i32, expected_version: Option<i32>) -> LineInput {
         LineInput { inventory_id: id, quantity, expected_version }
+    }
+
+    #[test]
+    fn an_active_reservation_reads_expired_from_its_expiry_on() {
+        let now = Utc::now();
+        let row = |status, expires_at| ReservationRow {
+            id: Uuid::nil(),
+            inventory_id: Uuid::nil(),
+            order_id: None,
+            user_id: "alice".into(),
+            quantity: 1,
+            status,
+            idempotency_key: None,
+            request_fingerprint: None,
+            created_at: now,
+            expires_at,
+            multi_item_id: None,
+        };
+        let (past, future) = (Some(now - chrono::Duration::seconds(1)), Some(now + chrono::Duration::seconds(1)));
+        assert_eq!(status_at(&row(ReservationStatus::Active, past), now), ReservationStatus::Expired);
+        assert_eq!(status_at(&row(ReservationStatus::Active, Some(now)), now), ReservationStatus::Expired);
+        assert_eq!(status_at(&row(ReservationStatus::Active, future), now), ReservationStatus::Active);
+        assert_eq!(status_at(&row(ReservationStatus::Active, None), now), ReservationStatus::Active);
+        assert_eq!(status_at(&row(ReservationStatus::Released, past), now), ReservationStatus::Released);
     }
 
     #[test]

@@ -112,10 +112,7 @@ impl Reservation {
     /// Life-cycle state. An ACTIVE reservation past its `expiresAt` reads as
     /// EXPIRED at once, even before the sweeper has returned its stock.
     async fn status(&self) -> ReservationStatus {
-        match (self.0.status.into(), self.0.expires_at) {
-            (ReservationStatus::Active, Some(at)) if at <= Utc::now() => ReservationStatus::Expired,
-            (status, _) => status,
-        }
+        domain::status_at(&self.0, Utc::now()).into()
     }
 
     /// When the stock was taken.

@@ -273,8 +273,7 @@ impl ReservationService {
             else {
                 return Ok(ChangeOutcome::NotFound);
             };
-            let unexpired = reservation.expires_at.is_none_or(|at| at > Utc::now());
-            if reservation.status != ReservationStatus::Active || !unexpired {
+            if domain::status_at(&reservation, Utc::now()) != ReservationStatus::Active {
                 return Ok(ChangeOutcome::NotActive(reservation));
             }
             let needed = quantity - reservation.quantity;
