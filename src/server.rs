@@ -1,9 +1,9 @@
 //! The composition root: the one module that knows every feature's runtime
-//! parts and wires them together. It builds the reservation service (with
-//! its coalescer), the order and inventory services and the live feeds once
-//! per process, hands them to the schema
-//! as data, starts the background work (the sweeper, the ledger's partitions
-//! ahead, the live-stock listener), and makes each request's DataLoaders.
+//! parts and wires them together. It builds each feature's service (the
+//! reservations' with its coalescer) and the live feeds once per process,
+//! hands them to the schema as data, starts the background work (the
+//! sweeper, the ledger's partitions ahead, the live-stock listener), and
+//! makes each request's DataLoaders.
 //! Features never import it, and the shared state (`app.rs`) knows no feature.
 
 use std::{sync::Arc, time::Duration};
