@@ -215,8 +215,17 @@ pub struct Limits {
     pub coalesce_window_us: u64,
 
     /// How often a statement (or multi-item transaction) is run when it
-    /// collides (SQLSTATE 40001 or 40P01) before the collision is reported as
-    /// `Conflict`.
+    /// collides (SQLSTATE 40001 or 40P01) before the operation gives up.
+    ///
+    /// Then nothing was written, and each operation answers one way
+    /// (`Attempted::done`): where its union has a conflict member, that
+    /// member with the latest rows (`reserve`, `restock`: `Conflict`;
+    /// `reserveMany`, `placeOrder`: `ItemsUnavailable`, every line
+    /// `CONFLICT`; `changeShippingAddress`: `OrderVersionConflict`, or
+    /// `OrderNotEditable` once the order is not PENDING); else the retryable
+    /// `DATABASE_UNAVAILABLE` (`releaseReservation`, `extendReservation`,
+    /// `changeReservationQuantity`, `checkout`), never a member that would
+    /// say the reservation is no longer ACTIVE.
     #[arg(long, env = "STOCKGUARD_COLLISION_ATTEMPTS", default_value_t = 20)]
     pub collision_attempts: u32,
 }

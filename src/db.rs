@@ -140,13 +140,35 @@ pub struct Collisions {
 
 /// How a collision-guarded run ended.
 pub enum Attempted<T> {
-    /// The statement ran (after `attempts` runs).
+    /// The statement ran (after one or more runs).
     Done(T),
     /// Every attempt collided.
     Exhausted {
         /// How many runs were made.
         attempts: u32,
     },
+}
+
+impl<T> Attempted<T> {
+    /// What the statement returned, or [`Exhausted`] when every run collided.
+    /// Each operation answers `Exhausted` with its one outcome, listed at
+    /// `Limits::collision_attempts`: the conflict member of its union with
+    /// the latest rows where it has one, else `DATABASE_UNAVAILABLE`
+    /// (`AppError`'s `From<Exhausted>`).
+    pub fn done(self) -> Result<T, Exhausted> {
+        match self {
+            Self::Done(value) => Ok(value),
+            Self::Exhausted { attempts } => Err(Exhausted { attempts }),
+        }
+    }
+}
+
+/// Every run of a statement collided (40001 or 40P01), so nothing it would
+/// have written was written; the same request may succeed when retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exhausted {
+    /// How many runs were made.
+    pub attempts: u32,
 }
 
 impl Collisions {
@@ -178,6 +200,7 @@ impl Collisions {
                 Err(err) => return Err(err),
             }
         }
+        tracing::warn!(attempts = self.max_attempts, %key, "collision retries exhausted");
         Ok(Attempted::Exhausted { attempts: self.max_attempts })
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use async_graphql::ErrorExtensions;
 use sea_orm::DbErr;
 
-use crate::db::{DbFailure, classify};
+use crate::db::{DbFailure, Exhausted, classify};
 
 /// An error a request can end in.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -78,6 +78,15 @@ impl From<DbErr> for AppError {
             }
             failure => Self::internal(anyhow::Error::new(err).context(format!("database error ({failure:?})"))),
         }
+    }
+}
+
+impl From<Exhausted> for AppError {
+    /// Collision retries ran out for an operation whose union has no
+    /// conflict member: nothing was written, and the client may retry
+    /// (`Limits::collision_attempts` lists each operation's answer).
+    fn from(_: Exhausted) -> Self {
+        Self::DatabaseUnavailable
     }
 }
 

@@ -92,7 +92,8 @@ pub fn page_cost(first: Option<i32>, row_cost: usize) -> usize {
     rows.saturating_mul(row_cost).saturating_add(1)
 }
 
-/// The page size of a connection when `first` is not given.
+/// The page size of a connection when `first` is not given: the default
+/// every connection field declares (`default_with`), so the schema shows it.
 pub const DEFAULT_PAGE_SIZE: i32 = 20;
 
 /// Orders `query` by `(created_at, id)` and narrows it to `page`, fetching
@@ -124,7 +125,7 @@ pub fn connection<C: CursorType + Send + Sync, Row, Node: OutputType>(
 
 /// A connection: one page of a list in Relay's shape. async-graphql's own
 /// has the same fields but no description; this is it with one, named
-/// `<Node>Connection` as before.
+/// `<Node>Connection` as async-graphql names its own, which clients know.
 pub struct Connection<C: CursorType + Send + Sync, N: OutputType> {
     edges: Vec<Edge<C, N, EmptyFields>>,
     has_previous_page: bool,

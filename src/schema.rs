@@ -14,10 +14,19 @@ use crate::{
     app::AppState,
     config::Limits,
     documents, gateway,
-    inventory::graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
+    inventory::{
+        graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
+        service::InventoryService,
+    },
     node::NodeQuery,
-    orders::graphql::{OrderMutation, OrderQuery, OrderSubscription},
-    reservations::graphql::{ReservationMutation, ReservationQuery},
+    orders::{
+        graphql::{OrderMutation, OrderQuery, OrderSubscription},
+        service::OrderService,
+    },
+    reservations::{
+        graphql::{ReservationMutation, ReservationQuery},
+        service::ReservationService,
+    },
     telemetry,
 };
 
@@ -47,6 +56,17 @@ fn builder(limits: &Limits) -> AppSchemaBuilder {
         // The same bound `documents.rs` checks first, so async-graphql's own
         // walk over the expanded document never goes deeper than that check.
         .limit_recursive_depth(documents::MAX_NESTING)
+}
+
+/// Each feature's service, which its resolvers call.
+#[derive(Clone)]
+pub struct Services {
+    /// Inventories.
+    pub inventory: InventoryService,
+    /// Reservations, with the coalescer of hot items.
+    pub reservations: ReservationService,
+    /// Orders.
+    pub orders: OrderService,
 }
 
 /// The schema over `state` and the features' runtime state, which

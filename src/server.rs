@@ -1,9 +1,10 @@
 //! The composition root: the one module that knows every feature's runtime
-//! parts and wires them together. It builds the reservation service (with
-//! its coalescer) and the live feeds of inventories and orders (each from
-//! its feature's source) once per process, hands them to the schema as
-//! data, starts the background work (the sweeper, the ledger's partitions
-//! ahead, the live listener), and makes each request's DataLoaders.
+//! parts and wires them together. It builds each feature's service (the
+//! reservations' with its coalescer) and the live feeds of inventories and
+//! orders (each from its feature's source) once per process, hands them to
+//! the schema as data, starts the background work (the sweeper, the
+//! ledger's partitions ahead, the live listener), and makes each request's
+//! DataLoaders.
 //! Features never import it, and the shared state (`app.rs`) knows no feature.
 
 use std::{sync::Arc, time::Duration};
@@ -21,15 +22,17 @@ use crate::{
     inventory::{
         self, InventoryRow,
         loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
+        service::InventoryService,
     },
     live::{Feed, Live},
     orders::{
         self,
         domain::Order,
         loader::{OrderLinesLoader, OrderLoader},
+        service::OrderService,
     },
     reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
-    schema::{self, AppSchema},
+    schema::{self, AppSchema, Services},
     stock::partitions,
 };
 
@@ -38,8 +41,8 @@ use crate::{
 pub struct Server {
     /// The state every request shares.
     state: AppState,
-    /// Reservations, with the coalescer of hot items.
-    reservations: ReservationService,
+    /// Each feature's service, with the coalescer of hot items.
+    services: Services,
     /// The listener of every live feed.
     live: Live,
     /// Committed inventory changes, for `inventoryChanged`.
@@ -54,12 +57,16 @@ pub struct Server {
 impl Server {
     /// The parts of a process serving `state`.
     pub fn new(state: AppState) -> Self {
-        let reservations = ReservationService::new(&state);
+        let services = Services {
+            inventory: InventoryService::new(&state),
+            reservations: ReservationService::new(&state),
+            orders: OrderService::new(&state),
+        };
         let in_flight = Arc::new(Semaphore::new(state.limits.max_in_flight.max(1)));
         let mut live = Live::default();
         let inventories = live.feed(inventory::store::live_source());
         let orders = live.feed(orders::store::live_source());
-        Self { state, reservations, live, inventories, orders, in_flight }
+        Self { state, services, live, inventories, orders, in_flight }
     }
 
     /// The permits of the in-flight limit.
@@ -81,7 +88,8 @@ impl Server {
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
         schema::build(self.state.clone(), |schema| {
-            schema.data(self.reservations.clone()).data(self.inventories.clone()).data(self.orders.clone())
+            let Services { inventory, reservations, orders } = self.services.clone();
+            schema.data(inventory).data(reservations).data(orders).data(self.inventories.clone()).data(self.orders.clone())
         })
     }
 

@@ -1,8 +1,9 @@
 //! GraphQL types and resolvers for inventories. Resolvers check the caller,
-//! parse the input and call one service or store function; no SQL here.
+//! parse the input and call the [`InventoryService`] (or, for the fields a
+//! response may ask for many times, the request's DataLoaders).
 
 use async_graphql::{
-    Context, ErrorExtensions, ID, InputObject, Object, SimpleObject, Subscription, Union, dataloader::DataLoader,
+    Context, Enum, ErrorExtensions, ID, InputObject, Object, SimpleObject, Subscription, Union, dataloader::DataLoader,
 };
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, stream::BoxStream};
@@ -11,17 +12,16 @@ use uuid::Uuid;
 use super::{
     InventoryRow,
     loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
-    movements::{self, MovementReason},
-    service::{self, RestockOutcome},
-    store::{self, StockStates},
+    movements,
+    service::{InventoryService, RestockOutcome},
+    store::StockStates,
 };
 use crate::{
-    app::AppState,
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
-    live::{Feed, WatchError},
-    node,
-    pagination::{Connection, Cursor, Page, VersionCursor, connection},
+    live::Feed,
+        node,
+    pagination::{self, Connection, Cursor, VersionCursor, connection},
     telemetry, validate,
 };
 
@@ -78,13 +78,16 @@ impl Inventory {
     async fn movements(
         &self,
         ctx: &Context<'_>,
-        #[graphql(default = 20, desc = "Page size, 1 to the configured maximum (100).")] first: Option<i32>,
+        #[graphql(
+            default_with = "Some(pagination::DEFAULT_PAGE_SIZE)",
+            desc = "Page size, 1 to the server's maximum page size (STOCKGUARD_MAX_PAGE_SIZE)."
+        )]
+        first: Option<i32>,
         #[graphql(desc = "The `endCursor` of the previous page.")] after: Option<String>,
     ) -> GqlResult<Connection<VersionCursor, StockMovement>> {
         ctx.operator()?;
-        let app = ctx.part::<AppState>()?;
-        let page = Page::parse(first, after.as_deref(), app.limits.max_page_size).gql()?;
-        let rows = movements::page(&app.db, self.0.id, page).await.gql()?;
+        let service = ctx.part::<InventoryService>()?;
+        let (page, rows) = service.movements(self.0.id, first, after.as_deref()).await.gql()?;
         Ok(connection(page, rows, |row| VersionCursor(row.version_after), StockMovement))
     }
 
@@ -131,6 +134,47 @@ fn units(n: i64) -> GqlResult<i32> {
         .map_err(|_| AppError::internal(anyhow::anyhow!("a stock state of {n} does not fit in an Int")).extend())
 }
 
+/// Why stock changed.
+#[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MovementReason {
+    /// The inventory was created with its initial stock.
+    Created,
+    /// A reservation took stock.
+    Reserved,
+    /// A reservation was released and its stock returned.
+    Released,
+    /// A reservation expired and the sweeper returned its stock.
+    Expired,
+    /// An operator added stock.
+    Restocked,
+    /// An order line took stock.
+    Ordered,
+    /// An order was cancelled and its line's stock returned.
+    OrderCancelled,
+    /// An order line's units left the warehouse: `delta` is the change of
+    /// on-hand units (available stock does not move, `stockAfter` is unchanged).
+    Fulfilled,
+    /// A reservation's quantity was changed; `delta` is the change of available stock.
+    QuantityChanged,
+}
+
+impl From<movements::MovementReason> for MovementReason {
+    fn from(reason: movements::MovementReason) -> Self {
+        use movements::MovementReason as Ledger;
+        match reason {
+            Ledger::Created => Self::Created,
+            Ledger::Reserved => Self::Reserved,
+            Ledger::Released => Self::Released,
+            Ledger::Expired => Self::Expired,
+            Ledger::Restocked => Self::Restocked,
+            Ledger::Ordered => Self::Ordered,
+            Ledger::OrderCancelled => Self::OrderCancelled,
+            Ledger::Fulfilled => Self::Fulfilled,
+            Ledger::QuantityChanged => Self::QuantityChanged,
+        }
+    }
+}
+
 /// A ledger row as the API shows it.
 pub struct StockMovement(movements::Model);
 
@@ -154,7 +198,7 @@ impl StockMovement {
 
     /// Why the stock changed.
     async fn reason(&self) -> MovementReason {
-        self.0.reason
+        self.0.reason.into()
     }
 
     /// Stock right after the change.
@@ -300,12 +344,14 @@ impl InventoryQuery {
     async fn inventories(
         &self,
         ctx: &Context<'_>,
-        #[graphql(default = 20, desc = "Page size, 1 to the configured maximum (100).")] first: Option<i32>,
+        #[graphql(
+            default_with = "Some(pagination::DEFAULT_PAGE_SIZE)",
+            desc = "Page size, 1 to the server's maximum page size (STOCKGUARD_MAX_PAGE_SIZE)."
+        )]
+        first: Option<i32>,
         #[graphql(desc = "The `endCursor` of the previous page.")] after: Option<String>,
     ) -> GqlResult<Connection<Cursor, Inventory>> {
-        let app = ctx.part::<AppState>()?;
-        let page = Page::parse(first, after.as_deref(), app.limits.max_page_size).gql()?;
-        let rows = store::page(&app.db, page).await.gql()?;
+        let (page, rows) = ctx.part::<InventoryService>()?.page(first, after.as_deref()).await.gql()?;
         Ok(connection(page, rows, |row| Cursor { created_at: row.created_at, id: row.id }, Inventory))
     }
 }
@@ -326,7 +372,7 @@ impl InventoryMutation {
         let sku = validate::text("input.sku", &input.sku, 64).gql()?;
         let name = validate::text("input.name", &input.name, 200).gql()?;
         let stock = validate::within("input.stock", input.stock, 0..=MAX_STOCK_CHANGE).gql()?;
-        Ok(Inventory(service::create(&ctx.part::<AppState>()?.db, &sku, &name, stock).await.gql()?))
+        Ok(Inventory(ctx.part::<InventoryService>()?.create(&sku, &name, stock).await.gql()?))
     }
 
     /// Adds stock (operators). With `expectedVersion`, only if the row is
@@ -338,9 +384,8 @@ impl InventoryMutation {
     ) -> GqlResult<RestockResult> {
         ctx.operator()?;
         let quantity = validate::within("input.quantity", input.quantity, 1..=MAX_STOCK_CHANGE).gql()?;
-        let app = ctx.part::<AppState>()?;
-        let outcome =
-            service::restock(&app.db, &app.collisions, input.inventory_id, quantity, input.expected_version).await;
+        let service = ctx.part::<InventoryService>()?;
+        let outcome = service.restock(input.inventory_id, quantity, input.expected_version).await;
         Ok(telemetry::counted(
             "restock",
             match outcome.gql()? {
@@ -372,13 +417,10 @@ impl InventorySubscription {
     ) -> async_graphql::Result<BoxStream<'static, Inventory>> {
         // The schema that serves introspection alone has no live stock, and
         // runs no subscription.
-        let live = ctx
-            .data::<Feed<InventoryRow>>()
-            .map_err(|_| AppError::internal(anyhow::anyhow!("the schema was built without live feeds")).extend())?;
-        let changes = live.watch(ctx.part::<AppState>()?.db.clone(), id).await.map_err(|err| match err {
-            WatchError::NotFound => AppError::bad_input("id", "no inventory has this id").extend(),
-            WatchError::Db(err) => AppError::from(err).extend(),
-        })?;
+        let live = ctx.part::<Feed<InventoryRow>>()?;
+        let Some(changes) = ctx.part::<InventoryService>()?.watch(live, id).await.gql()? else {
+            return Err(AppError::bad_input("id", "no inventory has this id").extend());
+        };
         Ok(changes.map(Inventory).boxed())
     }
 }

@@ -1,26 +1,34 @@
 //! Inventory use cases: create and restock, and what their statements'
 //! results mean (a taken SKU is bad input; a restock that matched nothing is
-//! not found or a conflict). The SQL runs in `store.rs`.
+//! not found or a conflict); pages of inventories and of their ledger, and
+//! live changes. The SQL runs in `store.rs` and `movements.rs`.
 
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
 use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 
-use super::{InventoryRow, store};
+use super::{InventoryRow, movements, store};
 use crate::{
-    db::{Attempted, Collisions, DbFailure, classify},
+    app::AppState,
+    config::Limits,
+    db::{Collisions, DbFailure, classify},
     error::AppError,
+    live::{Feed, WatchError},
+    pagination::{Page, VersionCursor},
 };
 
-/// A new inventory at version 1 with its `CREATED` ledger entry. A taken SKU is bad input.
-pub async fn create(db: &DatabaseConnection, sku: &str, name: &str, stock: i32) -> Result<InventoryRow, AppError> {
-    match store::create(db, Uuid::new_v4(), sku, name, stock).await {
-        Ok(Some(row)) => Ok(row),
-        Ok(None) => Err(AppError::internal(anyhow::anyhow!("creating inventory {sku:?} returned no row"))),
-        Err(err) if matches!(classify(&err), DbFailure::UniqueViolation(_)) => {
-            Err(AppError::bad_input("input.sku", format!("an inventory with sku {sku:?} already exists")))
-        }
-        Err(err) => Err(err.into()),
-    }
+/// The inventory feature as the resolvers see it: one per server process,
+/// built by the composition root and handed to the schema as data.
+#[derive(Clone)]
+pub struct InventoryService {
+    /// The connection pool.
+    db: DatabaseConnection,
+    /// Re-runs collided statements.
+    collisions: Collisions,
+    /// The limits pages are checked against.
+    limits: Arc<Limits>,
 }
 
 /// How a restock ended.
@@ -39,29 +47,84 @@ pub enum RestockOutcome {
     NotFound,
 }
 
-/// Adds `quantity` units, optionally only if the row is still at `expected_version`.
-pub async fn restock(
-    db: &DatabaseConnection,
-    collisions: &Collisions,
-    id: Uuid,
-    quantity: i32,
-    expected_version: Option<i32>,
-) -> Result<RestockOutcome, AppError> {
-    let row = match store::restock(db, collisions, id, quantity, expected_version).await {
-        Ok(Attempted::Done(row)) => row,
-        Ok(Attempted::Exhausted { .. }) => None,
-        Err(err) if classify(&err) == DbFailure::OutOfRange => {
-            return Err(AppError::bad_input("input.quantity", "stock would exceed the largest storable amount"));
-        }
-        Err(err) => return Err(err.into()),
-    };
-    if let Some(row) = row {
-        return Ok(RestockOutcome::Restocked(row));
+impl InventoryService {
+    /// The service over `state`'s pool, collision policy and limits.
+    pub fn new(state: &AppState) -> Self {
+        Self { db: state.db.clone(), collisions: state.collisions.clone(), limits: state.limits.clone() }
     }
-    Ok(match store::find(db, id).await? {
-        None => RestockOutcome::NotFound,
-        Some(inventory) => {
-            RestockOutcome::Conflict { expected_version: expected_version.unwrap_or(inventory.version), inventory }
+
+    /// A new inventory at version 1 (see [`create`]).
+    pub async fn create(&self, sku: &str, name: &str, stock: i32) -> Result<InventoryRow, AppError> {
+        create(&self.db, sku, name, stock).await
+    }
+
+    /// Adds `quantity` units, optionally only if the row is still at
+    /// `expected_version`. When collision retries run out the answer is
+    /// `Conflict` with the latest row.
+    pub async fn restock(
+        &self,
+        id: Uuid,
+        quantity: i32,
+        expected_version: Option<i32>,
+    ) -> Result<RestockOutcome, AppError> {
+        let row = match store::restock(&self.db, &self.collisions, id, quantity, expected_version).await {
+            // Collision retries that ran out are answered as a stale
+            // version is: `Conflict` with the latest row.
+            Ok(attempted) => attempted.done().unwrap_or(None),
+            Err(err) if classify(&err) == DbFailure::OutOfRange => {
+                return Err(AppError::bad_input("input.quantity", "stock would exceed the largest storable amount"));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        if let Some(row) = row {
+            return Ok(RestockOutcome::Restocked(row));
         }
-    })
+        Ok(match store::find(&self.db, id).await? {
+            None => RestockOutcome::NotFound,
+            Some(inventory) => {
+                RestockOutcome::Conflict { expected_version: expected_version.unwrap_or(inventory.version), inventory }
+            }
+        })
+    }
+
+    /// One page of inventories, oldest first: `first` rows (checked against
+    /// the limits) after the cursor `after`, with one more when more follow.
+    pub async fn page(&self, first: Option<i32>, after: Option<&str>) -> Result<(Page, Vec<InventoryRow>), AppError> {
+        let page = Page::parse(first, after, self.limits.max_page_size)?;
+        Ok((page, store::page(&self.db, page).await?))
+    }
+
+    /// One page of inventory `id`'s ledger in version order, as [`Self::page`].
+    pub async fn movements(
+        &self,
+        id: Uuid,
+        first: Option<i32>,
+        after: Option<&str>,
+    ) -> Result<(Page<VersionCursor>, Vec<movements::Model>), AppError> {
+        let page = Page::parse(first, after, self.limits.max_page_size)?;
+        Ok((page, movements::page(&self.db, id, page).await?))
+    }
+
+    /// Every committed change of inventory `id` from now on (see
+    /// [`Feed::watch`]); none when no inventory has that id.
+    pub async fn watch(&self, live: &Feed<InventoryRow>, id: Uuid) -> Result<Option<BoxStream<'static, InventoryRow>>, AppError> {
+        match live.watch(self.db.clone(), id).await {
+            Ok(changes) => Ok(Some(changes)),
+            Err(WatchError::NotFound) => Ok(None),
+            Err(WatchError::Db(err)) => Err(err.into()),
+        }
+    }
+}
+
+/// A new inventory at version 1 with its `CREATED` ledger entry. A taken SKU
+/// is bad input. Also what `stockguard seed` runs, without a server.
+pub async fn create(db: &DatabaseConnection, sku: &str, name: &str, stock: i32) -> Result<InventoryRow, AppError> {
+    match store::create(db, Uuid::new_v4(), sku, name, stock).await {
+        Ok(Some(row)) => Ok(row),
+        Ok(None) => Err(AppError::internal(anyhow::anyhow!("creating inventory {sku:?} returned no row"))),
+        Err(err) if matches!(classify(&err), DbFailure::UniqueViolation(_)) => {
+            Err(AppError::bad_input("input.sku", format!("an inventory with sku {sku:?} already exists")))
+        }
+        Err(err) => Err(err.into()),
+    }
 }

@@ -6,7 +6,7 @@ use sea_orm::entity::prelude::*;
 
 /// Where an order is in its life.
 // It deserializes from the live-order trigger's JSON announcement of a row (`store::live_source`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, serde::Deserialize)]
 #[sea_orm(rs_type = "String", db_type = "Text")]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum OrderStatus {

@@ -1,8 +1,9 @@
-//! GraphQL types and resolvers for orders.
+//! GraphQL types and resolvers for orders; the members of their result
+//! unions are in `results`. Resolvers check the caller, parse the input and
+//! call the [`OrderService`].
 
 use async_graphql::{
-    Context, ErrorExtensions, ID, InputObject, Object, OutputType, SimpleObject, Subscription, Union,
-    dataloader::DataLoader,
+    Context, Enum, ErrorExtensions, ID, InputObject, Object, SimpleObject, Subscription, dataloader::DataLoader,
 };
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, stream::BoxStream};
@@ -10,28 +11,62 @@ use uuid::Uuid;
 
 use super::{
     domain::{self, Order as OrderValue},
-    entity::OrderStatus,
+    entity,
     loader::{OrderLinesLoader, OrderLoader},
-    service::{
-        self, AddressOutcome, CheckoutOutcome, PlaceOutcome, Transition, TransitionOutcome,
-        UnavailableReservationReason,
-    },
+    service::{AddressOutcome, CheckoutOutcome, OrderService, PlaceOutcome, Transition},
 };
 use crate::{
-    app::AppState,
     auth::User,
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Inventory, load as load_inventory},
     live::Feed,
     node,
-    pagination::{Connection, Cursor, Page, connection},
+    pagination::{self, Connection, Cursor, connection},
     reservations::{
         ReservationRow,
         graphql::{ItemsUnavailable, Reservation, ReserveItemInput},
     },
     telemetry, validate,
 };
+
+mod results;
+pub use results::*;
+
+/// Where an order is in its life.
+#[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderStatus {
+    /// Placed; may be confirmed, cancelled or edited.
+    Pending,
+    /// Confirmed by an operator; may be fulfilled, no longer cancelled.
+    Confirmed,
+    /// Cancelled; its stock went back. Final.
+    Cancelled,
+    /// Its units left the warehouse (operators). Final.
+    Fulfilled,
+}
+
+impl From<entity::OrderStatus> for OrderStatus {
+    fn from(status: entity::OrderStatus) -> Self {
+        match status {
+            entity::OrderStatus::Pending => Self::Pending,
+            entity::OrderStatus::Confirmed => Self::Confirmed,
+            entity::OrderStatus::Cancelled => Self::Cancelled,
+            entity::OrderStatus::Fulfilled => Self::Fulfilled,
+        }
+    }
+}
+
+impl From<OrderStatus> for entity::OrderStatus {
+    fn from(status: OrderStatus) -> Self {
+        match status {
+            OrderStatus::Pending => Self::Pending,
+            OrderStatus::Confirmed => Self::Confirmed,
+            OrderStatus::Cancelled => Self::Cancelled,
+            OrderStatus::Fulfilled => Self::Fulfilled,
+        }
+    }
+}
 
 /// An order as the API shows it.
 pub struct Order(pub OrderValue);
@@ -51,7 +86,7 @@ impl Order {
 
     /// Life-cycle state.
     async fn status(&self) -> OrderStatus {
-        self.0.status()
+        self.0.status().into()
     }
 
     /// The customer who placed it.
@@ -212,14 +247,6 @@ pub struct ChangeShippingAddressInput {
     pub shipping_address: ShippingAddressInput,
 }
 
-/// The order was placed: stock taken (or, for a checkout, kept from the
-/// cart), lines ORDERED.
-#[derive(SimpleObject)]
-pub struct OrderPlaced {
-    /// The order (for a replayed idempotency key: the first one, as it is now).
-    pub order: Order,
-}
-
 /// A cart to check out.
 #[derive(InputObject)]
 pub struct CheckoutInput {
@@ -233,192 +260,6 @@ pub struct CheckoutInput {
     pub idempotency_key: Option<String>,
 }
 
-/// A reservation of the cart that cannot be checked out.
-#[derive(SimpleObject)]
-pub struct UnavailableReservation {
-    /// The reservation the request named.
-    pub reservation_id: Uuid,
-    /// Why it cannot be checked out.
-    pub reason: UnavailableReservationReason,
-    /// Its latest state; null when NOT_FOUND (unknown, or someone else's).
-    pub reservation: Option<Reservation>,
-}
-
-/// Nothing was written: every reservation of the cart that cannot be
-/// checked out, and why.
-#[derive(SimpleObject)]
-pub struct ReservationsUnavailable {
-    /// Only the failing ones.
-    pub reservations: Vec<UnavailableReservation>,
-}
-
-/// How a checkout ended.
-#[derive(Union)]
-pub enum CheckoutResult {
-    /// The order was placed; its lines are the cart's reservations.
-    OrderPlaced(OrderPlaced),
-    /// Nothing was written.
-    ReservationsUnavailable(ReservationsUnavailable),
-}
-
-/// How `placeOrder` ended.
-#[derive(Union)]
-pub enum PlaceOrderResult {
-    /// Placed.
-    OrderPlaced(OrderPlaced),
-    /// Nothing was written.
-    ItemsUnavailable(ItemsUnavailable),
-}
-
-/// The order was confirmed.
-#[derive(SimpleObject)]
-pub struct OrderConfirmed {
-    /// The order, CONFIRMED.
-    pub order: Order,
-}
-
-/// The order was cancelled and its stock returned.
-#[derive(SimpleObject)]
-pub struct OrderCancelled {
-    /// The order, CANCELLED.
-    pub order: Order,
-}
-
-/// The order is not PENDING (e.g. already cancelled); nothing changed.
-#[derive(SimpleObject)]
-pub struct OrderCannotBeConfirmed {
-    /// The order as it is.
-    pub order: Order,
-}
-
-/// The order is not PENDING (e.g. already confirmed or fulfilled); nothing changed.
-#[derive(SimpleObject)]
-pub struct OrderCannotBeCancelled {
-    /// The order as it is.
-    pub order: Order,
-}
-
-/// The order's units left the warehouse.
-#[derive(SimpleObject)]
-pub struct OrderFulfilled {
-    /// The order, FULFILLED.
-    pub order: Order,
-}
-
-/// The order is not CONFIRMED (pending, cancelled or already fulfilled); nothing changed.
-#[derive(SimpleObject)]
-pub struct OrderCannotBeFulfilled {
-    /// The order as it is.
-    pub order: Order,
-}
-
-/// No order with this id is visible to the caller.
-#[derive(SimpleObject)]
-pub struct OrderNotFound {
-    /// The id that was asked for.
-    pub order_id: Uuid,
-}
-
-/// Every attempt lost a race with another writer, or the lock wait ran out;
-/// nothing changed. Safe to retry.
-#[derive(SimpleObject)]
-pub struct OrderModifiedConcurrently {
-    /// The order.
-    pub order_id: Uuid,
-    /// Attempts made.
-    pub attempts: i32,
-}
-
-/// How `confirmOrder` ended.
-#[derive(Union)]
-pub enum ConfirmOrderResult {
-    /// Confirmed.
-    OrderConfirmed(OrderConfirmed),
-    /// Not PENDING.
-    OrderCannotBeConfirmed(OrderCannotBeConfirmed),
-    /// Not found.
-    OrderNotFound(OrderNotFound),
-    /// Retries or lock wait exhausted.
-    OrderModifiedConcurrently(OrderModifiedConcurrently),
-}
-
-/// How `cancelOrder` ended.
-#[derive(Union)]
-pub enum CancelOrderResult {
-    /// Cancelled; stock returned.
-    OrderCancelled(OrderCancelled),
-    /// Not PENDING.
-    OrderCannotBeCancelled(OrderCannotBeCancelled),
-    /// Not found (or not the caller's).
-    OrderNotFound(OrderNotFound),
-    /// Retries or lock wait exhausted.
-    OrderModifiedConcurrently(OrderModifiedConcurrently),
-}
-
-/// How `fulfillOrder` ended.
-#[derive(Union)]
-pub enum FulfillOrderResult {
-    /// Fulfilled; the lines shipped.
-    OrderFulfilled(OrderFulfilled),
-    /// Not CONFIRMED.
-    OrderCannotBeFulfilled(OrderCannotBeFulfilled),
-    /// Not found.
-    OrderNotFound(OrderNotFound),
-    /// Retries or lock wait exhausted.
-    OrderModifiedConcurrently(OrderModifiedConcurrently),
-}
-
-/// A union that tells how a confirm, cancel or fulfilment ended: one member
-/// per [`TransitionOutcome`].
-trait TransitionResult: OutputType + From<OrderNotFound> + From<OrderModifiedConcurrently> {
-    /// Done; the order as saved.
-    fn done(order: Order) -> Self;
-    /// The order's status does not allow the change.
-    fn not_allowed(order: Order) -> Self;
-
-    /// The union member of `outcome` for order `id`.
-    fn of(outcome: TransitionOutcome, id: Uuid) -> Self {
-        match outcome {
-            TransitionOutcome::Done(order) => Self::done(Order(order)),
-            TransitionOutcome::NotAllowed(order) => Self::not_allowed(Order(order)),
-            TransitionOutcome::NotFound => Self::from(OrderNotFound { order_id: id }),
-            TransitionOutcome::ModifiedConcurrently { attempts } => {
-                Self::from(OrderModifiedConcurrently { order_id: id, attempts: attempts as i32 })
-            }
-        }
-    }
-}
-
-impl TransitionResult for ConfirmOrderResult {
-    fn done(order: Order) -> Self {
-        Self::OrderConfirmed(OrderConfirmed { order })
-    }
-
-    fn not_allowed(order: Order) -> Self {
-        Self::OrderCannotBeConfirmed(OrderCannotBeConfirmed { order })
-    }
-}
-
-impl TransitionResult for CancelOrderResult {
-    fn done(order: Order) -> Self {
-        Self::OrderCancelled(OrderCancelled { order })
-    }
-
-    fn not_allowed(order: Order) -> Self {
-        Self::OrderCannotBeCancelled(OrderCannotBeCancelled { order })
-    }
-}
-
-impl TransitionResult for FulfillOrderResult {
-    fn done(order: Order) -> Self {
-        Self::OrderFulfilled(OrderFulfilled { order })
-    }
-
-    fn not_allowed(order: Order) -> Self {
-        Self::OrderCannotBeFulfilled(OrderCannotBeFulfilled { order })
-    }
-}
-
 /// Runs a confirm, cancel or fulfilment for `user` and answers with its union member,
 /// counted under `field`.
 async fn transition<R: TransitionResult>(
@@ -428,47 +269,8 @@ async fn transition<R: TransitionResult>(
     transition: Transition,
     field: &'static str,
 ) -> GqlResult<R> {
-    let app = ctx.part::<AppState>()?;
-    let outcome = service::transition(&app.db, &app.limits, user, id, transition).await.gql()?;
+    let outcome = ctx.part::<OrderService>()?.transition(user, id, transition).await.gql()?;
     Ok(telemetry::counted(field, R::of(outcome, id)))
-}
-
-/// The address was changed.
-#[derive(SimpleObject)]
-pub struct ShippingAddressChanged {
-    /// The order as saved.
-    pub order: Order,
-}
-
-/// The order changed since the client saw it; nothing was written.
-#[derive(SimpleObject)]
-pub struct OrderVersionConflict {
-    /// The version the client sent.
-    pub expected_version: i32,
-    /// The order as it is now.
-    pub current: Order,
-    /// The address the client submitted, to show beside the current one.
-    pub submitted: ShippingAddress,
-}
-
-/// The order is no longer PENDING; nothing was written.
-#[derive(SimpleObject)]
-pub struct OrderNotEditable {
-    /// The order as it is.
-    pub order: Order,
-}
-
-/// How `changeShippingAddress` ended.
-#[derive(Union)]
-pub enum ChangeShippingAddressResult {
-    /// Changed.
-    ShippingAddressChanged(ShippingAddressChanged),
-    /// Stale `expectedVersion`.
-    OrderVersionConflict(OrderVersionConflict),
-    /// Not PENDING.
-    OrderNotEditable(OrderNotEditable),
-    /// Not found (or not the caller's).
-    OrderNotFound(OrderNotFound),
 }
 
 /// The order with `id` if the caller may see it (their own, or any for
@@ -501,15 +303,18 @@ impl OrderQuery {
     async fn orders(
         &self,
         ctx: &Context<'_>,
-        #[graphql(default = 20, desc = "Page size, 1 to the configured maximum (100).")] first: Option<i32>,
+        #[graphql(
+            default_with = "Some(pagination::DEFAULT_PAGE_SIZE)",
+            desc = "Page size, 1 to the server's maximum page size (STOCKGUARD_MAX_PAGE_SIZE)."
+        )]
+        first: Option<i32>,
         #[graphql(desc = "The `endCursor` of the previous page.")] after: Option<String>,
         #[graphql(desc = "Only orders in this status.")] status: Option<OrderStatus>,
     ) -> GqlResult<Connection<Cursor, Order>> {
         let user = ctx.user()?;
-        let app = ctx.part::<AppState>()?;
-        let page = Page::parse(first, after.as_deref(), app.limits.max_page_size).gql()?;
-        let owner = (!user.is_operator()).then_some(user.id.as_str());
-        let orders = super::store::page(&app.db, owner, status, page).await.gql()?;
+        let service = ctx.part::<OrderService>()?;
+        let status = status.map(entity::OrderStatus::from);
+        let (page, orders) = service.page(user, status, first, after.as_deref()).await.gql()?;
         Ok(connection(page, orders, |o| Cursor { created_at: o.created_at, id: o.id }, Order))
     }
 }
@@ -527,11 +332,11 @@ impl OrderMutation {
         #[graphql(desc = "The lines, the address and an optional idempotency key.")] input: PlaceOrderInput,
     ) -> GqlResult<PlaceOrderResult> {
         let user = ctx.user()?;
-        let app = ctx.part::<AppState>()?;
-        let lines = ReserveItemInput::merge(&input.items, app.limits.max_quantity).gql()?;
+        let service = ctx.part::<OrderService>()?;
+        let lines = ReserveItemInput::merge(&input.items, service.limits().max_quantity).gql()?;
         let address = input.shipping_address.parse("input.shippingAddress").gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
-        let outcome = service::place_order(&app.db, &app.collisions, &user.id, &lines, address, key).await.gql()?;
+        let outcome = service.place_order(&user.id, &lines, address, key).await.gql()?;
         Ok(telemetry::counted(
             "placeOrder",
             match outcome {
@@ -573,19 +378,11 @@ impl OrderMutation {
         input: ChangeShippingAddressInput,
     ) -> GqlResult<ChangeShippingAddressResult> {
         let user = ctx.user()?;
-        let app = ctx.part::<AppState>()?;
+        let service = ctx.part::<OrderService>()?;
         let address = input.shipping_address.parse("input.shippingAddress").gql()?;
         let submitted = ShippingAddress::from(&address);
-        let outcome = service::change_shipping_address(
-            &app.db,
-            &app.collisions,
-            user,
-            input.order_id,
-            input.expected_version,
-            address,
-        )
-        .await
-        .gql()?;
+        let outcome =
+            service.change_shipping_address(user, input.order_id, input.expected_version, address).await.gql()?;
         Ok(telemetry::counted(
             "changeShippingAddress",
             match outcome {
@@ -621,11 +418,11 @@ impl OrderMutation {
         #[graphql(desc = "The cart's reservations, the address and an optional idempotency key.")] input: CheckoutInput,
     ) -> GqlResult<CheckoutResult> {
         let user = ctx.user()?;
-        let app = ctx.part::<AppState>()?;
-        let cart = service::cart(&input.reservation_ids).gql()?;
+        let service = ctx.part::<OrderService>()?;
+        let cart = super::service::cart(&input.reservation_ids).gql()?;
         let address = input.shipping_address.parse("input.shippingAddress").gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
-        let outcome = service::checkout(&app.db, &app.collisions, &user.id, &cart, address, key).await.gql()?;
+        let outcome = service.checkout(&user.id, &cart, address, key).await.gql()?;
         Ok(telemetry::counted(
             "checkout",
             match outcome {
@@ -636,7 +433,7 @@ impl OrderMutation {
                             .into_iter()
                             .map(|u| UnavailableReservation {
                                 reservation_id: u.reservation_id,
-                                reason: u.reason,
+                                reason: u.reason.into(),
                                 reservation: u.reservation.map(Reservation),
                             })
                             .collect(),
@@ -678,14 +475,10 @@ impl OrderSubscription {
         let user = ctx.user()?;
         // The schema that serves introspection alone has no live feeds, and
         // runs no subscription.
-        let live = ctx
-            .data::<Feed<OrderValue>>()
-            .map_err(|_| AppError::internal(anyhow::anyhow!("the schema was built without live feeds")).extend())?;
-        let db = ctx.part::<AppState>()?.db.clone();
-        let Some(order) = super::store::find(&db, id).await.gql()?.filter(|order| user.may_see(&order.user_id)) else {
+        let live = ctx.part::<Feed<OrderValue>>()?;
+        let Some(changes) = ctx.part::<OrderService>()?.watch(live, user, id).await.gql()? else {
             return Err(AppError::bad_input("id", "no order has this id").extend());
         };
-        let changes = live.follow(db, &order).await.gql()?;
         Ok(changes.map(Order).boxed())
     }
 }

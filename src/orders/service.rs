@@ -6,25 +6,35 @@
 //! inside an outer transaction). Changing the address is based on what a
 //! person saw, so it is never retried: a stale version is reported with the
 //! current order. A checkout is one statement, re-run on collisions; when it
-//! wrote nothing, one read of the cart's latest rows says why.
+//! wrote nothing, one read of the cart's latest rows says why. Placing an
+//! order writes the order row and takes the stock of every line (the
+//! reservations' `take_every_line`) in one transaction: all or nothing.
+
+use std::sync::Arc;
 
 use chrono::Utc;
+use futures::stream::BoxStream;
 use sea_orm::{DatabaseConnection, DbErr, TransactionTrait};
 use uuid::Uuid;
 
 use super::{
     domain::{Order, ShippingAddress},
+    entity::OrderStatus,
     store,
 };
 use crate::{
+    app::AppState,
     auth::User,
     config::{Limits, OrderLocking},
-    db::{Attempted, Collisions, DbFailure, classify},
+    db::{Collisions, DbFailure, Exhausted, classify},
     error::AppError,
     idempotency::{self, Extra, Key, Part},
+    live::Feed,
+    pagination::Page,
     reservations::{
         ReservationRow, ReservationStatus,
-        multi_item::{self, MAX_LINES, Unavailable},
+        domain::{MAX_LINES, Unavailable, status_at},
+        service::{lines_in_conflict, multi_item_key, take_every_line},
         store as reservation_store,
     },
     stock::taking::{Line, Purpose},
@@ -33,6 +43,18 @@ use crate::{
 
 /// Attempts of a confirm or cancel before `OrderModifiedConcurrently`.
 pub const MAX_ATTEMPTS: u32 = 3;
+
+/// The orders feature as the resolvers see it: one per server process,
+/// built by the composition root and handed to the schema as data.
+#[derive(Clone)]
+pub struct OrderService {
+    /// The connection pool.
+    db: DatabaseConnection,
+    /// Re-runs collided statements.
+    collisions: Collisions,
+    /// The limits, the order locking mode and its lock timeout.
+    limits: Arc<Limits>,
+}
 
 /// How `placeOrder` ended.
 #[derive(Debug)]
@@ -43,42 +65,293 @@ pub enum PlaceOutcome {
     ItemsUnavailable(Vec<Unavailable>),
 }
 
-/// Takes the stock of every line, creates the order and its ORDERED
-/// reservations, all in one short transaction: all or nothing.
-pub async fn place_order(
-    db: &DatabaseConnection,
-    collisions: &Collisions,
-    user_id: &str,
-    lines: &[Line],
-    address: ShippingAddress,
-    idempotency_key: Option<String>,
-) -> Result<PlaceOutcome, AppError> {
-    let key = idempotency_key.map(|key| multi_item::key(key, "placeOrder", lines, fingerprinted(&address)));
-    if let Some(order) = replay(db, user_id, key.as_ref()).await? {
-        return Ok(PlaceOutcome::Placed(order));
+/// Why a reservation of a cart cannot be checked out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnavailableReservationReason {
+    /// No such reservation, or someone else's.
+    NotFound,
+    /// Past its expiry, whether or not the sweeper has returned its stock yet.
+    Expired,
+    /// Given back.
+    Released,
+    /// Already a line of an order (this one's, another checkout's, or a fulfilled one's).
+    Ordered,
+}
+
+/// A reservation of a cart that cannot be checked out, with its latest state.
+#[derive(Debug, Clone)]
+pub struct UnavailableReservation {
+    /// The reservation the request named.
+    pub reservation_id: Uuid,
+    /// Why.
+    pub reason: UnavailableReservationReason,
+    /// The latest committed row (none when not found).
+    pub reservation: Option<ReservationRow>,
+}
+
+/// How a checkout ended.
+#[derive(Debug)]
+pub enum CheckoutOutcome {
+    /// The order and its lines exist (now, or from the first request with this key).
+    Placed(Order),
+    /// Nothing was written; the reservations that could not be checked out.
+    ReservationsUnavailable(Vec<UnavailableReservation>),
+}
+
+/// A change of status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// PENDING → CONFIRMED (operators).
+    Confirm,
+    /// PENDING → CANCELLED, stock back.
+    Cancel,
+    /// CONFIRMED → FULFILLED (operators), the lines shipped.
+    Fulfil,
+}
+
+/// How a confirm, cancel or fulfilment ended.
+#[derive(Debug)]
+pub enum TransitionOutcome {
+    /// Done; the order as saved.
+    Done(Order),
+    /// The order's status does not allow it (no longer PENDING; for a
+    /// fulfilment, not CONFIRMED); as it is now.
+    NotAllowed(Order),
+    /// No such order visible to the caller.
+    NotFound,
+    /// Every attempt lost a race, or the lock wait ran out.
+    ModifiedConcurrently {
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+/// How `changeShippingAddress` ended.
+#[derive(Debug)]
+pub enum AddressOutcome {
+    /// Saved; the order as it is now.
+    Changed(Order),
+    /// The order is no longer at the expected version; nothing was written.
+    VersionConflict(Order),
+    /// The order is not PENDING; nothing was written.
+    NotEditable(Order),
+    /// No such order visible to the caller.
+    NotFound,
+}
+
+impl OrderService {
+    /// The service over `state`'s pool, collision policy and limits.
+    pub fn new(state: &AppState) -> Self {
+        Self { db: state.db.clone(), collisions: state.collisions.clone(), limits: state.limits.clone() }
     }
-    let run = || async {
-        let order = Order::place(Uuid::new_v4(), user_id.to_owned(), address.clone(), Utc::now());
-        let txn = db.begin().await?;
-        store::insert(&txn, &order).await?;
-        let taken = multi_item::take(&txn, user_id, lines, Purpose::Order(order.id), key.as_ref()).await?;
-        if taken.is_ok() {
-            txn.commit().await?;
+
+    /// The limits requests are checked against.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Takes the stock of every line, creates the order and its ORDERED
+    /// reservations, all in one short transaction: all or nothing. When
+    /// collision retries run out, every line is `CONFLICT`.
+    pub async fn place_order(
+        &self,
+        user_id: &str,
+        lines: &[Line],
+        address: ShippingAddress,
+        idempotency_key: Option<String>,
+    ) -> Result<PlaceOutcome, AppError> {
+        let Self { db, collisions, .. } = self;
+        let key = idempotency_key.map(|key| multi_item_key(key, "placeOrder", lines, fingerprinted(&address)));
+        if let Some(order) = replay(db, user_id, key.as_ref()).await? {
+            return Ok(PlaceOutcome::Placed(order));
         }
-        Ok(taken.map(|_| order))
-    };
-    match collisions.run(lines[0].inventory_id, run).await {
-        Ok(Attempted::Done(Ok(order))) => Ok(PlaceOutcome::Placed(order)),
-        Ok(Attempted::Done(Err(unavailable))) => Ok(PlaceOutcome::ItemsUnavailable(unavailable)),
-        Ok(Attempted::Exhausted { .. }) => {
-            Ok(PlaceOutcome::ItemsUnavailable(multi_item::all_in_conflict(db, lines).await?))
+        let run = || async {
+            let order = Order::place(Uuid::new_v4(), user_id.to_owned(), address.clone(), Utc::now());
+            let txn = db.begin().await?;
+            store::insert(&txn, &order).await?;
+            let taken = take_every_line(&txn, user_id, lines, Purpose::Order(order.id), key.as_ref()).await?;
+            if taken.is_ok() {
+                txn.commit().await?;
+            }
+            Ok(taken.map(|_| order))
+        };
+        let placed = match collisions.run(lines[0].inventory_id, run).await {
+            Ok(attempted) => attempted.done(),
+            // The key's first request committed while this one waited.
+            Err(err) if idempotency::is_taken(&err) => {
+                return replay(db, user_id, key.as_ref())
+                    .await?
+                    .map(PlaceOutcome::Placed)
+                    .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no order")));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        Ok(match placed {
+            Ok(Ok(order)) => PlaceOutcome::Placed(order),
+            Ok(Err(unavailable)) => PlaceOutcome::ItemsUnavailable(unavailable),
+            Err(Exhausted { .. }) => PlaceOutcome::ItemsUnavailable(lines_in_conflict(db, lines).await?),
+        })
+    }
+
+    /// Checks out the caller's cart (`cart` made `reservation_ids`) into one
+    /// new PENDING order, all or nothing, without moving stock (see
+    /// [`store::checkout`]). When collision retries run out nothing was
+    /// judged, so no line can be named unavailable: the answer is the
+    /// retryable `DATABASE_UNAVAILABLE`.
+    pub async fn checkout(
+        &self,
+        user_id: &str,
+        reservation_ids: &[Uuid],
+        address: ShippingAddress,
+        idempotency_key: Option<String>,
+    ) -> Result<CheckoutOutcome, AppError> {
+        let Self { db, collisions, .. } = self;
+        let key = idempotency_key.map(|key| Key::checkout(key, reservation_ids, fingerprinted(&address)));
+        if let Some(order) = replay(db, user_id, key.as_ref()).await? {
+            return Ok(CheckoutOutcome::Placed(order));
         }
-        // The key's first request committed while this one waited.
-        Err(err) if idempotency::is_taken(&err) => replay(db, user_id, key.as_ref())
-            .await?
-            .map(PlaceOutcome::Placed)
-            .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no order"))),
-        Err(err) => Err(err.into()),
+        let order = Order::place(Uuid::new_v4(), user_id.to_owned(), address, Utc::now());
+        let run = || store::checkout(db, &order, reservation_ids, key.as_ref());
+        let lines = match collisions.run(reservation_ids[0], run).await {
+            Ok(attempted) => attempted.done()?,
+            // The key was claimed first by a request that has committed.
+            Err(err) if idempotency::is_taken(&err) => {
+                return replay(db, user_id, key.as_ref())
+                    .await?
+                    .map(CheckoutOutcome::Placed)
+                    .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no order")));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        if !lines.is_empty() {
+            if lines.len() != reservation_ids.len() {
+                return Err(AppError::internal(anyhow::anyhow!(
+                    "a checkout wrote {} of a cart's {} lines",
+                    lines.len(),
+                    reservation_ids.len()
+                )));
+            }
+            return Ok(CheckoutOutcome::Placed(order));
+        }
+        // Nothing written. A concurrent replay of this key that won must get
+        // the first order, not the lines it has just ordered reported as ORDERED.
+        if let Some(first) = replay(db, user_id, key.as_ref()).await? {
+            return Ok(CheckoutOutcome::Placed(first));
+        }
+        let unavailable = unavailable_reservations(db, user_id, reservation_ids).await?;
+        if !unavailable.is_empty() {
+            return Ok(CheckoutOutcome::ReservationsUnavailable(unavailable));
+        }
+        // The statement judged every line as it committed and no line becomes
+        // available again, so one that wrote nothing names one that is not.
+        tracing::error!("a checkout that ran wrote nothing, yet every line is available");
+        Err(AppError::DatabaseUnavailable)
+    }
+
+    /// Confirms, cancels or fulfils, re-reading and retrying on a lost race
+    /// (at most [`MAX_ATTEMPTS`], then `ModifiedConcurrently`).
+    pub async fn transition(
+        &self,
+        user: &User,
+        id: Uuid,
+        transition: Transition,
+    ) -> Result<TransitionOutcome, AppError> {
+        let Self { db, limits, .. } = self;
+        for attempt in 1..=MAX_ATTEMPTS {
+            match attempt_transition(db, limits, user, id, transition).await {
+                Ok(Attempt::Finished(outcome)) => return Ok(outcome),
+                Ok(Attempt::LostRace) => {
+                    tracing::debug!(attempt, %id, "order modified concurrently, retrying");
+                    telemetry::collision_retry("order_version");
+                }
+                Err(err) => match classify(&err) {
+                    failure if failure.is_collision() => {
+                        tracing::debug!(attempt, %id, ?failure, "collision, retrying");
+                        telemetry::db_failure(failure.label());
+                        telemetry::collision_retry("transaction");
+                    }
+                    // The lock wait ran out: someone holds the order; report, do not queue.
+                    failure @ (DbFailure::LockNotAvailable | DbFailure::StatementTimeout)
+                        if limits.order_locking == OrderLocking::Pessimistic =>
+                    {
+                        telemetry::db_failure(failure.label());
+                        return Ok(TransitionOutcome::ModifiedConcurrently { attempts: attempt });
+                    }
+                    _ => return Err(err.into()),
+                },
+            }
+        }
+        Ok(TransitionOutcome::ModifiedConcurrently { attempts: MAX_ATTEMPTS })
+    }
+
+    /// Changes the address only if the order is still at `expected_version`.
+    /// Never retried: a stale screen must be shown the current order. When
+    /// collision retries run out the answer is the order as it is now, as
+    /// for a lost race: `VersionConflict` (`NotEditable` once not PENDING).
+    pub async fn change_shipping_address(
+        &self,
+        user: &User,
+        id: Uuid,
+        expected_version: i32,
+        address: ShippingAddress,
+    ) -> Result<AddressOutcome, AppError> {
+        let Self { db, collisions, .. } = self;
+        // Only the customer edits their order's address; to anyone else it is absent.
+        let Some(current) = store::find(db, id).await?.filter(|order| order.user_id == user.id) else {
+            return Ok(AddressOutcome::NotFound);
+        };
+        if current.version != expected_version {
+            return Ok(AddressOutcome::VersionConflict(current));
+        }
+        let mut changed = current.clone();
+        if changed.change_shipping_address(address).is_err() {
+            return Ok(AddressOutcome::NotEditable(current));
+        }
+        // Re-running `save` after a collision is safe: the version condition
+        // still guards what the user saw. Retries that ran out are answered
+        // as a lost race: the order as it is now.
+        let saved = collisions.run(id, || store::save(db, &changed, expected_version)).await?.done().unwrap_or(false);
+        if saved {
+            changed.version = expected_version + 1;
+            return Ok(AddressOutcome::Changed(changed));
+        }
+        let latest =
+            store::find(db, id).await?.ok_or_else(|| AppError::internal(anyhow::anyhow!("order {id} vanished")))?;
+        Ok(if latest.status() == OrderStatus::Pending {
+            AddressOutcome::VersionConflict(latest)
+        } else {
+            AddressOutcome::NotEditable(latest)
+        })
+    }
+
+    /// One page of orders, oldest first, `first` rows after the cursor
+    /// `after` (checked against the limits): `user`'s own, or all for
+    /// operators; only `status` when given. The rows, with one more when
+    /// more follow.
+    pub async fn page(
+        &self,
+        user: &User,
+        status: Option<OrderStatus>,
+        first: Option<i32>,
+        after: Option<&str>,
+    ) -> Result<(Page, Vec<Order>), AppError> {
+        let page = Page::parse(first, after, self.limits.max_page_size)?;
+        let owner = (!user.is_operator()).then_some(user.id.as_str());
+        Ok((page, store::page(&self.db, owner, status, page).await?))
+    }
+
+    /// Every committed change of order `id` from now on, if `user` may see
+    /// it (see [`Live::watch_order`]); none when not.
+    pub async fn watch(
+        &self,
+        live: &Feed<Order>,
+        user: &User,
+        id: Uuid,
+    ) -> Result<Option<BoxStream<'static, Order>>, AppError> {
+        let Some(order) = store::find(&self.db, id).await?.filter(|order| user.may_see(&order.user_id)) else {
+            return Ok(None);
+        };
+        Ok(Some(live.follow(self.db.clone(), &order).await?))
     }
 }
 
@@ -135,98 +408,6 @@ pub fn cart(reservation_ids: &[Uuid]) -> Result<Vec<Uuid>, AppError> {
     }
 }
 
-/// Why a reservation of a cart cannot be checked out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, async_graphql::Enum)]
-pub enum UnavailableReservationReason {
-    /// No such reservation, or someone else's.
-    NotFound,
-    /// Past its expiry, whether or not the sweeper has returned its stock yet.
-    Expired,
-    /// Given back.
-    Released,
-    /// Already a line of an order (this one's, another checkout's, or a fulfilled one's).
-    Ordered,
-}
-
-/// A reservation of a cart that cannot be checked out, with its latest state.
-#[derive(Debug, Clone)]
-pub struct UnavailableReservation {
-    /// The reservation the request named.
-    pub reservation_id: Uuid,
-    /// Why.
-    pub reason: UnavailableReservationReason,
-    /// The latest committed row (none when not found).
-    pub reservation: Option<ReservationRow>,
-}
-
-/// How a checkout ended.
-#[derive(Debug)]
-pub enum CheckoutOutcome {
-    /// The order and its lines exist (now, or from the first request with this key).
-    Placed(Order),
-    /// Nothing was written; the reservations that could not be checked out.
-    ReservationsUnavailable(Vec<UnavailableReservation>),
-}
-
-/// Checks out the caller's cart (`cart` made `reservation_ids`) into one new
-/// PENDING order, all or nothing, without moving stock (see
-/// [`store::checkout`]).
-pub async fn checkout(
-    db: &DatabaseConnection,
-    collisions: &Collisions,
-    user_id: &str,
-    reservation_ids: &[Uuid],
-    address: ShippingAddress,
-    idempotency_key: Option<String>,
-) -> Result<CheckoutOutcome, AppError> {
-    let key = idempotency_key.map(|key| Key::checkout(key, reservation_ids, fingerprinted(&address)));
-    if let Some(order) = replay(db, user_id, key.as_ref()).await? {
-        return Ok(CheckoutOutcome::Placed(order));
-    }
-    let order = Order::place(Uuid::new_v4(), user_id.to_owned(), address, Utc::now());
-    let run = || store::checkout(db, &order, reservation_ids, key.as_ref());
-    let attempted = match collisions.run(reservation_ids[0], run).await {
-        Ok(attempted) => attempted,
-        // The key was claimed first by a request that has committed.
-        Err(err) if idempotency::is_taken(&err) => {
-            return replay(db, user_id, key.as_ref())
-                .await?
-                .map(CheckoutOutcome::Placed)
-                .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no order")));
-        }
-        Err(err) => return Err(err.into()),
-    };
-    if let Attempted::Done(lines) = &attempted
-        && !lines.is_empty()
-    {
-        if lines.len() != reservation_ids.len() {
-            return Err(AppError::internal(anyhow::anyhow!(
-                "a checkout wrote {} of a cart's {} lines",
-                lines.len(),
-                reservation_ids.len()
-            )));
-        }
-        return Ok(CheckoutOutcome::Placed(order));
-    }
-    // Nothing written. A concurrent replay of this key that won must get the
-    // first order, not the lines it has just ordered reported as ORDERED.
-    if let Some(first) = replay(db, user_id, key.as_ref()).await? {
-        return Ok(CheckoutOutcome::Placed(first));
-    }
-    let unavailable = unavailable_reservations(db, user_id, reservation_ids).await?;
-    if !unavailable.is_empty() {
-        return Ok(CheckoutOutcome::ReservationsUnavailable(unavailable));
-    }
-    // Every line is available now, yet nothing was written: only collisions
-    // that ran out do that (a statement that ran judged every line as it
-    // committed, and no line becomes available again). The client may retry.
-    match attempted {
-        Attempted::Exhausted { attempts } => tracing::warn!(attempts, "checkout collisions exhausted"),
-        Attempted::Done(_) => tracing::error!("a checkout that ran wrote nothing, yet every line is available"),
-    }
-    Err(AppError::DatabaseUnavailable)
-}
-
 /// Every reservation of the cart that cannot be checked out now, with why,
 /// from one read of the latest rows.
 async fn unavailable_reservations(
@@ -241,13 +422,12 @@ async fn unavailable_reservations(
         .filter_map(|&reservation_id| {
             // Someone else's reservation reads as absent, so ids do not leak.
             let row = rows.iter().find(|row| row.id == reservation_id && row.user_id == user_id);
-            let reason = match row.map(|row| (row.status, row.expires_at)) {
+            let reason = match row.map(|row| status_at(row, now)) {
                 None => UnavailableReservationReason::NotFound,
-                Some((ReservationStatus::Active, Some(at))) if at <= now => UnavailableReservationReason::Expired,
-                Some((ReservationStatus::Active, _)) => return None,
-                Some((ReservationStatus::Expired, _)) => UnavailableReservationReason::Expired,
-                Some((ReservationStatus::Released, _)) => UnavailableReservationReason::Released,
-                Some((ReservationStatus::Ordered | ReservationStatus::Fulfilled, _)) => {
+                Some(ReservationStatus::Active) => return None,
+                Some(ReservationStatus::Expired) => UnavailableReservationReason::Expired,
+                Some(ReservationStatus::Released) => UnavailableReservationReason::Released,
+                Some(ReservationStatus::Ordered | ReservationStatus::Fulfilled) => {
                     UnavailableReservationReason::Ordered
                 }
             };
@@ -256,75 +436,12 @@ async fn unavailable_reservations(
         .collect())
 }
 
-/// A change of status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
-    /// PENDING → CONFIRMED (operators).
-    Confirm,
-    /// PENDING → CANCELLED, stock back.
-    Cancel,
-    /// CONFIRMED → FULFILLED (operators), the lines shipped.
-    Fulfil,
-}
-
-/// How a confirm, cancel or fulfilment ended.
-#[derive(Debug)]
-pub enum TransitionOutcome {
-    /// Done; the order as saved.
-    Done(Order),
-    /// The order's status does not allow it (no longer PENDING; for a
-    /// fulfilment, not CONFIRMED); as it is now.
-    NotAllowed(Order),
-    /// No such order visible to the caller.
-    NotFound,
-    /// Every attempt lost a race, or the lock wait ran out.
-    ModifiedConcurrently {
-        /// Attempts made.
-        attempts: u32,
-    },
-}
-
 /// How one attempt of a confirm, cancel or fulfilment ended.
 enum Attempt {
     /// With an outcome to report.
     Finished(TransitionOutcome),
     /// Another writer saved the order after this attempt read it.
     LostRace,
-}
-
-/// Confirms, cancels or fulfils, re-reading and retrying on a lost race.
-pub async fn transition(
-    db: &DatabaseConnection,
-    limits: &Limits,
-    user: &User,
-    id: Uuid,
-    transition: Transition,
-) -> Result<TransitionOutcome, AppError> {
-    for attempt in 1..=MAX_ATTEMPTS {
-        match attempt_transition(db, limits, user, id, transition).await {
-            Ok(Attempt::Finished(outcome)) => return Ok(outcome),
-            Ok(Attempt::LostRace) => {
-                tracing::debug!(attempt, %id, "order modified concurrently, retrying");
-                telemetry::collision_retry("order_version");
-            }
-            Err(err) => match classify(&err) {
-                failure if failure.is_collision() => {
-                    tracing::debug!(attempt, %id, ?failure, "collision, retrying");
-                    telemetry::db_failure(failure.label());
-                    telemetry::collision_retry("transaction");
-                }
-                // The lock wait ran out: someone holds the order; report, do not queue.
-                failure @ (DbFailure::LockNotAvailable | DbFailure::StatementTimeout)
-                    if limits.order_locking == OrderLocking::Pessimistic =>
-                {
-                    telemetry::db_failure(failure.label());
-                    return Ok(TransitionOutcome::ModifiedConcurrently { attempts: attempt });
-                }
-                _ => return Err(err.into()),
-            },
-        }
-    }
-    Ok(TransitionOutcome::ModifiedConcurrently { attempts: MAX_ATTEMPTS })
 }
 
 async fn attempt_transition(
@@ -368,59 +485,6 @@ async fn attempt_transition(
     Ok(Attempt::Finished(TransitionOutcome::Done(order)))
 }
 
-/// How `changeShippingAddress` ended.
-#[derive(Debug)]
-pub enum AddressOutcome {
-    /// Saved; the order as it is now.
-    Changed(Order),
-    /// The order is no longer at the expected version; nothing was written.
-    VersionConflict(Order),
-    /// The order is not PENDING; nothing was written.
-    NotEditable(Order),
-    /// No such order visible to the caller.
-    NotFound,
-}
-
-/// Changes the address only if the order is still at `expected_version`.
-/// Never retried: a stale screen must be shown the current order.
-pub async fn change_shipping_address(
-    db: &DatabaseConnection,
-    collisions: &Collisions,
-    user: &User,
-    id: Uuid,
-    expected_version: i32,
-    address: ShippingAddress,
-) -> Result<AddressOutcome, AppError> {
-    // Only the customer edits their order's address; to anyone else it is absent.
-    let Some(current) = store::find(db, id).await?.filter(|order| order.user_id == user.id) else {
-        return Ok(AddressOutcome::NotFound);
-    };
-    if current.version != expected_version {
-        return Ok(AddressOutcome::VersionConflict(current));
-    }
-    let mut changed = current.clone();
-    if changed.change_shipping_address(address).is_err() {
-        return Ok(AddressOutcome::NotEditable(current));
-    }
-    // Re-running `save` after a collision is safe: the version condition
-    // still guards what the user saw.
-    let saved = match collisions.run(id, || store::save(db, &changed, expected_version)).await? {
-        Attempted::Done(saved) => saved,
-        Attempted::Exhausted { .. } => false,
-    };
-    if saved {
-        changed.version = expected_version + 1;
-        return Ok(AddressOutcome::Changed(changed));
-    }
-    let latest =
-        store::find(db, id).await?.ok_or_else(|| AppError::internal(anyhow::anyhow!("order {id} vanished")))?;
-    Ok(if latest.status() == super::entity::OrderStatus::Pending {
-        AddressOutcome::VersionConflict(latest)
-    } else {
-        AddressOutcome::NotEditable(latest)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,7 +505,8 @@ mod tests {
         );
         let with_line2 = ShippingAddress { line2: Some("Floor \"2\"".into()), ..address.clone() };
         assert_eq!(fingerprinted(&with_line2).legacy, format!("{with_line2:?}"), "as Debug wrote it");
-        let Part::Record(fields) = &fingerprinted(&address).fields[0].1 else { panic!("a record") };
+        let extra = fingerprinted(&address);
+        let Part::Record(fields) = &extra.fields[0].1 else { panic!("a record") };
         let names: Vec<&str> = fields.iter().map(|(name, _)| *name).collect();
         assert_eq!(names, ["name", "line1", "line2", "city", "postalCode", "country"]);
     }

@@ -12,7 +12,8 @@
 //! when `backlog` callers wait: on a catalogue, where every caller's
 //! inventory is idle, opening a lane per caller would make many small
 //! statements where one larger one costs the database far less per
-//! reservation (bench/results/decisions.md). A batch is one statement that
+//! reservation (bench/results/decisions.md, "Lanes: open one beside a
+//! running one only for a backlog"). A batch is one statement that
 //! locks the batch's inventories in id order, grants each inventory's
 //! callers in arrival order against its locked stock, writes every granted
 //! reservation and ledger row, and answers each caller as if it had run
@@ -51,7 +52,7 @@ use super::{
     store,
 };
 use crate::{
-    db::{Attempted, Collisions, DbFailure, StatementPool, classify},
+    db::{Attempted, Collisions, DbFailure, Exhausted, StatementPool, classify},
     error::AppError,
     idempotency::{self, Key},
     stock::taking::{CoalescedReserve, Turn},
@@ -318,16 +319,18 @@ impl Coalescer {
             expected_versions: &expected_versions,
             ttl_secs: &ttl_secs,
         };
-        let turns = match store::reserve_coalesced(&self.statements, &self.collisions, &reserve).await {
-            Ok(Attempted::Done(turns)) if turns.len() == batch.len() => turns,
-            Ok(Attempted::Done(turns)) => {
+        let turns = match store::reserve_coalesced(&self.statements, &self.collisions, &reserve)
+            .await
+            .map(Attempted::done)
+        {
+            Ok(Ok(turns)) if turns.len() == batch.len() => turns,
+            Ok(Ok(turns)) => {
                 tracing::error!(callers = batch.len(), turns = turns.len(), "coalesced reserve answered short");
                 return self.each_alone(batch, false).await;
             }
-            Ok(Attempted::Exhausted { attempts }) => {
-                tracing::warn!(attempts, callers = batch.len(), "coalesced reserve collisions exhausted");
-                return self.each_alone(batch, false).await;
-            }
+            // Each caller alone has its own retries, and when those run out
+            // too its answer as alone (`Conflict`, see `not_taken`).
+            Ok(Err(Exhausted { .. })) => return self.each_alone(batch, false).await,
             // The database is out of reach: each caller alone would only
             // wait for it again, so all fail now (and may retry).
             Err(err) if classify(&err) == DbFailure::Unavailable => {

@@ -1,36 +1,79 @@
-//! GraphQL types and resolvers for reservations.
+//! GraphQL types and resolvers for reservations. Resolvers check the caller,
+//! parse the input and call the [`ReservationService`].
 
-use async_graphql::{Context, ErrorExtensions, ID, InputObject, Object, SimpleObject, Union, dataloader::DataLoader};
+use async_graphql::{
+    Context, Enum, ErrorExtensions, ID, InputObject, Object, SimpleObject, Union, dataloader::DataLoader,
+};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{
-    ReservationRow, ReservationStatus,
+    ReservationRow,
+    domain::{self, LineInput, Unavailable},
     loader::ReservationLoader,
-    multi_item::{self, LineInput, Unavailable, UnavailableReason},
     service::{
         ChangeOutcome, ExtendOutcome, ReleaseOutcome, ReservationService, ReserveManyOutcome, ReserveOutcome,
         ReserveRequest,
     },
-    store,
 };
 use crate::{
-    app::AppState,
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Conflict, Inventory, InventoryNotFound, load as load_inventory},
     node,
-    pagination::{Connection, Cursor, Page, connection},
+    pagination::{self, Connection, Cursor, connection},
+    reservations,
     stock::taking::Line,
     telemetry, validate,
 };
 
-/// The reservation service the schema was built with. Only the schema that
-/// serves introspection alone is built without it, and no resolver runs there.
-fn service<'a>(ctx: &Context<'a>) -> GqlResult<&'a ReservationService> {
-    ctx.data::<ReservationService>().map_err(|_| {
-        AppError::internal(anyhow::anyhow!("the schema was built without the reservation service")).extend()
-    })
+/// Where a reservation is in its life.
+#[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReservationStatus {
+    /// Holds stock for the user.
+    Active,
+    /// Given back by the user or an operator; its stock was returned.
+    Released,
+    /// Ran past `expiresAt`; its stock was returned.
+    Expired,
+    /// A line of an order; holds stock until the order is cancelled or fulfilled.
+    Ordered,
+    /// A line of a fulfilled order: its units have left the warehouse. Final.
+    Fulfilled,
+}
+
+impl From<reservations::ReservationStatus> for ReservationStatus {
+    fn from(status: reservations::ReservationStatus) -> Self {
+        use reservations::ReservationStatus as Row;
+        match status {
+            Row::Active => Self::Active,
+            Row::Released => Self::Released,
+            Row::Expired => Self::Expired,
+            Row::Ordered => Self::Ordered,
+            Row::Fulfilled => Self::Fulfilled,
+        }
+    }
+}
+
+/// Why a line could not be served.
+#[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnavailableReason {
+    /// Not enough stock.
+    SoldOut,
+    /// The row is no longer at the expected version.
+    Conflict,
+    /// No inventory has that id.
+    NotFound,
+}
+
+impl From<domain::UnavailableReason> for UnavailableReason {
+    fn from(reason: domain::UnavailableReason) -> Self {
+        match reason {
+            domain::UnavailableReason::SoldOut => Self::SoldOut,
+            domain::UnavailableReason::Conflict => Self::Conflict,
+            domain::UnavailableReason::NotFound => Self::NotFound,
+        }
+    }
 }
 
 /// A reservation row as the API shows it.
@@ -69,10 +112,7 @@ impl Reservation {
     /// Life-cycle state. An ACTIVE reservation past its `expiresAt` reads as
     /// EXPIRED at once, even before the sweeper has returned its stock.
     async fn status(&self) -> ReservationStatus {
-        match (self.0.status, self.0.expires_at) {
-            (ReservationStatus::Active, Some(at)) if at <= Utc::now() => ReservationStatus::Expired,
-            (status, _) => status,
-        }
+        domain::status_at(&self.0, Utc::now()).into()
     }
 
     /// When the stock was taken.
@@ -91,7 +131,7 @@ impl Reservation {
 pub struct ReserveInput {
     /// The inventory to take from.
     pub inventory_id: Uuid,
-    /// Units, 1 to the configured maximum (1000).
+    /// Units, 1 to the server's maximum quantity (STOCKGUARD_MAX_QUANTITY).
     #[graphql(default = 1)]
     pub quantity: i32,
     /// The version the client saw. Given: optimistic check (version AND stock).
@@ -179,13 +219,16 @@ impl ReservationQuery {
     async fn my_reservations(
         &self,
         ctx: &Context<'_>,
-        #[graphql(default = 20, desc = "Page size, 1 to the configured maximum (100).")] first: Option<i32>,
+        #[graphql(
+            default_with = "Some(pagination::DEFAULT_PAGE_SIZE)",
+            desc = "Page size, 1 to the server's maximum page size (STOCKGUARD_MAX_PAGE_SIZE)."
+        )]
+        first: Option<i32>,
         #[graphql(desc = "The `endCursor` of the previous page.")] after: Option<String>,
     ) -> GqlResult<Connection<Cursor, Reservation>> {
         let user = ctx.user()?;
-        let app = ctx.part::<AppState>()?;
-        let page = Page::parse(first, after.as_deref(), app.limits.max_page_size).gql()?;
-        let rows = store::page_for_user(&app.db, &user.id, page).await.gql()?;
+        let service = ctx.part::<ReservationService>()?;
+        let (page, rows) = service.page(&user.id, first, after.as_deref()).await.gql()?;
         Ok(connection(page, rows, |row| Cursor { created_at: row.created_at, id: row.id }, Reservation))
     }
 }
@@ -204,16 +247,17 @@ impl ReservationMutation {
         #[graphql(desc = "What to take, and how to guard it.")] input: ReserveInput,
     ) -> GqlResult<ReserveResult> {
         let user = ctx.user()?;
-        let app = ctx.part::<AppState>()?;
+        let service = ctx.part::<ReservationService>()?;
+        let limits = service.limits();
         let request = ReserveRequest {
             inventory_id: input.inventory_id,
-            quantity: validate::quantity("input.quantity", input.quantity, app.limits.max_quantity).gql()?,
+            quantity: validate::quantity("input.quantity", input.quantity, limits.max_quantity).gql()?,
             expected_version: input.expected_version,
             idempotency_key: validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref())
                 .gql()?,
-            ttl_secs: app.limits.reservation_ttl_secs,
+            ttl_secs: limits.reservation_ttl_secs,
         };
-        let outcome = service(ctx)?.reserve(&user.id, &request).await.gql()?;
+        let outcome = service.reserve(&user.id, &request).await.gql()?;
         Ok(telemetry::counted("reserve", ReserveResult::from_outcome(outcome, request.inventory_id)))
     }
 
@@ -225,11 +269,11 @@ impl ReservationMutation {
         #[graphql(desc = "The lines, and an optional idempotency key.")] input: ReserveManyInput,
     ) -> GqlResult<ReserveManyResult> {
         let user = ctx.user()?;
-        let app = ctx.part::<AppState>()?;
-        let lines = ReserveItemInput::merge(&input.items, app.limits.max_quantity).gql()?;
+        let service = ctx.part::<ReservationService>()?;
+        let lines = ReserveItemInput::merge(&input.items, service.limits().max_quantity).gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
-        let ttl = app.limits.reservation_ttl_secs;
-        let outcome = service(ctx)?.reserve_many(&user.id, &lines, key, ttl).await.gql()?;
+        let ttl = service.limits().reservation_ttl_secs;
+        let outcome = service.reserve_many(&user.id, &lines, key, ttl).await.gql()?;
         Ok(telemetry::counted(
             "reserveMany",
             match outcome {
@@ -253,7 +297,7 @@ impl ReservationMutation {
         let user = ctx.user()?;
         Ok(telemetry::counted(
             "releaseReservation",
-            match service(ctx)?.release(id, &user.id).await.gql()? {
+            match ctx.part::<ReservationService>()?.release(id, &user.id).await.gql()? {
                 ReleaseOutcome::Released { reservation, inventory } => {
                     ReleaseResult::ReservationReleased(ReservationReleased {
                         reservation: Reservation(reservation),
@@ -271,20 +315,24 @@ impl ReservationMutation {
     }
 
     /// Moves one of the caller's ACTIVE reservations' expiry `seconds` later,
-    /// never further than the configured maximum (1 h) from now.
+    /// never further from now than the server's maximum reservation lifetime
+    /// (STOCKGUARD_MAX_RESERVATION_TTL_SECS).
     async fn extend_reservation(
         &self,
         ctx: &Context<'_>,
         #[graphql(desc = "The reservation's id.")] id: Uuid,
-        #[graphql(desc = "Seconds to add to its expiry, 1 to the configured maximum (3600).")] seconds: i32,
+        #[graphql(
+            desc = "Seconds to add to its expiry, 1 to the server's maximum reservation lifetime (STOCKGUARD_MAX_RESERVATION_TTL_SECS)."
+        )]
+        seconds: i32,
     ) -> GqlResult<ExtendResult> {
         let user = ctx.user()?;
-        let app = ctx.part::<AppState>()?;
-        let max = app.limits.max_reservation_ttl_secs;
+        let service = ctx.part::<ReservationService>()?;
+        let max = service.limits().max_reservation_ttl_secs;
         let seconds = validate::within("seconds", seconds, 1..=max).gql()?;
         Ok(telemetry::counted(
             "extendReservation",
-            match service(ctx)?.extend(id, &user.id, seconds, max).await.gql()? {
+            match service.extend(id, &user.id, seconds, max).await.gql()? {
                 ExtendOutcome::Extended(reservation) => {
                     ExtendResult::ReservationExtended(ReservationExtended { reservation: Reservation(reservation) })
                 }
@@ -309,12 +357,12 @@ impl ReservationMutation {
         #[graphql(desc = "The reservation and its new quantity.")] input: ChangeReservationQuantityInput,
     ) -> GqlResult<ChangeReservationQuantityResult> {
         let user = ctx.user()?;
-        let app = ctx.part::<AppState>()?;
-        let quantity = validate::quantity("input.quantity", input.quantity, app.limits.max_quantity).gql()?;
+        let service = ctx.part::<ReservationService>()?;
+        let quantity = validate::quantity("input.quantity", input.quantity, service.limits().max_quantity).gql()?;
         let id = input.reservation_id;
         Ok(telemetry::counted(
             "changeReservationQuantity",
-            match service(ctx)?.change_quantity(id, &user.id, quantity).await.gql()? {
+            match service.change_quantity(id, &user.id, quantity).await.gql()? {
                 ChangeOutcome::Changed { reservation, inventory } => {
                     ChangeReservationQuantityResult::ReservationChanged(ReservationChanged {
                         reservation: Reservation(reservation),
@@ -342,7 +390,7 @@ impl ReservationMutation {
 pub struct ChangeReservationQuantityInput {
     /// The caller's ACTIVE reservation.
     pub reservation_id: Uuid,
-    /// The new quantity, 1 to the configured maximum (1000).
+    /// The new quantity, 1 to the server's maximum quantity (STOCKGUARD_MAX_QUANTITY).
     pub quantity: i32,
 }
 
@@ -374,7 +422,7 @@ pub enum ChangeReservationQuantityResult {
 pub struct ReserveItemInput {
     /// The inventory.
     pub inventory_id: Uuid,
-    /// Units, 1 to the configured maximum (1000). Lines naming the same
+    /// Units, 1 to the server's maximum quantity (STOCKGUARD_MAX_QUANTITY). Lines naming the same
     /// inventory are merged and their quantities summed.
     #[graphql(default = 1)]
     pub quantity: i32,
@@ -393,7 +441,7 @@ impl ReserveItemInput {
                 expected_version: item.expected_version,
             })
             .collect();
-        multi_item::merge(&lines, max_quantity)
+        domain::merge(&lines, max_quantity)
     }
 }
 
@@ -438,7 +486,7 @@ impl ItemsUnavailable {
             .into_iter()
             .map(|u| UnavailableItem {
                 inventory_id: u.inventory_id,
-                reason: u.reason,
+                reason: u.reason.into(),
                 inventory: u.inventory.map(Inventory),
             })
             .collect();

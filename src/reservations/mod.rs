@@ -3,9 +3,9 @@
 //! and reading reservations back.
 
 pub mod coalesce;
+pub mod domain;
 pub mod graphql;
 pub mod loader;
-pub mod multi_item;
 pub mod service;
 pub mod store;
 pub mod sweeper;

@@ -1,27 +1,31 @@
-//! Reservation use cases: reserve (coalesced or alone), reserve many,
-//! release, extend, change the quantity. This is where it is decided which path a reservation
-//! takes, whether a request is the replay of an idempotency key, and what a
-//! statement that took nothing means (sold out, conflict, not found); the
-//! SQL runs in `store.rs`, the statements come from `stock`.
+//! Reservation use cases: reserve (coalesced or alone), reserve many (and
+//! the taking of every line or none that `placeOrder` shares), release,
+//! extend, change the quantity. This is where it is decided which path a
+//! reservation takes, whether a request is the replay of an idempotency
+//! key, and what a statement that took nothing means (sold out, conflict,
+//! not found); the rules that need no database are in `domain.rs`, the SQL
+//! runs in `store.rs`, the statements come from `stock`.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use chrono::Utc;
-use sea_orm::{DatabaseConnection, TransactionTrait};
+use sea_orm::{DatabaseConnection, DatabaseTransaction, DbErr, TransactionTrait};
 use uuid::Uuid;
 
 use super::{
     ReservationRow, ReservationStatus,
     coalesce::{Batching, Coalescer},
-    multi_item::{self, Unavailable},
+    domain::{self, Unavailable},
     store,
 };
 use crate::{
     app::AppState,
-    db::{Attempted, Collisions, StatementPool},
+    config::Limits,
+    db::{Collisions, Exhausted, StatementPool},
     error::AppError,
     idempotency::{self, Extra, Key},
     inventory::{InventoryRow, store as inventory_store},
+    pagination::Page,
     stock::taking::{Line, Purpose, ReservationChange, Reserve},
 };
 
@@ -143,6 +147,8 @@ pub struct ReservationService {
     /// Serves concurrent conditional reservations in batches (one
     /// inventory's or many's); none when coalescing is switched off.
     coalescer: Option<Coalescer>,
+    /// The limits requests are checked against.
+    limits: Arc<Limits>,
 }
 
 impl ReservationService {
@@ -167,7 +173,26 @@ impl ReservationService {
             statements: state.statements.clone(),
             collisions: state.collisions.clone(),
             coalescer,
+            limits: state.limits.clone(),
         }
+    }
+
+    /// The limits requests are checked against.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// One page of `user_id`'s reservations, oldest first: `first` rows
+    /// (checked against the limits) after the cursor `after`, with one more
+    /// when more follow.
+    pub async fn page(
+        &self,
+        user_id: &str,
+        first: Option<i32>,
+        after: Option<&str>,
+    ) -> Result<(Page, Vec<ReservationRow>), AppError> {
+        let page = Page::parse(first, after, self.limits.max_page_size)?;
+        Ok((page, store::page_for_user(&self.db, user_id, page).await?))
     }
 
     /// Takes stock for `user_id`, sharing one statement with others waiting
@@ -179,7 +204,7 @@ impl ReservationService {
         }
     }
 
-    /// Reserves every line or none (see [`multi_item`]).
+    /// Reserves every line or none (see [`take_every_line`]).
     pub async fn reserve_many(
         &self,
         user_id: &str,
@@ -187,37 +212,43 @@ impl ReservationService {
         idempotency_key: Option<String>,
         ttl_secs: i32,
     ) -> Result<ReserveManyOutcome, AppError> {
-        let key = idempotency_key.map(|key| multi_item::key(key, "reserveMany", lines, Extra::default()));
+        let key = idempotency_key.map(|key| multi_item_key(key, "reserveMany", lines, Extra::default()));
         if let Some(first) = replay_multi_item(&self.db, user_id, key.as_ref()).await? {
             return Ok(ReserveManyOutcome::ReservedAll(first));
         }
         let run = || async {
             let txn = self.db.begin().await?;
             let purpose = Purpose::Reservations { ttl_secs };
-            let taken = multi_item::take(&txn, user_id, lines, purpose, key.as_ref()).await?;
+            let taken = take_every_line(&txn, user_id, lines, purpose, key.as_ref()).await?;
             if taken.is_ok() {
                 txn.commit().await?;
             }
             Ok(taken)
         };
-        match self.collisions.run(lines[0].inventory_id, run).await {
-            Ok(Attempted::Done(Ok(rows))) => Ok(ReserveManyOutcome::ReservedAll(rows)),
-            Ok(Attempted::Done(Err(unavailable))) => Ok(ReserveManyOutcome::ItemsUnavailable(unavailable)),
-            Ok(Attempted::Exhausted { .. }) => {
-                Ok(ReserveManyOutcome::ItemsUnavailable(multi_item::all_in_conflict(&self.db, lines).await?))
-            }
+        let taken = match self.collisions.run(lines[0].inventory_id, run).await {
+            Ok(attempted) => attempted.done(),
             // The key's first request committed while this one waited.
-            Err(err) if idempotency::is_taken(&err) => replay_multi_item(&self.db, user_id, key.as_ref())
-                .await?
-                .map(ReserveManyOutcome::ReservedAll)
-                .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no first use"))),
-            Err(err) => Err(err.into()),
-        }
+            Err(err) if idempotency::is_taken(&err) => {
+                return replay_multi_item(&self.db, user_id, key.as_ref())
+                    .await?
+                    .map(ReserveManyOutcome::ReservedAll)
+                    .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no first use")));
+            }
+            Err(err) => return Err(err.into()),
+        };
+        Ok(match taken {
+            Ok(Ok(rows)) => ReserveManyOutcome::ReservedAll(rows),
+            Ok(Err(unavailable)) => ReserveManyOutcome::ItemsUnavailable(unavailable),
+            Err(Exhausted { .. }) => ReserveManyOutcome::ItemsUnavailable(lines_in_conflict(&self.db, lines).await?),
+        })
     }
 
     /// Gives an ACTIVE, unexpired reservation of `owner`'s stock back, once.
+    /// When collision retries run out the reservation is as it was (still
+    /// ACTIVE, most likely), which no member of the release's union says:
+    /// the answer is the retryable `DATABASE_UNAVAILABLE`.
     pub async fn release(&self, id: Uuid, owner: &str) -> Result<ReleaseOutcome, AppError> {
-        if let Attempted::Done(Some(change)) = store::release(&self.db, &self.collisions, id, owner).await? {
+        if let Some(change) = store::release(&self.db, &self.collisions, id, owner).await?.done()? {
             return Ok(ReleaseOutcome::Released { reservation: change.reservation, inventory: change.inventory });
         }
         Ok(match store::find(&self.db, id).await?.filter(|r| r.user_id == owner) {
@@ -230,15 +261,11 @@ impl ReservationService {
     /// units in one statement (see `stock::adjusting`).
     pub async fn change_quantity(&self, id: Uuid, owner: &str, quantity: i32) -> Result<ChangeOutcome, AppError> {
         for _ in 0..CHANGE_ATTEMPTS {
-            match store::change_quantity(&self.db, &self.collisions, id, owner, quantity).await? {
-                Attempted::Done(Some(change)) => {
-                    return Ok(ChangeOutcome::Changed { reservation: change.reservation, inventory: change.inventory });
-                }
-                Attempted::Done(None) => {}
-                Attempted::Exhausted { attempts } => {
-                    tracing::warn!(attempts, %id, "quantity change collisions exhausted");
-                    return Err(AppError::DatabaseUnavailable);
-                }
+            // Collision retries that run out are `DATABASE_UNAVAILABLE`.
+            if let Some(change) =
+                store::change_quantity(&self.db, &self.collisions, id, owner, quantity).await?.done()?
+            {
+                return Ok(ChangeOutcome::Changed { reservation: change.reservation, inventory: change.inventory });
             }
             // Nothing changed; one read of the latest rows (one snapshot) tells why.
             let latest = store::find_with_inventory(&self.db, id).await?;
@@ -246,8 +273,7 @@ impl ReservationService {
             else {
                 return Ok(ChangeOutcome::NotFound);
             };
-            let unexpired = reservation.expires_at.is_none_or(|at| at > Utc::now());
-            if reservation.status != ReservationStatus::Active || !unexpired {
+            if domain::status_at(&reservation, Utc::now()) != ReservationStatus::Active {
                 return Ok(ChangeOutcome::NotActive(reservation));
             }
             let needed = quantity - reservation.quantity;
@@ -274,19 +300,53 @@ impl ReservationService {
         seconds: i32,
         max_ttl_secs: i32,
     ) -> Result<ExtendOutcome, AppError> {
-        match store::extend(&self.db, &self.collisions, id, owner, seconds, max_ttl_secs).await? {
-            Attempted::Done(Some(extended)) => return Ok(ExtendOutcome::Extended(extended)),
-            Attempted::Done(None) => {}
-            Attempted::Exhausted { attempts } => {
-                tracing::warn!(attempts, %id, "extension collisions exhausted");
-                return Err(AppError::DatabaseUnavailable);
-            }
+        // Collision retries that run out are `DATABASE_UNAVAILABLE`.
+        if let Some(extended) =
+            store::extend(&self.db, &self.collisions, id, owner, seconds, max_ttl_secs).await?.done()?
+        {
+            return Ok(ExtendOutcome::Extended(extended));
         }
         Ok(match store::find(&self.db, id).await?.filter(|r| r.user_id == owner) {
             None => ExtendOutcome::NotFound,
             Some(reservation) => ExtendOutcome::NotActive(reservation),
         })
     }
+}
+
+/// The idempotency key of a multi-item `operation` over `lines`, with
+/// `extra` for anything else that makes the request what it is.
+pub fn multi_item_key(key: String, operation: &str, lines: &[Line], extra: Extra<'_>) -> Key {
+    Key::multi_item(key, operation, lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version)), extra)
+}
+
+/// Takes every line (merged and sorted by `domain::merge`) or none, inside
+/// `txn`: the inventories are locked in id order, judged as locked, and one
+/// statement takes them all. `Ok(Err(..))` lists every line that cannot be
+/// served; the caller then rolls back (nothing was written).
+pub async fn take_every_line(
+    txn: &DatabaseTransaction,
+    user_id: &str,
+    lines: &[Line],
+    purpose: Purpose,
+    key: Option<&Key>,
+) -> Result<Result<Vec<ReservationRow>, Vec<Unavailable>>, DbErr> {
+    let locked = store::lock_lines(txn, lines).await?;
+    let unavailable = domain::judge(lines, &locked);
+    if !unavailable.is_empty() {
+        return Ok(Err(unavailable));
+    }
+    let rows = store::take_lines(txn, user_id, lines, purpose, key).await?;
+    if rows.len() != lines.len() {
+        return Err(DbErr::Custom(format!("{} of {} locked lines were taken", rows.len(), lines.len())));
+    }
+    Ok(Ok(rows))
+}
+
+/// Every line as a conflict, with the latest rows: what a multi-item
+/// request answers when its collision retries ran out.
+pub async fn lines_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
+    let latest = inventory_store::find_many(db, lines.iter().map(|l| l.inventory_id)).await?;
+    Ok(domain::in_conflict(lines, &latest))
 }
 
 /// Takes `quantity` units for `user_id` with the one-statement reserve: a
@@ -313,7 +373,8 @@ pub async fn reserve_alone(
         expected_version: request.expected_version,
         // Time-ordered (v7): new keys land at the right edge of the primary
         // key's B-tree instead of on a random page of it, which with months
-        // of history is a page that is seldom cached (bench/results/decisions.md).
+        // of history is a page that is seldom cached (bench/results/decisions.md,
+        // "Decisions", reservation ids).
         reservation_id: Uuid::now_v7(),
         movement_id: Uuid::now_v7(),
         user_id,
@@ -331,23 +392,20 @@ pub async fn reserve_alone(
         }
         Err(err) => return Err(err.into()),
     };
-    let exhausted = match attempted {
-        Attempted::Done(Some(change)) => {
+    let exhausted = match attempted.done() {
+        Ok(Some(change)) => {
             return Ok(ReserveOutcome::Reserved { reservation: change.reservation, inventory: change.inventory });
         }
-        Attempted::Done(None) => false,
-        Attempted::Exhausted { attempts } => {
-            tracing::warn!(attempts, inventory_id = %request.inventory_id, "reserve collisions exhausted");
-            true
-        }
+        Ok(None) => false,
+        Err(Exhausted { .. }) => true,
     };
     not_taken(db, user_id, request, key.as_ref(), exhausted).await
 }
 
 /// The answer to a reserve whose statement took nothing (or, `exhausted`,
-/// whose every attempt collided), from a read afterwards: a caller alone
-/// and a coalesced caller whose statement could not tell why are answered
-/// here alike.
+/// whose every attempt collided: `Conflict` with the latest row), from a
+/// read afterwards: a caller alone and a coalesced caller whose statement
+/// could not tell why are answered here alike.
 pub(super) async fn not_taken(
     db: &DatabaseConnection,
     user_id: &str,

@@ -6,18 +6,20 @@
 use std::sync::LazyLock;
 
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
-    Select, Statement,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, EntityTrait,
+    FromQueryResult, QueryFilter, Select, Statement,
 };
 use uuid::Uuid;
 
 use crate::{
     db::{Attempted, Collisions, StatementPool},
+    idempotency::Key,
+    inventory::InventoryRow,
     pagination::{self, Page},
     stock::{
         adjusting, fragments, returning,
         rows::reservation::{Column, Entity, Model},
-        taking::{CoalescedReserve, ReservationChange, Reserve, Turn},
+        taking::{self, CoalescedReserve, Line, Purpose, ReservationChange, Reserve, Turn},
     },
 };
 
@@ -44,6 +46,29 @@ pub async fn reserve_coalesced(
     let run = || async { statements.fetch_all(reserve.query()).await?.iter().map(Turn::from_row).collect() };
     let key = reserve.inventory_ids.first().copied().unwrap_or_default();
     collisions.run(key, run).await
+}
+
+/// Locks the inventories of a multi-item request's `lines` (sorted by id)
+/// in id order for the rest of `txn`; the locked rows (a missing one is
+/// left out).
+pub async fn lock_lines(txn: &DatabaseTransaction, lines: &[Line]) -> Result<Vec<InventoryRow>, DbErr> {
+    let ids: Vec<Uuid> = lines.iter().map(|l| l.inventory_id).collect();
+    InventoryRow::find_by_statement(taking::lock_lines(&ids)).all(txn).await
+}
+
+/// Takes the stock of every line for `purpose` in one statement inside
+/// `txn`, after [`lock_lines`]: the reservations and their ledger rows, the
+/// first line carrying `key`. The reservations, one per line.
+pub async fn take_lines(
+    txn: &DatabaseTransaction,
+    user_id: &str,
+    lines: &[Line],
+    purpose: Purpose,
+    key: Option<&Key>,
+) -> Result<Vec<Model>, DbErr> {
+    let key = key.map(|k| (k.key.as_str(), k.fingerprint.as_str()));
+    let statement = taking::take_lines(lines, purpose, user_id, key, Uuid::new_v4());
+    Model::find_by_statement(statement).all(txn).await
 }
 
 /// Runs the release of `owner`'s reservation, re-run on collisions; the

@@ -17,7 +17,7 @@ pub use inventory::Model as InventoryRow;
 pub use reservation::{Model as ReservationRow, ReservationStatus};
 
 /// Why stock changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, async_graphql::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
 #[sea_orm(rs_type = "String", db_type = "Text")]
 pub enum MovementReason {
     /// The inventory was created with its initial stock.

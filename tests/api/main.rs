@@ -15,6 +15,7 @@ mod concurrency;
 mod db_errors;
 mod deploy;
 mod documents;
+mod exhausted;
 mod faults;
 mod fingerprints;
 mod fuzz;

@@ -1,24 +1,29 @@
-//! Several inventories at once (`reserveMany`, `placeOrder`): all or nothing.
+//! The rules of reservations that need no database: how a reservation's
+//! status reads, the checking and merging of a multi-item request's lines
+//! (`reserveMany`, `placeOrder`), and which of them locked inventory rows
+//! cannot serve.
 //!
-//! Lines naming the same inventory are merged first. Then, in one short
-//! transaction, the rows are locked in one fixed order (by id), so two requests
-//! naming the same inventories in opposite orders queue instead of
-//! deadlocking; the lines are judged against the locked rows; and one
-//! statement takes the stock, writes the reservations and their ledger entries.
+//! Lines naming the same inventory are merged first and sorted by
+//! inventory id, the one order rows are locked in, so two requests naming
+//! the same inventories in opposite orders queue instead of deadlocking.
 
 use std::collections::BTreeMap;
 
-use sea_orm::{DatabaseConnection, DatabaseTransaction, DbErr, FromQueryResult};
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::ReservationRow;
-use crate::{
-    error::AppError,
-    idempotency::{Extra, Key},
-    inventory::{InventoryRow, store as inventory_store},
-    stock::taking::{self, Line, Purpose},
-    validate,
-};
+use super::{ReservationRow, ReservationStatus};
+use crate::{error::AppError, inventory::InventoryRow, stock::taking::Line, validate};
+
+/// `reservation`'s status as it reads at `now`: an ACTIVE one past its
+/// expiry is EXPIRED at once, whether or not the sweeper has returned its
+/// stock yet (those units count as held until it has).
+pub fn status_at(reservation: &ReservationRow, now: DateTime<Utc>) -> ReservationStatus {
+    match (reservation.status, reservation.expires_at) {
+        (ReservationStatus::Active, Some(at)) if at <= now => ReservationStatus::Expired,
+        (status, _) => status,
+    }
+}
 
 /// Most lines in one request, after merging.
 pub const MAX_LINES: usize = 100;
@@ -68,14 +73,8 @@ pub fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>, AppErr
     Ok(merged.into_values().collect())
 }
 
-/// The idempotency key of a multi-item `operation` over `lines`, with
-/// `extra` for anything else that makes the request what it is.
-pub fn key(key: String, operation: &str, lines: &[Line], extra: Extra<'_>) -> Key {
-    Key::multi_item(key, operation, lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version)), extra)
-}
-
 /// Why a line could not be served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, async_graphql::Enum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnavailableReason {
     /// Not enough stock.
     SoldOut,
@@ -96,32 +95,8 @@ pub struct Unavailable {
     pub inventory: Option<InventoryRow>,
 }
 
-/// Takes every line or none, inside `txn`. `Ok(Err(..))` lists every line
-/// that cannot be served; the caller then rolls back (nothing was written).
-pub async fn take(
-    txn: &DatabaseTransaction,
-    user_id: &str,
-    lines: &[Line],
-    purpose: Purpose,
-    key: Option<&Key>,
-) -> Result<Result<Vec<ReservationRow>, Vec<Unavailable>>, DbErr> {
-    let ids: Vec<Uuid> = lines.iter().map(|l| l.inventory_id).collect();
-    let locked = InventoryRow::find_by_statement(taking::lock_lines(&ids)).all(txn).await?;
-    let unavailable = judge(lines, &locked);
-    if !unavailable.is_empty() {
-        return Ok(Err(unavailable));
-    }
-    let key = key.map(|k| (k.key.as_str(), k.fingerprint.as_str()));
-    let statement = taking::take_lines(lines, purpose, user_id, key, Uuid::new_v4());
-    let rows = ReservationRow::find_by_statement(statement).all(txn).await?;
-    if rows.len() != lines.len() {
-        return Err(DbErr::Custom(format!("{} of {} locked lines were taken", rows.len(), lines.len())));
-    }
-    Ok(Ok(rows))
-}
-
 /// Every line the locked rows cannot serve.
-fn judge(lines: &[Line], locked: &[InventoryRow]) -> Vec<Unavailable> {
+pub fn judge(lines: &[Line], locked: &[InventoryRow]) -> Vec<Unavailable> {
     lines
         .iter()
         .filter_map(|line| {
@@ -138,19 +113,18 @@ fn judge(lines: &[Line], locked: &[InventoryRow]) -> Vec<Unavailable> {
         .collect()
 }
 
-/// Every line as a conflict, with the latest rows: what a request reports
-/// when each of its runs collided.
-pub async fn all_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
-    tracing::warn!(lines = lines.len(), "multi-item collisions exhausted");
-    let rows = inventory_store::find_many(db, lines.iter().map(|l| l.inventory_id)).await?;
-    Ok(lines
+/// Every line as a conflict beside `latest`, the rows as they are now (a
+/// line whose inventory is missing is not found): what a multi-item request
+/// answers when its collision retries ran out.
+pub fn in_conflict(lines: &[Line], latest: &[InventoryRow]) -> Vec<Unavailable> {
+    lines
         .iter()
         .map(|line| {
-            let inventory = rows.iter().find(|row| row.id == line.inventory_id).cloned();
+            let inventory = latest.iter().find(|row| row.id == line.inventory_id).cloned();
             let reason = if inventory.is_some() { UnavailableReason::Conflict } else { UnavailableReason::NotFound };
             Unavailable { inventory_id: line.inventory_id, reason, inventory }
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]
@@ -159,6 +133,30 @@ mod tests {
 
     fn input(id: Uuid, quantity: i32, expected_version: Option<i32>) -> LineInput {
         LineInput { inventory_id: id, quantity, expected_version }
+    }
+
+    #[test]
+    fn an_active_reservation_reads_expired_from_its_expiry_on() {
+        let now = Utc::now();
+        let row = |status, expires_at| ReservationRow {
+            id: Uuid::nil(),
+            inventory_id: Uuid::nil(),
+            order_id: None,
+            user_id: "alice".into(),
+            quantity: 1,
+            status,
+            idempotency_key: None,
+            request_fingerprint: None,
+            created_at: now,
+            expires_at,
+            multi_item_id: None,
+        };
+        let (past, future) = (Some(now - chrono::Duration::seconds(1)), Some(now + chrono::Duration::seconds(1)));
+        assert_eq!(status_at(&row(ReservationStatus::Active, past), now), ReservationStatus::Expired);
+        assert_eq!(status_at(&row(ReservationStatus::Active, Some(now)), now), ReservationStatus::Expired);
+        assert_eq!(status_at(&row(ReservationStatus::Active, future), now), ReservationStatus::Active);
+        assert_eq!(status_at(&row(ReservationStatus::Active, None), now), ReservationStatus::Active);
+        assert_eq!(status_at(&row(ReservationStatus::Released, past), now), ReservationStatus::Released);
     }
 
     #[test]
