@@ -47,15 +47,13 @@ use futures::{SinkExt as _, StreamExt as _};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::auth::{Keys, Role};
-use support::{
+use stockguard_support::{
     client::{Gql, Outcome},
-    documents::{CANCEL, PLACE_ORDER, RESERVE},
-    formation::{APPS, Formation},
+    documents::brief::{CANCEL, PLACE_ORDER, RESERVE},
+    formation::{self, APPS, Formation},
+    process::server_binary,
 };
 use uuid::Uuid;
-
-#[allow(dead_code, reason = "shared with the other examples, which use other parts")]
-mod support;
 
 #[derive(Parser, Debug)]
 #[command(about = "Stockguard failover under load: pg_auto_failover, three processes, HAProxy")]
@@ -131,7 +129,7 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> anyhow::Result<bool> {
     let dir = args.dir.clone().unwrap_or_else(Formation::default_dir);
     let formation = Formation::new(&dir, args.base_port)?;
-    let bin = support::server_binary(args.server_bin.as_deref(), "failover")?;
+    let bin = server_binary(args.server_bin.as_deref(), "failover")?;
     let ours = !formation.is_up();
     if ours {
         if dir.exists() {
@@ -421,8 +419,8 @@ async fn one_run(
         violations.push(format!("the subscription's socket broke {reconnected} times in a database fault"));
     }
     for n in 1..=APPS {
-        support::formation::wait_for(&format!("Stockguard {n} ready again"), Duration::from_secs(60), || async {
-            support::formation::ready(&format!("{}/readyz", formation.app_url(n))).await
+        formation::wait_for(&format!("Stockguard {n} ready again"), Duration::from_secs(60), || async {
+            formation::ready(&format!("{}/readyz", formation.app_url(n))).await
         })
         .await?;
     }

@@ -40,18 +40,13 @@ use rand::{Rng as _, SeedableRng as _, rngs::SmallRng, seq::IndexedRandom as _};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::auth::{Keys, Role};
-use support::{
-    ServerProcess, ThrowAway,
+use stockguard_support::{
     client::{Gql, Outcome},
-    documents::{CANCEL, CHANGE_ADDRESS, CONFIRM, EXTEND, PLACE_ORDER, RELEASE, RESERVE, RESERVE_MANY},
-    server_binary, status_kb,
+    database::ThrowAway,
+    documents::brief::{CANCEL, CHANGE_ADDRESS, CONFIRM, EXTEND, PLACE_ORDER, RELEASE, RESERVE, RESERVE_MANY},
+    process::{Log, ServerProcess, server_binary, status_kb},
 };
 use uuid::Uuid;
-
-// Each example compiles its own copy of `support` and uses only part of it,
-// so what the other example uses would read as dead code here.
-#[allow(dead_code, reason = "shared with the benchmark, which uses other parts")]
-mod support;
 
 #[derive(Parser, Debug)]
 #[command(about = "Stockguard's soak: a mixed workload against its own server and database")]
@@ -426,7 +421,7 @@ async fn soak(args: &Args, server_bin: &Path, database_url: &str, log: &Path) ->
         ("STOCKGUARD_RESERVATION_TTL_SECS", TTL_SECS.to_string()),
         ("STOCKGUARD_SWEEP_INTERVAL_MS", SWEEP_INTERVAL_MS.to_string()),
     ];
-    let server = ServerProcess::start(server_bin, database_url, &secret, &env, log_file.into())
+    let server = ServerProcess::start(server_bin, database_url, Some(&secret), &env, Log::Warnings(log_file.into()))
         .await
         .with_context(|| format!("server log: {}", log.display()))?;
     let gql = Gql::new(&server.url, args.clients)?;

@@ -30,14 +30,13 @@ use crate::{
     Settings,
     measure::{Extra, Measured, ONE_REQUEST, Recorder, Stats, Usage, measure, run_tasks, window_of},
     report::Cell,
-    support::{
-        ServerProcess,
-        client::{Gql, Outcome},
-        documents::{
-            CANCEL, CHANGE_ADDRESS, CHECKOUT, CONFIRM, INVENTORY_VERSION, ORDER_VERSION, RELEASE, RESERVE,
-            RESERVE_TYPENAME,
-        },
+};
+use stockguard_support::{
+    client::{Gql, Outcome},
+    documents::brief::{
+        CANCEL, CHANGE_ADDRESS, CHECKOUT, CONFIRM, INVENTORY_VERSION, ORDER_VERSION, RELEASE, RESERVE, RESERVE_TYPENAME,
     },
+    process::ServerProcess,
 };
 
 /// The statement a raw-SQL side of a reserve cell runs.

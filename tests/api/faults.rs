@@ -8,7 +8,7 @@
 use std::{
     collections::BTreeMap,
     path::PathBuf,
-    process::{Child, Command, Stdio},
+    process::Command,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -27,12 +27,14 @@ use stockguard::{
     embedded::EmbeddedPostgres,
     invariant,
 };
+use stockguard_support::process::{Log, ServerProcess};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use uuid::Uuid;
 
 use crate::{
     documents::{CANCEL_ORDER, CREATE_INVENTORY, INVENTORIES, PLACE_ORDER, RESERVE},
     helpers::{Options, Reply, TestApp, eventually, post, request, server_url},
+    process::binary,
     ws::{SUBSCRIPTION, Socket, connect, next, send},
 };
 
@@ -171,7 +173,8 @@ async fn assert_invariant_on(db: &DatabaseConnection) {
     panic!("the database stayed unavailable for the invariant check");
 }
 
-/// A port nothing listens on right now.
+/// A port nothing listened on a moment ago: another process may take it
+/// before PostgreSQL binds it, so its one user retries with another.
 fn free_port() -> u16 {
     let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
     probe.local_addr().expect("addr").port()
@@ -362,13 +365,25 @@ struct PrivateCluster {
 }
 
 impl PrivateCluster {
+    /// A fresh cluster on a port PostgreSQL could bind: PostgreSQL cannot
+    /// be given a listening socket nor report a port it chose, so a port
+    /// someone took between [`free_port`] and the start is replaced by another.
     async fn start() -> Self {
         let dir = std::env::temp_dir().join(format!("stockguard-faults-{}", Uuid::new_v4().simple()));
-        let port = free_port();
-        let cluster = EmbeddedPostgres::new(&dir, port).expect("PostgreSQL binaries are installed");
-        let this = Self { cluster, dir, port };
-        assert!(this.cluster.start().await.expect("start"), "this test started its own cluster");
-        this
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let cluster = EmbeddedPostgres::new(&dir, port).expect("PostgreSQL binaries are installed");
+            match cluster.start().await {
+                Ok(started) => {
+                    assert!(started, "this test started its own cluster");
+                    return Self { cluster, dir, port };
+                }
+                Err(err) => failures.push(format!("port {port}: {err}")),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        panic!("the cluster did not start on any of 5 free ports: {failures:#?}");
     }
 
     fn server_url(&self) -> String {
@@ -845,59 +860,18 @@ async fn a_held_row_lock_and_a_starved_pool_give_fast_retryable_errors_and_write
 
 // ---------- 5. graceful shutdown under load ----------
 
-/// The server binary as a child process, killed if the test fails first.
-struct ServerProcess {
-    child: Child,
-    log: PathBuf,
-}
-
-impl ServerProcess {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_under_load_answers_every_request_in_flight_and_exits_cleanly() {
     const SECRET: &str = "graceful-secret-of-thirty-two-bytes";
     let url = format!("{}/sg_test_{}", server_url(), Uuid::new_v4().simple());
     db::ensure_database(&url).await.expect("create the database");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let address = format!("http://{addr}");
-    let log = std::env::temp_dir().join(format!("stockguard-graceful-{}.log", Uuid::new_v4().simple()));
-    let output = std::fs::File::create(&log).expect("log file");
-    let child = Command::new(env!("CARGO_BIN_EXE_stockguard"))
-        .env("DATABASE_URL", &url)
-        .env("STOCKGUARD_ADDR", &addr)
-        .env("STOCKGUARD_JWT_SECRET", SECRET)
-        .env("STOCKGUARD_NO_SEED", "true")
-        .stdin(Stdio::null())
-        .stdout(output.try_clone().expect("log file"))
-        .stderr(output)
-        .spawn()
-        .expect("start stockguard");
-    let mut server = ServerProcess { child, log };
+    let no_env: [(&str, &str); 0] = [];
+    let mut server = ServerProcess::start(&binary(), &url, Some(SECRET), &no_env, Log::Kept)
+        .await
+        .unwrap_or_else(|err| panic!("{err:#}"));
+    let address = server.url.clone();
 
     let client = bounded_client();
-    let starting = Instant::now();
-    loop {
-        if matches!(client.get(format!("{address}/readyz")).send().await, Ok(r) if r.status() == 200) {
-            break;
-        }
-        if let Some(status) = server.child.try_wait().expect("wait") {
-            panic!("the server exited before it was ready ({status}):\n{}", server.log());
-        }
-        assert!(starting.elapsed() < Duration::from_secs(30), "not ready within 30 s:\n{}", server.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let keys = Keys::new(SECRET.as_bytes(), 3600).expect("a long enough secret");
     let operator = keys.mint("operator", Role::Operator, chrono::Duration::minutes(10)).expect("mint");
     let create = json!({ "input": { "sku": "GRACE-1", "name": "Graceful", "stock": 1_000_000 } });
@@ -948,16 +922,9 @@ async fn sigterm_under_load_answers_every_request_in_flight_and_exits_cleanly() 
     eventually(Duration::from_secs(20), "the clients reserve", || async { reserved.load(Ordering::Relaxed) >= 64 })
         .await;
     let before_signal = reserved.load(Ordering::Relaxed);
-    let pid = server.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success(), "SIGTERM sent");
+    server.terminate().expect("SIGTERM sent");
     let signalled = Instant::now();
-    let status = loop {
-        if let Some(status) = server.child.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(signalled.elapsed() < Duration::from_secs(10), "still running 10 s after SIGTERM\n{}", server.log());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = server.wait(Duration::from_secs(10)).await.unwrap_or_else(|err| panic!("after SIGTERM: {err:#}"));
     let exited = signalled.elapsed();
     assert!(status.success(), "exit status {status:?}\n{}", server.log());
     drop(socket);

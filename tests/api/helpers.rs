@@ -34,15 +34,15 @@ use uuid::Uuid;
 
 pub use crate::documents::RESERVE;
 use crate::documents::{
-    CANCEL_ORDER, CHANGE_ADDRESS, CHANGE_QUANTITY, CHECKOUT, CONFIRM_ORDER, CREATE_INVENTORY, EXTEND, FULFILL_ORDER,
-    PLACE_ORDER, RELEASE, RESERVE_MANY, RESTOCK, STOCK_STATES,
+    CANCEL_ORDER, CHANGE_ADDRESS, CHANGE_QUANTITY, CHECKOUT, CONFIRM_ORDER, EXTEND, FULFILL_ORDER, PLACE_ORDER,
+    RELEASE, RESERVE_MANY, RESTOCK, STOCK_STATES,
 };
 
-/// The server the tests create their databases on: `STOCKGUARD_TEST_DATABASE_URL`,
-/// the one on 127.0.0.1:5432, or a private one (see `embedded::test_server_url`).
-pub fn server_url() -> String {
-    stockguard::embedded::test_server_url().unwrap_or_else(|missing| panic!("{missing}"))
-}
+use stockguard_support::client;
+pub use stockguard_support::{
+    client::{Reply, post, request},
+    database::{drop_database, server_url},
+};
 
 /// The secret every test server signs with.
 pub const SECRET: &str = "stockguard-test-secret-of-32-bytes-or-more";
@@ -258,10 +258,9 @@ impl TestApp {
 
     /// Creates an inventory as operator and returns its id.
     pub async fn create_inventory(&self, sku: &str, stock: i32) -> Uuid {
-        let input = json!({ "sku": sku, "name": format!("Item {sku}"), "stock": stock });
-        let created =
-            self.mutate(&self.operator(), "createInventory", CREATE_INVENTORY, json!({ "input": input })).await;
-        created["id"].as_str().and_then(|id| id.parse().ok()).unwrap_or_else(|| panic!("created: {created}"))
+        let (name, operator) = (format!("Item {sku}"), self.operator());
+        let created = client::create_inventory(&self.client, &self.address, &operator, sku, &name, stock.into());
+        created.await.unwrap_or_else(|err| panic!("{err:#}"))
     }
 
     /// `reserve` with `input`.
@@ -405,44 +404,6 @@ impl TestApp {
         })
         .await;
     }
-}
-
-/// An HTTP answer: the status and the body as it came.
-#[derive(Debug)]
-pub struct Reply {
-    /// The HTTP status.
-    pub status: u16,
-    /// The body, or as much of it as arrived.
-    pub body: Vec<u8>,
-    /// Why the body stopped short, if it did.
-    pub cut_short: Option<String>,
-}
-
-/// POSTs `body` to the `/graphql` of the server at `address` with `client`
-/// (whose timeout bounds the wait), `authorization` as the header when given:
-/// every request of the tests goes through here. `Err` when no response came
-/// back at all.
-pub async fn post(
-    client: &reqwest::Client,
-    address: &str,
-    authorization: Option<&str>,
-    body: impl Into<reqwest::Body>,
-) -> Result<Reply, reqwest::Error> {
-    let mut request = client.post(format!("{address}/graphql")).header("content-type", "application/json").body(body);
-    if let Some(value) = authorization {
-        request = request.header("authorization", value);
-    }
-    let response = request.send().await?;
-    let status = response.status().as_u16();
-    Ok(match response.bytes().await {
-        Ok(body) => Reply { status, body: body.to_vec(), cut_short: None },
-        Err(err) => Reply { status, body: Vec::new(), cut_short: Some(err.to_string()) },
-    })
-}
-
-/// A GraphQL request with `variables`, as bytes.
-pub fn request(query: &str, variables: Value) -> Vec<u8> {
-    serde_json::to_vec(&json!({ "query": query, "variables": variables })).expect("serialize")
 }
 
 /// The `__typename` of a mutation's answer, or `"ERROR"` when the body has
@@ -647,21 +608,4 @@ impl Drop for TestApp {
     fn drop(&mut self) {
         drop_database(&self.database_url);
     }
-}
-
-/// Drops the database at `url` (one a test made), from a thread of its own
-/// so it works inside and outside a runtime.
-pub fn drop_database(url: &str) {
-    let Some((server, name)) = url.rsplit_once('/').map(|(s, n)| (s.to_owned(), n.to_owned())) else {
-        return;
-    };
-    let dropped = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-        runtime.block_on(async {
-            let admin = sea_orm::Database::connect(format!("{server}/postgres")).await.ok()?;
-            admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()?;
-            admin.close().await.ok()
-        })
-    });
-    let _ = dropped.join();
 }
