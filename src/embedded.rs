@@ -227,3 +227,54 @@ fn find_bin_dir() -> Option<PathBuf> {
     versions.sort();
     versions.pop().map(|(_, bin)| bin)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A folder of `mode` under the system's temporary folder, removed on drop.
+    struct Private(PathBuf);
+
+    impl Private {
+        fn new(mode: u32) -> Self {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = std::env::temp_dir().join(format!("stockguard-embedded-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir(&dir).expect("a temporary folder");
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            Self(dir)
+        }
+    }
+
+    impl Drop for Private {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn is_root() -> bool {
+        std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    }
+
+    #[test]
+    fn as_root_a_cluster_out_of_the_postgres_account_s_reach_lives_where_it_can_enter() {
+        if find_bin_dir().is_none() {
+            return assert!(matches!(EmbeddedPostgres::new(Path::new("unused"), 1), Err(EmbeddedError::NoBinaries)));
+        }
+        let closed = Private::new(0o700);
+        let wanted = closed.0.join("postgres");
+        let cluster = EmbeddedPostgres::new(&wanted, 1).expect("a folder for the cluster");
+        if is_root() {
+            let home = cluster.data_dir().to_owned();
+            assert!(home.starts_with("/var/tmp"), "moved out of the 0700 folder: {}", home.display());
+            assert!(postgres_can_enter(&home), "the postgres account enters {}", home.display());
+            let again = EmbeddedPostgres::new(&wanted, 1).expect("the same folder again");
+            assert_eq!(again.data_dir(), home, "the same folder on every run from the same place");
+            let _ = std::fs::remove_dir(&home);
+        } else {
+            assert_eq!(cluster.data_dir(), wanted.canonicalize().expect("made"), "a user's own folder is used as is");
+        }
+        let open = Private::new(0o755);
+        let cluster = EmbeddedPostgres::new(&open.0.join("postgres"), 1).expect("a folder for the cluster");
+        assert!(cluster.data_dir().starts_with(open.0.canonicalize().expect("made")), "an enterable folder stays");
+    }
+}
