@@ -69,13 +69,15 @@ async fn many_reserves_on_one_item_grant_exactly_the_stock(isolation: Isolation)
     assert_serial(&results, 37);
     assert_eq!(app.stock_and_version(id).await, (0, 38));
     assert_eq!(app.count(&format!("SELECT count(*) FROM reservations WHERE inventory_id = '{id}'")).await, 37);
-    // Shared statements: the 37 grants came from fewer transactions than grants.
-    let transactions = app
-        .count(&format!(
-            "SELECT count(DISTINCT created_at) FROM stock_movements WHERE inventory_id = '{id}' AND reason = 'RESERVED'"
-        ))
-        .await;
-    assert!(transactions < 37, "{transactions} transactions for 37 grants: nothing was coalesced");
+    // Shared statements: a row's `xmin` is the transaction that inserted it.
+    // Alone, each grant is a transaction of its own (37); 200 callers
+    // released at once into a 20 ms window share batches by the dozen.
+    // Three grants per transaction on average at least: one pair that
+    // happened to share a statement cannot meet that.
+    let transactions =
+        app.count(&format!("SELECT count(DISTINCT xmin::text) FROM reservations WHERE inventory_id = '{id}'")).await;
+    println!("{transactions} transactions for 37 grants");
+    assert!(transactions * 3 <= 37, "{transactions} transactions for 37 grants: they were not coalesced");
     app.assert_invariant().await;
 }
 
