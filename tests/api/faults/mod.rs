@@ -202,16 +202,12 @@ fn stockguard_check(url: &str) -> std::process::Output {
 /// Waits until the server has no operation in flight (its clients may have
 /// gone), no connection in a transaction and none running a statement.
 async fn until_settled(app: &TestApp) -> Duration {
-    let started = Instant::now();
-    while app.server.operations_in_flight() > 0
-        || !open_transactions(app).await.is_empty()
-        || busy_connections(app).await > 0
-    {
-        let open = open_transactions(app).await;
-        assert!(started.elapsed() < Duration::from_secs(10), "transactions left open: {open:#?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    started.elapsed()
+    let settled = eventually(Duration::from_secs(10), "no operation, transaction or statement left", || async {
+        app.server.operations_in_flight() == 0
+            && open_transactions(app).await.is_empty()
+            && busy_connections(app).await == 0
+    });
+    settled.await
 }
 
 /// Orders placed over websockets that close right after sending: a mutation
