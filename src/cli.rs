@@ -97,7 +97,8 @@ pub fn run() -> anyhow::Result<ExitCode> {
 
 /// A thread per core, but one core left to PostgreSQL when it runs on this
 /// machine. On two cores shared with PostgreSQL one thread served every
-/// benchmark cell 8–18 % faster than two (bench/results/decisions.md): with
+/// benchmark cell 8–18 % faster than two
+/// (bench/results/decisions.md#a-core-left-to-a-postgresql-on-the-same-machine-c5809a6-kept): with
 /// two, a fifth of the server's CPU went to switching between threads, while
 /// the database's backends waited for a core.
 fn default_worker_threads(cores: usize, database_url: Option<&str>) -> usize {

@@ -99,7 +99,8 @@ async fn a_signed_token_with_any_subject_is_a_user_or_unauthenticated_never_an_i
     assert_still_serving(&app).await;
 }
 
-/// What these properties found once, pinned: each used to be `INTERNAL`.
+/// The inputs these properties found, pinned: each is the client's fault
+/// and must never be answered `INTERNAL`.
 #[tokio::test(flavor = "multi_thread")]
 async fn what_the_fuzzing_found_is_the_client_s_fault_not_an_internal_error() {
     let app = TestApp::spawn().await;
