@@ -150,7 +150,9 @@ async fn a_database_restart_is_survived_without_restarting_the_server() {
             .expect("an answer while the database is down");
         let took = started.elapsed();
         assert!(matches!(answer, Answer::Unavailable), "reserve {n} while down: {answer:?}");
-        assert!(took < Duration::from_secs(2), "reserve {n} took {took:?} to fail");
+        // A refused connection fails at once; waiting for the pool instead
+        // would take its 30 s acquire timeout.
+        assert!(took < Duration::from_secs(10), "reserve {n} took {took:?} to fail");
     }
     // The outage lasts until the light load has met it a few times (and at
     // least three seconds), so the server sees a real outage, not a blip.
