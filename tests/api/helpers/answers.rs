@@ -68,6 +68,17 @@ pub fn uuid(value: &Value) -> Uuid {
     value.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not a UUID: {value}"))
 }
 
+/// An order's lines as `(inventory id, quantity)`, sorted.
+pub fn order_lines(order: &Value) -> Vec<(Uuid, i64)> {
+    let items = order["items"].as_array().unwrap_or_else(|| panic!("no items: {order}"));
+    let mut lines: Vec<(Uuid, i64)> = items
+        .iter()
+        .map(|item| (uuid(&item["inventory"]["id"]), item["quantity"].as_i64().expect("quantity")))
+        .collect();
+    lines.sort();
+    lines
+}
+
 /// A complete shipping address whose first line is `line1`.
 pub fn address(line1: &str) -> Value {
     json!({ "name": "Alice Example", "line1": line1, "line2": "Floor 2", "city": "Lisbon", "postalCode": "1100-148", "country": "PT" })
