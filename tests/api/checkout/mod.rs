@@ -111,7 +111,7 @@ async fn a_cart_is_checked_out_confirmed_and_fulfilled_and_every_stock_state_fol
     assert_eq!(order["shippingAddress"], address("1 Cart Street"));
     let mut expected = vec![(x, 2), (x, 3), (y, 1)];
     expected.sort();
-    assert_eq!(order_lines(&order), expected, "one line per reservation, with its quantity");
+    assert_eq!(order_lines(order), expected, "one line per reservation, with its quantity");
     for rid in &ids {
         let row = reservation_row(&app, *rid).await;
         assert_eq!((&row["status"], &row["order_id"]), (&json!("ORDERED"), &json!(id)), "{row}");

@@ -101,7 +101,7 @@ async fn placing_an_order_merges_lines_takes_stock_and_holds_it_as_ordered_reser
     assert_eq!(order["shippingAddress"], address("1 Main Street"));
     let mut expected = vec![(x, 5), (y, 1)];
     expected.sort();
-    assert_eq!(order_lines(&order), expected, "lines naming the same inventory are merged");
+    assert_eq!(order_lines(order), expected, "lines naming the same inventory are merged");
 
     assert_eq!(app.stock_and_version(x).await.0, 5);
     assert_eq!(app.stock_and_version(y).await.0, 9);
