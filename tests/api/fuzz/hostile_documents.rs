@@ -284,7 +284,9 @@ async fn generated_hostile_documents_are_answered_within_bounds_over_http_and_we
             let started = std::time::Instant::now();
             send_anything(&app, None, body).await?;
             let took = started.elapsed();
-            prop_assert!(took < std::time::Duration::from_secs(2), "{:?} took {:?} over HTTP", hostile, took);
+            // Generous on a busy machine: the bounds refuse each document
+            // in milliseconds, an unbounded walk of one would take minutes.
+            prop_assert!(took < std::time::Duration::from_secs(10), "{:?} took {:?} over HTTP", hostile, took);
             // The same document over a websocket: one result, with codes, and the socket open.
             let mut socket = crate::ws::connect(&app.address, "graphql-transport-ws").await;
             let payload = json!({ "query": hostile.query });
