@@ -11,12 +11,6 @@
 //! attack. Unlike the tests in `tests/api/attacks.rs` it asserts nothing: it
 //! reports, so that the build before a fix can be measured too.
 
-#[path = "../tests/api/hostile.rs"]
-mod hostile;
-// Each example compiles its own copy of `support` and uses only part of it.
-#[allow(dead_code, reason = "shared with the benchmark and the soak, which use other parts")]
-mod support;
-
 use std::{
     path::PathBuf,
     process::Stdio,
@@ -28,7 +22,12 @@ use futures::{SinkExt, StreamExt};
 use sea_orm::sqlx::{self, Connection as _, PgConnection};
 use serde_json::{Value, json};
 use stockguard::auth::{DEFAULT_MAX_TOKEN_TTL_SECS, Keys, Role};
-use support::{ServerProcess, ThrowAway, server_binary, status_kb};
+use stockguard_support::{
+    client,
+    database::ThrowAway,
+    hostile,
+    process::{Log, ServerProcess, server_binary},
+};
 use tokio::{io::AsyncWriteExt, net::TcpStream};
 use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest, http::HeaderValue};
 
@@ -59,7 +58,8 @@ impl Target {
         let binary = server_binary(args.binary.as_deref(), "attacks")?;
         let database = ThrowAway::create(&args.database_url, "attacks").await?;
         let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
-        let server = ServerProcess::start(&binary, &database.url, SECRET, &env, Stdio::null()).await?;
+        let server =
+            ServerProcess::start(&binary, &database.url, Some(SECRET), &env, Log::Warnings(Stdio::null())).await?;
         let sql = PgConnection::connect(&database.url).await?;
         let client = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
         let keys = Keys::new(SECRET.as_bytes(), DEFAULT_MAX_TOKEN_TTL_SECS)?;
@@ -73,12 +73,12 @@ impl Target {
     }
 
     fn rss_mb(&self) -> f64 {
-        status_kb(self.server.pid, "VmRSS").unwrap_or(0) as f64 / 1024.0
+        self.server.status_kb("VmRSS").unwrap_or(0) as f64 / 1024.0
     }
 
     /// Whether the process still runs (a dead one has no resident memory).
     fn alive(&self) -> bool {
-        status_kb(self.server.pid, "VmRSS").is_some()
+        self.server.status_kb("VmRSS").is_some()
     }
 
     /// POSTs a query; the status, the first error code (or "ok"), and the time.
@@ -127,19 +127,8 @@ impl Target {
 
     async fn create_inventory(&self, sku: &str) -> String {
         let operator = self.keys.mint("operator", Role::Operator, chrono::Duration::minutes(30)).unwrap_or_default();
-        let query = format!(
-            "mutation {{ createInventory(input: {{ sku: \"{sku}\", name: \"{sku}\", stock: 1000000 }}) {{ id }} }}"
-        );
-        let response = self
-            .client
-            .post(format!("{}/graphql", self.server.url))
-            .bearer_auth(operator)
-            .json(&json!({ "query": query }));
-        let body: Value = match response.send().await {
-            Ok(r) => r.json().await.unwrap_or_default(),
-            Err(_) => Value::Null,
-        };
-        body["data"]["createInventory"]["id"].as_str().unwrap_or_default().to_owned()
+        let created = client::create_inventory(&self.client, &self.server.url, &operator, sku, sku, 1_000_000).await;
+        created.map(|id| id.to_string()).unwrap_or_default()
     }
 }
 

@@ -16,10 +16,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
-use support::formation::Formation;
-
-#[allow(dead_code, reason = "shared with the other examples, which use other parts")]
-mod support;
+use stockguard_support::{formation::Formation, process::server_binary};
 
 #[derive(Parser, Debug)]
 #[command(about = "A local HA formation: pg_auto_failover, three Stockguard processes, HAProxy")]
@@ -71,7 +68,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     dir.display()
                 );
             }
-            let bin = support::server_binary(args.server_bin.as_deref(), "cluster")?;
+            let bin = server_binary(args.server_bin.as_deref(), "cluster")?;
             if let Err(err) = formation.up(&bin).await {
                 // Left as it is for its logs; `down` stops what did start.
                 anyhow::bail!("up failed ({err:#}); logs in {}, `cluster down` stops what started", dir.display());

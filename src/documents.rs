@@ -441,9 +441,12 @@ mod tests {
     fn fragment_fan_out_is_measured_once_per_fragment() {
         // 2^9 leaves and 1,023 spreads: 1,535 selections, within 2,000.
         assert!(check(&fan_out(9)).is_ok());
+        // 2^30 leaves: walked spread by spread that is a billion visits,
+        // minutes of work, so only a measurement once per fragment (30 of
+        // them) ends within the generous bound on a busy machine.
         let started = std::time::Instant::now();
         assert!(matches!(check(&fan_out(30)), Err(Refused::TooExpensive { .. })));
-        assert!(started.elapsed() < std::time::Duration::from_millis(100), "{:?}", started.elapsed());
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "{:?}", started.elapsed());
     }
 
     #[test]

@@ -1,7 +1,12 @@
 //! A private PostgreSQL for a machine where none is running: `initdb` once
 //! into a project-local folder (kept between runs), `pg_ctl start` on a port of
-//! its own, `pg_ctl stop` when the server stops. The same code serves the
-//! tests that need to stop and restart a database of their own.
+//! its own, `pg_ctl stop` when the server stops. The tests start theirs, and
+//! stop and restart databases of their own, with the same code.
+//!
+//! PostgreSQL refuses to run as root, so as root its tools run as the
+//! `postgres` account, which must be able to enter the folder: a clone under
+//! a private directory (`mktemp -d`, `/root`) is out of its reach, and then
+//! the cluster lives under `/var/tmp` instead (see [`EmbeddedPostgres::new`]).
 
 use std::{
     os::unix::fs::MetadataExt,
@@ -29,6 +34,9 @@ pub enum EmbeddedError {
         /// What it printed.
         output: String,
     },
+    /// Running as root, no folder the `postgres` account can enter was found.
+    #[error("{0}")]
+    Unreachable(String),
     /// The file system refused.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -49,12 +57,32 @@ pub struct EmbeddedPostgres {
 
 impl EmbeddedPostgres {
     /// A cluster in `data_dir` on `port`, with the binaries this machine has.
+    ///
+    /// As root, when the `postgres` account cannot enter `data_dir` (a parent
+    /// of mode 0700), the cluster lives in
+    /// `/var/tmp/stockguard-<uid>-<hash of data_dir's path>` instead, owned by
+    /// that account and the same on every run from the same folder;
+    /// [`Self::data_dir`] says where.
     pub fn new(data_dir: &Path, port: u16) -> Result<Self, EmbeddedError> {
         let bin_dir = find_bin_dir().ok_or(EmbeddedError::NoBinaries)?;
         std::fs::create_dir_all(data_dir)?;
-        let data_dir = data_dir.canonicalize()?;
+        let mut data_dir = data_dir.canonicalize()?;
         let as_postgres_user = std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false);
+        if as_postgres_user && !postgres_can_enter(&data_dir) {
+            let reachable = reachable_home(&data_dir)?;
+            tracing::info!(
+                wanted = %data_dir.display(),
+                data_dir = %reachable.display(),
+                "the postgres account cannot enter the wanted folder: the private PostgreSQL lives in data_dir"
+            );
+            data_dir = reachable;
+        }
         Ok(Self { bin_dir, data_dir, port, as_postgres_user })
+    }
+
+    /// Where the cluster's files are.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
     }
 
     /// The URL of database `name` in this cluster.
@@ -101,7 +129,8 @@ impl EmbeddedPostgres {
         self.run(&mut stop, "pg_ctl stop").await
     }
 
-    async fn is_running(&self) -> bool {
+    /// Whether a postmaster runs on this folder.
+    pub async fn is_running(&self) -> bool {
         let mut status = self.tool("pg_ctl");
         status.arg("status").arg("-D").arg(&self.data_dir);
         matches!(status.output().await, Ok(out) if out.status.success())
@@ -129,6 +158,51 @@ impl EmbeddedPostgres {
     }
 }
 
+/// Whether the `postgres` account can enter `dir` (every folder above it
+/// included), asked as that account so that modes and ACLs both count.
+fn postgres_can_enter(dir: &Path) -> bool {
+    std::process::Command::new("runuser")
+        .args(["-u", "postgres", "--", "test", "-x"])
+        .arg(dir)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// A folder for the cluster meant for `wanted` that the `postgres` account
+/// can enter: `/var/tmp/stockguard-<uid>-<16 hex digits of SHA-256 of
+/// wanted's path>`, made by root and handed to `postgres` by [`EmbeddedPostgres::start`].
+/// One that exists must be a folder of root's or postgres's, never a link.
+fn reachable_home(wanted: &Path) -> Result<PathBuf, EmbeddedError> {
+    use sha2::{Digest, Sha256};
+    let hash = hex::encode(Sha256::digest(wanted.as_os_str().as_encoded_bytes()));
+    let uid = std::fs::metadata("/proc/self")?.uid();
+    let home = PathBuf::from(format!("/var/tmp/stockguard-{uid}-{}", &hash[..16]));
+    let unusable = |why: &str| {
+        EmbeddedError::Unreachable(format!(
+            "the postgres account cannot enter {} and {} {why}: make the folders above the project \
+             enterable (chmod o+x), run as another user than root, or set DATABASE_URL",
+            wanted.display(),
+            home.display()
+        ))
+    };
+    match std::fs::symlink_metadata(&home) {
+        Ok(meta) if meta.is_dir() && (meta.uid() == 0 || Some(meta.uid()) == postgres_uid()) => {}
+        Ok(_) => return Err(unusable("belongs to another account or is not a folder")),
+        Err(_) => std::fs::create_dir(&home).map_err(|err| unusable(&format!("cannot be made ({err})")))?,
+    }
+    if !postgres_can_enter(&home) {
+        return Err(unusable("cannot be entered either"));
+    }
+    Ok(home)
+}
+
+/// The `postgres` account's uid.
+fn postgres_uid() -> Option<u32> {
+    let out = std::process::Command::new("id").args(["-u", "postgres"]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
 /// `pg_config --bindir` when it has `initdb`, else the newest
 /// `/usr/lib/postgresql/*/bin` (Debian keeps the server tools there).
 fn find_bin_dir() -> Option<PathBuf> {
@@ -154,57 +228,53 @@ fn find_bin_dir() -> Option<PathBuf> {
     versions.pop().map(|(_, bin)| bin)
 }
 
-/// The port of the tests' private PostgreSQL, beside the server's.
-const TEST_PORT: u16 = 54339;
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The PostgreSQL server the tests (the integration tests and this crate's
-/// own) create their databases on: `STOCKGUARD_TEST_DATABASE_URL` if set;
-/// else the server on 127.0.0.1:5432 if one listens; else a private cluster
-/// in `target/test-postgres` from the installed binaries, as the server
-/// itself does without a database, started by the first test that needs it
-/// and left running for the next run (`pg_ctl -D target/test-postgres stop`
-/// stops it). `Err` is one line saying what is missing. Found once per process.
-pub fn test_server_url() -> Result<String, String> {
-    static FOUND: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
-    FOUND.get_or_init(find_test_server).clone()
-}
+    /// A folder of `mode` under the system's temporary folder, removed on drop.
+    struct Private(PathBuf);
 
-fn find_test_server() -> Result<String, String> {
-    if let Ok(url) = std::env::var("STOCKGUARD_TEST_DATABASE_URL") {
-        return Ok(url);
+    impl Private {
+        fn new(mode: u32) -> Self {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = std::env::temp_dir().join(format!("stockguard-embedded-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir(&dir).expect("a temporary folder");
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            Self(dir)
+        }
     }
-    let local: std::net::SocketAddr = ([127, 0, 0, 1], 5432).into();
-    if std::net::TcpStream::connect_timeout(&local, std::time::Duration::from_millis(500)).is_ok() {
-        return Ok("postgres://postgres@127.0.0.1:5432".to_owned());
+
+    impl Drop for Private {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
-    let data_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-postgres");
-    // Its own thread and runtime: the tests ask from inside theirs, and
-    // starting the cluster awaits its tools.
-    let started = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-        runtime.block_on(async {
-            let cluster = EmbeddedPostgres::new(&data_dir, TEST_PORT).map_err(|err| match err {
-                EmbeddedError::NoBinaries => "no PostgreSQL for the tests: nothing listens on 127.0.0.1:5432, \
-                     STOCKGUARD_TEST_DATABASE_URL is not set, and no PostgreSQL binaries are installed \
-                     (Debian/Ubuntu: `apt-get install postgresql`)"
-                    .to_owned(),
-                other => other.to_string(),
-            })?;
-            // Another test process may be starting the same cluster: then it runs soon.
-            let url = format!("postgres://postgres@127.0.0.1:{TEST_PORT}");
-            let mut last = String::new();
-            for _ in 0..60 {
-                match cluster.start().await {
-                    Ok(_) => return Ok(url),
-                    Err(err) => last = err.to_string(),
-                }
-                if cluster.is_running().await {
-                    return Ok(url);
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-            }
-            Err(format!("the tests' private PostgreSQL (target/test-postgres) did not start: {last}"))
-        })
-    });
-    started.join().unwrap_or_else(|_| Err("the thread that starts the tests' PostgreSQL panicked".into()))
+
+    fn is_root() -> bool {
+        std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    }
+
+    #[test]
+    fn as_root_a_cluster_out_of_the_postgres_account_s_reach_lives_where_it_can_enter() {
+        if find_bin_dir().is_none() {
+            return assert!(matches!(EmbeddedPostgres::new(Path::new("unused"), 1), Err(EmbeddedError::NoBinaries)));
+        }
+        let closed = Private::new(0o700);
+        let wanted = closed.0.join("postgres");
+        let cluster = EmbeddedPostgres::new(&wanted, 1).expect("a folder for the cluster");
+        if is_root() {
+            let home = cluster.data_dir().to_owned();
+            assert!(home.starts_with("/var/tmp"), "moved out of the 0700 folder: {}", home.display());
+            assert!(postgres_can_enter(&home), "the postgres account enters {}", home.display());
+            let again = EmbeddedPostgres::new(&wanted, 1).expect("the same folder again");
+            assert_eq!(again.data_dir(), home, "the same folder on every run from the same place");
+            let _ = std::fs::remove_dir(&home);
+        } else {
+            assert_eq!(cluster.data_dir(), wanted.canonicalize().expect("made"), "a user's own folder is used as is");
+        }
+        let open = Private::new(0o755);
+        let cluster = EmbeddedPostgres::new(&open.0.join("postgres"), 1).expect("a folder for the cluster");
+        assert!(cluster.data_dir().starts_with(open.0.canonicalize().expect("made")), "an enterable folder stays");
+    }
 }

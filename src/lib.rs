@@ -49,6 +49,8 @@ pub mod schema;
 pub mod seed;
 /// The composition root: each feature's runtime state, the schema, the workers, a request's data.
 pub mod server;
+/// The one way a server starts: the database opened, the application built, bound and run until stopped.
+pub mod startup;
 /// Every statement that changes stock, built from one set of fragments.
 pub mod stock;
 /// Logs, spans per GraphQL operation, and Prometheus metrics.

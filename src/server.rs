@@ -89,7 +89,12 @@ impl Server {
     pub fn schema(&self) -> AppSchema {
         schema::build(self.state.clone(), |schema| {
             let Services { inventory, reservations, orders } = self.services.clone();
-            schema.data(inventory).data(reservations).data(orders).data(self.inventories.clone()).data(self.orders.clone())
+            schema
+                .data(inventory)
+                .data(reservations)
+                .data(orders)
+                .data(self.inventories.clone())
+                .data(self.orders.clone())
         })
     }
 

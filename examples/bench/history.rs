@@ -40,7 +40,10 @@ use uuid::Uuid;
 use crate::{
     report::{History, HistoryCell, Sides},
     scenarios::{Bench, By, Raw, Scenario, Shop, Side},
-    support::{ServerProcess, ThrowAway},
+};
+use stockguard_support::{
+    database::ThrowAway,
+    process::{Log, ServerProcess},
 };
 
 /// The history run: a second database and server, `bench.settings.history`
@@ -57,7 +60,9 @@ pub async fn compare(
     eprintln!("bench: history: a second database {} and server", database.name);
     let result = async {
         let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
-        let second = ServerProcess::start(server_bin, &database.url, secret, &locking, Stdio::inherit()).await?;
+        let second =
+            ServerProcess::start(server_bin, &database.url, Some(secret), &locking, Log::Warnings(Stdio::inherit()))
+                .await?;
         let result = measure_with(bench, server, &second, &database.url).await;
         second.stop_after(result).await
     }

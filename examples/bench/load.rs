@@ -22,8 +22,8 @@ use uuid::Uuid;
 use crate::{
     measure::{Recorder, Stats, run_tasks},
     scenarios::{CHECKOUT_SUCCESSES, CheckoutContest, ORDER_SUCCESSES, OrderContest, address, reserve_client},
-    support::client::Gql,
 };
+use stockguard_support::client::Gql;
 
 /// A load against a running server.
 #[derive(clap::Args, Debug)]

@@ -43,8 +43,8 @@
 //! The code: `measure.rs` (what was used and recorded, the statistics),
 //! `scenarios.rs` (the client loops and the benchmark's runs), `report.rs`
 //! (markdown and chart), `load.rs` (the load tool); the server, the
-//! database, the GraphQL client and the documents are `examples/support`,
-//! shared with the soak.
+//! database, the GraphQL client and the documents are the workspace's
+//! `stockguard-support` crate (`support/`), shared with the soak and the tests.
 
 use std::{
     path::{Path, PathBuf},
@@ -59,18 +59,16 @@ use stockguard::auth::Keys;
 use measure::{clk_tck, machine};
 use report::{Report, Strategy};
 use scenarios::{Bench, Invariant, Scenario, Shop, server_ttl_secs, show};
-use support::{ServerProcess, ThrowAway, server_binary, status_kb};
+use stockguard_support::{
+    database::ThrowAway,
+    process::{Log, ServerProcess, server_binary, status_kb},
+};
 
 mod history;
 mod load;
 mod measure;
 mod report;
 mod scenarios;
-// Each example compiles its own copy of `support` and uses only part of it,
-// so what the other example uses would read as dead code here.
-#[allow(dead_code, reason = "shared with the soak, which uses other parts")]
-#[path = "../support/mod.rs"]
-mod support;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -226,7 +224,9 @@ async fn run(
     let secret = Keys::random_secret();
     let keys = Keys::new(secret.as_bytes(), stockguard::auth::DEFAULT_MAX_TOKEN_TTL_SECS)?;
     let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
-    let server = ServerProcess::start(server_bin, database_url, &secret, &locking, Stdio::inherit()).await?;
+    let server =
+        ServerProcess::start(server_bin, database_url, Some(&secret), &locking, Log::Warnings(Stdio::inherit()))
+            .await?;
     let result = main_matrix(settings, keys, &server, server_bin, database_url_base, database_url, &secret).await;
     server.stop_after(result).await
 }
@@ -315,7 +315,8 @@ async fn main_matrix(
     let optimistic = bench.contested_order(server, clients, "optimistic").await?;
     eprintln!("bench: restarting the server with STOCKGUARD_ORDER_LOCKING=pessimistic");
     let locking = [("STOCKGUARD_ORDER_LOCKING", "pessimistic".to_owned())];
-    let pessimistic_server = ServerProcess::start(server_bin, database_url, secret, &locking, Stdio::inherit()).await?;
+    let pessimistic_server =
+        ServerProcess::start(server_bin, database_url, Some(secret), &locking, Log::Warnings(Stdio::inherit())).await?;
     let pessimistic = bench.contested_order(&pessimistic_server, clients, "pessimistic").await;
     pessimistic_server.stop().await?;
     let pessimistic = pessimistic?;

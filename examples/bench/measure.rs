@@ -13,7 +13,7 @@ use std::{
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 
-use crate::support::{client::Outcome, status_kb};
+use stockguard_support::{client::Outcome, process::status_kb};
 
 /// Samples the server's VmRSS every 100 ms while a run lasts.
 pub struct RssSampler {

@@ -20,7 +20,7 @@ use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     live::Feed,
-        node,
+    node,
     pagination::{self, Connection, Cursor, VersionCursor, connection},
     telemetry, validate,
 };

@@ -107,7 +107,11 @@ impl InventoryService {
 
     /// Every committed change of inventory `id` from now on (see
     /// [`Feed::watch`]); none when no inventory has that id.
-    pub async fn watch(&self, live: &Feed<InventoryRow>, id: Uuid) -> Result<Option<BoxStream<'static, InventoryRow>>, AppError> {
+    pub async fn watch(
+        &self,
+        live: &Feed<InventoryRow>,
+        id: Uuid,
+    ) -> Result<Option<BoxStream<'static, InventoryRow>>, AppError> {
         match live.watch(self.db.clone(), id).await {
             Ok(changes) => Ok(Some(changes)),
             Err(WatchError::NotFound) => Ok(None),

@@ -16,9 +16,9 @@ use super::{
 };
 use crate::config::DatabaseConfig;
 
-/// The server the tests create their databases on, as `tests/api/helpers.rs` finds it.
+/// The server the tests create their databases on, as the integration tests find it.
 fn server_url() -> String {
-    crate::embedded::test_server_url().unwrap_or_else(|missing| panic!("{missing}"))
+    stockguard_support::database::server_url()
 }
 
 /// Every statement built with sea-orm values, by name.

@@ -135,7 +135,8 @@ async fn stockguard_archive_refuses_bad_ages_and_archives_a_good_one() {
 }
 
 /// Reservations and ledger rows refer to their inventory without a foreign
-/// key (bench/results/decisions.md); what keeps them from pointing at
+/// key (bench/results/decisions.md#per-row-costs-of-a-coalesced-batch-14-callers-14-inventories:
+/// a coalesced batch took 81–88 µs a row with them, 73–83 without); what keeps them from pointing at
 /// nothing is that an inventory, with or without rows, is never removed.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_inventory_is_never_deleted_or_truncated() {

@@ -17,6 +17,7 @@ use tokio_tungstenite::tungstenite::Message;
 use uuid::Uuid;
 
 use crate::{
+    helpers::eventually,
     hostile::{aliases, deep_value, fragment_fan_out},
     process::Process,
     ws::{SUBSCRIPTION, Socket, connect, connect_with, next, next_result, open, send},
@@ -49,7 +50,9 @@ async fn values_nested_thousands_deep_are_refused_and_the_process_lives() {
         println!("deep list in {what}: {status} {} in {took:?}", code(&body));
         assert_eq!(code(&body), "GRAPHQL_PARSE_FAILED", "{what}: {body}");
         assert!(body.get("data").is_none_or(Value::is_null), "{what}: {body}");
-        assert!(took < Duration::from_secs(2), "{what}: {took:?}");
+        // Generous on a busy machine: what is proved is the refusal at the
+        // lexer's depth bound and a process that lives, not a speed.
+        assert!(took < Duration::from_secs(10), "{what}: {took:?}");
         app.assert_serving(Duration::from_secs(1)).await;
     }
     // The same over a websocket: an error for that operation, the socket open.
@@ -93,7 +96,9 @@ async fn fragment_fan_out_is_refused_in_milliseconds_while_others_are_served() {
         let (took, body) = attack.await.expect("attack task");
         println!("fan-out of 30 levels: {} in {took:?}", code(&body));
         assert_eq!(code(&body), "COST_ESTIMATED_TOO_EXPENSIVE", "{body}");
-        assert!(took < Duration::from_secs(2), "{took:?}");
+        // 2^30 leaves walked one by one take minutes: within a generous
+        // 10 s only a measurement once per fragment answers.
+        assert!(took < Duration::from_secs(10), "{took:?}");
     }
     println!("slowest /healthz during the attacks: {slowest:?}");
 }
@@ -184,13 +189,9 @@ async fn subscriptions_are_capped_per_socket_and_unknown_inventories_cannot_be_w
     assert_eq!(refused["id"], "one-too-many", "{refused}");
     assert_eq!(refused["payload"]["errors"][0]["extensions"]["code"], "TOO_MANY_SUBSCRIPTIONS", "{refused}");
     // Three subscriptions of one inventory hold one watcher row.
-    for tries in 0.. {
-        assert!(tries < 200, "the subscriptions never registered");
-        if app.count(&format!("SELECT count(*) FROM inventory_watchers WHERE inventory_id = '{id}'")).await == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let watchers = format!("SELECT count(*) FROM inventory_watchers WHERE inventory_id = '{id}'");
+    eventually(Duration::from_secs(10), "the subscriptions register", || async { app.count(&watchers).await == 1 })
+        .await;
     // An inventory that does not exist: an error, and no row.
     let mut other = connect(&app.address, "graphql-transport-ws").await;
     subscribe(&mut other, "ghost", Uuid::new_v4()).await;
@@ -240,13 +241,10 @@ async fn a_hundred_sockets_of_subscriptions_stay_within_the_caps_and_the_memory(
         }
         sockets.push(socket);
     }
-    for tries in 0.. {
-        assert!(tries < 400, "500 subscriptions never went live: {}", live_subscriptions(&app).await);
-        if live_subscriptions(&app).await == 500 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually(Duration::from_secs(20), "500 subscriptions go live", || async {
+        live_subscriptions(&app).await == 500
+    })
+    .await;
     // ...and fifty more get an error for each: past the cap, or no such inventory.
     for _ in 0..50 {
         let mut socket = connect(&app.address, "graphql-transport-ws").await;
@@ -351,18 +349,12 @@ async fn hold_row(app: &Process, id: Uuid) -> sea_orm::DatabaseTransaction {
 
 /// Waits until `n` statements of the server wait on a lock.
 async fn until_blocked(app: &Process, n: i64) {
-    for tries in 0.. {
-        assert!(tries < 400, "{n} statements never waited on the row");
-        let blocked = app
-            .count(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .await;
-        if blocked >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let blocked =
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    eventually(Duration::from_secs(20), &format!("{n} statements wait on the row"), || async {
+        app.count(blocked).await >= n
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -394,14 +386,10 @@ async fn work_whose_client_hung_up_still_counts_against_the_in_flight_limit() {
     assert_eq!(answer["payload"]["errors"][0]["extensions"]["code"], "OVERLOADED", "{answer}");
     holder.rollback().await.expect("release the row");
     // The abandoned reserve committed, and then the permit came back.
-    for tries in 0.. {
-        assert!(tries < 400, "the abandoned reserve never finished");
-        let (status, _) = app.graphql(None, "{ __typename }", json!({})).await.expect("answer");
-        if status == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually(Duration::from_secs(20), "the abandoned reserve finishes", || async {
+        app.graphql(None, "{ __typename }", json!({})).await.expect("answer").0 == 200
+    })
+    .await;
     assert_eq!(app.count("SELECT count(*) FROM reservations WHERE idempotency_key = 'hangup-1'").await, 1);
 }
 
@@ -421,7 +409,7 @@ async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn slow_clients_are_cut_after_the_header_timeout_and_never_delay_others() {
-    let mut app = Process::start(&[("STOCKGUARD_HEADER_READ_TIMEOUT_MS", "1000")]).await;
+    let mut app = Process::start(&[("STOCKGUARD_HEADER_READ_TIMEOUT_MS", "5000")]).await;
     let mut slow = Vec::new();
     for _ in 0..100 {
         let mut stream = TcpStream::connect(&app.addr).await.expect("connect");
@@ -429,14 +417,22 @@ async fn slow_clients_are_cut_after_the_header_timeout_and_never_delay_others() 
         slow.push(stream);
     }
     let started = Instant::now();
-    // Others are served at once meanwhile.
+    // Others are served meanwhile: answered while every slow client still
+    // holds its connection (none cut yet, nothing to read on any), so they
+    // did not wait for the header timeout to free the server.
     for _ in 0..5 {
         let (took, answer) = timed(&app, "{ __typename }", json!({})).await;
-        assert_eq!(answer.expect("answer").0, 200);
-        assert!(took < Duration::from_secs(1), "{took:?}");
+        assert_eq!(answer.expect("answer").0, 200, "after {took:?}");
     }
+    let still_held = slow
+        .iter()
+        .filter(
+            |stream| matches!(stream.try_read(&mut [0u8; 1]), Err(err) if err.kind() == std::io::ErrorKind::WouldBlock),
+        )
+        .count();
+    assert_eq!(still_held, 100, "the others were served before the header timeout cut a slow client");
     for stream in &mut slow {
-        assert!(closed_within(stream, Duration::from_secs(5)).await, "a slow client was still connected");
+        assert!(closed_within(stream, Duration::from_secs(15)).await, "a slow client was still connected");
     }
     println!("100 half-sent headers all closed {:?} after they were sent", started.elapsed());
     app.assert_serving(Duration::from_secs(1)).await;
@@ -489,13 +485,10 @@ async fn the_connection_cap_holds_and_newcomers_are_served_once_slow_clients_are
         idle.push(TcpStream::connect(&app.addr).await.expect("connect"));
     }
     // The server has accepted all eleven: its own count says so.
-    for tries in 0.. {
-        assert!(tries < 200, "the server never accepted the ten silent connections");
-        if gauge(&app, "stockguard_http_connections").await == Some(11) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually(Duration::from_secs(10), "the server accepts the ten silent connections", || async {
+        gauge(&app, "stockguard_http_connections").await == Some(11)
+    })
+    .await;
     // A fresh client (the test's own would reuse its connection) must wait
     // for a place, which the header timeout frees.
     let newcomer = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().expect("client");
@@ -506,7 +499,9 @@ async fn the_connection_cap_holds_and_newcomers_are_served_once_slow_clients_are
     println!("with 11 of 11 connections taken, a newcomer was served after {waited:?}");
     assert_eq!(status, 200);
     assert!(waited > Duration::from_millis(300), "it waited for a place: {waited:?}");
-    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    // Freed by the header timeout (1 s): nothing else would free a place
+    // before the client gave up (20 s).
+    assert!(waited < Duration::from_secs(15), "{waited:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -557,11 +552,8 @@ async fn watcher_rows_of_a_process_that_died_are_cleared_when_a_listener_connect
     // A listener connects (as at start, or after losing its connection).
     let listener = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'";
     app.count(&format!("SELECT count(pg_terminate_backend(pid)) FROM ({listener}) l")).await;
-    for tries in 0.. {
-        assert!(tries < 400, "the stale watcher row was never cleared");
-        if app.count("SELECT count(*) FROM inventory_watchers").await == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually(Duration::from_secs(20), "the stale watcher row is cleared", || async {
+        app.count("SELECT count(*) FROM inventory_watchers").await == 0
+    })
+    .await;
 }

@@ -180,19 +180,20 @@ async fn a_full_statement_pool_fails_fast_as_unavailable() {
     let busy = {
         let pool = pool.clone();
         tokio::spawn(async move {
-            pool.fetch_optional(sqlx::query("SELECT pg_sleep(2) /* holds the one connection */")).await
+            pool.fetch_optional(sqlx::query("SELECT pg_sleep(5) /* holds the one connection */")).await
         })
     };
     let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-                    AND query = 'SELECT pg_sleep(2) /* holds the one connection */'";
+                    AND query = 'SELECT pg_sleep(5) /* holds the one connection */'";
     eventually(Duration::from_secs(10), "the first statement holds the pool's one connection", || async {
         app.count(sleeping).await > 0
     })
     .await;
-    let started = std::time::Instant::now();
     let error = backend_pid(&pool).await.expect_err("no connection free");
     assert_eq!(classify(&error), DbFailure::Unavailable, "{error}");
-    assert!(started.elapsed() < Duration::from_secs(2), "waited {:?}", started.elapsed());
+    // Refused while the sleeper still holds the one connection: it did not
+    // wait for the connection to come back.
+    assert!(app.count(sleeping).await > 0, "the error came only after the sleeper let go");
     busy.await.expect("join").expect("the sleeper finishes");
 }
 
@@ -270,10 +271,10 @@ async fn readiness_answers_at_once_while_requests_hold_every_pooled_connection()
     }
     assert_eq!(pool.num_idle(), 0, "the pool is saturated");
     assert!(!held.is_empty());
-    let started = std::time::Instant::now();
+    // Every pooled connection stays held until the end: a probe queued
+    // behind the pool could only time out, so a 200 proves it did not queue.
     let ready = app.client.get(format!("{}/readyz", app.address)).send().await.expect("readyz");
     assert_eq!(ready.status(), 200, "the database is up; a busy pool is no reason to be taken out");
-    assert!(started.elapsed() < Duration::from_secs(1), "readyz waited {:?}", started.elapsed());
     drop(held);
 }
 

@@ -115,18 +115,12 @@ async fn requests_past_the_in_flight_limit_are_refused_at_once_not_queued() {
             })
         })
         .collect();
-    for tries in 0.. {
-        assert!(tries < 400, "the two requests never reached the database");
-        let blocked = app
-            .count(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .await;
-        if blocked == 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
+    let blocked =
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    crate::helpers::eventually(std::time::Duration::from_secs(20), "the two requests reach the database", || async {
+        app.count(blocked).await == 2
+    })
+    .await;
 
     let response = app
         .client

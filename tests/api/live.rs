@@ -15,13 +15,11 @@ use crate::{
 /// Waits until the server has registered the subscription's watcher, so
 /// changes made from now on are announced.
 async fn until_watched(app: &TestApp, id: Uuid) {
-    for _ in 0..200 {
-        if app.count(&format!("SELECT count(*) FROM inventory_watchers WHERE inventory_id = '{id}'")).await > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the subscription never registered its watcher");
+    let watchers = format!("SELECT count(*) FROM inventory_watchers WHERE inventory_id = '{id}'");
+    eventually(Duration::from_secs(10), "the subscription registers its watcher", || async {
+        app.count(&watchers).await > 0
+    })
+    .await;
 }
 
 async fn three_reservations_arrive_in_order(protocol: &str, subscribe: &str, data: &str) {
@@ -56,13 +54,10 @@ async fn three_reservations_arrive_in_order(protocol: &str, subscribe: &str, dat
 
     // Closing the subscription removes its watcher.
     drop(socket);
-    for _ in 0..200 {
-        if app.count("SELECT count(*) FROM inventory_watchers").await == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the watcher outlived its subscription");
+    eventually(Duration::from_secs(10), "the watcher goes with its subscription", || async {
+        app.count("SELECT count(*) FROM inventory_watchers").await == 0
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -167,14 +162,12 @@ async fn subscriptions_survive_the_listener_losing_its_connection() {
     // Change the stock while nobody listens, then wait (bounded) for a new listener.
     let alice = app.token("alice", Role::Customer);
     app.reserve(&alice, json!({ "inventoryId": id, "quantity": 4 })).await;
-    for tries in 0.. {
-        assert!(tries < 400, "the listener never came back");
-        let current = app.count(&format!("SELECT coalesce(max(pid), 0)::bigint FROM ({listeners}) l")).await;
-        if current != 0 && current != old {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let current = format!("SELECT coalesce(max(pid), 0)::bigint FROM ({listeners}) l");
+    eventually(Duration::from_secs(20), "the listener comes back", || async {
+        let current = app.count(&current).await;
+        current != 0 && current != old
+    })
+    .await;
     // The change made in the gap arrives once the listener is back.
     let message = next(&mut socket).await;
     assert_eq!(message["payload"]["data"]["inventoryChanged"]["stock"], 6, "{message}");

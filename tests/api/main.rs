@@ -1,5 +1,9 @@
 //! Stockguard's integration tests: one binary, each test with its own fresh
-//! database and a real server on port 0, talked to over real HTTP.
+//! database and a real server on port 0, talked to over real HTTP. The
+//! documents they send, the client and the server as a child process are
+//! the `stockguard-support` crate's, shared with the examples.
+
+use stockguard_support::{documents, hostile};
 
 mod admission;
 mod archive;
@@ -14,13 +18,11 @@ mod coalescing;
 mod concurrency;
 mod db_errors;
 mod deploy;
-mod documents;
 mod exhausted;
 mod faults;
 mod fingerprints;
 mod fuzz;
 mod helpers;
-mod hostile;
 mod http;
 mod http_spec;
 mod lifecycle;

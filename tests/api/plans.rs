@@ -81,7 +81,7 @@ async fn the_sweep_is_planned_once() {
 /// the page's statement reads one page of rows, not every row of the user.
 /// (The bound `LIMIT` keeps it so: with the limit written into the text,
 /// PostgreSQL 15 costs this plan for an average user and reads and sorts
-/// all of a busy user's rows, bench/results/decisions.md.)
+/// all of a busy user's rows, bench/results/decisions.md#plans-made-once.)
 #[tokio::test(flavor = "multi_thread")]
 async fn the_first_page_of_a_users_reservations_reads_one_page_however_many_they_have() {
     let app = TestApp::spawn().await;

@@ -1,48 +1,46 @@
 //! `TestApp`: a real server on port 0 against a database of its own, copied
-//! from one migrated template; the one GraphQL client of the tests (a method
-//! per mutation, all through [`post`]); reads straight from the database;
-//! and the waits that assert what they wait for.
+//! from one migrated template (`template.rs`), built by the same
+//! `Application::build` as `stockguard serve`; a method per mutation, all
+//! through the support crate's [`post`]; reads straight from the database;
+//! and (`answers.rs`) reading answers and the waits that assert what they
+//! wait for.
+
+mod answers;
+mod template;
 
 use std::{
-    future::Future,
-    path::Path,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use futures::future::{BoxFuture, join_all};
-use migration::{Migrator, MigratorTrait};
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, Statement,
-    sqlx::{self, Connection as _, postgres::PgConnection},
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use stockguard::{
-    app::AppState,
     auth::{DEFAULT_MAX_TOKEN_TTL_SECS, Keys, Role},
     config::{DatabaseConfig, Limits},
-    db, http, invariant,
+    db, invariant,
     schema::AppSchema,
-    server::{Server, Workers},
+    server::Server,
+    startup::{Application, Database, Settings},
 };
-use tokio::sync::Barrier;
 use uuid::Uuid;
 
+pub use self::answers::{address, at_once, count, error_code, eventually, named, names, order_lines, sweep_all, uuid};
+use self::template::copy_of_template;
 pub use crate::documents::RESERVE;
 use crate::documents::{
-    CANCEL_ORDER, CHANGE_ADDRESS, CHANGE_QUANTITY, CHECKOUT, CONFIRM_ORDER, CREATE_INVENTORY, EXTEND, FULFILL_ORDER,
-    PLACE_ORDER, RELEASE, RESERVE_MANY, RESTOCK, STOCK_STATES,
+    CANCEL_ORDER, CHANGE_ADDRESS, CHANGE_QUANTITY, CHECKOUT, CONFIRM_ORDER, EXTEND, FULFILL_ORDER, PLACE_ORDER,
+    RELEASE, RESERVE_MANY, RESTOCK, STOCK_STATES,
 };
 
-/// The server the tests create their databases on: `STOCKGUARD_TEST_DATABASE_URL`,
-/// the one on 127.0.0.1:5432, or a private one (see `embedded::test_server_url`).
-pub fn server_url() -> String {
-    stockguard::embedded::test_server_url().unwrap_or_else(|missing| panic!("{missing}"))
-}
+use stockguard_support::client;
+pub use stockguard_support::{
+    client::{Reply, post, request},
+    database::{drop_database, server_url},
+};
 
 /// The secret every test server signs with.
 pub const SECRET: &str = "stockguard-test-secret-of-32-bytes-or-more";
@@ -145,8 +143,6 @@ pub struct TestApp {
     pub database_url: String,
     /// Mints the tests' tokens with the server's secret.
     keys: Keys,
-    /// The sweeper and the live-stock listener, stopped with the test.
-    _workers: Workers,
 }
 
 impl TestApp {
@@ -193,31 +189,25 @@ impl TestApp {
         let checks =
             DatabaseConfig { pool_size: 2, acquire_timeout_ms: 30_000, statement_timeout_ms: 30_000, ..config.clone() };
         let direct = db::connect(&database_url, &checks).await.expect("connect for checks");
-        // The template may be older than its days ahead; a server makes them
-        // before serving, and so does the test's.
-        stockguard::stock::partitions::make(&direct, 0, stockguard::stock::partitions::DAYS_AHEAD)
-            .await
-            .expect("the ledger's days ahead");
-        let mut pool = db::connect(&database_url, &config).await.expect("connect the server");
+        // The server is built as `stockguard serve` builds it, on a pool
+        // whose statements the test counts.
+        let mut database = Database::open(&config).await.expect("open the test's database");
         let statements = Arc::new(AtomicUsize::new(0));
         let counter = statements.clone();
-        pool.set_metric_callback(move |_| {
+        database.conn.set_metric_callback(move |_| {
             counter.fetch_add(1, Ordering::SeqCst);
         });
-
         let keys = Keys::new(SECRET.as_bytes(), DEFAULT_MAX_TOKEN_TTL_SECS).expect("a long enough secret");
-        let connections = http::connection_limits(&limits);
-        let state = AppState::new(pool, keys.clone(), limits);
-        let server = Server::new(state);
-        let workers = server.spawn_workers();
+        let settings =
+            Settings { addr: ([127, 0, 0, 1], 0).into(), limits, keys: keys.clone(), dev_tokens: None, seed: false };
+        let application = Application::build(settings, database).await.expect("build the server");
+        let address = format!("http://{}", application.address());
+        let server = application.server().clone();
         let schema = server.schema();
-        let router = http::router(&server, None);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let address = format!("http://{}", listener.local_addr().expect("addr"));
-        tokio::spawn(http::serve(listener, router, connections, std::future::pending()));
+        tokio::spawn(application.run_until_stopped(std::future::pending()));
 
         let client = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().expect("client");
-        Self { address, client, db: direct, schema, server, statements, database_url, keys, _workers: workers }
+        Self { address, client, db: direct, schema, server, statements, database_url, keys }
     }
 
     /// A token for `sub` with `role`.
@@ -258,10 +248,9 @@ impl TestApp {
 
     /// Creates an inventory as operator and returns its id.
     pub async fn create_inventory(&self, sku: &str, stock: i32) -> Uuid {
-        let input = json!({ "sku": sku, "name": format!("Item {sku}"), "stock": stock });
-        let created =
-            self.mutate(&self.operator(), "createInventory", CREATE_INVENTORY, json!({ "input": input })).await;
-        created["id"].as_str().and_then(|id| id.parse().ok()).unwrap_or_else(|| panic!("created: {created}"))
+        let (name, operator) = (format!("Item {sku}"), self.operator());
+        let created = client::create_inventory(&self.client, &self.address, &operator, sku, &name, stock.into());
+        created.await.unwrap_or_else(|err| panic!("{err:#}"))
     }
 
     /// `reserve` with `input`.
@@ -407,261 +396,10 @@ impl TestApp {
     }
 }
 
-/// An HTTP answer: the status and the body as it came.
-#[derive(Debug)]
-pub struct Reply {
-    /// The HTTP status.
-    pub status: u16,
-    /// The body, or as much of it as arrived.
-    pub body: Vec<u8>,
-    /// Why the body stopped short, if it did.
-    pub cut_short: Option<String>,
-}
-
-/// POSTs `body` to the `/graphql` of the server at `address` with `client`
-/// (whose timeout bounds the wait), `authorization` as the header when given:
-/// every request of the tests goes through here. `Err` when no response came
-/// back at all.
-pub async fn post(
-    client: &reqwest::Client,
-    address: &str,
-    authorization: Option<&str>,
-    body: impl Into<reqwest::Body>,
-) -> Result<Reply, reqwest::Error> {
-    let mut request = client.post(format!("{address}/graphql")).header("content-type", "application/json").body(body);
-    if let Some(value) = authorization {
-        request = request.header("authorization", value);
-    }
-    let response = request.send().await?;
-    let status = response.status().as_u16();
-    Ok(match response.bytes().await {
-        Ok(body) => Reply { status, body: body.to_vec(), cut_short: None },
-        Err(err) => Reply { status, body: Vec::new(), cut_short: Some(err.to_string()) },
-    })
-}
-
-/// A GraphQL request with `variables`, as bytes.
-pub fn request(query: &str, variables: Value) -> Vec<u8> {
-    serde_json::to_vec(&json!({ "query": query, "variables": variables })).expect("serialize")
-}
-
-/// The `__typename` of a mutation's answer, or `"ERROR"` when the body has
-/// errors (or no typename).
-pub fn typename(answer: &Value) -> &str {
-    answer["__typename"].as_str().unwrap_or("ERROR")
-}
-
-/// A mutation's answer beside its [`typename`], for tests that compare many.
-pub fn named(answer: Value) -> (String, Value) {
-    (typename(&answer).to_owned(), answer)
-}
-
-/// Every `(typename, answer)` named `name`.
-pub fn count(results: &[(String, Value)], name: &str) -> usize {
-    results.iter().filter(|(n, _)| n == name).count()
-}
-
-/// The typenames of `(typename, answer)` pairs, for messages.
-pub fn names(results: &[(String, Value)]) -> Vec<&str> {
-    results.iter().map(|(n, _)| n.as_str()).collect()
-}
-
-/// Starts every request at the same moment (one task each, behind one
-/// barrier) and returns the results in the order given.
-pub async fn at_once<T: Send + 'static>(requests: Vec<BoxFuture<'static, T>>) -> Vec<T> {
-    let barrier = Arc::new(Barrier::new(requests.len()));
-    let tasks = requests.into_iter().map(|request| {
-        let barrier = barrier.clone();
-        tokio::spawn(async move {
-            barrier.wait().await;
-            request.await
-        })
-    });
-    join_all(tasks).await.into_iter().map(|r| r.expect("task")).collect()
-}
-
-/// Sweeps batches of `batch` until nothing more is due, re-running
-/// collisions (two sweeps on one inventory) as the sweeper does; how many
-/// reservations it expired.
-pub async fn sweep_all(db: &DatabaseConnection, batch: i64) -> i64 {
-    let mut total = 0;
-    loop {
-        match stockguard::reservations::sweeper::sweep_once(db, batch).await {
-            Ok(0) => return total,
-            Ok(expired) => total += expired,
-            Err(err) => assert!(db::classify(&err).is_collision(), "{err}"),
-        }
-    }
-}
-
-/// A UUID from a JSON string.
-pub fn uuid(value: &Value) -> Uuid {
-    value.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not a UUID: {value}"))
-}
-
-/// A complete shipping address whose first line is `line1`.
-pub fn address(line1: &str) -> Value {
-    json!({ "name": "Alice Example", "line1": line1, "line2": "Floor 2", "city": "Lisbon", "postalCode": "1100-148", "country": "PT" })
-}
-
-/// The `extensions.code` of the first error of a response.
-pub fn error_code(body: &Value) -> Option<&str> {
-    body["errors"][0]["extensions"]["code"].as_str()
-}
-
-/// Polls `probe` every 20 ms until it holds, and fails the test (naming
-/// `what`) when it has not within `limit`: a wait that cannot pass without
-/// the condition. Returns how long it took.
-pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut probe: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    loop {
-        if probe().await {
-            return start.elapsed();
-        }
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-// ---------- test databases ----------
-
-/// The template for this migration set: named after a hash of the
-/// migrations' names and of the migration crate's sources, so a template of
-/// other (or edited) migrations is never used.
-fn template_name() -> String {
-    let mut hasher = Sha256::new();
-    for migration in Migrator::migrations() {
-        hasher.update(migration.name());
-        hasher.update(b"\n");
-    }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migration/src");
-    let mut sources: Vec<_> =
-        std::fs::read_dir(&dir).expect("the migration sources").map(|entry| entry.expect("entry").path()).collect();
-    sources.sort();
-    for source in sources {
-        hasher.update(source.file_name().expect("a file").as_encoded_bytes());
-        hasher.update(std::fs::read(&source).expect("a migration source"));
-    }
-    format!("sg_template_{}", &hex::encode(hasher.finalize())[..16])
-}
-
-async fn admin(server: &str) -> PgConnection {
-    PgConnection::connect(&format!("{server}/postgres")).await.expect("connect to the postgres database")
-}
-
-async fn exists(admin: &mut PgConnection, name: &str) -> bool {
-    let found: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
-        .bind(name)
-        .fetch_optional(admin)
-        .await
-        .expect("look for a database");
-    found.is_some()
-}
-
-async fn run(admin: &mut PgConnection, sql: String) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(admin).await.map(drop)
-}
-
-/// Creates database `name` on `server` as a copy of the migrated template,
-/// defaulting to `isolation`.
-async fn copy_of_template(server: &str, name: &str, isolation: Isolation) {
-    let template = template(server).await;
-    let mut admin = admin(server).await;
-    // The template takes no connections, so none can be open while it is copied.
-    run(&mut admin, format!("CREATE DATABASE \"{name}\" TEMPLATE \"{template}\"")).await.expect("copy the template");
-    run(&mut admin, format!("ALTER DATABASE \"{name}\" SET default_transaction_isolation TO '{}'", isolation.sql()))
-        .await
-        .expect("set the isolation level");
-    let _ = admin.close().await;
-}
-
-/// The migrated template on `server`, made first if it is not there yet.
-///
-/// Test processes sharing a server (two CI runs, or tests of one run) take
-/// turns on an advisory lock named after the template, and the template gets
-/// its name only once it is complete: it is migrated under a name of its own
-/// and renamed last, so a half-built one (its builder died) is never used.
-/// It accepts no connections, which `CREATE DATABASE ... TEMPLATE` needs.
-async fn template(server: &str) -> String {
-    let name = template_name();
-    let mut admin = admin(server).await;
-    if !exists(&mut admin, &name).await {
-        let lock = u64::from_str_radix(&name["sg_template_".len()..], 16).map_or(0, |bits| bits as i64);
-        sqlx::query("SELECT pg_advisory_lock($1)").bind(lock).execute(&mut admin).await.expect("lock");
-        if !exists(&mut admin, &name).await {
-            build_template(&mut admin, server, &name).await;
-        }
-        sqlx::query("SELECT pg_advisory_unlock($1)").bind(lock).execute(&mut admin).await.expect("unlock");
-    }
-    let _ = admin.close().await;
-    name
-}
-
-/// Migrates a new database and renames it `name`; it is dropped again if
-/// anything fails before (it is this run's own).
-async fn build_template(admin: &mut PgConnection, server: &str, name: &str) {
-    let building = format!("{name}_build_{}", &Uuid::new_v4().simple().to_string()[..8]);
-    match run(admin, format!("CREATE DATABASE \"{building}\"")).await {
-        Ok(()) => {}
-        Err(err) => panic!("create {building}: {err}"),
-    }
-    let url = format!("{server}/{building}");
-    let config = DatabaseConfig { database_url: Some(url.clone()), pool_size: 2, ..DatabaseConfig::default() };
-    let migrated = async {
-        let db = db::connect(&url, &config).await?;
-        let result = db::migrate(&db).await;
-        db.close().await?;
-        result
-    }
-    .await;
-    let finished = match migrated {
-        Ok(()) => {
-            let sealed =
-                run(admin, format!("ALTER DATABASE \"{building}\" WITH ALLOW_CONNECTIONS false IS_TEMPLATE true"));
-            match sealed.await {
-                Ok(()) => run(admin, format!("ALTER DATABASE \"{building}\" RENAME TO \"{name}\"")).await,
-                Err(err) => Err(err),
-            }
-        }
-        Err(err) => panic_after_drop(admin, &building, &format!("migrate the template: {err}")).await,
-    };
-    if let Err(err) = finished {
-        panic_after_drop(admin, &building, &format!("seal the template: {err}")).await;
-    }
-}
-
-/// Drops this run's half-built template `building`, then fails with `why`.
-async fn panic_after_drop(admin: &mut PgConnection, building: &str, why: &str) -> ! {
-    let _ = run(admin, format!("ALTER DATABASE \"{building}\" WITH IS_TEMPLATE false")).await;
-    let _ = run(admin, format!("DROP DATABASE IF EXISTS \"{building}\" WITH (FORCE)")).await;
-    panic!("{why}");
-}
-
 impl Drop for TestApp {
     /// Drops the test's database, so runs leave nothing behind. `FORCE` ends
     /// the server's connections, which die with the test anyway.
     fn drop(&mut self) {
         drop_database(&self.database_url);
     }
-}
-
-/// Drops the database at `url` (one a test made), from a thread of its own
-/// so it works inside and outside a runtime.
-pub fn drop_database(url: &str) {
-    let Some((server, name)) = url.rsplit_once('/').map(|(s, n)| (s.to_owned(), n.to_owned())) else {
-        return;
-    };
-    let dropped = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
-        runtime.block_on(async {
-            let admin = sea_orm::Database::connect(format!("{server}/postgres")).await.ok()?;
-            admin.execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()?;
-            admin.close().await.ok()
-        })
-    });
-    let _ = dropped.join();
 }

@@ -1,4 +1,5 @@
-//! Every GraphQL document the examples send.
+//! The documents of the examples' load: each reads back only what a
+//! client under load keeps (the union member, an id, a version).
 
 /// `reserve` reading back only the union member: the measured loop's request.
 pub const RESERVE_TYPENAME: &str = "mutation($i: ReserveInput!) { reserve(input: $i) { __typename } }";
@@ -17,9 +18,6 @@ pub const RELEASE: &str = r#"mutation($id: UUID!) { releaseReservation(id: $id) 
 
 pub const EXTEND: &str = r#"mutation($id: UUID!, $s: Int!) { extendReservation(id: $id, seconds: $s) { __typename
   ... on ReservationNotActive { reservation { status } } } }"#;
-
-pub const CREATE_INVENTORY: &str =
-    "mutation($i: CreateInventoryInput!) { createInventory(input: $i) { __typename id } }";
 
 pub const INVENTORY_VERSION: &str = "query($id: UUID!) { inventory(id: $id) { __typename version } }";
 

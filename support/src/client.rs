@@ -1,6 +1,8 @@
-//! The one GraphQL client of the examples: keep-alive connections for many
-//! concurrent callers, answers read as an [`Outcome`], and the lean
-//! `reserve` of the benchmark's measured loop ([`Lean`]).
+//! The one GraphQL client of the tests and the examples: [`post`], through
+//! which every request of the tests goes, answered as a [`Reply`];
+//! [`create_inventory`]; and for the examples' many concurrent callers
+//! [`Gql`] (keep-alive connections, answers read as an [`Outcome`]) with the
+//! lean `reserve` of the benchmark's measured loop ([`Lean`]).
 
 use std::time::Duration;
 
@@ -16,7 +18,64 @@ use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use uuid::Uuid;
 
-use super::documents::{CREATE_INVENTORY, PLACE_ORDER, RESERVE_TYPENAME};
+use crate::documents::{
+    CREATE_INVENTORY,
+    brief::{PLACE_ORDER, RESERVE_TYPENAME},
+};
+
+/// An HTTP answer: the status and the body as it came.
+#[derive(Debug)]
+pub struct Reply {
+    /// The HTTP status.
+    pub status: u16,
+    /// The body, or as much of it as arrived.
+    pub body: Vec<u8>,
+    /// Why the body stopped short, if it did.
+    pub cut_short: Option<String>,
+}
+
+/// POSTs `body` to the `/graphql` of the server at `address` with `client`
+/// (whose timeout bounds the wait), `authorization` as the header when given.
+/// `Err` when no response came back at all.
+pub async fn post(
+    client: &reqwest::Client,
+    address: &str,
+    authorization: Option<&str>,
+    body: impl Into<reqwest::Body>,
+) -> Result<Reply, reqwest::Error> {
+    let mut request = client.post(format!("{address}/graphql")).header("content-type", "application/json").body(body);
+    if let Some(value) = authorization {
+        request = request.header("authorization", value);
+    }
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    Ok(match response.bytes().await {
+        Ok(body) => Reply { status, body: body.to_vec(), cut_short: None },
+        Err(err) => Reply { status, body: Vec::new(), cut_short: Some(err.to_string()) },
+    })
+}
+
+/// A GraphQL request with `variables`, as bytes.
+pub fn request(query: &str, variables: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({ "query": query, "variables": variables })).unwrap_or_default()
+}
+
+/// Creates an inventory of `stock` units named `name` as `operator` (a
+/// token) on the server at `address`; its id, or the answer that had none.
+pub async fn create_inventory(
+    client: &reqwest::Client,
+    address: &str,
+    operator: &str,
+    sku: &str,
+    name: &str,
+    stock: i64,
+) -> anyhow::Result<Uuid> {
+    let input = json!({ "input": { "sku": sku, "name": name, "stock": stock } });
+    let reply = post(client, address, Some(&format!("Bearer {operator}")), request(CREATE_INVENTORY, input)).await?;
+    let body: Value = serde_json::from_slice(&reply.body).unwrap_or(Value::Null);
+    let id = body["data"]["createInventory"]["id"].as_str().and_then(|id| id.parse().ok());
+    id.with_context(|| format!("createInventory {sku}: HTTP {} {body}", reply.status))
+}
 
 /// How one operation ended: a union member's `__typename` with
 /// `data.<field>`, or an error (an `extensions.code`, or what went wrong
@@ -110,11 +169,8 @@ impl Gql {
 
     /// Creates an inventory as `operator`; its id.
     pub async fn create_inventory(&self, operator: &str, sku: &str, name: &str, stock: i64) -> anyhow::Result<Uuid> {
-        let input = json!({ "i": { "sku": sku, "name": name, "stock": stock } });
-        match self.call(operator, CREATE_INVENTORY, input, "createInventory").await {
-            Outcome::Ok(_, data) => Ok(data["id"].as_str().context("an id")?.parse()?),
-            Outcome::Error(err) => anyhow::bail!("createInventory {sku}: {err}"),
-        }
+        let address = self.url.trim_end_matches("/graphql");
+        create_inventory(&self.http, address, operator, sku, name, stock).await
     }
 
     /// Places an order of one unit of `inventory` as `customer`; its id.

@@ -30,6 +30,14 @@
 //! success, the longest stretch without any success after it, and the
 //! acknowledged writes lost. It exits 1 on any violation.
 
+mod checks;
+mod client;
+mod faults;
+
+use self::checks::*;
+use self::client::*;
+use self::faults::*;
+
 use std::{
     collections::HashSet,
     path::PathBuf,
@@ -47,15 +55,13 @@ use futures::{SinkExt as _, StreamExt as _};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::auth::{Keys, Role};
-use support::{
+use stockguard_support::{
     client::{Gql, Outcome},
-    documents::{CANCEL, PLACE_ORDER, RESERVE},
-    formation::{APPS, Formation},
+    documents::brief::{CANCEL, PLACE_ORDER, RESERVE},
+    formation::{self, APPS, Formation},
+    process::server_binary,
 };
 use uuid::Uuid;
-
-#[allow(dead_code, reason = "shared with the other examples, which use other parts")]
-mod support;
 
 #[derive(Parser, Debug)]
 #[command(about = "Stockguard failover under load: pg_auto_failover, three processes, HAProxy")]
@@ -131,7 +137,7 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> anyhow::Result<bool> {
     let dir = args.dir.clone().unwrap_or_else(Formation::default_dir);
     let formation = Formation::new(&dir, args.base_port)?;
-    let bin = support::server_binary(args.server_bin.as_deref(), "failover")?;
+    let bin = server_binary(args.server_bin.as_deref(), "failover")?;
     let ours = !formation.is_up();
     if ours {
         if dir.exists() {
@@ -421,8 +427,8 @@ async fn one_run(
         violations.push(format!("the subscription's socket broke {reconnected} times in a database fault"));
     }
     for n in 1..=APPS {
-        support::formation::wait_for(&format!("Stockguard {n} ready again"), Duration::from_secs(60), || async {
-            support::formation::ready(&format!("{}/readyz", formation.app_url(n))).await
+        formation::wait_for(&format!("Stockguard {n} ready again"), Duration::from_secs(60), || async {
+            formation::ready(&format!("{}/readyz", formation.app_url(n))).await
         })
         .await?;
     }
@@ -449,254 +455,4 @@ async fn one_run(
         lost,
         violations,
     })
-}
-
-/// One well-behaved client: reserves with a fresh key each round, every
-/// eighth round places an order (with a key) instead, and cancels every
-/// other order it placed; every request is retried until it is answered.
-struct Client {
-    gql: Arc<Gql>,
-    seen: Arc<Seen>,
-    stop: Arc<AtomicBool>,
-    token: Result<String, jsonwebtoken::errors::Error>,
-    reserve_items: Vec<Uuid>,
-    order_items: Vec<Uuid>,
-    /// Which client, to spread the items.
-    n: usize,
-}
-
-impl Client {
-    async fn run(self) {
-        let Ok(token) = &self.token else { return };
-        let seen = &self.seen;
-        let mut round = 0usize;
-        while !self.stop.load(Ordering::Relaxed) {
-            round += 1;
-            if !round.is_multiple_of(8) {
-                let item = self.reserve_items[(self.n + round) % self.reserve_items.len()];
-                let input = json!({ "i": { "inventoryId": item, "idempotencyKey": format!("r-{round}") } });
-                let Some((name, data, _)) = seen.until_answered(&self.gql, token, RESERVE, input, "reserve").await
-                else {
-                    continue;
-                };
-                match name.as_str() {
-                    "Reserved" => match data["reservation"]["id"].as_str().and_then(|id| id.parse().ok()) {
-                        Some(id) => lock(&seen.reserved).push(id),
-                        None => lock(&seen.bad).push("Reserved without an id".into()),
-                    },
-                    "SoldOut" => {}
-                    other => lock(&seen.bad).push(format!("reserve: {other}")),
-                }
-                continue;
-            }
-            let input = json!({ "i": {
-                "items": [{ "inventoryId": self.order_items[round % self.order_items.len()], "quantity": 1 }],
-                "shippingAddress": address(),
-                "idempotencyKey": format!("o-{round}"),
-            }});
-            let Some((name, data, _)) = seen.until_answered(&self.gql, token, PLACE_ORDER, input, "placeOrder").await
-            else {
-                continue;
-            };
-            let Some(id) =
-                data["order"]["id"].as_str().and_then(|id| id.parse().ok()).filter(|_| name == "OrderPlaced")
-            else {
-                lock(&seen.bad).push(format!("placeOrder: {name}"));
-                continue;
-            };
-            lock(&seen.placed).push(id);
-            if round.is_multiple_of(16)
-                && let Some((name, data, retried)) =
-                    seen.until_answered(&self.gql, token, CANCEL, json!({ "id": id }), "cancelOrder").await
-            {
-                // cancelOrder has no key: when an attempt failed with its
-                // commit in flight (the primary killed), the retry finds
-                // the order already CANCELLED, which is that attempt's work.
-                let ours = retried && name == "OrderCannotBeCancelled" && data["order"]["status"] == "CANCELLED";
-                if name == "OrderCancelled" || ours {
-                    lock(&seen.cancelled).push(id);
-                } else {
-                    lock(&seen.bad).push(format!("cancelOrder: {name}"));
-                }
-            }
-        }
-    }
-}
-
-/// Creates an inventory through HAProxy (before any fault; retried while the formation settles).
-async fn create(gql: &Gql, operator: &str, sku: &str, stock: i64) -> anyhow::Result<Uuid> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match gql.create_inventory(operator, sku, sku, stock).await {
-            Ok(id) => return Ok(id),
-            Err(err) if Instant::now() < deadline => {
-                eprintln!("failover: createInventory {sku}: {err:#}; again");
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            Err(err) => return Err(err),
-        }
-    }
-}
-
-/// Injects `fault`; when it took effect: when a planned failover was asked
-/// for (it returns once done), or when the signal was sent.
-async fn inject(formation: &Formation, fault: Fault) -> anyhow::Result<Instant> {
-    let at = match fault {
-        Fault::Planned => {
-            let dir = formation.dir.clone();
-            let base = formation.ports.base;
-            let asked = Instant::now();
-            tokio::task::spawn_blocking(move || Formation::new(&dir, base)?.perform_failover()).await??;
-            eprintln!("failover: pg_autoctl perform failover returned after {:.1?}", asked.elapsed());
-            asked
-        }
-        Fault::KillPrimary => {
-            let primary = formation.primary()?.context("no primary to kill")?;
-            let pid = formation.postmaster_pid(&primary.name)?;
-            eprintln!("failover: kill -9 {pid} (the postmaster of {}, the primary)", primary.name);
-            kill9(pid)?
-        }
-        Fault::KillApp => {
-            let pid = formation.app_pid(VICTIM_APP).context("no pid of the victim app")?;
-            eprintln!("failover: kill -9 {pid} (Stockguard {VICTIM_APP})");
-            kill9(pid)?
-        }
-    };
-    Ok(at)
-}
-
-/// `kill -9 pid`; the moment it returned (the signal was delivered by then).
-fn kill9(pid: u32) -> anyhow::Result<Instant> {
-    let status = std::process::Command::new("kill").arg("-KILL").arg(pid.to_string()).status()?;
-    if !status.success() {
-        bail!("kill -9 {pid} failed");
-    }
-    Ok(Instant::now())
-}
-
-/// The checks on the primary; how many acknowledged writes are missing.
-async fn check(
-    db: &DatabaseConnection,
-    seen: &Seen,
-    reserve_items: &[Uuid],
-    order_items: &[Uuid],
-    tag: &str,
-    violations: &mut Vec<String>,
-) -> anyhow::Result<usize> {
-    let ids = |sql: String| async move {
-        let rows = db.query_all_raw(Statement::from_string(DbBackend::Postgres, sql)).await?;
-        rows.iter().map(|row| row.try_get_by_index::<Uuid>(0)).collect::<Result<HashSet<Uuid>, _>>()
-    };
-    let list = |items: &[Uuid]| items.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(",");
-    let acknowledged: HashSet<Uuid> = lock(&seen.reserved).iter().copied().collect();
-    let stored = ids(format!(
-        "SELECT id FROM reservations WHERE inventory_id IN ({}) AND order_id IS NULL",
-        list(reserve_items)
-    ))
-    .await?;
-    let lost_reservations = acknowledged.difference(&stored).count();
-    let phantom_reservations = stored.difference(&acknowledged).count();
-    let placed: HashSet<Uuid> = lock(&seen.placed).iter().copied().collect();
-    let orders = ids(format!("SELECT id FROM orders WHERE user_id LIKE '{tag}-%'")).await?;
-    let lost_orders = placed.difference(&orders).count();
-    let phantom_orders = orders.difference(&placed).count();
-    let cancelled: Vec<Uuid> = lock(&seen.cancelled).clone();
-    let still_open = if cancelled.is_empty() {
-        0
-    } else {
-        ids(format!("SELECT id FROM orders WHERE id IN ({}) AND status <> 'CANCELLED'", list(&cancelled))).await?.len()
-    };
-    if lost_reservations + lost_orders + still_open > 0 {
-        violations.push(format!(
-            "acknowledged writes lost: {lost_reservations} reservations, {lost_orders} orders, {still_open} cancellations"
-        ));
-    }
-    if phantom_reservations + phantom_orders > 0 {
-        violations.push(format!(
-            "{phantom_reservations} reservations and {phantom_orders} orders exist that no client's retries ended in"
-        ));
-    }
-    let negative = ids(format!(
-        "SELECT id FROM inventories WHERE stock < 0 AND id IN ({},{})",
-        list(reserve_items),
-        list(order_items)
-    ))
-    .await?;
-    if !negative.is_empty() {
-        violations.push(format!("oversold: {negative:?}"));
-    }
-    let drifts = stockguard::invariant::check(db).await?;
-    if !drifts.is_empty() {
-        violations.push(format!("invariant: {drifts:?}"));
-    }
-    eprintln!(
-        "failover: checked {} reservations and {} orders acknowledged, {} cancellations",
-        acknowledged.len(),
-        placed.len(),
-        cancelled.len()
-    );
-    Ok(lost_reservations + lost_orders + still_open)
-}
-
-/// Follows `inventoryChanged` of `id` through HAProxy until `stop`,
-/// recording when each change arrives; reconnects (counted) when the socket breaks.
-async fn subscribe(
-    base: String,
-    id: Uuid,
-    changes: Arc<Mutex<Vec<Instant>>>,
-    reconnects: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-) {
-    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest as _, http::HeaderValue};
-    let mut first = true;
-    while !stop.load(Ordering::Relaxed) {
-        if !first {
-            reconnects.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        first = false;
-        let Ok(mut request) = format!("{}/graphql/ws", base.replace("http://", "ws://")).into_client_request() else {
-            return;
-        };
-        request.headers_mut().insert("Sec-WebSocket-Protocol", HeaderValue::from_static("graphql-transport-ws"));
-        let Ok(Ok((mut socket, _))) =
-            tokio::time::timeout(Duration::from_secs(5), tokio_tungstenite::connect_async(request)).await
-        else {
-            continue;
-        };
-        let init = json!({ "type": "connection_init", "payload": {} }).to_string();
-        let query = "subscription($id: UUID!) { inventoryChanged(id: $id) { version } }";
-        let subscribe =
-            json!({ "id": "1", "type": "subscribe", "payload": { "query": query, "variables": { "id": id } } });
-        if socket.send(Message::text(init)).await.is_err()
-            || socket.send(Message::text(subscribe.to_string())).await.is_err()
-        {
-            continue;
-        }
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                return;
-            }
-            let message = match tokio::time::timeout(Duration::from_millis(500), socket.next()).await {
-                Err(_) => continue,
-                Ok(Some(Ok(message))) => message,
-                Ok(_) => break,
-            };
-            match message {
-                Message::Text(text) => {
-                    let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-                    match value["type"].as_str() {
-                        Some("next") => lock(&changes).push(Instant::now()),
-                        Some("ping") => {
-                            let _ = socket.send(Message::text(json!({ "type": "pong" }).to_string())).await;
-                        }
-                        Some("error" | "complete") => break,
-                        _ => {}
-                    }
-                }
-                Message::Close(_) => break,
-                _ => {}
-            }
-        }
-    }
 }

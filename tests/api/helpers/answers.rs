@@ -1,0 +1,108 @@
+//! Reading answers, starting requests at once, and waiting for a condition
+//! that the test then asserts.
+
+use std::{
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::future::{BoxFuture, join_all};
+use sea_orm::DatabaseConnection;
+use serde_json::{Value, json};
+use stockguard::db;
+use tokio::sync::Barrier;
+use uuid::Uuid;
+
+/// The `__typename` of a mutation's answer, or `"ERROR"` when the body has
+/// errors (or no typename).
+pub fn typename(answer: &Value) -> &str {
+    answer["__typename"].as_str().unwrap_or("ERROR")
+}
+
+/// A mutation's answer beside its [`typename`], for tests that compare many.
+pub fn named(answer: Value) -> (String, Value) {
+    (typename(&answer).to_owned(), answer)
+}
+
+/// Every `(typename, answer)` named `name`.
+pub fn count(results: &[(String, Value)], name: &str) -> usize {
+    results.iter().filter(|(n, _)| n == name).count()
+}
+
+/// The typenames of `(typename, answer)` pairs, for messages.
+pub fn names(results: &[(String, Value)]) -> Vec<&str> {
+    results.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+/// Starts every request at the same moment (one task each, behind one
+/// barrier) and returns the results in the order given.
+pub async fn at_once<T: Send + 'static>(requests: Vec<BoxFuture<'static, T>>) -> Vec<T> {
+    let barrier = Arc::new(Barrier::new(requests.len()));
+    let tasks = requests.into_iter().map(|request| {
+        let barrier = barrier.clone();
+        tokio::spawn(async move {
+            barrier.wait().await;
+            request.await
+        })
+    });
+    join_all(tasks).await.into_iter().map(|r| r.expect("task")).collect()
+}
+
+/// Sweeps batches of `batch` until nothing more is due, re-running
+/// collisions (two sweeps on one inventory) as the sweeper does; how many
+/// reservations it expired.
+pub async fn sweep_all(db: &DatabaseConnection, batch: i64) -> i64 {
+    let mut total = 0;
+    loop {
+        match stockguard::reservations::sweeper::sweep_once(db, batch).await {
+            Ok(0) => return total,
+            Ok(expired) => total += expired,
+            Err(err) => assert!(db::classify(&err).is_collision(), "{err}"),
+        }
+    }
+}
+
+/// A UUID from a JSON string.
+pub fn uuid(value: &Value) -> Uuid {
+    value.as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not a UUID: {value}"))
+}
+
+/// An order's lines as `(inventory id, quantity)`, sorted.
+pub fn order_lines(order: &Value) -> Vec<(Uuid, i64)> {
+    let items = order["items"].as_array().unwrap_or_else(|| panic!("no items: {order}"));
+    let mut lines: Vec<(Uuid, i64)> = items
+        .iter()
+        .map(|item| (uuid(&item["inventory"]["id"]), item["quantity"].as_i64().expect("quantity")))
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// A complete shipping address whose first line is `line1`.
+pub fn address(line1: &str) -> Value {
+    json!({ "name": "Alice Example", "line1": line1, "line2": "Floor 2", "city": "Lisbon", "postalCode": "1100-148", "country": "PT" })
+}
+
+/// The `extensions.code` of the first error of a response.
+pub fn error_code(body: &Value) -> Option<&str> {
+    body["errors"][0]["extensions"]["code"].as_str()
+}
+
+/// Polls `probe` every 20 ms until it holds, and fails the test (naming
+/// `what`) when it has not within `limit`: a wait that cannot pass without
+/// the condition. Returns how long it took.
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut probe: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if probe().await {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
