@@ -89,60 +89,6 @@ async fn health_readiness_and_graphiql_answer() {
     assert!(page.text().await.expect("html").contains("graphiql"));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn requests_past_the_in_flight_limit_are_refused_at_once_not_queued() {
-    use sea_orm::{ConnectionTrait, TransactionTrait};
-    use stockguard::{auth::Role, config::Limits};
-
-    use crate::helpers::{Isolation, Options};
-
-    // Each request its own statement, so both wait on the row in PostgreSQL.
-    let limits = Limits { max_in_flight: 2, coalesce: false, ..Limits::default() };
-    let app = std::sync::Arc::new(
-        TestApp::spawn_with_options(Options { isolation: Isolation::ReadCommitted, limits, ..Options::default() })
-            .await,
-    );
-    let id = app.create_inventory("FULL-1", 10).await;
-    let alice = app.token("alice", Role::Customer);
-    // Two requests wait on a row this test holds, filling the server.
-    let holder = app.db.begin().await.expect("begin");
-    holder.execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{id}' FOR UPDATE")).await.expect("lock");
-    let waiting: Vec<_> = (0..2)
-        .map(|i| {
-            let (app, alice) = (app.clone(), alice.clone());
-            tokio::spawn(async move {
-                app.reserve(&alice, json!({ "inventoryId": id, "idempotencyKey": format!("wait-{i}") })).await
-            })
-        })
-        .collect();
-    let blocked =
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
-    crate::helpers::eventually(std::time::Duration::from_secs(20), "the two requests reach the database", || async {
-        app.count(blocked).await == 2
-    })
-    .await;
-
-    let response = app
-        .client
-        .post(format!("{}/graphql", app.address))
-        .bearer_auth(&alice)
-        .json(&json!({ "query": "{ inventories { nodes { id } } }" }))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(response.status(), 503);
-    assert_eq!(response.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
-    let body: Value = response.json().await.expect("json");
-    assert_eq!(body["errors"][0]["extensions"]["code"], "OVERLOADED", "{body}");
-    assert_eq!(body["errors"][0]["extensions"]["retryable"], true);
-
-    holder.rollback().await.expect("release the row");
-    for task in waiting {
-        assert_eq!(task.await.expect("task")["__typename"], "Reserved");
-    }
-    app.assert_invariant().await;
-}
-
 /// A request to `/graphql` with `method`, `accept`, `content_type` and `body`:
 /// the status, the content type and the body as JSON (or text).
 async fn exchange(
