@@ -58,7 +58,7 @@ struct Shared {
 
 /// The router over `server`. `graphiql_token`, when given, is prefilled as the
 /// `Authorization` header of GraphiQL (only for a server with a throw-away
-/// secret on a loopback address, see `cli.rs`).
+/// secret on a loopback address, see `Settings::from_config` in `startup.rs`).
 pub fn router(server: &Server, graphiql_token: Option<&str>) -> Router {
     crate::telemetry::install_metrics();
     let bearer = graphiql_token.map(|token| format!("Bearer {token}"));
