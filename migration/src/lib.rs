@@ -24,6 +24,7 @@ mod m20261203_100000_create_ledger_checkpoints;
 mod m20261204_090000_guard_inventories_instead_of_checking_each_row;
 mod m20261205_090000_partition_the_ledger_by_day;
 mod m20261206_090000_announce_stock_changes_once_per_statement;
+mod m20261207_090000_keep_stock_per_location;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -44,6 +45,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261204_090000_guard_inventories_instead_of_checking_each_row::Migration),
             Box::new(m20261205_090000_partition_the_ledger_by_day::Migration),
             Box::new(m20261206_090000_announce_stock_changes_once_per_statement::Migration),
+            Box::new(m20261207_090000_keep_stock_per_location::Migration),
         ]
     }
 }

@@ -156,6 +156,10 @@ pub enum MovementReason {
     Fulfilled,
     /// A reservation's quantity was changed; `delta` is the change of available stock.
     QuantityChanged,
+    /// Units left this location for another (`transferStock`); `delta` is negative.
+    TransferredOut,
+    /// Units arrived at this location from another (`transferStock`).
+    TransferredIn,
 }
 
 impl From<movements::MovementReason> for MovementReason {
@@ -171,6 +175,8 @@ impl From<movements::MovementReason> for MovementReason {
             Ledger::OrderCancelled => Self::OrderCancelled,
             Ledger::Fulfilled => Self::Fulfilled,
             Ledger::QuantityChanged => Self::QuantityChanged,
+            Ledger::TransferredOut => Self::TransferredOut,
+            Ledger::TransferredIn => Self::TransferredIn,
         }
     }
 }

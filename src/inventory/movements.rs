@@ -33,6 +33,9 @@ pub struct Model {
     pub order_id: Option<Uuid>,
     /// When the change committed (its transaction's start).
     pub created_at: DateTime<Utc>,
+    /// The location whose level changed; `None` for rows written before
+    /// stock was kept per location (they were all at the default location).
+    pub location_id: Option<Uuid>,
 }
 
 /// No relations are navigated through the ORM.

@@ -376,6 +376,10 @@ impl Coalescer {
                     created_at: now,
                     expires_at,
                     multi_item_id: None,
+                    // Coalesced callers take from anywhere: the default choice.
+                    location_ids: None,
+                    fewest_locations: None,
+                    allow_split: None,
                 };
                 return Ok(ReserveOutcome::Reserved { reservation, inventory });
             }

@@ -150,6 +150,9 @@ mod tests {
             created_at: now,
             expires_at,
             multi_item_id: None,
+            location_ids: None,
+            fewest_locations: None,
+            allow_split: None,
         };
         let (past, future) = (Some(now - chrono::Duration::seconds(1)), Some(now + chrono::Duration::seconds(1)));
         assert_eq!(status_at(&row(ReservationStatus::Active, past), now), ReservationStatus::Expired);

@@ -19,6 +19,7 @@
 //! share with them ([`fragments`]), so no status is spelled twice.
 
 pub mod adjusting;
+pub mod allocating;
 pub mod archiving;
 pub mod fragments;
 pub mod partitions;

@@ -8,12 +8,18 @@
 //! Each status is spelled once, by its enum; a statement's text takes it
 //! from there with [`sql`].
 
+pub mod allocation;
 pub mod inventory;
+pub mod level;
+pub mod location;
 pub mod reservation;
 
 use sea_orm::{ActiveEnum, DeriveActiveEnum, EnumIter};
 
+pub use allocation::Model as AllocationRow;
 pub use inventory::Model as InventoryRow;
+pub use level::Model as LevelRow;
+pub use location::Model as LocationRow;
 pub use reservation::{Model as ReservationRow, ReservationStatus};
 
 /// Why stock changed.
@@ -48,6 +54,12 @@ pub enum MovementReason {
     /// A reservation's quantity was changed; `delta` is the change of available stock.
     #[sea_orm(string_value = "QUANTITY_CHANGED")]
     QuantityChanged,
+    /// Units left this location for another of the same inventory.
+    #[sea_orm(string_value = "TRANSFERRED_OUT")]
+    TransferredOut,
+    /// Units arrived at this location from another of the same inventory.
+    #[sea_orm(string_value = "TRANSFERRED_IN")]
+    TransferredIn,
 }
 
 /// `value` as an SQL string literal (`'ACTIVE'`), to be written into a

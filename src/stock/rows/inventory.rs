@@ -25,6 +25,11 @@ pub struct Model {
     pub created_at: DateTime<Utc>,
     /// When the row last changed.
     pub updated_at: DateTime<Utc>,
+    /// The location of all its stock while it has one level (one location
+    /// ever held it), NULL once a second location holds it: a reservation
+    /// that may come from anywhere then takes from this one level with the
+    /// conditional UPDATE of this row, without reading the levels first.
+    pub sole_location_id: Option<Uuid>,
 }
 
 /// No relations are navigated through the ORM; joins are written where needed.

@@ -57,6 +57,15 @@ pub struct Model {
     /// server processes of earlier releases go on working beside this one.
     #[sea_orm(column_name = "batch_id")]
     pub multi_item_id: Option<Uuid>,
+    /// The locations it may take from, in order of preference; `None`:
+    /// every active location, by priority.
+    pub location_ids: Option<Vec<Uuid>>,
+    /// `Some(true)` when it takes from the fewest locations (FEWEST_LOCATIONS);
+    /// `None` is PRIORITY.
+    pub fewest_locations: Option<bool>,
+    /// `Some(false)` when its units must all come from one location; `None`
+    /// allows a split.
+    pub allow_split: Option<bool>,
 }
 
 /// No relations are navigated through the ORM; joins are written where needed.

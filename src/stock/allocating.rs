@@ -1,0 +1,177 @@
+//! How a request chooses the locations its units come from, and what the
+//! eligible locations hold when they cannot give them.
+//!
+//! The rules themselves live in one place, the database function
+//! `allocate(available, wanted, fewest, split)` that every taking statement
+//! calls on the levels it has locked (migration
+//! `m20261207_090000_keep_stock_per_location`; docs/locations.md), so a
+//! decision and the write it leads to are made in one statement over the
+//! same rows. [`model`] is the same rules in Rust, for the tests that
+//! compare outcomes against them.
+
+use sea_orm::{DbBackend, Statement, Value};
+use uuid::Uuid;
+
+/// How the locations are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Strategy {
+    /// Fill from the eligible locations in order of preference, splitting
+    /// when one is short.
+    #[default]
+    Priority,
+    /// One location if any can give it all (by preference); else the
+    /// fewest, largest first.
+    FewestLocations,
+}
+
+/// A request's choice of locations. The default (every active location, by
+/// priority then code, PRIORITY, splitting allowed) is what a request that
+/// names no location gets, and what a reservation stores as NULLs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Allocating {
+    /// Only these locations, in this order of preference; `None`: every
+    /// active location, by priority then code.
+    pub location_ids: Option<Vec<Uuid>>,
+    /// How to choose among them.
+    pub strategy: Strategy,
+    /// Whether the units may come from several locations.
+    pub allow_split: bool,
+}
+
+impl Default for Allocating {
+    /// Every active location, by priority, splitting allowed.
+    fn default() -> Self {
+        Self { location_ids: None, strategy: Strategy::Priority, allow_split: true }
+    }
+}
+
+impl Allocating {
+    /// Whether this takes from any active location, however it splits: a
+    /// request that may take from anywhere takes from an inventory with one
+    /// level directly (every strategy chooses that level).
+    pub fn is_anywhere(&self) -> bool {
+        self.location_ids.is_none()
+    }
+
+    /// The choice a reservation row stored.
+    pub fn stored(location_ids: Option<Vec<Uuid>>, fewest: Option<bool>, allow_split: Option<bool>) -> Self {
+        Self {
+            location_ids,
+            strategy: if fewest == Some(true) { Strategy::FewestLocations } else { Strategy::Priority },
+            allow_split: allow_split.unwrap_or(true),
+        }
+    }
+
+    /// The three values a statement binds and a reservation stores:
+    /// `location_ids`, `fewest_locations`, `allow_split`, each NULL when
+    /// it is the default, so a plain reservation stores nothing more.
+    pub fn columns(&self) -> (Option<Vec<Uuid>>, Option<bool>, Option<bool>) {
+        (
+            self.location_ids.clone(),
+            (self.strategy == Strategy::FewestLocations).then_some(true),
+            (!self.allow_split).then_some(false),
+        )
+    }
+
+    /// The values bound for [`eligible`]'s and [`ranked`]'s parameters.
+    pub fn values(&self) -> [Value; 3] {
+        let (ids, fewest, split) = self.columns();
+        [Value::from(ids), Value::from(fewest.unwrap_or(false)), Value::from(split.unwrap_or(true))]
+    }
+}
+
+/// The condition of a level `l` joined to its location `c` that a request
+/// may take from, given the request's location ids as the `uuid[]`
+/// expression `ids` (NULL: any): the location is active and, when ids are
+/// given, among them.
+pub fn eligible(ids: &str) -> String {
+    format!("c.active AND ({ids} IS NULL OR l.location_id = ANY({ids}))")
+}
+
+/// The order of preference of levels `l` joined to their locations `c`
+/// for a request whose location ids are the `uuid[]` expression `ids`: the
+/// list's order when given, else priority then code.
+pub fn preference(ids: &str) -> String {
+    format!("array_position({ids}, l.location_id), c.priority, c.code")
+}
+
+/// What the eligible levels of `inventory_id` hold for a request choosing
+/// by `allocating`, read after it could not be served (`SoldOut.available`):
+/// their sum, or with no split allowed the largest of them. One row,
+/// `available`.
+pub fn available(inventory_id: Uuid, allocating: &Allocating) -> Statement {
+    let [ids, _fewest, split] = allocating.values();
+    Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        format!(
+            "SELECT coalesce(CASE WHEN $3 THEN sum(l.available) ELSE max(l.available) END, 0)::integer AS available \
+               FROM stock_levels l JOIN locations c ON c.id = l.location_id \
+              WHERE l.inventory_id = $1 AND {}",
+            eligible("$2::uuid[]")
+        ),
+        [inventory_id.into(), ids, split],
+    )
+}
+
+/// The allocation rules in Rust, as the database function applies them:
+/// what to take from each of `available` (the eligible levels, in order of
+/// preference), or `None` when they cannot give `wanted`. For the tests
+/// that compare outcomes against a model; the server never decides here.
+pub fn model(available: &[i32], wanted: i32, strategy: Strategy, allow_split: bool) -> Option<Vec<i32>> {
+    let fewest = strategy == Strategy::FewestLocations;
+    let mut take = vec![0; available.len()];
+    if wanted <= 0 {
+        return None;
+    }
+    if fewest || !allow_split {
+        if let Some(i) = available.iter().position(|&a| a >= wanted) {
+            take[i] = wanted;
+            return Some(take);
+        }
+        if !allow_split {
+            return None;
+        }
+    }
+    let mut order: Vec<usize> = (0..available.len()).collect();
+    if fewest {
+        // Largest first; the sort is stable, so ties keep their preference.
+        order.sort_by_key(|&i| std::cmp::Reverse(available[i]));
+    }
+    let mut missing = wanted;
+    for i in order {
+        if missing == 0 {
+            break;
+        }
+        take[i] = available[i].min(missing).max(0);
+        missing -= take[i];
+    }
+    (missing == 0).then_some(take)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priority_fills_in_order_with_a_running_remainder() {
+        assert_eq!(model(&[2, 0, 5, 9], 6, Strategy::Priority, true), Some(vec![2, 0, 4, 0]));
+        assert_eq!(model(&[2, 3], 6, Strategy::Priority, true), None);
+    }
+
+    #[test]
+    fn fewest_prefers_one_location_then_the_largest() {
+        assert_eq!(model(&[2, 7, 9], 6, Strategy::FewestLocations, true), Some(vec![0, 6, 0]));
+        assert_eq!(model(&[2, 4, 4], 7, Strategy::FewestLocations, true), Some(vec![0, 4, 3]));
+    }
+
+    #[test]
+    fn without_a_split_one_location_gives_all_or_nothing() {
+        assert_eq!(model(&[5, 5], 6, Strategy::Priority, false), None);
+        assert_eq!(model(&[5, 6], 6, Strategy::Priority, false), Some(vec![0, 6]));
+    }
+
+    #[test]
+    fn a_default_choice_stores_nothing() {
+        assert_eq!(Allocating::default().columns(), (None, None, None));
+    }
+}
