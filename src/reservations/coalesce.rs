@@ -391,7 +391,7 @@ impl Coalescer {
                 Some(expected_version) if inventory.stock >= request.quantity => {
                     ReserveOutcome::Conflict { expected_version, inventory }
                 }
-                _ => ReserveOutcome::SoldOut { requested: request.quantity, inventory },
+                _ => ReserveOutcome::SoldOut { requested: request.quantity, available: inventory.stock, inventory },
             },
         };
         // Not served now, but its key may have been by an earlier request:

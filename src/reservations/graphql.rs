@@ -155,6 +155,9 @@ pub struct Reserved {
 pub struct SoldOut {
     /// Units asked for.
     pub requested: i32,
+    /// What the eligible locations hold together (with `allowSplit: false`:
+    /// the largest single one; for a transfer: the source's).
+    pub available: i32,
     /// The latest committed state.
     pub inventory: Inventory,
 }
@@ -181,8 +184,8 @@ impl ReserveResult {
             ReserveOutcome::Conflict { expected_version, inventory } => {
                 Self::Conflict(Conflict { expected_version, inventory: Inventory(inventory) })
             }
-            ReserveOutcome::SoldOut { requested, inventory } => {
-                Self::SoldOut(SoldOut { requested, inventory: Inventory(inventory) })
+            ReserveOutcome::SoldOut { requested, available, inventory } => {
+                Self::SoldOut(SoldOut { requested, available, inventory: Inventory(inventory) })
             }
             ReserveOutcome::InventoryNotFound => Self::InventoryNotFound(InventoryNotFound { inventory_id }),
         }
@@ -369,8 +372,12 @@ impl ReservationMutation {
                         inventory: Inventory(inventory),
                     })
                 }
-                ChangeOutcome::SoldOut { requested, inventory } => {
-                    ChangeReservationQuantityResult::SoldOut(SoldOut { requested, inventory: Inventory(inventory) })
+                ChangeOutcome::SoldOut { requested, available, inventory } => {
+                    ChangeReservationQuantityResult::SoldOut(SoldOut {
+                        requested,
+                        available,
+                        inventory: Inventory(inventory),
+                    })
                 }
                 ChangeOutcome::NotFound => {
                     ChangeReservationQuantityResult::ReservationNotFound(ReservationNotFound { reservation_id: id })

@@ -65,6 +65,8 @@ pub enum ReserveOutcome {
     SoldOut {
         /// Units asked for.
         requested: i32,
+        /// What the eligible locations hold (see `SoldOut.available`).
+        available: i32,
         /// The latest committed row.
         inventory: InventoryRow,
     },
@@ -122,6 +124,8 @@ pub enum ChangeOutcome {
     SoldOut {
         /// Units the change needed beyond what the reservation held.
         requested: i32,
+        /// What the eligible locations hold (see `SoldOut.available`).
+        available: i32,
         /// The latest committed row.
         inventory: InventoryRow,
     },
@@ -281,7 +285,7 @@ impl ReservationService {
                 return Ok(ChangeOutcome::Changed { reservation, inventory });
             }
             if needed > inventory.stock {
-                return Ok(ChangeOutcome::SoldOut { requested: needed, inventory });
+                return Ok(ChangeOutcome::SoldOut { requested: needed, available: inventory.stock, inventory });
             }
             // The line or its stock moved between the statement and this read
             // (another change of the line, a release of other units): the
@@ -425,12 +429,14 @@ pub(super) async fn not_taken(
         expected if exhausted => {
             ReserveOutcome::Conflict { expected_version: expected.unwrap_or(inventory.version), inventory }
         }
-        _ if inventory.stock < request.quantity => ReserveOutcome::SoldOut { requested: request.quantity, inventory },
+        _ if inventory.stock < request.quantity => {
+            ReserveOutcome::SoldOut { requested: request.quantity, available: inventory.stock, inventory }
+        }
         Some(expected_version) => ReserveOutcome::Conflict { expected_version, inventory },
         // Enough stock and no version asked for, yet nothing taken: only a
         // change between the statement and this read can do that, so the
         // reservation is decided as of the statement: sold out.
-        None => ReserveOutcome::SoldOut { requested: request.quantity, inventory },
+        None => ReserveOutcome::SoldOut { requested: request.quantity, available: inventory.stock, inventory },
     })
 }
 

@@ -260,7 +260,9 @@ async fn callers_of_different_inventories_queued_behind_a_statement_share_the_ne
         ReserveOutcome::Reserved { reservation, inventory } => {
             ("Reserved", reservation.quantity, inventory.stock, inventory.version)
         }
-        ReserveOutcome::SoldOut { requested, inventory } => ("SoldOut", *requested, inventory.stock, inventory.version),
+        ReserveOutcome::SoldOut { requested, inventory, .. } => {
+            ("SoldOut", *requested, inventory.stock, inventory.version)
+        }
         other => panic!("unexpected {other:?}"),
     };
     assert_eq!(seen(&outcomes[0]), ("Reserved", 1, 9, 2));
@@ -313,7 +315,9 @@ async fn callers_of_distinct_inventories_share_one_statement_and_are_refused_as_
     };
     assert_eq!(reserved(&outcomes[0]), (1, 9, 2, true));
     match &outcomes[1] {
-        ReserveOutcome::SoldOut { requested: 5, inventory } => assert_eq!((inventory.stock, inventory.version), (2, 1)),
+        ReserveOutcome::SoldOut { requested: 5, inventory, .. } => {
+            assert_eq!((inventory.stock, inventory.version), (2, 1))
+        }
         other => panic!("expected SoldOut, got {other:?}"),
     }
     match &outcomes[2] {
