@@ -37,9 +37,12 @@ use uuid::Uuid;
 use crate::{
     db::{DbFailure, classify},
     error::AppError,
-    stock::rows::{
-        ReservationRow,
-        reservation::{Column, Entity},
+    stock::{
+        allocating::{Allocating, Strategy},
+        rows::{
+            ReservationRow,
+            reservation::{Column, Entity},
+        },
     },
 };
 
@@ -175,38 +178,52 @@ pub struct Extra<'a> {
 
 impl Key {
     /// The key of a single `reserve`.
-    pub fn reserve(key: String, inventory_id: Uuid, quantity: i32, expected_version: Option<i32>) -> Self {
-        let fields = vec![
+    pub fn reserve(
+        key: String,
+        inventory_id: Uuid,
+        quantity: i32,
+        expected_version: Option<i32>,
+        allocating: &Allocating,
+    ) -> Self {
+        let mut fields = vec![
             ("inventoryId", Part::Id(inventory_id)),
             ("quantity", Part::Int(quantity.into())),
             ("expectedVersion", Part::optional_int(expected_version)),
         ];
+        fields.extend(choice(allocating));
         Self {
             key,
             fingerprint: canonical("reserve", fields),
-            legacy: legacy::reserve(inventory_id, quantity, expected_version),
+            legacy: legacy_unless_located(allocating, || legacy::reserve(inventory_id, quantity, expected_version)),
         }
     }
 
     /// The key of a multi-item `operation` (`"reserveMany"`, `"placeOrder"`)
     /// over its merged lines `(inventory, quantity, expected version)`, plus
     /// `extra`: anything else that makes the request what it is.
-    pub fn multi_item(
+    pub fn multi_item<'l>(
         key: String,
         operation: &str,
-        lines: impl IntoIterator<Item = (Uuid, i32, Option<i32>)>,
+        lines: impl IntoIterator<Item = (Uuid, i32, Option<i32>, &'l Allocating)>,
         extra: Extra<'_>,
     ) -> Self {
         let lines: Vec<_> = lines.into_iter().collect();
-        let legacy = legacy::multi_item(operation, &lines, &extra.legacy);
+        let plain: Vec<_> = lines.iter().map(|&(id, quantity, version, _)| (id, quantity, version)).collect();
+        let legacy = if lines.iter().all(|(.., allocating)| allocating.is_default()) {
+            legacy::multi_item(operation, &plain, &extra.legacy)
+        } else {
+            String::new()
+        };
         let lines = lines
             .into_iter()
-            .map(|(inventory_id, quantity, expected_version)| {
-                Part::Record(vec![
+            .map(|(inventory_id, quantity, expected_version, allocating)| {
+                let mut fields = vec![
                     ("inventoryId", Part::Id(inventory_id)),
                     ("quantity", Part::Int(quantity.into())),
                     ("expectedVersion", Part::optional_int(expected_version)),
-                ])
+                ];
+                fields.extend(choice(allocating));
+                Part::Record(fields)
             })
             .collect();
         let mut fields = vec![("lines", Part::List(lines))];
@@ -271,6 +288,36 @@ pub mod legacy {
         hasher.update(extra.as_bytes());
         hex::encode(hasher.finalize())
     }
+}
+
+/// The fields a request's choice of locations adds to its fingerprint:
+/// none for the default (so every fingerprint from before locations stays
+/// what it was), else the location ids, strategy and split setting, so a key
+/// reused with another choice is a reuse, not a replay.
+fn choice(allocating: &Allocating) -> Vec<(&'static str, Part<'static>)> {
+    if allocating.is_default() {
+        return Vec::new();
+    }
+    let ids = allocating
+        .location_ids
+        .as_ref()
+        .map_or(Part::Absent, |ids| Part::List(ids.iter().copied().map(Part::Id).collect()));
+    let strategy = match allocating.strategy {
+        Strategy::Priority => "PRIORITY",
+        Strategy::FewestLocations => "FEWEST_LOCATIONS",
+    };
+    vec![
+        ("locationIds", ids),
+        ("strategy", Part::Text(strategy)),
+        ("allowSplit", Part::Int(allocating.allow_split.into())),
+    ]
+}
+
+/// The legacy fingerprint of a request that chose no locations; a request
+/// that did cannot be a replay of a key written before locations existed,
+/// and gets none (an empty text matches no stored fingerprint).
+fn legacy_unless_located(allocating: &Allocating, legacy: impl FnOnce() -> String) -> String {
+    if allocating.is_default() { legacy() } else { String::new() }
 }
 
 /// A user's claim of a key: which request made it, and its order if it placed one.
@@ -396,14 +443,15 @@ mod tests {
 
     #[test]
     fn the_fingerprint_of_a_reserve_never_changes() {
-        let key = Key::reserve("k".into(), Uuid::from_u128(1), 2, Some(3));
+        let key = Key::reserve("k".into(), Uuid::from_u128(1), 2, Some(3), &Allocating::default());
         assert_eq!(key.fingerprint, "v2:4ca41c39e0d2d05362162d67b6506b965caa63bf8499d33ad82d15569210e961");
         assert_eq!(key.legacy, "7b4809da65cb4d8601e408b69581b64c75c341d4bc16551c7821af6a333104bf");
     }
 
     #[test]
     fn the_fingerprints_of_multi_item_requests_never_change() {
-        let lines = [(Uuid::from_u128(1), 1, None), (Uuid::from_u128(2), 4, Some(7))];
+        let anywhere = Allocating::default();
+        let lines = [(Uuid::from_u128(1), 1, None, &anywhere), (Uuid::from_u128(2), 4, Some(7), &anywhere)];
         let many = Key::multi_item("k".into(), "reserveMany", lines, Extra::default());
         assert_eq!(many.fingerprint, "v2:26e6c4e7c08d1c0ad49824850e9dc7c1ff95b0747ab4378ea919a5dbfb73c341");
         assert_eq!(many.legacy, "21f934cb3a771e43aaff30c3400372f1003055020e3f8ea1dd7e7ebc59dbfd4e");
@@ -421,13 +469,30 @@ mod tests {
 
     #[test]
     fn a_stored_fingerprint_is_matched_by_the_scheme_it_names() {
-        let key = Key::reserve("k".into(), Uuid::from_u128(1), 2, Some(3));
+        let key = Key::reserve("k".into(), Uuid::from_u128(1), 2, Some(3), &Allocating::default());
         assert!(key.matches(&key.fingerprint));
         assert!(key.matches(&key.legacy), "a key stored before the canonical encoding replays");
-        let other = Key::reserve("k".into(), Uuid::from_u128(1), 5, Some(3));
+        let other = Key::reserve("k".into(), Uuid::from_u128(1), 5, Some(3), &Allocating::default());
         assert!(!key.matches(&other.fingerprint));
         assert!(!key.matches(&other.legacy));
         // A legacy hex behind the canonical prefix is not this request's.
         assert!(!key.matches(&format!("{CANONICAL}{}", key.legacy)));
+    }
+
+    #[test]
+    fn a_key_reused_with_another_choice_of_locations_is_another_request() {
+        let anywhere = Key::reserve("k".into(), Uuid::from_u128(1), 2, None, &Allocating::default());
+        let choices = [
+            Allocating { location_ids: Some(vec![Uuid::from_u128(7)]), ..Allocating::default() },
+            Allocating { strategy: Strategy::FewestLocations, ..Allocating::default() },
+            Allocating { allow_split: false, ..Allocating::default() },
+        ];
+        for choice in &choices {
+            let located = Key::reserve("k".into(), Uuid::from_u128(1), 2, None, choice);
+            assert!(!located.matches(&anywhere.fingerprint), "{choice:?}");
+            assert!(!located.matches(&anywhere.legacy), "{choice:?} replays a key from before locations");
+            assert!(!anywhere.matches(&located.fingerprint), "{choice:?}");
+            assert!(located.matches(&located.fingerprint));
+        }
     }
 }

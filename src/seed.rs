@@ -17,7 +17,7 @@ const DEMO: &[(&str, &str, i32)] = &[
 pub async fn seed(db: &DatabaseConnection) -> Result<usize, AppError> {
     let mut added = 0;
     for (sku, name, stock) in DEMO {
-        match service::create(db, sku, name, *stock).await {
+        match service::create(db, sku, name, *stock, None).await {
             Ok(_) => added += 1,
             Err(AppError::BadInput { .. }) => {} // SKU already there
             Err(err) => return Err(err),

@@ -25,7 +25,7 @@ use sea_orm::{
 use serde_json::{Value, json};
 use stockguard::{
     auth::{Keys, Role},
-    stock::{RESERVE_SQL, receiving, taking::Reserve},
+    stock::{RESERVE_SQL, allocating::Allocating, receiving, taking::Reserve},
 };
 use tokio::sync::RwLock;
 use uuid::Uuid;
@@ -351,6 +351,7 @@ impl Bench {
                     let mut rec = Recorder::new(measure_from, until);
                     let mut rng = Rng::new(i as u64 + 1_000);
                     let (prefix, mut sent) = (Uuid::new_v4().simple(), 0u64);
+                    let anywhere = Allocating::default();
                     while Instant::now() < until {
                         sent += 1;
                         // A fresh key per statement, and a fingerprint the size of the server's.
@@ -366,6 +367,7 @@ impl Bench {
                             idempotency_key: key.as_ref().map(|(key, _)| key.as_str()),
                             fingerprint: key.as_ref().map(|(_, fingerprint)| fingerprint.as_str()),
                             ttl_secs,
+                            allocating: &anywhere,
                         };
                         let query = match statement {
                             Raw::Limit => reserve.query(),
@@ -519,7 +521,8 @@ pub async fn seed_spread(db: &DatabaseConnection) -> anyhow::Result<Vec<Uuid>> {
     let mut ids = Vec::with_capacity(10_000);
     for n in 1..=10_000 {
         let id = Uuid::new_v4();
-        txn.execute_raw(receiving::create(id, &format!("SPREAD-{n}"), &format!("spread {n}"), 1_000_000_000)).await?;
+        txn.execute_raw(receiving::create(id, &format!("SPREAD-{n}"), &format!("spread {n}"), 1_000_000_000, None))
+            .await?;
         ids.push(id);
     }
     txn.commit().await?;

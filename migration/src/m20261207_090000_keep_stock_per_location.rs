@@ -14,11 +14,10 @@
 //! location. Ledger rows from before keep a NULL location, which every sum
 //! reads as the default location, so the ledger is not rewritten.
 //!
-//! Locks: a statement that changes stock locks the levels it touches in
-//! (inventory, location) order before it changes any inventory row, so the
-//! inventory row that serializes each change is always taken last, and two
-//! statements naming locations in opposite orders wait instead of
-//! deadlocking. The allocation rules live in one function, `allocate`,
+//! Locks: a statement that changes stock locks the inventory rows first (in
+//! id order when there are several), then their levels: the inventory row
+//! serializes every change of its levels, so two statements naming
+//! locations in opposite orders wait for each other instead of deadlocking. The allocation rules live in one function, `allocate`,
 //! which every taking statement calls (src/stock/allocating.rs).
 
 use sea_orm_migration::prelude::*;
@@ -189,6 +188,19 @@ BEGIN
 END
 $$;
 
+-- A statement at READ COMMITTED that waited for a lock sees the rows it
+-- locked as they are now, but rows inserted since it began not at all: a
+-- statement that finds the rows it locked do not add up (allocations short
+-- of their reservation's quantity, levels short of their inventory's stock)
+-- read too early, and calls this to be run again with a new snapshot,
+-- through the same retries as any serialization failure.
+CREATE FUNCTION retry_stale_read() RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    RAISE EXCEPTION 'rows were added after this statement began; run it again'
+        USING ERRCODE = 'serialization_failure';
+END
+$$;
+
 INSERT INTO stock_levels (inventory_id, location_id, available)
 SELECT i.id, l.id, i.stock FROM inventories i, locations l WHERE l.code = 'default';
 UPDATE inventories SET sole_location_id = (SELECT id FROM locations WHERE code = 'default');
@@ -210,6 +222,7 @@ SELECT c.inventory_id, l.id, c.stock, c.received - c.fulfilled FROM ledger_check
             .get_connection()
             .execute_unprepared(
                 r#"
+DROP FUNCTION retry_stale_read();
 DROP FUNCTION allocate(integer[], integer, boolean, boolean);
 DROP TABLE ledger_checkpoint_levels;
 DELETE FROM stock_movements WHERE reason IN ('TRANSFERRED_OUT', 'TRANSFERRED_IN');

@@ -300,6 +300,9 @@ pub struct CreateInventoryInput {
     pub name: String,
     /// Units on hand at creation, 0 or more.
     pub stock: i32,
+    /// Where the initial stock is; omitted: the default location. An
+    /// unknown id is `BAD_USER_INPUT`.
+    pub location_id: Option<Uuid>,
 }
 
 /// Stock to add to an inventory.
@@ -312,6 +315,9 @@ pub struct RestockInput {
     /// The version the operator saw; given, the restock happens only if the row
     /// is still at that version.
     pub expected_version: Option<i32>,
+    /// Where the units arrive; omitted: the default location. An unknown id
+    /// is `BAD_USER_INPUT`.
+    pub location_id: Option<Uuid>,
 }
 
 /// Inventory queries; readable without a token.
@@ -378,7 +384,8 @@ impl InventoryMutation {
         let sku = validate::text("input.sku", &input.sku, 64).gql()?;
         let name = validate::text("input.name", &input.name, 200).gql()?;
         let stock = validate::within("input.stock", input.stock, 0..=MAX_STOCK_CHANGE).gql()?;
-        Ok(Inventory(ctx.part::<InventoryService>()?.create(&sku, &name, stock).await.gql()?))
+        let service = ctx.part::<InventoryService>()?;
+        Ok(Inventory(service.create(&sku, &name, stock, input.location_id).await.gql()?))
     }
 
     /// Adds stock (operators). With `expectedVersion`, only if the row is
@@ -391,7 +398,7 @@ impl InventoryMutation {
         ctx.operator()?;
         let quantity = validate::within("input.quantity", input.quantity, 1..=MAX_STOCK_CHANGE).gql()?;
         let service = ctx.part::<InventoryService>()?;
-        let outcome = service.restock(input.inventory_id, quantity, input.expected_version).await;
+        let outcome = service.restock(input.inventory_id, quantity, input.expected_version, input.location_id).await;
         Ok(telemetry::counted(
             "restock",
             match outcome.gql()? {

@@ -53,21 +53,32 @@ impl InventoryService {
         Self { db: state.db.clone(), collisions: state.collisions.clone(), limits: state.limits.clone() }
     }
 
-    /// A new inventory at version 1 (see [`create`]).
-    pub async fn create(&self, sku: &str, name: &str, stock: i32) -> Result<InventoryRow, AppError> {
-        create(&self.db, sku, name, stock).await
+    /// A new inventory at version 1 with its stock at `location_id` (None:
+    /// the default location; see [`create`]).
+    pub async fn create(
+        &self,
+        sku: &str,
+        name: &str,
+        stock: i32,
+        location_id: Option<Uuid>,
+    ) -> Result<InventoryRow, AppError> {
+        create(&self.db, sku, name, stock, location_id).await
     }
 
-    /// Adds `quantity` units, optionally only if the row is still at
-    /// `expected_version`. When collision retries run out the answer is
+    /// Adds `quantity` units at `location_id` (None: the default location),
+    /// optionally only if the row is still at `expected_version`. An unknown
+    /// location is bad input. When collision retries run out the answer is
     /// `Conflict` with the latest row.
     pub async fn restock(
         &self,
         id: Uuid,
         quantity: i32,
         expected_version: Option<i32>,
+        location_id: Option<Uuid>,
     ) -> Result<RestockOutcome, AppError> {
-        let row = match store::restock(&self.db, &self.collisions, id, quantity, expected_version).await {
+        known_location(&self.db, location_id).await?;
+        let restocked = store::restock(&self.db, &self.collisions, id, quantity, expected_version, location_id).await;
+        let row = match restocked {
             // Collision retries that ran out are answered as a stale
             // version is: `Conflict` with the latest row.
             Ok(attempted) => attempted.done().unwrap_or(None),
@@ -120,15 +131,36 @@ impl InventoryService {
     }
 }
 
-/// A new inventory at version 1 with its `CREATED` ledger entry. A taken SKU
-/// is bad input. Also what `stockguard seed` runs, without a server.
-pub async fn create(db: &DatabaseConnection, sku: &str, name: &str, stock: i32) -> Result<InventoryRow, AppError> {
-    match store::create(db, Uuid::new_v4(), sku, name, stock).await {
+/// A new inventory at version 1 with its stock and `CREATED` ledger entry
+/// at `location_id` (None: the default location). A taken SKU or an
+/// unknown location is bad input. Also what `stockguard seed` runs,
+/// without a server.
+pub async fn create(
+    db: &DatabaseConnection,
+    sku: &str,
+    name: &str,
+    stock: i32,
+    location_id: Option<Uuid>,
+) -> Result<InventoryRow, AppError> {
+    known_location(db, location_id).await?;
+    match store::create(db, Uuid::new_v4(), sku, name, stock, location_id).await {
         Ok(Some(row)) => Ok(row),
+        // The location was there a moment ago: removed since? Locations are
+        // never removed, so this is not an outcome a client can cause.
         Ok(None) => Err(AppError::internal(anyhow::anyhow!("creating inventory {sku:?} returned no row"))),
         Err(err) if matches!(classify(&err), DbFailure::UniqueViolation(_)) => {
             Err(AppError::bad_input("input.sku", format!("an inventory with sku {sku:?} already exists")))
         }
         Err(err) => Err(err.into()),
     }
+}
+
+/// Refuses a `locationId` that names no location (`BAD_USER_INPUT`);
+/// None, the default location, always exists.
+async fn known_location(db: &DatabaseConnection, location_id: Option<Uuid>) -> Result<(), AppError> {
+    let Some(id) = location_id else { return Ok(()) };
+    if store::unknown_locations(db, &[id]).await?.is_empty() {
+        return Ok(());
+    }
+    Err(AppError::bad_input("input.locationId", format!("no location has id {id}")))
 }

@@ -16,7 +16,7 @@ use crate::{
     live,
     pagination::{self, Page},
     stock::{
-        fragments, receiving,
+        allocating, fragments, receiving,
         rows::{
             ReservationStatus,
             inventory::{Column, Entity, Model},
@@ -96,15 +96,18 @@ SELECT i.id AS inventory_id, i.stock::bigint AS available,
     StockStates::find_by_statement(statement).all(db).await
 }
 
-/// Runs the creation of an inventory with its `CREATED` ledger entry; the row as created.
+/// Runs the creation of an inventory with its `CREATED` ledger entry at
+/// `location_id` (None: the default location); the row as created, none
+/// when the location does not exist.
 pub async fn create(
     db: &DatabaseConnection,
     id: Uuid,
     sku: &str,
     name: &str,
     stock: i32,
+    location_id: Option<Uuid>,
 ) -> Result<Option<Model>, DbErr> {
-    db.query_one_raw(receiving::create(id, sku, name, stock))
+    db.query_one_raw(receiving::create(id, sku, name, stock, location_id))
         .await?
         .map(|row| Model::from_query_result(&row, ""))
         .transpose()
@@ -117,12 +120,19 @@ pub async fn restock(
     id: Uuid,
     quantity: i32,
     expected_version: Option<i32>,
+    location_id: Option<Uuid>,
 ) -> Result<Attempted<Option<Model>>, DbErr> {
     let run = || async {
-        let row = db.query_one_raw(receiving::restock(id, quantity, expected_version)).await?;
+        let row = db.query_one_raw(receiving::restock(id, quantity, expected_version, location_id)).await?;
         row.map(|row| Model::from_query_result(&row, "")).transpose()
     };
     collisions.run(id, run).await
+}
+
+/// Which of `ids` name no location (none when all are known).
+pub async fn unknown_locations(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Uuid>, DbErr> {
+    let rows = db.query_all_raw(allocating::unknown(ids)).await?;
+    rows.iter().map(|row| row.try_get("", "id")).collect()
 }
 
 impl live::Followed for Model {

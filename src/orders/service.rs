@@ -34,10 +34,10 @@ use crate::{
     reservations::{
         ReservationRow, ReservationStatus,
         domain::{MAX_LINES, Unavailable, status_at},
-        service::{lines_in_conflict, multi_item_key, take_every_line},
+        service::{known_locations, lines_in_conflict, multi_item_key, take_every_line},
         store as reservation_store,
     },
-    stock::taking::{Line, Purpose},
+    stock::lines::{Line, Purpose},
     telemetry,
 };
 
@@ -161,6 +161,9 @@ impl OrderService {
         idempotency_key: Option<String>,
     ) -> Result<PlaceOutcome, AppError> {
         let Self { db, collisions, .. } = self;
+        for (i, line) in lines.iter().enumerate() {
+            known_locations(db, &line.allocating, &format!("input.items[{i}].locationIds")).await?;
+        }
         let key = idempotency_key.map(|key| multi_item_key(key, "placeOrder", lines, fingerprinted(&address)));
         if let Some(order) = replay(db, user_id, key.as_ref()).await? {
             return Ok(PlaceOutcome::Placed(order));

@@ -76,8 +76,8 @@ impl Waiting {
     /// `user_id`'s `request`, arriving now, answered on `reply`.
     fn new(user_id: &str, request: &ReserveRequest, reply: oneshot::Sender<Result<ReserveOutcome, AppError>>) -> Self {
         let ReserveRequest { inventory_id, quantity, expected_version, .. } = *request;
-        let key =
-            (request.idempotency_key.clone()).map(|key| Key::reserve(key, inventory_id, quantity, expected_version));
+        let key = (request.idempotency_key.clone())
+            .map(|key| Key::reserve(key, inventory_id, quantity, expected_version, &request.allocating));
         Self { user_id: user_id.to_owned(), request: request.clone(), key, arrived: Instant::now(), reply }
     }
 }
@@ -383,8 +383,13 @@ impl Coalescer {
                 };
                 return Ok(ReserveOutcome::Reserved { reservation, inventory });
             }
-            // The statement cannot tell why: decided by a read, as alone.
-            Turn::NotTaken => return service::not_taken(&self.db, user_id, request, key.as_ref(), false).await,
+            // The statement cannot tell why (the stock may be in several
+            // places): decided by a read, and served across the levels as
+            // alone when that is why.
+            Turn::NotTaken => {
+                let (db, statements, collisions) = (&self.db, &self.statements, &self.collisions);
+                return service::beyond_sole_level(db, statements, collisions, user_id, request, key.as_ref()).await;
+            }
             Turn::NotFound => ReserveOutcome::InventoryNotFound,
             // Refused at its turn: too little stock comes first, as alone.
             Turn::Taken { granted: false, inventory, .. } => match request.expected_version {

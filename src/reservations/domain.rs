@@ -13,7 +13,15 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::{ReservationRow, ReservationStatus};
-use crate::{error::AppError, inventory::InventoryRow, stock::taking::Line, validate};
+use crate::{
+    error::AppError,
+    inventory::InventoryRow,
+    stock::{
+        allocating::{Allocating, Strategy},
+        lines::{Line, LockedLine},
+    },
+    validate,
+};
 
 /// `reservation`'s status as it reads at `now`: an ACTIVE one past its
 /// expiry is EXPIRED at once, whether or not the sweeper has returned its
@@ -37,11 +45,41 @@ pub struct LineInput {
     pub quantity: i32,
     /// The version the client saw.
     pub expected_version: Option<i32>,
+    /// Where its units may come from.
+    pub allocating: Allocating,
+}
+
+/// Most location ids one request or line may name.
+pub const MAX_LOCATION_IDS: usize = 100;
+
+/// Checks a request's choice of locations: a list, when given, names 1 to
+/// [`MAX_LOCATION_IDS`] locations, none twice (whether they exist is
+/// checked against the database afterwards).
+pub fn choice(
+    field: &str,
+    location_ids: Option<Vec<Uuid>>,
+    strategy: Strategy,
+    allow_split: bool,
+) -> Result<Allocating, AppError> {
+    if let Some(ids) = &location_ids {
+        if ids.is_empty() || ids.len() > MAX_LOCATION_IDS {
+            return Err(AppError::bad_input(
+                field,
+                format!("{field} must name 1 to {MAX_LOCATION_IDS} locations, or be omitted for every location"),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some(twice) = ids.iter().find(|id| !seen.insert(**id)) {
+            return Err(AppError::bad_input(field, format!("{field} names location {twice} twice")));
+        }
+    }
+    Ok(Allocating { location_ids, strategy, allow_split })
 }
 
 /// Checks and merges lines: each quantity and each merged sum in
-/// `1..=max_quantity`, at most [`MAX_LINES`], one expected version per
-/// inventory. The result is sorted by inventory id, the locking order.
+/// `1..=max_quantity`, at most [`MAX_LINES`], one expected version and one
+/// choice of locations per inventory. The result is sorted by inventory
+/// id, the locking order.
 pub fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>, AppError> {
     if lines.is_empty() {
         return Err(AppError::bad_input("input.items", "input.items must name at least one inventory"));
@@ -50,11 +88,18 @@ pub fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>, AppErr
     for (i, input) in lines.iter().enumerate() {
         let field = format!("input.items[{i}].quantity");
         validate::quantity(&field, input.quantity, max_quantity)?;
-        let line = merged.entry(input.inventory_id).or_insert(Line {
+        let line = merged.entry(input.inventory_id).or_insert_with(|| Line {
             inventory_id: input.inventory_id,
             quantity: 0,
             expected_version: None,
+            allocating: input.allocating.clone(),
         });
+        if line.allocating != input.allocating {
+            return Err(AppError::bad_input(
+                format!("input.items[{i}].locationIds"),
+                format!("inventory {} is named with two different choices of locations", input.inventory_id),
+            ));
+        }
         line.quantity = validate::quantity(&field, line.quantity + input.quantity, max_quantity)?;
         match (line.expected_version, input.expected_version) {
             (Some(a), Some(b)) if a != b => {
@@ -93,22 +138,28 @@ pub struct Unavailable {
     pub reason: UnavailableReason,
     /// The latest committed row (none when not found).
     pub inventory: Option<InventoryRow>,
+    /// What the line's eligible locations held (its sum, or without a
+    /// split the largest), when it was sold out.
+    pub available: Option<i32>,
 }
 
 /// Every line the locked rows cannot serve.
-pub fn judge(lines: &[Line], locked: &[InventoryRow]) -> Vec<Unavailable> {
+pub fn judge(lines: &[Line], locked: &[LockedLine]) -> Vec<Unavailable> {
     lines
         .iter()
         .filter_map(|line| {
-            let row = locked.iter().find(|row| row.id == line.inventory_id);
-            let reason = match row {
-                None => UnavailableReason::NotFound,
+            let row = locked.iter().find(|row| row.inventory.id == line.inventory_id);
+            let (reason, available) = match row {
+                None => (UnavailableReason::NotFound, None),
                 // The same order of reasons as a single `reserve`: stock first.
-                Some(row) if row.stock < line.quantity => UnavailableReason::SoldOut,
-                Some(row) if line.expected_version.is_some_and(|v| v != row.version) => UnavailableReason::Conflict,
+                Some(row) if !row.feasible => (UnavailableReason::SoldOut, Some(row.eligible)),
+                Some(row) if line.expected_version.is_some_and(|v| v != row.inventory.version) => {
+                    (UnavailableReason::Conflict, None)
+                }
                 Some(_) => return None,
             };
-            Some(Unavailable { inventory_id: line.inventory_id, reason, inventory: row.cloned() })
+            let inventory = row.map(|row| row.inventory.clone());
+            Some(Unavailable { inventory_id: line.inventory_id, reason, inventory, available })
         })
         .collect()
 }
@@ -122,7 +173,7 @@ pub fn in_conflict(lines: &[Line], latest: &[InventoryRow]) -> Vec<Unavailable> 
         .map(|line| {
             let inventory = latest.iter().find(|row| row.id == line.inventory_id).cloned();
             let reason = if inventory.is_some() { UnavailableReason::Conflict } else { UnavailableReason::NotFound };
-            Unavailable { inventory_id: line.inventory_id, reason, inventory }
+            Unavailable { inventory_id: line.inventory_id, reason, inventory, available: None }
         })
         .collect()
 }
@@ -132,7 +183,7 @@ mod tests {
     use super::*;
 
     fn input(id: Uuid, quantity: i32, expected_version: Option<i32>) -> LineInput {
-        LineInput { inventory_id: id, quantity, expected_version }
+        LineInput { inventory_id: id, quantity, expected_version, allocating: Allocating::default() }
     }
 
     #[test]
@@ -169,10 +220,18 @@ mod tests {
         assert_eq!(
             merged,
             vec![
-                Line { inventory_id: b, quantity: 1, expected_version: Some(4) },
-                Line { inventory_id: a, quantity: 5, expected_version: Some(7) },
+                Line { inventory_id: b, quantity: 1, expected_version: Some(4), allocating: Allocating::default() },
+                Line { inventory_id: a, quantity: 5, expected_version: Some(7), allocating: Allocating::default() },
             ]
         );
+    }
+
+    #[test]
+    fn two_choices_of_locations_for_one_inventory_are_bad_input() {
+        let a = Uuid::from_u128(1);
+        let mut elsewhere = input(a, 1, None);
+        elsewhere.allocating.location_ids = Some(vec![Uuid::from_u128(9)]);
+        assert!(merge(&[input(a, 1, None), elsewhere], 1000).is_err());
     }
 
     #[test]

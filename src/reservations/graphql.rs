@@ -23,7 +23,7 @@ use crate::{
     node,
     pagination::{self, Connection, Cursor, connection},
     reservations,
-    stock::taking::Line,
+    stock::{allocating::Strategy, lines::Line},
     telemetry, validate,
 };
 
@@ -139,6 +139,34 @@ pub struct ReserveInput {
     pub expected_version: Option<i32>,
     /// Same key from the same user = same outcome, stock taken at most once (double clicks).
     pub idempotency_key: Option<String>,
+    /// Take only from these locations, in this order of preference
+    /// (overriding priority); omitted: every active location. Empty or
+    /// unknown ids are `BAD_USER_INPUT`.
+    pub location_ids: Option<Vec<Uuid>>,
+    /// How the locations are chosen.
+    #[graphql(default_with = "AllocationStrategy::Priority")]
+    pub strategy: AllocationStrategy,
+    /// False: the whole quantity from one location, or `SoldOut`.
+    #[graphql(default = true)]
+    pub allow_split: bool,
+}
+
+/// How the locations a reservation takes from are chosen (docs/locations.md).
+#[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
+pub enum AllocationStrategy {
+    /// Fill from the active locations in priority order, splitting when one is short.
+    Priority,
+    /// One location if any can give it all (by priority); else the fewest, largest first.
+    FewestLocations,
+}
+
+impl From<AllocationStrategy> for Strategy {
+    fn from(strategy: AllocationStrategy) -> Self {
+        match strategy {
+            AllocationStrategy::Priority => Self::Priority,
+            AllocationStrategy::FewestLocations => Self::FewestLocations,
+        }
+    }
 }
 
 /// Stock was taken.
@@ -259,6 +287,13 @@ impl ReservationMutation {
             idempotency_key: validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref())
                 .gql()?,
             ttl_secs: limits.reservation_ttl_secs,
+            allocating: domain::choice(
+                "input.locationIds",
+                input.location_ids,
+                input.strategy.into(),
+                input.allow_split,
+            )
+            .gql()?,
         };
         let outcome = service.reserve(&user.id, &request).await.gql()?;
         Ok(telemetry::counted("reserve", ReserveResult::from_outcome(outcome, request.inventory_id)))
@@ -435,19 +470,39 @@ pub struct ReserveItemInput {
     pub quantity: i32,
     /// The version the client saw, checked like `ReserveInput.expectedVersion`.
     pub expected_version: Option<i32>,
+    /// Take only from these locations, in this order of preference, as
+    /// `ReserveInput.locationIds`. Lines naming the same inventory must
+    /// choose locations the same way.
+    pub location_ids: Option<Vec<Uuid>>,
+    /// How the locations are chosen.
+    #[graphql(default_with = "AllocationStrategy::Priority")]
+    pub strategy: AllocationStrategy,
+    /// False: the line's whole quantity from one location.
+    #[graphql(default = true)]
+    pub allow_split: bool,
 }
 
 impl ReserveItemInput {
     /// Checks and merges a request's lines.
     pub fn merge(items: &[Self], max_quantity: i32) -> Result<Vec<Line>, AppError> {
-        let lines: Vec<LineInput> = items
+        let lines = items
             .iter()
-            .map(|item| LineInput {
-                inventory_id: item.inventory_id,
-                quantity: item.quantity,
-                expected_version: item.expected_version,
+            .enumerate()
+            .map(|(i, item)| {
+                let field = format!("input.items[{i}].locationIds");
+                Ok(LineInput {
+                    inventory_id: item.inventory_id,
+                    quantity: item.quantity,
+                    expected_version: item.expected_version,
+                    allocating: domain::choice(
+                        &field,
+                        item.location_ids.clone(),
+                        item.strategy.into(),
+                        item.allow_split,
+                    )?,
+                })
             })
-            .collect();
+            .collect::<Result<Vec<LineInput>, AppError>>()?;
         domain::merge(&lines, max_quantity)
     }
 }
@@ -477,6 +532,9 @@ pub struct UnavailableItem {
     pub reason: UnavailableReason,
     /// The latest committed state (null when not found).
     pub inventory: Option<Inventory>,
+    /// For a `SOLD_OUT` line: what its eligible locations held together
+    /// (with `allowSplit: false`: the largest single one); null otherwise.
+    pub available: Option<i32>,
 }
 
 /// Nothing was reserved; every line that could not be served, and why.
@@ -495,6 +553,7 @@ impl ItemsUnavailable {
                 inventory_id: u.inventory_id,
                 reason: u.reason.into(),
                 inventory: u.inventory.map(Inventory),
+                available: u.available,
             })
             .collect();
         Self { items }

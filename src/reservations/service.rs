@@ -26,7 +26,11 @@ use crate::{
     idempotency::{self, Extra, Key},
     inventory::{InventoryRow, store as inventory_store},
     pagination::Page,
-    stock::taking::{Line, Purpose, ReservationChange, Reserve},
+    stock::{
+        allocating::Allocating,
+        lines::{Line, Purpose},
+        taking::{ReservationChange, Reserve},
+    },
 };
 
 /// A checked reservation request.
@@ -42,6 +46,8 @@ pub struct ReserveRequest {
     pub idempotency_key: Option<String>,
     /// Seconds until the reservation expires; 0 = never.
     pub ttl_secs: i32,
+    /// Where its units may come from (location ids already checked).
+    pub allocating: Allocating,
 }
 
 /// How a reservation request ended.
@@ -201,10 +207,12 @@ impl ReservationService {
 
     /// Takes stock for `user_id`, sharing one statement with others waiting
     /// at the same time (on its inventory or on others) when coalescing is on.
+    /// A request that names locations is served alone, across its levels.
     pub async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
+        known_locations(&self.db, &request.allocating, "input.locationIds").await?;
         match &self.coalescer {
-            Some(coalescer) => coalescer.reserve(user_id, request).await,
-            None => reserve_alone(&self.db, &self.statements, &self.collisions, user_id, request).await,
+            Some(coalescer) if request.allocating.is_anywhere() => coalescer.reserve(user_id, request).await,
+            _ => reserve_alone(&self.db, &self.statements, &self.collisions, user_id, request).await,
         }
     }
 
@@ -216,6 +224,9 @@ impl ReservationService {
         idempotency_key: Option<String>,
         ttl_secs: i32,
     ) -> Result<ReserveManyOutcome, AppError> {
+        for (i, line) in lines.iter().enumerate() {
+            known_locations(&self.db, &line.allocating, &format!("input.items[{i}].locationIds")).await?;
+        }
         let key = idempotency_key.map(|key| multi_item_key(key, "reserveMany", lines, Extra::default()));
         if let Some(first) = replay_multi_item(&self.db, user_id, key.as_ref()).await? {
             return Ok(ReserveManyOutcome::ReservedAll(first));
@@ -284,8 +295,9 @@ impl ReservationService {
             if needed == 0 {
                 return Ok(ChangeOutcome::Changed { reservation, inventory });
             }
-            if needed > inventory.stock {
-                return Ok(ChangeOutcome::SoldOut { requested: needed, available: inventory.stock, inventory });
+            let available = store::available_for_more(&self.db, &reservation).await?;
+            if needed > available {
+                return Ok(ChangeOutcome::SoldOut { requested: needed, available, inventory });
             }
             // The line or its stock moved between the statement and this read
             // (another change of the line, a release of other units): the
@@ -320,7 +332,8 @@ impl ReservationService {
 /// The idempotency key of a multi-item `operation` over `lines`, with
 /// `extra` for anything else that makes the request what it is.
 pub fn multi_item_key(key: String, operation: &str, lines: &[Line], extra: Extra<'_>) -> Key {
-    Key::multi_item(key, operation, lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version)), extra)
+    let lines = lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version, &l.allocating));
+    Key::multi_item(key, operation, lines, extra)
 }
 
 /// Takes every line (merged and sorted by `domain::merge`) or none, inside
@@ -353,13 +366,29 @@ pub async fn lines_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Resul
     Ok(domain::in_conflict(lines, &latest))
 }
 
-/// Takes `quantity` units for `user_id` with the one-statement reserve: a
-/// caller that finds nothing running, a caller of a batch that failed, or
-/// every request when coalescing is off.
+/// Refuses location ids that name no location (`BAD_USER_INPUT` at
+/// `field`); an empty list is refused before, with the other input checks.
+pub async fn known_locations(db: &DatabaseConnection, allocating: &Allocating, field: &str) -> Result<(), AppError> {
+    let Some(ids) = &allocating.location_ids else { return Ok(()) };
+    let unknown = inventory_store::unknown_locations(db, ids).await?;
+    match unknown.first() {
+        None => Ok(()),
+        Some(id) => Err(AppError::bad_input(field, format!("no location has id {id}"))),
+    }
+}
+
+/// Takes `quantity` units for `user_id` with a one-statement reserve: a
+/// caller that finds nothing running, a caller of a batch that failed, a
+/// request that names locations, or every request when coalescing is off.
 ///
-/// The reservation and its ledger entry are written by the same statement
-/// as the decrement, so a reservation exists exactly when stock was taken;
-/// when nothing was taken, one read of the latest row tells why.
+/// A request that may take from anywhere first tries the inventory's one
+/// level with the conditional UPDATE of its row ([`Reserve::query`]); when
+/// the stock is in several places that takes nothing, and the request is
+/// served across the levels ([`Reserve::allocating_query`]), as a request
+/// that names locations always is. The reservation, its allocations and its
+/// ledger rows are written by the same statement as the decrement, so a
+/// reservation exists exactly when stock was taken; when nothing was taken,
+/// one read of the latest row tells why.
 pub async fn reserve_alone(
     db: &DatabaseConnection,
     statements: &StatementPool,
@@ -367,10 +396,49 @@ pub async fn reserve_alone(
     user_id: &str,
     request: &ReserveRequest,
 ) -> Result<ReserveOutcome, AppError> {
-    let key = request
-        .idempotency_key
-        .clone()
-        .map(|key| Key::reserve(key, request.inventory_id, request.quantity, request.expected_version));
+    let key = request.idempotency_key.clone().map(|key| {
+        Key::reserve(key, request.inventory_id, request.quantity, request.expected_version, &request.allocating)
+    });
+    if request.allocating.is_anywhere() {
+        match reserve_once(db, statements, collisions, user_id, request, key.as_ref(), Path::SoleLevel).await? {
+            Taken::Done(outcome) => return Ok(outcome),
+            Taken::Exhausted => return not_taken(db, user_id, request, key.as_ref(), true).await,
+            Taken::Nothing => {}
+        }
+        return beyond_sole_level(db, statements, collisions, user_id, request, key.as_ref()).await;
+    }
+    across_levels(db, statements, collisions, user_id, request, key.as_ref()).await
+}
+
+/// Which statement a single reserve runs.
+#[derive(Debug, Clone, Copy)]
+enum Path {
+    /// [`Reserve::query`]: the inventory's one level, through its row.
+    SoleLevel,
+    /// [`Reserve::allocating_query`]: across the inventory's levels.
+    AcrossLevels,
+}
+
+/// What one reserve statement (with its collision retries) came to.
+enum Taken {
+    /// Answered: stock taken, or the key's first outcome replayed.
+    Done(ReserveOutcome),
+    /// Nothing taken; a read tells why.
+    Nothing,
+    /// Every attempt collided.
+    Exhausted,
+}
+
+/// Runs one reserve statement on `path`.
+async fn reserve_once(
+    db: &DatabaseConnection,
+    statements: &StatementPool,
+    collisions: &Collisions,
+    user_id: &str,
+    request: &ReserveRequest,
+    key: Option<&Key>,
+    path: Path,
+) -> Result<Taken, AppError> {
     let reserve = Reserve {
         inventory_id: request.inventory_id,
         quantity: request.quantity,
@@ -382,35 +450,86 @@ pub async fn reserve_alone(
         reservation_id: Uuid::now_v7(),
         movement_id: Uuid::now_v7(),
         user_id,
-        idempotency_key: key.as_ref().map(|k| k.key.as_str()),
-        fingerprint: key.as_ref().map(|k| k.fingerprint.as_str()),
+        idempotency_key: key.map(|k| k.key.as_str()),
+        fingerprint: key.map(|k| k.fingerprint.as_str()),
         ttl_secs: request.ttl_secs,
+        allocating: &request.allocating,
     };
-    let attempted = match store::reserve(statements, collisions, &reserve).await {
+    let attempted = match path {
+        Path::SoleLevel => store::reserve(statements, collisions, &reserve).await,
+        Path::AcrossLevels => store::reserve_allocating(statements, collisions, &reserve).await,
+    };
+    let attempted = match attempted {
         Ok(attempted) => attempted,
         // The key was used first by a request that has committed.
         Err(err) if idempotency::is_taken(&err) => {
-            return replay(db, user_id, key.as_ref())
+            return replay(db, user_id, key)
                 .await?
+                .map(Taken::Done)
                 .ok_or_else(|| AppError::internal(anyhow::anyhow!("a taken idempotency key has no first use")));
         }
         Err(err) => return Err(err.into()),
     };
-    let exhausted = match attempted.done() {
+    Ok(match attempted.done() {
         Ok(Some(change)) => {
-            return Ok(ReserveOutcome::Reserved { reservation: change.reservation, inventory: change.inventory });
+            Taken::Done(ReserveOutcome::Reserved { reservation: change.reservation, inventory: change.inventory })
         }
-        Ok(None) => false,
-        Err(Exhausted { .. }) => true,
+        Ok(None) => Taken::Nothing,
+        Err(Exhausted { .. }) => Taken::Exhausted,
+    })
+}
+
+/// Serves a request that may take from anywhere and that the inventory's
+/// one level did not serve (alone, or at its turn in a coalesced
+/// statement): a read tells whether that was the answer (no such
+/// inventory, another version, too little stock in its one place) or the
+/// stock is in several places (or its one place is inactive), and then the
+/// request is served across the levels.
+pub(super) async fn beyond_sole_level(
+    db: &DatabaseConnection,
+    statements: &StatementPool,
+    collisions: &Collisions,
+    user_id: &str,
+    request: &ReserveRequest,
+    key: Option<&Key>,
+) -> Result<ReserveOutcome, AppError> {
+    if let Some(outcome) = replay(db, user_id, key).await? {
+        return Ok(outcome);
+    }
+    let Some(inventory) = inventory_store::find(db, request.inventory_id).await? else {
+        return Ok(ReserveOutcome::InventoryNotFound);
     };
-    not_taken(db, user_id, request, key.as_ref(), exhausted).await
+    let held_in_one_place = inventory.sole_location_id.is_some();
+    if held_in_one_place && inventory.stock < request.quantity {
+        return Ok(ReserveOutcome::SoldOut { requested: request.quantity, available: inventory.stock, inventory });
+    }
+    if let Some(expected_version) = request.expected_version.filter(|&v| v != inventory.version) {
+        return Ok(ReserveOutcome::Conflict { expected_version, inventory });
+    }
+    across_levels(db, statements, collisions, user_id, request, key).await
+}
+
+/// Serves a request across the inventory's levels.
+async fn across_levels(
+    db: &DatabaseConnection,
+    statements: &StatementPool,
+    collisions: &Collisions,
+    user_id: &str,
+    request: &ReserveRequest,
+    key: Option<&Key>,
+) -> Result<ReserveOutcome, AppError> {
+    match reserve_once(db, statements, collisions, user_id, request, key, Path::AcrossLevels).await? {
+        Taken::Done(outcome) => Ok(outcome),
+        Taken::Nothing => not_taken(db, user_id, request, key, false).await,
+        Taken::Exhausted => not_taken(db, user_id, request, key, true).await,
+    }
 }
 
 /// The answer to a reserve whose statement took nothing (or, `exhausted`,
 /// whose every attempt collided: `Conflict` with the latest row), from a
-/// read afterwards: a caller alone and a coalesced caller whose statement
-/// could not tell why are answered here alike.
-pub(super) async fn not_taken(
+/// read afterwards of the row and of what the request's eligible
+/// locations hold.
+async fn not_taken(
     db: &DatabaseConnection,
     user_id: &str,
     request: &ReserveRequest,
@@ -425,18 +544,19 @@ pub(super) async fn not_taken(
     let Some(inventory) = inventory_store::find(db, request.inventory_id).await? else {
         return Ok(ReserveOutcome::InventoryNotFound);
     };
+    let available = store::available(db, request.inventory_id, &request.allocating).await?;
     Ok(match request.expected_version {
         expected if exhausted => {
             ReserveOutcome::Conflict { expected_version: expected.unwrap_or(inventory.version), inventory }
         }
-        _ if inventory.stock < request.quantity => {
-            ReserveOutcome::SoldOut { requested: request.quantity, available: inventory.stock, inventory }
+        _ if available < request.quantity => {
+            ReserveOutcome::SoldOut { requested: request.quantity, available, inventory }
         }
         Some(expected_version) => ReserveOutcome::Conflict { expected_version, inventory },
         // Enough stock and no version asked for, yet nothing taken: only a
         // change between the statement and this read can do that, so the
         // reservation is decided as of the statement: sold out.
-        None => ReserveOutcome::SoldOut { requested: request.quantity, available: inventory.stock, inventory },
+        None => ReserveOutcome::SoldOut { requested: request.quantity, available, inventory },
     })
 }
 

@@ -14,12 +14,18 @@ use uuid::Uuid;
 use crate::{
     db::{Attempted, Collisions, StatementPool},
     idempotency::Key,
-    inventory::InventoryRow,
     pagination::{self, Page},
     stock::{
-        adjusting, fragments, returning,
-        rows::reservation::{Column, Entity, Model},
-        taking::{self, CoalescedReserve, Line, Purpose, ReservationChange, Reserve, Turn},
+        adjusting,
+        allocating::{self, Allocating},
+        fragments,
+        lines::{self, Line, LockedLine, Purpose},
+        returning,
+        rows::{
+            AllocationRow, allocation,
+            reservation::{Column, Entity, Model},
+        },
+        taking::{CoalescedReserve, ReservationChange, Reserve, Turn},
     },
 };
 
@@ -36,6 +42,44 @@ pub async fn reserve(
     collisions.run(reserve.inventory_id, run).await
 }
 
+/// Runs the one-statement reservation across the inventory's levels on
+/// the statement pool, re-run on collisions; the change when stock was taken.
+pub async fn reserve_allocating(
+    statements: &StatementPool,
+    collisions: &Collisions,
+    reserve: &Reserve<'_>,
+) -> Result<Attempted<Option<ReservationChange>>, DbErr> {
+    let run = || async {
+        let row = statements.fetch_optional(reserve.allocating_query()).await?;
+        row.as_ref().map(ReservationChange::from_row).transpose()
+    };
+    collisions.run(reserve.inventory_id, run).await
+}
+
+/// What the locations a request may take from hold for it (its sum, or
+/// without a split the largest), read after it could not be served.
+pub async fn available(db: &DatabaseConnection, inventory_id: Uuid, allocating: &Allocating) -> Result<i32, DbErr> {
+    let row = db.query_one_raw(allocating::available(inventory_id, allocating)).await?;
+    Ok(row.map(|row| row.try_get("", "available")).transpose()?.unwrap_or(0))
+}
+
+/// What the locations `reservation` may take more from hold for it: by its
+/// own choice, and without a split only where it already is.
+pub async fn available_for_more(db: &DatabaseConnection, reservation: &Model) -> Result<i32, DbErr> {
+    let mut choice =
+        Allocating::stored(reservation.location_ids.clone(), reservation.fewest_locations, reservation.allow_split);
+    if !choice.allow_split {
+        let held =
+            allocation::Entity::find().filter(allocation::Column::ReservationId.eq(reservation.id)).all(db).await?;
+        let held: Vec<Uuid> = held.into_iter().map(|a: AllocationRow| a.location_id).collect();
+        choice.location_ids = Some(match choice.location_ids {
+            Some(ids) => ids.into_iter().filter(|id| held.contains(id)).collect(),
+            None => held,
+        });
+    }
+    available(db, reservation.inventory_id, &choice).await
+}
+
 /// Runs one coalesced statement for several callers (of one inventory or
 /// many), re-run on collisions; one turn per caller, in arrival order.
 pub async fn reserve_coalesced(
@@ -49,11 +93,11 @@ pub async fn reserve_coalesced(
 }
 
 /// Locks the inventories of a multi-item request's `lines` (sorted by id)
-/// in id order for the rest of `txn`; the locked rows (a missing one is
+/// in id order, then their levels, for the rest of `txn`; each line's
+/// locked row and whether its locations can give it (a missing one is
 /// left out).
-pub async fn lock_lines(txn: &DatabaseTransaction, lines: &[Line]) -> Result<Vec<InventoryRow>, DbErr> {
-    let ids: Vec<Uuid> = lines.iter().map(|l| l.inventory_id).collect();
-    InventoryRow::find_by_statement(taking::lock_lines(&ids)).all(txn).await
+pub async fn lock_lines(txn: &DatabaseTransaction, lines: &[Line]) -> Result<Vec<LockedLine>, DbErr> {
+    txn.query_all_raw(lines::lock_lines(lines)).await?.iter().map(LockedLine::from_row).collect()
 }
 
 /// Takes the stock of every line for `purpose` in one statement inside
@@ -67,7 +111,7 @@ pub async fn take_lines(
     key: Option<&Key>,
 ) -> Result<Vec<Model>, DbErr> {
     let key = key.map(|k| (k.key.as_str(), k.fingerprint.as_str()));
-    let statement = taking::take_lines(lines, purpose, user_id, key, Uuid::new_v4());
+    let statement = lines::take_lines(lines, purpose, user_id, key, Uuid::new_v4());
     Model::find_by_statement(statement).all(txn).await
 }
 

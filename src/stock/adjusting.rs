@@ -6,38 +6,110 @@ use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
 use super::{
+    allocating::{eligible, preference},
     fragments::{LEDGER, active_unexpired, inventory_columns, reservation_columns_as_r, step},
     rows::{MovementReason, sql},
 };
 
 /// Changes an ACTIVE, unexpired reservation of `owner`'s to `quantity`
-/// units in one statement: more takes the difference from the inventory with
-/// the conditional decrement, fewer gives the difference back. One change of
-/// the inventory (version + 1) with one QUANTITY_CHANGED ledger row whose
-/// delta is the change of available stock. One row (read with
-/// `ReservationChange::from_row`) when it changed.
+/// units in one statement: more takes the difference by the reservation's
+/// own choice of locations (`allocate` over its eligible levels; without a
+/// split only from the location that holds it), fewer gives the difference
+/// back to the locations that gave it, the least preferred first, so no
+/// location ends up holding more of it than it gave. One change of the
+/// inventory (version + 1) with one QUANTITY_CHANGED ledger row per
+/// location touched, whose delta is the change of available stock there.
+/// One row (read with `ReservationChange::from_row`) when it changed.
 ///
-/// This locks the reservation for the statement (`line`), so two changes of
-/// one line apply one after the other, each to the quantity the other left;
-/// the sweeper skips a locked line, and a line it holds (or released,
-/// checked out or expired) no longer matches. The stock condition is in the
-/// inventory UPDATE's WHERE, so concurrent takers never overdraw. 0 rows:
-/// not there, not the caller's, not ACTIVE, expired, already at `quantity`,
-/// or too little stock for the difference; one read afterwards tells which.
+/// Locks, in the order every stock statement keeps: the reservation
+/// (`line`), its allocations (`held`), the inventory (`inv`), its levels
+/// (`lvl`). So two changes of one line apply one after the other, each to
+/// the quantity the other left; the sweeper skips a locked line, and a line
+/// it holds (or released, checked out or expired) no longer matches.
+/// Allocations or levels added after the statement began do not add up to
+/// their line's quantity or their inventory's stock; the statement is then
+/// run again (`retry_stale_read`). Which allocations shrink or go is
+/// decided on `held`'s values (the rows as locked, as they are now), never
+/// on a condition of the UPDATE's own: at READ COMMITTED that is tested
+/// first against the row as the statement's snapshot saw it, and a row
+/// changed since would be skipped, not re-read. 0 rows: not there, not the caller's, not
+/// ACTIVE, expired, already at `quantity`, or the locations cannot give
+/// the difference; one read afterwards tells which.
 pub fn change_quantity(reservation_id: Uuid, owner: &str, quantity: i32) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             r#"
-WITH line AS (
-    SELECT id, inventory_id, quantity FROM reservations
-     WHERE id = $1 AND user_id = $2 AND {active_unexpired}
+WITH line AS MATERIALIZED (
+    SELECT id, inventory_id, quantity, location_ids, coalesce(fewest_locations, false) AS fewest,
+           coalesce(allow_split, true) AS split
+      FROM reservations
+     WHERE id = $1 AND user_id = $2 AND {active_unexpired} AND quantity <> $3::integer
        FOR UPDATE
+), held AS MATERIALIZED (
+    SELECT location_id, quantity FROM allocations WHERE reservation_id = (SELECT id FROM line) FOR UPDATE
+), held_fresh AS (
+    SELECT CASE WHEN coalesce(sum(quantity), 0) = coalesce((SELECT quantity FROM line), 0) THEN true
+                ELSE retry_stale_read() END AS ok
+      FROM held
+), inv AS MATERIALIZED (
+    SELECT id, stock FROM inventories
+     WHERE id = (SELECT inventory_id FROM line) AND (SELECT ok FROM held_fresh)
+       FOR UPDATE
+), lvl AS MATERIALIZED (
+    SELECT l.location_id, l.available, c.priority, c.code, c.active
+      FROM stock_levels l JOIN locations c ON c.id = l.location_id
+     WHERE l.inventory_id = (SELECT id FROM inv)
+       FOR UPDATE OF l
+), level AS (
+    SELECT v.*, coalesce(h.quantity, 0) AS held FROM lvl v LEFT JOIN held h ON h.location_id = v.location_id
+), plan AS (
+    SELECT CASE WHEN $3::integer > l.quantity THEN
+               allocate(array_agg(v.available ORDER BY {preference})
+                            FILTER (WHERE {eligible} AND (l.split OR v.held > 0)),
+                        $3::integer - l.quantity, l.fewest, l.split)
+           END AS takes,
+           array_agg(v.location_id ORDER BY {preference}) FILTER (WHERE {eligible} AND (l.split OR v.held > 0))
+               AS locations,
+           CASE WHEN coalesce(sum(v.available), 0) = (SELECT stock FROM inv) THEN true
+                ELSE retry_stale_read() END AS fresh
+      FROM line l JOIN level v ON true
+     GROUP BY l.id, l.quantity, l.fewest, l.split, l.location_ids
+), give AS (
+    SELECT v.location_id,
+           least(v.held, greatest(0, l.quantity - $3::integer - coalesce(sum(v.held) OVER (
+               ORDER BY array_position(l.location_ids, v.location_id) DESC NULLS LAST, v.priority DESC, v.code DESC
+               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)))::integer AS give
+      FROM line l JOIN level v ON v.held > 0
+     WHERE $3::integer < l.quantity
+), delta AS (
+    SELECT p.location_id, -p.take AS change
+      FROM plan, unnest(plan.locations, plan.takes) AS p(location_id, take)
+     WHERE p.take > 0
+    UNION ALL
+    SELECT location_id, give FROM give WHERE give > 0
 ), changed AS (
     UPDATE inventories i
        {set}
-      FROM line l
-     WHERE i.id = l.inventory_id AND l.quantity <> $3::integer AND i.stock >= $3::integer - l.quantity
+      FROM line l, inv
+     WHERE i.id = inv.id AND (SELECT fresh FROM plan)
+       AND ($3::integer < l.quantity OR (SELECT takes IS NOT NULL FROM plan))
  RETURNING {columns}, l.quantity AS held
+), levels AS (
+    UPDATE stock_levels v SET available = v.available + d.change
+      FROM delta d, changed c
+     WHERE v.inventory_id = c.id AND v.location_id = d.location_id
+), grown AS (
+    INSERT INTO allocations AS a (reservation_id, location_id, quantity)
+    SELECT $1, d.location_id, -d.change FROM delta d, changed c WHERE d.change < 0
+        ON CONFLICT (reservation_id, location_id) DO UPDATE SET quantity = a.quantity + excluded.quantity
+), shrunk AS (
+    UPDATE allocations a SET quantity = h.quantity - d.change
+      FROM delta d JOIN held h ON h.location_id = d.location_id, changed c
+     WHERE a.reservation_id = $1 AND a.location_id = d.location_id AND d.change > 0 AND h.quantity > d.change
+), emptied AS (
+    DELETE FROM allocations a
+     USING delta d JOIN held h ON h.location_id = d.location_id, changed c
+     WHERE a.reservation_id = $1 AND a.location_id = d.location_id AND d.change > 0 AND h.quantity = d.change
 ), resized AS (
     UPDATE reservations r SET quantity = $3::integer
       FROM changed c
@@ -45,10 +117,12 @@ WITH line AS (
  RETURNING r.*
 ), movement AS (
     {LEDGER}
-    SELECT id, held - $3::integer, {reason}, stock, version, $1, NULL FROM changed
+    SELECT c.id, d.change, {reason}, c.stock, c.version, $1, NULL, d.location_id FROM changed c, delta d
 )
 SELECT changed.*, {reservation} FROM changed, resized r"#,
             active_unexpired = active_unexpired(),
+            preference = preference("l.location_ids"),
+            eligible = eligible("l.location_ids"),
             reason = sql(MovementReason::QuantityChanged),
             set = step("i.", "- ($3::integer - l.quantity)"),
             columns = inventory_columns("i."),

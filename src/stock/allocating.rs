@@ -46,6 +46,12 @@ impl Default for Allocating {
 }
 
 impl Allocating {
+    /// Whether this is the default choice (what a request naming no
+    /// location gets).
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
     /// Whether this takes from any active location, however it splits: a
     /// request that may take from anywhere takes from an inventory with one
     /// level directly (every strategy chooses that level).
@@ -80,19 +86,22 @@ impl Allocating {
     }
 }
 
-/// The condition of a level `l` joined to its location `c` that a request
-/// may take from, given the request's location ids as the `uuid[]`
-/// expression `ids` (NULL: any): the location is active and, when ids are
-/// given, among them.
+/// The condition of a level that a request may take from, given the
+/// request's location ids as the `uuid[]` expression `ids` (NULL: any): its
+/// location is active and, when ids are given, among them. It names the
+/// columns `location_id` (the level's) and `active` (its location's)
+/// unqualified, so it reads a level joined to its location and a row of
+/// both alike.
 pub fn eligible(ids: &str) -> String {
-    format!("c.active AND ({ids} IS NULL OR l.location_id = ANY({ids}))")
+    format!("active AND ({ids} IS NULL OR location_id = ANY({ids}))")
 }
 
-/// The order of preference of levels `l` joined to their locations `c`
-/// for a request whose location ids are the `uuid[]` expression `ids`: the
-/// list's order when given, else priority then code.
+/// The order of preference among levels for a request whose location ids
+/// are the `uuid[]` expression `ids`: the list's order when given, else
+/// priority then code (columns `location_id`, `priority`, `code`, unqualified
+/// as in [`eligible`]).
 pub fn preference(ids: &str) -> String {
-    format!("array_position({ids}, l.location_id), c.priority, c.code")
+    format!("array_position({ids}, location_id), priority, code")
 }
 
 /// What the eligible levels of `inventory_id` hold for a request choosing
@@ -104,12 +113,22 @@ pub fn available(inventory_id: Uuid, allocating: &Allocating) -> Statement {
     Statement::from_sql_and_values(
         DbBackend::Postgres,
         format!(
-            "SELECT coalesce(CASE WHEN $3 THEN sum(l.available) ELSE max(l.available) END, 0)::integer AS available \
+            "SELECT coalesce(CASE WHEN $3 THEN sum(available) ELSE max(available) END, 0)::integer AS available \
                FROM stock_levels l JOIN locations c ON c.id = l.location_id \
-              WHERE l.inventory_id = $1 AND {}",
+              WHERE inventory_id = $1 AND {}",
             eligible("$2::uuid[]")
         ),
         [inventory_id.into(), ids, split],
+    )
+}
+
+/// Which of `ids` name no location: one row (`id`) per unknown id, none
+/// when all are known.
+pub fn unknown(ids: &[Uuid]) -> Statement {
+    Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT u.id FROM unnest($1::uuid[]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM locations WHERE id = u.id)",
+        [Value::from(ids.to_vec())],
     )
 }
 

@@ -31,16 +31,38 @@ pub fn step(alias: &str, delta: &str) -> String {
     set(&format!("{alias}stock {delta}"), &format!("{alias}version + 1"))
 }
 
-/// The ledger row of a change, to be followed by a `SELECT` of exactly these
-/// seven values.
-pub const LEDGER: &str =
-    "INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id)";
+/// The ledger row of a change at one location, to be followed by a `SELECT`
+/// of exactly these eight values. A change that touches several levels of
+/// its inventory writes one row for each, all with the change's stock and
+/// version.
+pub const LEDGER: &str = "INSERT INTO stock_movements \
+     (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id)";
 
-/// [`LEDGER`] with the row's id first (eight values): the reserve paths,
+/// [`LEDGER`] with the row's id first (nine values): the reserve paths,
 /// which write most ledger rows, send time-ordered (v7) ids made by the
 /// server, so new rows land at the right edge of the primary key instead of
 /// on a random page of a B-tree that history makes larger than the cache.
-pub const LEDGER_WITH_ID: &str = "INSERT INTO stock_movements (id, inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id)";
+pub const LEDGER_WITH_ID: &str = "INSERT INTO stock_movements \
+     (id, inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id)";
+
+/// The condition of an inventory row (aliased `alias`: `""`, `"i."`) whose
+/// units may be taken from its one level directly, as the conditional
+/// UPDATE of the row alone: it has one level (`sole_location_id`) and that
+/// location is active. Any other is taken from through its levels.
+pub fn sole(alias: &str) -> String {
+    format!("{alias}sole_location_id IN (SELECT id FROM locations WHERE active)")
+}
+
+/// The columns a reservation stores of how it chose its locations, in the
+/// order [`choice`] gives their values.
+pub const CHOICE_COLUMNS: &str = "location_ids, fewest_locations, allow_split";
+
+/// The values of [`CHOICE_COLUMNS`] from a request's location ids (`uuid[]`
+/// expression, NULL: any), FEWEST_LOCATIONS flag and split flag (boolean
+/// expressions): NULL for each default, so a plain reservation stores nothing.
+pub fn choice(ids: &str, fewest: &str, split: &str) -> String {
+    format!("{ids}, CASE WHEN {fewest} THEN true END, CASE WHEN NOT {split} THEN false END")
+}
 
 /// What a change of many reservation lines at once does to their stock.
 #[derive(Debug, Clone, Copy)]
@@ -52,42 +74,78 @@ pub enum Lines {
     Ship,
 }
 
-/// The CTEs `totals`, `changed` and `movement` of a statement that changes
-/// many reservation lines at once; `lines` names an earlier CTE of the
-/// changed lines (`id, inventory_id, quantity`), `reason` their ledger rows'
-/// reason, `order_id` the ledger's order (`"NULL"`, `"$1"`). With `locked`, the inventories are the rows of
-/// an earlier CTE `locked` (`id`), already locked in id order.
+/// The CTEs of a statement that changes many reservation lines at once:
+/// `parts`, `checked`, `totals`, `changed`, `numbered`, (for
+/// [`Lines::Return`]) `restored`, and `movement`. `lines` names an earlier
+/// CTE of the changed lines (`id, inventory_id, quantity`) whose rows the
+/// statement has locked, `reason` their ledger rows' reason, `order_id` the
+/// ledger's order (`"NULL"`, `"$1"`). With `locked`, the inventories are the
+/// rows of an earlier CTE `locked` (`id`), already locked in id order.
+/// `changed` returns every inventory column of the rows as left, with the
+/// lines' units (`quantity`) and count (`n`).
 ///
 /// Each line is its own change of its inventory, even when several lines
 /// share one: the row is updated once, its version grows by the number of
-/// its lines, and each line gets its ledger row with the running stock and
-/// version (lines of one inventory in id order). An `UPDATE ... FROM` that
-/// joined the lines themselves would update a shared row once, for one of
-/// its lines, and lose the others.
+/// its lines, and each line gets one ledger row per location it holds units
+/// at (its allocations), with the running stock and version (lines of one
+/// inventory in id order). An `UPDATE ... FROM` that joined the lines
+/// themselves would update a shared row once, for one of its lines, and
+/// lose the others. Returned units go back to the levels that gave them.
+///
+/// The allocations are locked (`parts`) after their lines and before the
+/// inventories: a line whose allocations were changed after the statement
+/// began (a change of quantity that took from a new location) shows rows
+/// that do not add up to its quantity, and the statement is run again
+/// (`retry_stale_read`).
 pub fn per_line(lines: &str, what: Lines, reason: MovementReason, order_id: &str, locked: bool) -> String {
     let (stock, delta, stock_after) = match what {
-        Lines::Return => ("i.stock + t.quantity", "e.quantity", "c.stock - c.quantity + sum(e.quantity) OVER w"),
-        Lines::Ship => ("i.stock", "-e.quantity", "c.stock"),
+        Lines::Return => ("i.stock + t.quantity", "p.quantity", "n.stock - n.total + n.upto"),
+        Lines::Ship => ("i.stock", "-p.quantity", "n.stock"),
+    };
+    let restored = match what {
+        Lines::Return => {
+            r#"), restored AS (
+    UPDATE stock_levels l SET available = l.available + s.quantity
+      FROM (SELECT n.inventory_id, p.location_id, sum(p.quantity)::integer AS quantity
+              FROM parts p JOIN numbered n ON n.id = p.reservation_id
+             GROUP BY n.inventory_id, p.location_id) s
+     WHERE l.inventory_id = s.inventory_id AND l.location_id = s.location_id
+"#
+        }
+        Lines::Ship => "",
     };
     let locked = if locked { " JOIN locked l ON l.id = t.inventory_id" } else { "" };
     format!(
-        r#"totals AS (
+        r#"parts AS MATERIALIZED (
+    SELECT reservation_id, location_id, quantity FROM allocations
+     WHERE reservation_id IN (SELECT id FROM {lines})
+       FOR UPDATE
+), checked AS (
+    SELECT bool_and(CASE WHEN coalesce(p.quantity, 0) = e.quantity THEN true ELSE retry_stale_read() END) AS ok
+      FROM {lines} e
+      LEFT JOIN (SELECT reservation_id, sum(quantity) AS quantity FROM parts GROUP BY reservation_id) p
+        ON p.reservation_id = e.id
+), totals AS (
     SELECT inventory_id, sum(quantity)::integer AS quantity, count(*)::integer AS n
       FROM {lines} GROUP BY inventory_id
 ), changed AS (
     UPDATE inventories i
        {set}
       FROM totals t{locked}
-     WHERE i.id = t.inventory_id
- RETURNING i.id, i.stock, i.version, t.quantity, t.n
-), movement AS (
-    {LEDGER}
-    SELECT e.inventory_id, {delta}, {reason}, ({stock_after})::integer,
-           (c.version - c.n + row_number() OVER w)::integer, e.id, {order_id}
+     WHERE i.id = t.inventory_id AND (SELECT ok FROM checked) IS NOT FALSE
+ RETURNING {columns}, t.quantity, t.n
+), numbered AS (
+    SELECT e.id, e.inventory_id, c.stock, c.quantity AS total,
+           sum(e.quantity) OVER w AS upto, (c.version - c.n + row_number() OVER w)::integer AS version
       FROM {lines} e JOIN changed c ON c.id = e.inventory_id
     WINDOW w AS (PARTITION BY e.inventory_id ORDER BY e.id)
+{restored}), movement AS (
+    {LEDGER}
+    SELECT n.inventory_id, {delta}, {reason}, ({stock_after})::integer, n.version, n.id, {order_id}, p.location_id
+      FROM numbered n JOIN parts p ON p.reservation_id = n.id
 )"#,
         set = set(stock, "i.version + t.n"),
+        columns = inventory_columns("i."),
         reason = sql(reason),
     )
 }

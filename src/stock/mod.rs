@@ -22,6 +22,7 @@ pub mod adjusting;
 pub mod allocating;
 pub mod archiving;
 pub mod fragments;
+pub mod lines;
 pub mod partitions;
 pub mod receiving;
 pub mod returning;
@@ -32,7 +33,7 @@ pub mod taking;
 use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
-pub use taking::{COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL};
+pub use taking::{ALLOCATING_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL};
 
 /// This locks the inventories of an order's lines in id order, the order
 /// every multi-item writer (and the sweeper) locks in, so a cancel or a

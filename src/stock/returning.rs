@@ -7,18 +7,17 @@ use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
 use super::{
-    fragments::{
-        LEDGER, Lines, active_unexpired, inventory_columns, order_lines, per_line, reservation_columns_as_r, step,
-    },
+    fragments::{Lines, active_unexpired, inventory_columns, order_lines, per_line, reservation_columns_as_r},
     rows::{MovementReason, ReservationStatus, sql},
 };
 
-/// Gives an ACTIVE, unexpired reservation of `owner`'s stock back, once: the
-/// conditions are in the UPDATE's WHERE, so of many concurrent releases
-/// exactly one matches, and an expired one is left to the sweeper. One row
-/// (read with `ReservationChange::from_row`) when it was released; 0 rows:
-/// not there, not the caller's, or not ACTIVE any more (a concurrent release
-/// won, or it expired), which one read afterwards tells apart.
+/// Gives an ACTIVE, unexpired reservation of `owner`'s stock back, once,
+/// each unit to the location that gave it: the conditions are in the
+/// UPDATE's WHERE, so of many concurrent releases exactly one matches, and
+/// an expired one is left to the sweeper. One row (read with
+/// `ReservationChange::from_row`) when it was released; 0 rows: not there,
+/// not the caller's, or not ACTIVE any more (a concurrent release won, or it
+/// expired), which one read afterwards tells apart.
 pub fn release(reservation_id: Uuid, owner: &str) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
@@ -27,22 +26,12 @@ WITH released AS (
     UPDATE reservations SET status = {released}
      WHERE id = $1 AND user_id = $2 AND {active_unexpired}
  RETURNING *
-), returned AS (
-    UPDATE inventories i
-       {set}
-      FROM released r
-     WHERE i.id = r.inventory_id
- RETURNING {columns}, r.quantity
-), movement AS (
-    {LEDGER}
-    SELECT id, quantity, {reason}, stock, version, $1, NULL FROM returned
-)
-SELECT returned.*, {reservation} FROM returned, released r"#,
+), {returned}
+SELECT {columns}, {reservation} FROM changed c, released r"#,
             released = sql(ReservationStatus::Released),
             active_unexpired = active_unexpired(),
-            reason = sql(MovementReason::Released),
-            set = step("i.", "+ r.quantity"),
-            columns = inventory_columns("i."),
+            returned = per_line("released", Lines::Return, MovementReason::Released, "NULL", false),
+            columns = inventory_columns("c."),
             reservation = reservation_columns_as_r(),
         )
     });

@@ -1,59 +1,164 @@
-//! Taking stock: one reservation ([`RESERVE_SQL`]), the reservations of
+//! Taking stock: one reservation ([`RESERVE_SQL`] from an inventory's one
+//! level, [`ALLOCATING_RESERVE_SQL`] across its levels), the reservations of
 //! coalesced callers on one inventory or many ([`COALESCED_RESERVE_SQL`]), and
 //! the lines of a multi-item request (`reserveMany`, `placeOrder`).
+//!
+//! Every statement here locks the inventory rows first (in id order when
+//! there are several), then their levels, the order every stock statement
+//! keeps (docs/locations.md), so no two of them can deadlock whatever
+//! locations they name. Which levels give how many units is decided by the
+//! database function `allocate` over the levels the statement has locked,
+//! and written by the same statement: one allocation row and one ledger row
+//! per location touched.
 
 use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use sea_orm::{
-    ActiveEnum, DbBackend, DbErr, FromQueryResult, QueryResult, Statement, Value,
+    DbBackend, DbErr, FromQueryResult, QueryResult, Statement,
     sqlx::{self, Postgres, postgres::PgArguments, query::Query},
 };
 use uuid::Uuid;
 
 use super::{
-    fragments::{LEDGER, LEDGER_WITH_ID, expiry, inventory_columns, reservation_columns_as_r, set, step},
+    allocating::{Allocating, eligible, preference},
+    fragments::{
+        CHOICE_COLUMNS, LEDGER_WITH_ID, choice, expiry, inventory_columns, reservation_columns_as_r, set, sole, step,
+    },
     rows::{InventoryRow, MovementReason, ReservationRow, ReservationStatus, sql},
 };
 
-/// The one-statement reservation. Parameters: `$1` inventory id, `$2`
-/// quantity, `$3` expected version (NULL: none), `$4` the new reservation's
-/// id, `$5` user id, `$6` idempotency key, `$7` request fingerprint (both
-/// NULL without a key), `$8` TTL in seconds (0: never expires), `$9` the
-/// ledger row's id. One row (the
-/// inventory as left, then the reservation as `r_*`) when stock was taken.
+/// The one-statement reservation from an inventory held in one place, the
+/// reservation of a request that may take from anywhere. Parameters: `$1`
+/// inventory id, `$2` quantity, `$3` expected version (NULL: none), `$4` the
+/// new reservation's id, `$5` user id, `$6` idempotency key, `$7` request
+/// fingerprint (both NULL without a key), `$8` TTL in seconds (0: never
+/// expires), `$9` the ledger row's id. One row (the inventory as left, then
+/// the reservation as `r_*`) when stock was taken.
 ///
 /// The decision is the UPDATE's own WHERE (`stock >= qty`, and `version =
 /// expected` when given), never an earlier SELECT, so two requests can never
-/// both see the last unit. 0 rows means: no such row, too little stock, or
-/// the version moved; one read afterwards tells which. A second request
-/// with the same idempotency key fails on the unique index and the whole
-/// statement is rolled back, so the stock its UPDATE took is given back.
+/// both see the last unit. It takes only from an inventory whose stock is
+/// all at one active location ([`sole`]): its level then holds exactly the
+/// row's `stock`, so the level follows the row, and the whole reservation
+/// is one allocation there. 0 rows means: no such row, too little stock,
+/// the version moved, or the stock is in several places or at an inactive
+/// one ([`ALLOCATING_RESERVE_SQL`] serves those); one read afterwards tells
+/// which. A second request with the same idempotency key fails on the
+/// unique index and the whole statement is rolled back, so the stock its
+/// UPDATE took is given back.
 pub static RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         r#"
 WITH taken AS (
     UPDATE inventories
        {set}
-     WHERE id = $1 AND stock >= $2 AND ($3::integer IS NULL OR version = $3)
+     WHERE id = $1 AND stock >= $2 AND ($3::integer IS NULL OR version = $3) AND {sole}
  RETURNING {columns}
+), drawn AS (
+    UPDATE stock_levels l SET available = l.available - $2
+      FROM taken t
+     WHERE l.inventory_id = t.id AND l.location_id = t.sole_location_id
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
     SELECT $4, id, $5, $2, {active}, $6, $7, {expires}
       FROM taken
  RETURNING *
+), allocation AS (
+    INSERT INTO allocations (reservation_id, location_id, quantity)
+    SELECT $4, sole_location_id, $2 FROM taken
 ), movement AS (
     {LEDGER_WITH_ID}
-    SELECT $9, id, -$2, {reserved}, stock, version, $4, NULL FROM taken
+    SELECT $9, id, -$2, {reserved}, stock, version, $4, NULL, sole_location_id FROM taken
 )
 SELECT taken.*, {reservation} FROM taken, reservation r"#,
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
         set = step("", "- $2"),
+        sole = sole(""),
         columns = inventory_columns(""),
         expires = expiry("$8"),
         reservation = reservation_columns_as_r(),
+    )
+});
+
+/// The one-statement reservation across an inventory's levels: the
+/// parameters of [`RESERVE_SQL`], then `$10` the location ids to take from
+/// in order of preference (NULL: every active location by priority),
+/// `$11` FEWEST_LOCATIONS (else PRIORITY), `$12` whether the units may come
+/// from several locations. One row as [`RESERVE_SQL`]'s when stock was taken.
+///
+/// It locks the inventory row (`inv`, with the version check, so a moved
+/// version matches nothing), then every level of it (`lvl`; `FOR UPDATE`
+/// reads each as it is now even when the statement waited for the row),
+/// lets `allocate` choose among the eligible ones in order of preference,
+/// and takes from each chosen level what it gives in the same statement:
+/// the check and the take are one statement over the same locked rows.
+/// Levels added after the statement began are not among the rows it
+/// locked; then they do not add up to the row's `stock`, and the statement
+/// is run again (`retry_stale_read`, a serialization failure). 0 rows: no
+/// such row, the version moved, or the eligible locations cannot give the
+/// units under the rules; one read afterwards tells which.
+pub static ALLOCATING_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
+WITH inv AS MATERIALIZED (
+    SELECT id, stock FROM inventories
+     WHERE id = $1 AND ($3::integer IS NULL OR version = $3)
+       FOR UPDATE
+), lvl AS MATERIALIZED (
+    SELECT l.location_id, l.available, c.priority, c.code, c.active
+      FROM stock_levels l JOIN locations c ON c.id = l.location_id
+     WHERE l.inventory_id = (SELECT id FROM inv)
+       FOR UPDATE OF l
+), plan AS (
+    SELECT array_agg(location_id ORDER BY {preference}) FILTER (WHERE {eligible}) AS locations,
+           allocate(array_agg(available ORDER BY {preference}) FILTER (WHERE {eligible}), $2, $11::boolean,
+                    $12::boolean) AS takes,
+           CASE WHEN coalesce(sum(available), 0) = coalesce((SELECT stock FROM inv), 0) THEN true
+                ELSE retry_stale_read() END AS fresh
+      FROM lvl
+), pick AS (
+    SELECT p.location_id, p.take, row_number() OVER (ORDER BY p.k) AS k
+      FROM plan, unnest(plan.locations, plan.takes) WITH ORDINALITY AS p(location_id, take, k)
+     WHERE p.take > 0
+), taken AS (
+    UPDATE inventories i
+       {set}
+      FROM inv
+     WHERE i.id = inv.id AND (SELECT fresh AND takes IS NOT NULL FROM plan)
+ RETURNING {columns}
+), drawn AS (
+    UPDATE stock_levels l SET available = l.available - p.take
+      FROM pick p, taken t
+     WHERE l.inventory_id = t.id AND l.location_id = p.location_id
+), reservation AS (
+    INSERT INTO reservations
+           (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at,
+            {CHOICE_COLUMNS})
+    SELECT $4, id, $5, $2, {active}, $6, $7, {expires}, {choice}
+      FROM taken
+ RETURNING *
+), allocation AS (
+    INSERT INTO allocations (reservation_id, location_id, quantity)
+    SELECT $4, p.location_id, p.take FROM pick p, taken
+), movement AS (
+    {LEDGER_WITH_ID}
+    SELECT CASE WHEN p.k = 1 THEN $9 ELSE gen_random_uuid() END, t.id, -p.take, {reserved}, t.stock, t.version, $4,
+           NULL, p.location_id
+      FROM taken t, pick p
+)
+SELECT taken.*, {reservation} FROM taken, reservation r"#,
+        active = sql(ReservationStatus::Active),
+        reserved = sql(MovementReason::Reserved),
+        set = step("i.", "- $2"),
+        columns = inventory_columns("i."),
+        expires = expiry("$8"),
+        reservation = reservation_columns_as_r(),
+        preference = preference("$10::uuid[]"),
+        eligible = eligible("$10::uuid[]"),
+        choice = choice("$10::uuid[]", "$11::boolean", "$12::boolean"),
     )
 });
 
@@ -78,12 +183,25 @@ pub struct Reserve<'a> {
     pub fingerprint: Option<&'a str>,
     /// Seconds until the reservation expires; 0 = never.
     pub ttl_secs: i32,
+    /// Where the units may come from (only [`Reserve::allocating_query`] reads it).
+    pub allocating: &'a Allocating,
 }
 
 impl Reserve<'_> {
-    /// [`RESERVE_SQL`] with these values, for the statement pool.
+    /// [`RESERVE_SQL`] with these values, for the statement pool: the
+    /// reservation from an inventory's one level.
     pub fn query(&self) -> Query<'static, Postgres, PgArguments> {
         self.bind(sqlx::query(RESERVE_SQL.as_str()))
+    }
+
+    /// [`ALLOCATING_RESERVE_SQL`] with these values, for the statement pool:
+    /// the reservation across an inventory's levels.
+    pub fn allocating_query(&self) -> Query<'static, Postgres, PgArguments> {
+        let (ids, fewest, split) = self.allocating.columns();
+        self.bind(sqlx::query(ALLOCATING_RESERVE_SQL.as_str()))
+            .bind(ids)
+            .bind(fewest.unwrap_or(false))
+            .bind(split.unwrap_or(true))
     }
 
     /// `query` (of [`RESERVE_SQL`]'s parameters) with these values bound.
@@ -136,7 +254,7 @@ impl ReservationChange {
     }
 }
 
-/// One statement for coalesced callers, on one inventory or many: `$1`
+/// One statement for coalesced callers (each taking from anywhere), on one inventory or many: `$1`
 /// inventories, `$2` reservation ids, `$3` users, `$4` quantities, `$6`
 /// ledger row ids, `$7` idempotency keys and `$8` request fingerprints
 /// (NULL for a caller without a key), `$9` expected versions (NULL for a
@@ -155,9 +273,13 @@ impl ReservationChange {
 /// is refused, a later smaller one may still be served: exactly what
 /// one-at-a-time would do), writes each inventory's new stock and version
 /// once (one version step per grant), every granted reservation, and one
-/// ledger row per grant with its own stock and version. One row per caller
-/// in arrival order: `found` false when its inventory does not exist, else
-/// the inventory as it stood after that caller's turn.
+/// ledger row per grant with its own stock and version. It grants only on
+/// an inventory held in one place ([`sole`]): its one level follows the
+/// row, and each grant is one allocation there. One row per caller in
+/// arrival order: `found` false when its inventory does not exist, NULL
+/// when it exists but is held in several places or at an inactive one (the
+/// caller is served alone, across its levels), else the inventory as it
+/// stood after that caller's turn.
 pub static COALESCED_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         r#"
@@ -168,11 +290,11 @@ WITH RECURSIVE req AS MATERIALIZED (
         AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
              expected_version, ttl_secs, n)
 ), inv AS MATERIALIZED (
-    SELECT {columns}
+    SELECT {columns}, {sole} AS sole
       FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
 ), walk AS (
     SELECT inv.id AS inventory_id, 0::bigint AS k, inv.stock AS stock, inv.version AS version, false AS granted
-      FROM inv
+      FROM inv WHERE inv.sole
     UNION ALL
     SELECT w.inventory_id, r.k,
            CASE WHEN {fits} THEN w.stock - r.quantity ELSE w.stock END,
@@ -188,23 +310,33 @@ WITH RECURSIVE req AS MATERIALIZED (
        {set}
       FROM last JOIN inv o ON o.id = last.inventory_id
      WHERE i.id = last.inventory_id AND last.version > o.version
- RETURNING i.id, i.updated_at
+ RETURNING i.id, i.updated_at, i.stock, i.sole_location_id
+), drawn AS (
+    UPDATE stock_levels l SET available = t.stock
+      FROM taken t
+     WHERE l.inventory_id = t.id AND l.location_id = t.sole_location_id
+), granted AS (
+    SELECT r.*, s.stock, s.version, o.sole_location_id
+      FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k JOIN inv o ON o.id = r.inventory_id
+     WHERE s.granted
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
-    SELECT r.reservation_id, r.inventory_id, r.user_id, r.quantity, {active}, r.idempotency_key,
-           r.request_fingerprint, {expires}
-      FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
-     WHERE s.granted
+    SELECT reservation_id, inventory_id, user_id, quantity, {active}, idempotency_key, request_fingerprint,
+           {granted_expires}
+      FROM granted
+), allocation AS (
+    INSERT INTO allocations (reservation_id, location_id, quantity)
+    SELECT reservation_id, sole_location_id, quantity FROM granted
 ), movement AS (
     {LEDGER_WITH_ID}
-    SELECT r.movement_id, r.inventory_id, -r.quantity, {reserved}, s.stock, s.version, r.reservation_id, NULL
-      FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
-     WHERE s.granted
+    SELECT movement_id, inventory_id, -quantity, {reserved}, stock, version, reservation_id, NULL, sole_location_id
+      FROM granted
 )
-SELECT s.k IS NOT NULL AS found, coalesce(s.granted, false) AS granted,
+SELECT CASE WHEN s.k IS NOT NULL THEN true WHEN inv.id IS NOT NULL THEN NULL ELSE false END AS found,
+       coalesce(s.granted, false) AS granted,
        inv.id, inv.sku, inv.name, s.stock, s.version, inv.created_at,
-       coalesce(t.updated_at, inv.updated_at) AS updated_at,
+       coalesce(t.updated_at, inv.updated_at) AS updated_at, inv.sole_location_id,
        now() AS now, {expires} AS expires_at
   FROM req r
   LEFT JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
@@ -213,9 +345,11 @@ SELECT s.k IS NOT NULL AS found, coalesce(s.granted, false) AS granted,
  ORDER BY r.n"#,
         set = set("last.stock", "last.version"),
         columns = inventory_columns(""),
+        sole = sole(""),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
         expires = expiry("r.ttl_secs"),
+        granted_expires = expiry("ttl_secs"),
         fits = "(w.stock >= r.quantity AND (r.expected_version IS NULL OR r.expected_version = w.version))",
     )
 });
@@ -229,8 +363,10 @@ SELECT s.k IS NOT NULL AS found, coalesce(s.granted, false) AS granted,
 /// (bench/results/decisions.md#a-statement-without-the-walk-for-batches-of-distinct-inventories-kept).
 /// The same parameters; one row per caller in arrival order, as
 /// [`Turn::from_row`] reads it: `found` NULL for a caller not served (no
-/// row, too little stock, another version: like [`RESERVE_SQL`]'s zero rows,
-/// told apart by a read afterwards), else its inventory as left.
+/// row, too little stock, another version, stock in several places: like
+/// [`RESERVE_SQL`]'s zero rows, told apart by a read afterwards), else its
+/// inventory as left. Like [`RESERVE_SQL`] it takes only from an inventory
+/// held at one active location, from its one level.
 ///
 /// Rows are still updated in id order: the callers are sorted by inventory,
 /// and the statement pool plans without sequential and bitmap scans, so
@@ -253,24 +389,34 @@ WITH req AS MATERIALIZED (
        {set}
       FROM req r
      WHERE i.id = r.inventory_id AND i.id = ANY($1) AND i.stock >= r.quantity
-       AND (r.expected_version IS NULL OR i.version = r.expected_version)
+       AND (r.expected_version IS NULL OR i.version = r.expected_version) AND {sole}
  RETURNING {inventory}, r.n, r.reservation_id, r.user_id, r.quantity, r.movement_id, r.idempotency_key,
            r.request_fingerprint, r.ttl_secs
+), drawn AS (
+    UPDATE stock_levels l SET available = l.available - t.quantity
+      FROM taken t
+     WHERE l.inventory_id = t.id AND l.location_id = t.sole_location_id
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
     SELECT t.reservation_id, t.id, t.user_id, t.quantity, {active}, t.idempotency_key, t.request_fingerprint,
            {taken_expires}
       FROM taken t
+), allocation AS (
+    INSERT INTO allocations (reservation_id, location_id, quantity)
+    SELECT t.reservation_id, t.sole_location_id, t.quantity FROM taken t
 ), movement AS (
     {LEDGER_WITH_ID}
-    SELECT t.movement_id, t.id, -t.quantity, {reserved}, t.stock, t.version, t.reservation_id, NULL FROM taken t
+    SELECT t.movement_id, t.id, -t.quantity, {reserved}, t.stock, t.version, t.reservation_id, NULL,
+           t.sole_location_id
+      FROM taken t
 )
 SELECT CASE WHEN t.n IS NOT NULL THEN true END AS found, t.n IS NOT NULL AS granted,
        {taken}, now() AS now, {expires} AS expires_at
   FROM req r LEFT JOIN taken t ON t.n = r.n
  ORDER BY r.n"#,
         set = step("i.", "- r.quantity"),
+        sole = sole("i."),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
         inventory = inventory_columns("i."),
@@ -340,8 +486,8 @@ pub enum Turn {
     /// The caller's inventory does not exist.
     NotFound,
     /// Nothing was taken for the caller, and the statement cannot tell why
-    /// (its row may be missing, short of stock or at another version): a
-    /// read afterwards decides, as for a caller alone.
+    /// (its row may be missing, short of stock, at another version or held
+    /// in several places): a read afterwards decides, as for a caller alone.
     NotTaken,
     /// The caller's turn on its inventory.
     Taken {
@@ -371,111 +517,4 @@ impl Turn {
             expires_at: row.try_get("", "expires_at")?,
         })
     }
-}
-
-/// This locks the rows of `inventory_ids` in id order for the rest of the
-/// transaction, so two multi-item requests naming the same inventories in
-/// opposite orders wait for each other instead of deadlocking, and what is
-/// judged against the locked rows cannot go stale before [`take_lines`].
-pub fn lock_lines(inventory_ids: &[Uuid]) -> Statement {
-    Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        format!("SELECT {} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE", inventory_columns("")),
-        [Value::from(inventory_ids.to_vec())],
-    )
-}
-
-/// What the lines of a multi-item request are taken for.
-#[derive(Debug, Clone, Copy)]
-pub enum Purpose {
-    /// Plain reservations (`reserveMany`): ACTIVE for `ttl_secs` (0 = never
-    /// expire), ledger reason RESERVED.
-    Reservations {
-        /// Seconds until they expire.
-        ttl_secs: i32,
-    },
-    /// The lines of this order (`placeOrder`): ORDERED, ledger reason ORDERED.
-    Order(Uuid),
-}
-
-/// One line of a multi-item request, merged and checked (one per inventory).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Line {
-    /// The inventory.
-    pub inventory_id: Uuid,
-    /// Units, summed over the request's lines for this inventory.
-    pub quantity: i32,
-    /// The version the client saw, if it sent one.
-    pub expected_version: Option<i32>,
-}
-
-/// Takes every line at once, inside the transaction that locked them with
-/// [`lock_lines`]: one reservation and one ledger row per line, all carrying
-/// `multi_item_id`; the first line carries the idempotency key (and its
-/// fingerprint) for the whole request. Returns the reservations, ordered by
-/// inventory id.
-///
-/// The lines' conditions stand again in the UPDATE's WHERE: with the rows
-/// locked they hold, and a line that did not match shows up as a missing
-/// row, which the caller must treat as a failure.
-pub fn take_lines(
-    lines: &[Line],
-    purpose: Purpose,
-    user_id: &str,
-    key: Option<(&str, &str)>,
-    multi_item_id: Uuid,
-) -> Statement {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            r#"
-WITH line AS (
-    SELECT inventory_id, quantity, CASE WHEN checked THEN expected_version END AS expected_version, n
-      FROM unnest($1::uuid[], $2::integer[], $3::integer[], $11::boolean[]) WITH ORDINALITY
-        AS l(inventory_id, quantity, expected_version, checked, n)
-), taken AS (
-    UPDATE inventories i
-       {set}
-      FROM line
-     WHERE i.id = line.inventory_id AND i.stock >= line.quantity
-       AND (line.expected_version IS NULL OR i.version = line.expected_version)
- RETURNING i.id, i.stock, i.version, line.quantity, line.n
-), reservation AS (
-    INSERT INTO reservations (id, inventory_id, order_id, user_id, quantity, status,
-                              idempotency_key, request_fingerprint, batch_id, expires_at)
-    SELECT gen_random_uuid(), id, $4, $5, quantity, $6,
-           CASE WHEN n = 1 THEN $7 END, CASE WHEN n = 1 THEN $8 END, $9, {expires}
-      FROM taken
- RETURNING *
-), movement AS (
-    {LEDGER}
-    SELECT t.id, -t.quantity, $10, t.stock, t.version, r.id, $4
-      FROM taken t JOIN reservation r ON r.inventory_id = t.id
-)
-SELECT * FROM reservation ORDER BY inventory_id"#,
-            set = step("i.", "- line.quantity"),
-            expires = expiry("$12"),
-        )
-    });
-    // Order lines never expire: they hold stock until the order is cancelled.
-    let (order_id, status, reason, ttl_secs) = match purpose {
-        Purpose::Reservations { ttl_secs } => (None, ReservationStatus::Active, MovementReason::Reserved, ttl_secs),
-        Purpose::Order(id) => (Some(id), ReservationStatus::Ordered, MovementReason::Ordered, 0),
-    };
-    let values: Vec<Value> = vec![
-        Value::from(lines.iter().map(|l| l.inventory_id).collect::<Vec<Uuid>>()),
-        Value::from(lines.iter().map(|l| l.quantity).collect::<Vec<i32>>()),
-        // Arrays cannot carry NULLs through the driver, so "no expected
-        // version" travels as `false` in $11 beside a placeholder 0.
-        Value::from(lines.iter().map(|l| l.expected_version.unwrap_or(0)).collect::<Vec<i32>>()),
-        order_id.into(),
-        user_id.into(),
-        status.to_value().into(),
-        key.map(|(key, _)| key.to_owned()).into(),
-        key.map(|(_, fingerprint)| fingerprint.to_owned()).into(),
-        multi_item_id.into(),
-        reason.to_value().into(),
-        Value::from(lines.iter().map(|l| l.expected_version.is_some()).collect::<Vec<bool>>()),
-        ttl_secs.into(),
-    ];
-    Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), values)
 }

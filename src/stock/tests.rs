@@ -10,9 +10,10 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::{
-    COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL, adjusting, archiving, lock_order, receiving, returning,
-    shipping,
-    taking::{self, CoalescedReserve, Line, Purpose, Reserve},
+    ALLOCATING_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL, adjusting, allocating, archiving,
+    lines::{self, Line, Purpose},
+    lock_order, receiving, returning, shipping,
+    taking::{self, CoalescedReserve, Reserve},
 };
 use crate::config::DatabaseConfig;
 
@@ -25,20 +26,29 @@ fn server_url() -> String {
 fn statements() -> Vec<(&'static str, Statement)> {
     let id = Uuid::new_v4();
     let now = chrono::Utc::now();
+    let somewhere = somewhere();
     let lines = [
-        Line { inventory_id: id, quantity: 2, expected_version: Some(3) },
-        Line { inventory_id: Uuid::new_v4(), quantity: 1, expected_version: None },
+        Line { inventory_id: id, quantity: 2, expected_version: Some(3), allocating: somewhere.clone() },
+        Line {
+            inventory_id: Uuid::new_v4(),
+            quantity: 1,
+            expected_version: None,
+            allocating: allocating::Allocating::default(),
+        },
     ];
     vec![
-        ("create", receiving::create(id, "SKU-1", "an item", 10)),
-        ("restock", receiving::restock(id, 5, Some(1))),
-        ("restock without a version", receiving::restock(id, 5, None)),
-        ("lock_lines", taking::lock_lines(&[id])),
+        ("create", receiving::create(id, "SKU-1", "an item", 10, None)),
+        ("create at a location", receiving::create(id, "SKU-1", "an item", 10, Some(id))),
+        ("restock", receiving::restock(id, 5, Some(1), Some(id))),
+        ("restock without a version", receiving::restock(id, 5, None, None)),
+        ("lock_lines", lines::lock_lines(&lines)),
         (
             "take_lines for reservations",
-            taking::take_lines(&lines, Purpose::Reservations { ttl_secs: 900 }, "alice", Some(("k", "f")), id),
+            lines::take_lines(&lines, Purpose::Reservations { ttl_secs: 900 }, "alice", Some(("k", "f")), id),
         ),
-        ("take_lines for an order", taking::take_lines(&lines, Purpose::Order(id), "alice", None, id)),
+        ("take_lines for an order", lines::take_lines(&lines, Purpose::Order(id), "alice", None, id)),
+        ("eligible available", allocating::available(id, &somewhere)),
+        ("unknown locations", allocating::unknown(&[id])),
         ("release", returning::release(id, "alice")),
         ("sweep", returning::sweep(500)),
         ("lock_order", lock_order(id)),
@@ -52,6 +62,15 @@ fn statements() -> Vec<(&'static str, Statement)> {
         ("archive_ledger", archiving::archive_ledger(now, now)),
         ("drop_empty_partitions", archiving::drop_empty_partitions(now)),
     ]
+}
+
+/// A choice of locations that names some, for the statements that bind one.
+fn somewhere() -> allocating::Allocating {
+    allocating::Allocating {
+        location_ids: Some(vec![Uuid::new_v4()]),
+        strategy: allocating::Strategy::FewestLocations,
+        allow_split: false,
+    }
 }
 
 async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
@@ -78,10 +97,20 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
         idempotency_key: Some("k"),
         fingerprint: Some("f"),
         ttl_secs: 900,
+        allocating: &somewhere(),
     };
     let explained = reserve.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *RESERVE_SQL))));
     if let Err(err) = explained.fetch_all(&mut conn).await {
         failures.push(format!("reserve: {err}"));
+    }
+    let (ids, fewest, split) = reserve.allocating.columns();
+    let explained = reserve
+        .bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *ALLOCATING_RESERVE_SQL))))
+        .bind(ids)
+        .bind(fewest.unwrap_or(false))
+        .bind(split.unwrap_or(true));
+    if let Err(err) = explained.fetch_all(&mut conn).await {
+        failures.push(format!("reserve across levels: {err}"));
     }
     let id_of_two = Uuid::new_v4();
     let coalesced = CoalescedReserve {

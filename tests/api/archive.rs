@@ -175,12 +175,12 @@ async fn todays_ledger_rows_go_to_todays_partition_made_once_by_processes_racing
     let today = app.rows("SELECT 'stock_movements_' || to_char(now() AT TIME ZONE 'UTC', 'YYYYMMDD') AS part").await;
     assert_eq!(where_rows, vec![json!({ "part": today[0]["part"], "n": 2 })], "created and reserved, today");
 
-    // The guard is the day's: a version written twice is refused.
+    // The guard is the day's: a version written twice at one location is refused.
     let twice = app
         .db
         .execute_unprepared(&format!(
-            "INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after) \
-             VALUES ('{id}', 0, 'RESTOCKED', 9, 2)"
+            "INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, location_id) \
+             SELECT '{id}', 0, 'RESTOCKED', 9, 2, id FROM locations WHERE code = 'default'"
         ))
         .await;
     assert!(twice.is_err_and(|e| e.to_string().contains("duplicate key")), "version 2 is taken");

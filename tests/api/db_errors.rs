@@ -65,7 +65,7 @@ async fn a_serialization_failure_and_a_deadlock_are_collisions() {
     let txn = db.begin().await.expect("begin");
     txn.execute_unprepared("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").await.expect("isolation");
     txn.execute_unprepared("SELECT 1 FROM inventories").await.expect("snapshot");
-    db.execute_raw(receiving::restock(a, 1, None)).await.expect("a concurrent restock");
+    db.execute_raw(receiving::restock(a, 1, None, None)).await.expect("a concurrent restock");
     let err = failure(txn.execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{a}' FOR UPDATE")).await);
     assert_eq!(err, DbFailure::SerializationFailure);
     assert!(err.is_collision());

@@ -16,6 +16,7 @@ use stockguard::{
         coalesce::{Batching, Coalescer},
         service::{ReserveOutcome, ReserveRequest},
     },
+    stock::allocating::Allocating,
 };
 use tokio::sync::Barrier;
 
@@ -141,7 +142,14 @@ async fn a_failing_batch_is_served_again_caller_by_caller_so_only_the_bad_caller
 
 /// A request for `quantity` of `id` without a version or a key.
 fn unguarded(id: uuid::Uuid, quantity: i32) -> ReserveRequest {
-    ReserveRequest { inventory_id: id, quantity, expected_version: None, idempotency_key: None, ttl_secs: 900 }
+    ReserveRequest {
+        inventory_id: id,
+        quantity,
+        expected_version: None,
+        idempotency_key: None,
+        ttl_secs: 900,
+        allocating: Allocating::default(),
+    }
 }
 
 /// A coalescer of its own over `app`'s database, batching as `batching` says.

@@ -1,0 +1,243 @@
+//! Taking the lines of a multi-item request (`reserveMany`, `placeOrder`)
+//! all or none, inside one transaction: [`lock_lines`] locks the lines'
+//! inventories in id order and then their levels, and says for each line
+//! whether its eligible locations can give it; [`take_lines`] then takes
+//! every line in one statement. Each line chooses its locations as a single
+//! reservation does (`allocate` over its eligible levels, in its order of
+//! preference), so a cart's lines may each come from other places.
+
+use std::sync::LazyLock;
+
+use sea_orm::{ActiveEnum, DbBackend, DbErr, FromQueryResult, QueryResult, Statement, Value};
+use uuid::Uuid;
+
+use super::{
+    allocating::{Allocating, eligible, preference},
+    fragments::{CHOICE_COLUMNS, LEDGER, choice, expiry, inventory_columns, step},
+    rows::{InventoryRow, MovementReason, ReservationStatus},
+};
+
+/// What the lines of a multi-item request are taken for.
+#[derive(Debug, Clone, Copy)]
+pub enum Purpose {
+    /// Plain reservations (`reserveMany`): ACTIVE for `ttl_secs` (0 = never
+    /// expire), ledger reason RESERVED.
+    Reservations {
+        /// Seconds until they expire.
+        ttl_secs: i32,
+    },
+    /// The lines of this order (`placeOrder`): ORDERED, ledger reason ORDERED.
+    Order(Uuid),
+}
+
+/// One line of a multi-item request, merged and checked (one per inventory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Line {
+    /// The inventory.
+    pub inventory_id: Uuid,
+    /// Units, summed over the request's lines for this inventory.
+    pub quantity: i32,
+    /// The version the client saw, if it sent one.
+    pub expected_version: Option<i32>,
+    /// Where its units may come from.
+    pub allocating: Allocating,
+}
+
+/// The CTE `line` of the lines bound as `$1`..`$8`, one element per line in
+/// each array: inventory, quantity, expected version, whether that version
+/// is checked, the count of its location ids in the flat array `$5` (0:
+/// any), FEWEST_LOCATIONS, split. `ids` is each line's slice of `$5`.
+fn line_cte() -> &'static str {
+    r#"line AS (
+    SELECT u.inventory_id, u.quantity, CASE WHEN u.checked THEN u.expected_version END AS expected_version,
+           CASE WHEN u.count > 0
+                THEN ($5::uuid[])[u.start : u.start + u.count - 1] END AS ids,
+           u.fewest, u.split, u.n
+      FROM (SELECT l.*, (sum(l.count) OVER (ORDER BY l.n) - l.count + 1)::integer AS start
+              FROM unnest($1::uuid[], $2::integer[], $3::integer[], $4::boolean[], $6::integer[], $7::boolean[],
+                          $8::boolean[]) WITH ORDINALITY
+                AS l(inventory_id, quantity, expected_version, checked, count, fewest, split, n)) u
+)"#
+}
+
+/// The values of `$1`..`$8` for [`line_cte`].
+fn line_values(lines: &[Line]) -> Vec<Value> {
+    let ids: Vec<Uuid> = lines.iter().flat_map(|l| l.allocating.location_ids.iter().flatten().copied()).collect();
+    let counts: Vec<i32> = lines
+        .iter()
+        .map(|l| l.allocating.location_ids.as_ref().map_or(0, |ids| i32::try_from(ids.len()).unwrap_or(i32::MAX)))
+        .collect();
+    vec![
+        Value::from(lines.iter().map(|l| l.inventory_id).collect::<Vec<Uuid>>()),
+        Value::from(lines.iter().map(|l| l.quantity).collect::<Vec<i32>>()),
+        // Arrays cannot carry NULLs through the driver, so "no expected
+        // version" travels as `false` in $4 beside a placeholder 0, and "any
+        // location" as a count of 0 ids (an empty list is refused before).
+        Value::from(lines.iter().map(|l| l.expected_version.unwrap_or(0)).collect::<Vec<i32>>()),
+        Value::from(lines.iter().map(|l| l.expected_version.is_some()).collect::<Vec<bool>>()),
+        Value::from(ids),
+        Value::from(counts),
+        Value::from(lines.iter().map(|l| l.allocating.columns().1.is_some()).collect::<Vec<bool>>()),
+        Value::from(lines.iter().map(|l| l.allocating.allow_split).collect::<Vec<bool>>()),
+    ]
+}
+
+/// This locks the inventories of `lines` in id order, then all their
+/// levels, for the rest of the transaction, so two multi-item requests
+/// naming the same inventories in opposite orders wait for each other
+/// instead of deadlocking, and what is judged against the locked rows cannot
+/// go stale before [`take_lines`]. One row per line whose inventory exists,
+/// by inventory id: the inventory, whether its eligible locations can give
+/// the line under its rules (`feasible`), and what they hold (`eligible`:
+/// their sum, or without a split the largest), read with [`LockedLine`].
+/// Levels added after the statement began do not add up to their row's
+/// stock, and the statement is run again (`retry_stale_read`).
+pub fn lock_lines(lines: &[Line]) -> Statement {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
+WITH {line}, locked AS MATERIALIZED (
+    SELECT {columns} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
+), lvl AS MATERIALIZED (
+    SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
+      FROM stock_levels l JOIN locations c ON c.id = l.location_id
+     WHERE l.inventory_id = ANY(ARRAY(SELECT id FROM locked))
+       FOR UPDATE OF l
+), fresh AS (
+    SELECT bool_and(CASE WHEN coalesce(v.available, 0) = k.stock THEN true ELSE retry_stale_read() END) AS ok
+      FROM locked k
+      LEFT JOIN (SELECT inventory_id, sum(available) AS available FROM lvl GROUP BY inventory_id) v
+        ON v.inventory_id = k.id
+), judged AS (
+    SELECT line.inventory_id,
+           allocate(array_agg(v.available ORDER BY {preference}) FILTER (WHERE v.location_id IS NOT NULL),
+                    line.quantity, line.fewest, line.split) IS NOT NULL AS feasible,
+           coalesce(CASE WHEN line.split THEN sum(v.available) ELSE max(v.available) END, 0)::integer AS eligible
+      FROM line LEFT JOIN lvl v ON v.inventory_id = line.inventory_id AND {eligible}
+     GROUP BY line.inventory_id, line.quantity, line.fewest, line.split
+)
+SELECT k.*, coalesce(j.feasible, false) AS feasible, j.eligible
+  FROM locked k JOIN judged j ON j.inventory_id = k.id
+ WHERE (SELECT ok FROM fresh) IS NOT FALSE
+ ORDER BY k.id"#,
+            line = line_cte(),
+            columns = inventory_columns(""),
+            preference = preference("line.ids"),
+            eligible = eligible("line.ids"),
+        )
+    });
+    Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), line_values(lines))
+}
+
+/// A line's inventory as [`lock_lines`] locked it, and whether its
+/// eligible locations can give the line.
+#[derive(Debug)]
+pub struct LockedLine {
+    /// The locked inventory row.
+    pub inventory: InventoryRow,
+    /// Whether the line's eligible locations can give it under its rules.
+    pub feasible: bool,
+    /// What they hold: their sum, or without a split the largest.
+    pub eligible: i32,
+}
+
+impl LockedLine {
+    /// The line a row of [`lock_lines`] describes.
+    pub fn from_row(row: &QueryResult) -> Result<Self, DbErr> {
+        Ok(Self {
+            inventory: InventoryRow::from_query_result(row, "")?,
+            feasible: row.try_get("", "feasible")?,
+            eligible: row.try_get("", "eligible")?,
+        })
+    }
+}
+
+/// Takes every line at once, inside the transaction that locked them with
+/// [`lock_lines`]: one reservation per line, one allocation and one ledger
+/// row per location a line takes from, all carrying `multi_item_id`; the
+/// first line carries the idempotency key (and its fingerprint) for the
+/// whole request. Returns the reservations, ordered by inventory id.
+///
+/// With the rows locked, the statement reads the levels as they are and
+/// decides again with `allocate` what [`lock_lines`] judged; it writes only
+/// when every line can be served, so a line that did not match shows up as
+/// missing rows, which the caller must treat as a failure.
+pub fn take_lines(
+    lines: &[Line],
+    purpose: Purpose,
+    user_id: &str,
+    key: Option<(&str, &str)>,
+    multi_item_id: Uuid,
+) -> Statement {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
+WITH {line}, lvl AS (
+    SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
+      FROM stock_levels l JOIN locations c ON c.id = l.location_id
+     WHERE l.inventory_id = ANY($1)
+), plan AS (
+    SELECT line.*, a.locations, a.takes
+      FROM line, LATERAL (
+           SELECT array_agg(location_id ORDER BY {preference}) AS locations,
+                  allocate(array_agg(available ORDER BY {preference}), line.quantity, line.fewest, line.split)
+                      AS takes
+             FROM lvl v WHERE v.inventory_id = line.inventory_id AND {eligible}) a
+), pick AS (
+    SELECT plan.inventory_id, p.location_id, p.take
+      FROM plan, unnest(plan.locations, plan.takes) AS p(location_id, take)
+     WHERE p.take > 0
+), taken AS (
+    UPDATE inventories i
+       {set}
+      FROM plan line
+     WHERE i.id = line.inventory_id AND (line.expected_version IS NULL OR i.version = line.expected_version)
+       AND (SELECT bool_and(takes IS NOT NULL) FROM plan)
+ RETURNING i.id, i.stock, i.version, line.quantity, line.n, line.ids, line.fewest, line.split
+), drawn AS (
+    UPDATE stock_levels l SET available = l.available - p.take
+      FROM pick p JOIN taken t ON t.id = p.inventory_id
+     WHERE l.inventory_id = p.inventory_id AND l.location_id = p.location_id
+), reservation AS (
+    INSERT INTO reservations (id, inventory_id, order_id, user_id, quantity, status,
+                              idempotency_key, request_fingerprint, batch_id, expires_at, {CHOICE_COLUMNS})
+    SELECT gen_random_uuid(), id, $9, $10, quantity, $11,
+           CASE WHEN n = 1 THEN $12 END, CASE WHEN n = 1 THEN $13 END, $14, {expires},
+           {choice}
+      FROM taken
+ RETURNING *
+), allocation AS (
+    INSERT INTO allocations (reservation_id, location_id, quantity)
+    SELECT r.id, p.location_id, p.take FROM pick p JOIN reservation r ON r.inventory_id = p.inventory_id
+), movement AS (
+    {LEDGER}
+    SELECT t.id, -p.take, $15, t.stock, t.version, r.id, $9, p.location_id
+      FROM taken t JOIN reservation r ON r.inventory_id = t.id JOIN pick p ON p.inventory_id = t.id
+)
+SELECT * FROM reservation ORDER BY inventory_id"#,
+            line = line_cte(),
+            set = step("i.", "- line.quantity"),
+            expires = expiry("$16"),
+            preference = preference("line.ids"),
+            eligible = eligible("line.ids"),
+            choice = choice("ids", "fewest", "split"),
+        )
+    });
+    // Order lines never expire: they hold stock until the order is cancelled.
+    let (order_id, status, reason, ttl_secs) = match purpose {
+        Purpose::Reservations { ttl_secs } => (None, ReservationStatus::Active, MovementReason::Reserved, ttl_secs),
+        Purpose::Order(id) => (Some(id), ReservationStatus::Ordered, MovementReason::Ordered, 0),
+    };
+    let mut values = line_values(lines);
+    values.extend([
+        order_id.into(),
+        user_id.into(),
+        status.to_value().into(),
+        key.map(|(key, _)| key.to_owned()).into(),
+        key.map(|(_, fingerprint)| fingerprint.to_owned()).into(),
+        multi_item_id.into(),
+        reason.to_value().into(),
+        ttl_secs.into(),
+    ]);
+    Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), values)
+}
