@@ -15,7 +15,10 @@
 //! with no HTTP and no GraphQL. The two sides take turns in `--rounds`
 //! rounds (each after `--warmup-secs`, every other round in reverse), so
 //! whatever else the machine does falls on both alike; before each cell the
-//! inventories are vacuumed and a checkpoint is taken, as pgbench does. With
+//! inventories are vacuumed and a checkpoint is taken, as pgbench does. Then
+//! MULTI: a catalogue spread over 4 locations, reserved 1–3 units at a time,
+//! against the limit of the server's multi-location reserve statement
+//! (`scenarios/multi.rs`). With
 //! `--history N`, SPREAD is also measured beside a second database holding N
 //! rows of history (see `history.rs`). Then it compares strategies on HOT (plain
 //! `reserve` vs `expectedVersion` with re-read and up to 3 retries) and one
@@ -301,6 +304,7 @@ async fn main_matrix(
         }
     }
     let main_hwm_kb = status_kb(server.pid, "VmHWM").unwrap_or(0);
+    let multi = bench.multi_cells(server).await?;
 
     let history = if bench.settings.history > 0 {
         Some(history::compare(&mut bench, server, server_bin, database_url_base, secret).await?)
@@ -332,6 +336,7 @@ async fn main_matrix(
         settings: &bench.settings,
         header,
         cells: &cells,
+        multi: &multi,
         strategy: &strategy,
         invariant: &bench.invariant,
         main_hwm_kb,
@@ -345,10 +350,15 @@ async fn main_matrix(
         eprintln!("bench: wrote {} and {}", out.join("latest.md").display(), out.join("reservations.svg").display());
     }
 
-    let idle: Vec<String> = cells
-        .iter()
+    let idle: Vec<String> = (cells.iter())
         .filter(|c| c.stockguard.successes == 0 || c.raw.successes == 0)
         .map(|c| format!("{} x{}", c.scenario.name(), c.clients))
+        .chain(
+            multi
+                .iter()
+                .filter(|c| c.stockguard.successes == 0 || c.limit.successes == 0)
+                .map(|c| format!("MULTI x{}", c.clients)),
+        )
         .collect();
     if !idle.is_empty() {
         eprintln!("bench: no successful reservation in {}", idle.join(", "));
