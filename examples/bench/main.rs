@@ -304,13 +304,16 @@ async fn main_matrix(
         }
     }
     let main_hwm_kb = status_kb(server.pid, "VmHWM").unwrap_or(0);
-    let multi = bench.multi_cells(server).await?;
 
     let history = if bench.settings.history > 0 {
         Some(history::compare(&mut bench, server, server_bin, database_url_base, secret).await?)
     } else {
         None
     };
+
+    // After the history cells too, so every single-location run before it
+    // sees the database it always has.
+    let multi = bench.multi_cells(server).await?;
 
     let clients = bench.settings.strategy_clients();
     eprintln!("bench: strategies on HOT x{clients}: expectedVersion with re-read and retries");

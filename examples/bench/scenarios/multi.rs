@@ -130,8 +130,8 @@ impl Shop {
 }
 
 impl Bench {
-    /// Seeds MULTI and measures it at every client count, after the
-    /// single-location cells (which so measure what they always have).
+    /// Seeds MULTI and measures it at every client count; run after the
+    /// single-location cells, which so measure what they always have.
     pub async fn multi_cells(&mut self, server: &ServerProcess) -> anyhow::Result<Vec<MultiCell>> {
         let rows = if self.settings.smoke { MULTI_ROWS_SMOKE } else { MULTI_ROWS };
         eprintln!("bench: seeding MULTI ({rows} rows over 4 locations: createLocation, transferStock)");
