@@ -15,12 +15,11 @@
 //! with no HTTP and no GraphQL. The two sides take turns in `--rounds`
 //! rounds (each after `--warmup-secs`, every other round in reverse), so
 //! whatever else the machine does falls on both alike; before each cell the
-//! inventories are vacuumed and a checkpoint is taken, as pgbench does. Then
-//! MULTI: a catalogue spread over 4 locations, reserved 1–3 units at a time,
-//! against the limit of the server's multi-location reserve statement
-//! (`scenarios/multi.rs`). With
+//! inventories are vacuumed and a checkpoint is taken, as pgbench does. With
 //! `--history N`, SPREAD is also measured beside a second database holding N
-//! rows of history (see `history.rs`). Then it compares strategies on HOT (plain
+//! rows of history (see `history.rs`). Then MULTI: a catalogue spread over 4
+//! locations, reserved 1–3 units at a time, against the limit of the server's
+//! multi-location reserve statement (`scenarios/multi.rs`). Then it compares strategies on HOT (plain
 //! `reserve` vs `expectedVersion` with re-read and up to 3 retries) and one
 //! contested order in optimistic vs pessimistic locking (the server is
 //! restarted for the second mode).
