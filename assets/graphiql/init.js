@@ -1,5 +1,7 @@
 // Starts GraphiQL from the settings in #graphiql's data- attributes, so the
 // page needs no inline script (its Content-Security-Policy allows none).
+// `defaultQuery` is what a browser with no stored tabs opens on: Stockguard's
+// example operations (src/http/examples.graphql), not GraphiQL's welcome text.
 (function () {
   'use strict';
   var root = document.getElementById('graphiql');
@@ -17,6 +19,10 @@
     wsConnectionParams: headers,
   });
   ReactDOM.createRoot(root).render(
-    React.createElement(GraphiQL, { fetcher: fetcher, defaultEditorToolsVisibility: true })
+    React.createElement(GraphiQL, {
+      fetcher: fetcher,
+      defaultQuery: settings.defaultQuery,
+      defaultEditorToolsVisibility: true,
+    })
   );
 })();

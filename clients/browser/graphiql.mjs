@@ -1,6 +1,8 @@
 #!/usr/bin/env node
 // Drives Stockguard's GraphiQL page in a real (Debian) Chromium, as a person
-// would: the bearer token typed into the Headers tab, a `reserve` mutation
+// would: the page must open on Stockguard's example operations (a fresh
+// browser has no stored tabs), then the bearer token typed into the Headers
+// tab, a `reserve` mutation
 // typed into the query editor, the run button clicked, the answer read back
 // from the result pane.
 //
@@ -121,6 +123,14 @@ async function main() {
       await page.locator(run).waitFor({ state: 'visible', timeout: stepMs });
     } catch (error) {
       throw new Error(`GraphiQL did not render (${[...problems, error.message].join('; ')})`);
+    }
+
+    // A fresh browser opens on Stockguard's examples, not GraphiQL's welcome text.
+    const opened = (await editorValue(page, query)) ?? '';
+    for (const operation of ['query ListStock', 'mutation TransferStock', 'mutation ReserveAcrossLocations']) {
+      if (!opened.includes(operation)) {
+        throw new Error(`the query editor did not open on the examples (no ${operation}): ${opened.slice(0, 200)}`);
+      }
     }
 
     // The Headers tab, then its editor (the visible one under the tabs).

@@ -21,7 +21,9 @@ use uuid::Uuid;
 
 use crate::{
     measure::{Recorder, Stats, run_tasks},
-    scenarios::{CHECKOUT_SUCCESSES, CheckoutContest, ORDER_SUCCESSES, OrderContest, address, reserve_client},
+    scenarios::{
+        CHECKOUT_SUCCESSES, CheckoutContest, ORDER_SUCCESSES, OrderContest, Targets, Units, address, reserve_client,
+    },
 };
 use stockguard_support::client::Gql;
 
@@ -99,6 +101,7 @@ pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
             let gql = Arc::new(Gql::new(&args.url, clients)?);
             let sku = format!("LOAD-{}", Uuid::new_v4().simple());
             let hot = Arc::new(vec![gql.create_inventory(&operator, &sku, "load test", total).await?]);
+            let hot = Targets { ids: hot, units: Units::One };
             let left = Arc::new(AtomicI64::new(total));
             let until = Instant::now() + Duration::from_secs(24 * 3600);
             let mut tasks = Vec::with_capacity(clients);

@@ -17,7 +17,9 @@
 //! whatever else the machine does falls on both alike; before each cell the
 //! inventories are vacuumed and a checkpoint is taken, as pgbench does. With
 //! `--history N`, SPREAD is also measured beside a second database holding N
-//! rows of history (see `history.rs`). Then it compares strategies on HOT (plain
+//! rows of history (see `history.rs`). Then MULTI: a catalogue spread over 4
+//! locations, reserved 1–3 units at a time, against the limit of the server's
+//! multi-location reserve statement (`scenarios/multi.rs`). Then it compares strategies on HOT (plain
 //! `reserve` vs `expectedVersion` with re-read and up to 3 retries) and one
 //! contested order in optimistic vs pessimistic locking (the server is
 //! restarted for the second mode).
@@ -308,6 +310,10 @@ async fn main_matrix(
         None
     };
 
+    // After the history cells too, so every single-location run before it
+    // sees the database it always has.
+    let multi = bench.multi_cells(server).await?;
+
     let clients = bench.settings.strategy_clients();
     eprintln!("bench: strategies on HOT x{clients}: expectedVersion with re-read and retries");
     let expected = bench.expected_version(server, clients).await?;
@@ -332,6 +338,7 @@ async fn main_matrix(
         settings: &bench.settings,
         header,
         cells: &cells,
+        multi: &multi,
         strategy: &strategy,
         invariant: &bench.invariant,
         main_hwm_kb,
@@ -345,10 +352,15 @@ async fn main_matrix(
         eprintln!("bench: wrote {} and {}", out.join("latest.md").display(), out.join("reservations.svg").display());
     }
 
-    let idle: Vec<String> = cells
-        .iter()
+    let idle: Vec<String> = (cells.iter())
         .filter(|c| c.stockguard.successes == 0 || c.raw.successes == 0)
         .map(|c| format!("{} x{}", c.scenario.name(), c.clients))
+        .chain(
+            multi
+                .iter()
+                .filter(|c| c.stockguard.successes == 0 || c.limit.successes == 0)
+                .map(|c| format!("MULTI x{}", c.clients)),
+        )
         .collect();
     if !idle.is_empty() {
         eprintln!("bench: no successful reservation in {}", idle.join(", "));

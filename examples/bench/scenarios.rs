@@ -5,8 +5,10 @@
 //! the same client loops against a server that is already running.
 
 mod clients;
+mod multi;
+mod setup;
 
-pub use self::clients::*;
+pub use self::{clients::*, multi::*, setup::*};
 
 use std::{
     sync::{
@@ -48,6 +50,10 @@ use stockguard_support::{
 pub enum Raw {
     /// The server's own `RESERVE_SQL` on the server's schema: the limit.
     Limit,
+    /// The server's own multi-location reserve statement on the server's
+    /// schema, asking as a `reserve` naming no location does: MULTI's limit
+    /// (`Reserve::allocating_query`, `ALLOCATING_RESERVE_SQL`).
+    Anywhere,
     /// [`FLOOR_SQL`] on its own schema: what any reservation system pays.
     Floor,
 }
@@ -81,6 +87,9 @@ pub enum Scenario {
     Hot,
     /// 10,000 rows, picked at random.
     Spread,
+    /// Rows whose stock is spread over 4 locations, picked at random, 1–3
+    /// units each (see [`Shop::seed_multi`]).
+    Multi,
 }
 
 impl Scenario {
@@ -89,8 +98,46 @@ impl Scenario {
         match self {
             Self::Hot => "HOT",
             Self::Spread => "SPREAD",
+            Self::Multi => "MULTI",
         }
     }
+
+    /// How many units each of its reserves asks for.
+    pub fn units(self) -> Units {
+        match self {
+            Self::Hot | Self::Spread => Units::One,
+            Self::Multi => Units::OneToThree,
+        }
+    }
+}
+
+/// How many units a reserve asks for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Units {
+    /// One, drawing nothing, so a client picks the same rows as ever.
+    One,
+    /// 1, 2 or 3, at random.
+    OneToThree,
+}
+
+impl Units {
+    /// The units of the next reserve.
+    pub fn draw(self, rng: &mut Rng) -> i32 {
+        match self {
+            Self::One => 1,
+            Self::OneToThree => 1 + rng.below(3) as i32,
+        }
+    }
+}
+
+/// What a reserve client takes from: rows picked at random, and the units
+/// each reserve asks for.
+#[derive(Clone)]
+pub struct Targets {
+    /// The rows.
+    pub ids: Arc<Vec<Uuid>>,
+    /// Units per reserve.
+    pub units: Units,
 }
 
 /// A fast PRNG for picking SPREAD rows (xorshift64*).
@@ -125,6 +172,8 @@ pub struct Shop {
     pub hot: Uuid,
     /// The SPREAD inventories.
     pub spread: Arc<Vec<Uuid>>,
+    /// The MULTI inventories, once seeded (after the single-location cells).
+    pub multi: Arc<Vec<Uuid>>,
 }
 
 impl Shop {
@@ -143,14 +192,16 @@ impl Shop {
         let hot = Gql::new(&server.url, 1)?.create_inventory(&operator, "HOT", "bench HOT", 1_000_000_000).await?;
         let spread = Arc::new(seed_spread(&db).await?);
         create_floor(&db).await?;
-        Ok(Self { database_url: database_url.to_owned(), db, hot, spread })
+        Ok(Self { database_url: database_url.to_owned(), db, hot, spread, multi: Arc::default() })
     }
 
-    fn targets(&self, scenario: Scenario) -> Arc<Vec<Uuid>> {
-        match scenario {
+    fn targets(&self, scenario: Scenario) -> Targets {
+        let ids = match scenario {
             Scenario::Hot => Arc::new(vec![self.hot]),
             Scenario::Spread => self.spread.clone(),
-        }
+            Scenario::Multi => self.multi.clone(),
+        };
+        Targets { ids, units: scenario.units() }
     }
 
     /// Brings the database to the same state before every run, as pgbench
@@ -158,7 +209,11 @@ impl Shop {
     /// and a checkpoint taken, so no run pays for the one before it and a
     /// checkpoint falls inside a measured window less often.
     async fn settle(&self) -> anyhow::Result<()> {
-        for sql in ["VACUUM (ANALYZE) inventories", "VACUUM (ANALYZE) floor.inventories", "CHECKPOINT"] {
+        // MULTI's levels too, once there are any; before that the
+        // single-location cells settle as they always have.
+        let levels = if self.multi.is_empty() { None } else { Some("VACUUM (ANALYZE) stock_levels") };
+        let sqls = ["VACUUM (ANALYZE) inventories", "VACUUM (ANALYZE) floor.inventories"].into_iter().chain(levels);
+        for sql in sqls.chain(["CHECKPOINT"]) {
             self.db.execute_unprepared(sql).await.with_context(|| format!("before a run: {sql}"))?;
         }
         Ok(())
@@ -357,8 +412,8 @@ impl Bench {
                         // A fresh key per statement, and a fingerprint the size of the server's.
                         let key = keyed.then(|| (format!("{prefix}-{sent}"), format!("{sent:064x}")));
                         let reserve = Reserve {
-                            inventory_id: targets[rng.below(targets.len())],
-                            quantity: 1,
+                            inventory_id: targets.ids[rng.below(targets.ids.len())],
+                            quantity: targets.units.draw(&mut rng),
                             expected_version: None,
                             // Time-ordered ids, as the server makes them.
                             reservation_id: Uuid::now_v7(),
@@ -371,6 +426,7 @@ impl Bench {
                         };
                         let query = match statement {
                             Raw::Limit => reserve.query(),
+                            Raw::Anywhere => reserve.allocating_query(),
                             Raw::Floor => sqlx::query(FLOOR_SQL)
                                 .bind(reserve.inventory_id)
                                 .bind(reserve.quantity)
@@ -484,90 +540,5 @@ impl Bench {
         stats.usage = usage;
         self.invariant.check(&self.shop.db, &format!("contested order, {mode}")).await?;
         Ok(stats)
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Setting up
-
-/// A direct connection. PostgreSQL's `max_connections` is shared with
-/// whatever else runs on the machine, so "too many clients" (53300) is waited
-/// out for up to a minute.
-async fn connect_patiently(url: &str) -> anyhow::Result<PgConnection> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut told = false;
-    loop {
-        match PgConnection::connect(url).await {
-            Ok(conn) => return Ok(conn),
-            Err(err)
-                if Instant::now() < deadline
-                    && err.as_database_error().and_then(|e| e.code()).as_deref() == Some("53300") =>
-            {
-                if !told {
-                    eprintln!("bench:   PostgreSQL has too many clients; waiting for connections to free up");
-                    told = true;
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-}
-
-/// The 10,000 SPREAD inventories, created with the server's own statement
-/// (each with its ledger row) in one transaction, so seeding commits once.
-pub async fn seed_spread(db: &DatabaseConnection) -> anyhow::Result<Vec<Uuid>> {
-    let txn = db.begin().await?;
-    let mut ids = Vec::with_capacity(10_000);
-    for n in 1..=10_000 {
-        let id = Uuid::new_v4();
-        txn.execute_raw(receiving::create(id, &format!("SPREAD-{n}"), &format!("spread {n}"), 1_000_000_000, None))
-            .await?;
-        ids.push(id);
-    }
-    txn.commit().await?;
-    db.execute_unprepared("ANALYZE inventories; ANALYZE stock_movements;").await?;
-    Ok(ids)
-}
-
-/// [`RESERVE_SQL`] as a pgbench script: `$1` is the inventory numbered
-/// `:n` (its id is the number, see bench/statement/run.sh), `$4` the new
-/// reservation's id made by `id_function`, the rest as a plain `reserve`
-/// of one unit with the default TTL.
-pub fn pgbench_script(id_function: &str) -> String {
-    let ttl = stockguard::config::Limits::default().reservation_ttl_secs;
-    let values = [
-        ("$9", id_function.to_owned()),
-        ("$8", format!("{ttl}")),
-        ("$7", "NULL::text".into()),
-        ("$6", "NULL::text".into()),
-        ("$5", "'bench-' || :client_id::text".into()),
-        ("$4", id_function.to_owned()),
-        ("$3", "NULL::integer".into()),
-        ("$2", "1".into()),
-        ("$1", "lpad(to_hex(:n::integer), 32, '0')::uuid".into()),
-    ];
-    let mut sql = RESERVE_SQL.trim().to_owned();
-    for (parameter, value) in values {
-        sql = sql.replace(parameter, &value);
-    }
-    // pgbench reads a statement up to its semicolon, on as many lines as it takes.
-    format!("\\set n random(1, 10000)\n{sql};")
-}
-
-/// One text value of `sql`, or `?`.
-pub async fn show(db: &DatabaseConnection, sql: &str) -> String {
-    match db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await {
-        Ok(Some(row)) => row.try_get_by_index::<String>(0).unwrap_or_else(|_| "?".into()),
-        _ => "?".into(),
-    }
-}
-
-/// The reservation TTL the server runs with: its default, or the
-/// `STOCKGUARD_RESERVATION_TTL_SECS` it inherits from this process.
-pub fn server_ttl_secs() -> anyhow::Result<i32> {
-    match std::env::var("STOCKGUARD_RESERVATION_TTL_SECS") {
-        Ok(ttl) => ttl.parse().context("STOCKGUARD_RESERVATION_TTL_SECS"),
-        Err(_) => Ok(stockguard::config::Limits::default().reservation_ttl_secs),
     }
 }

@@ -3,7 +3,8 @@
 //! from `assets/graphiql/`), so it works without internet. The page carries
 //! a Content-Security-Policy that allows this origin only, Subresource
 //! Integrity hashes on its assets, and no inline script: its settings are
-//! `data-` attributes that `init.js` reads.
+//! `data-` attributes that `init.js` reads. It opens on Stockguard's own
+//! example operations ([`EXAMPLES`]) rather than GraphiQL's welcome text.
 
 use axum::{
     extract::Path,
@@ -48,6 +49,11 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
      img-src 'self' data:; font-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
      frame-ancestors 'none'";
 
+/// The document GraphiQL opens on (its `defaultQuery`, shown in a browser
+/// that has no tabs of its own stored yet): Stockguard's example operations,
+/// one named operation each, so the run button offers them by name.
+pub const EXAMPLES: &str = include_str!("examples.graphql");
+
 /// The rendered page.
 #[derive(Clone)]
 pub struct Page(String);
@@ -72,7 +78,8 @@ impl Page {
 <style>html, body, #graphiql {{ height: 100%; margin: 0; }}</style>
 </head>
 <body>
-<div id="graphiql" data-endpoint="/graphql" data-subscriptions="/graphql/ws"{authorization}>Loading GraphiQL…</div>
+<div id="graphiql" data-endpoint="/graphql" data-subscriptions="/graphql/ws"{authorization}
+     data-default-query="{examples}">Loading GraphiQL…</div>
 <script {react}></script>
 <script {react_dom}></script>
 <script {graphiql}></script>
@@ -86,6 +93,7 @@ impl Page {
             react_dom = asset("react-dom.production.min.js"),
             graphiql = asset("graphiql.min.js"),
             init = asset("init.js"),
+            examples = escape(EXAMPLES),
         ))
     }
 
@@ -148,6 +156,20 @@ mod tests {
         assert!(!Page::new(None).0.contains("data-authorization"));
         for asset in &ASSETS {
             assert!(asset.bytes.len() > 100, "{} is compiled in", asset.name);
+        }
+    }
+
+    #[test]
+    fn the_page_opens_on_the_example_operations_escaped_whole() {
+        let page = Page::new(None).0;
+        let start = page.find("data-default-query=\"").expect("the attribute") + "data-default-query=\"".len();
+        let value = &page[start..start + page[start..].find('"').expect("its end")];
+        let unescaped = value.replace("&quot;", "\"").replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&");
+        assert_eq!(unescaped, EXAMPLES, "the attribute is the document, whole");
+        for operation in
+            ["query ListStock", "mutation CreateLocation", "mutation TransferStock", "mutation ReserveAcrossLocations"]
+        {
+            assert!(EXAMPLES.contains(operation), "{operation}");
         }
     }
 }

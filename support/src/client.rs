@@ -207,11 +207,21 @@ pub struct Lean {
 type Open = (SendRequest<Full<Bytes>>, Connection<TokioIo<TcpStream>, Full<Bytes>>);
 
 impl Lean {
-    /// `reserve` of one unit of `inventory`, with `key` if given.
-    pub async fn reserve(&mut self, authorization: &HeaderValue, inventory: Uuid, key: Option<&str>) -> Outcome {
+    /// `reserve` of `quantity` units of `inventory`, with `key` if given. One
+    /// unit is asked for by leaving the quantity out, its default.
+    pub async fn reserve(
+        &mut self,
+        authorization: &HeaderValue,
+        inventory: Uuid,
+        quantity: i32,
+        key: Option<&str>,
+    ) -> Outcome {
+        let quantity = if quantity == 1 { String::new() } else { format!(r#","quantity":{quantity}"#) };
         let key = key.map(|key| format!(r#","idempotencyKey":"{key}""#)).unwrap_or_default();
-        let body =
-            format!(r#"{{"query":{},"variables":{{"i":{{"inventoryId":"{inventory}"{key}}}}}}}"#, self.reserve_json);
+        let body = format!(
+            r#"{{"query":{},"variables":{{"i":{{"inventoryId":"{inventory}"{quantity}{key}}}}}}}"#,
+            self.reserve_json
+        );
         let answer = tokio::time::timeout(Duration::from_secs(30), self.post(authorization, body)).await;
         let (status, bytes) = match answer {
             Ok(Ok(answer)) => answer,

@@ -22,6 +22,7 @@ mod exhausted;
 mod faults;
 mod fingerprints;
 mod fuzz;
+mod graphiql;
 mod helpers;
 mod http;
 mod http_spec;

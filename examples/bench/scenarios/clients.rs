@@ -3,14 +3,14 @@
 
 use super::*;
 
-/// One client reserving one unit of a random one of `targets` over and over
+/// One client reserving units of a random one of `targets` over and over
 /// until `rec`'s end, or until `budget` units have been asked for (shared by
 /// all clients), whichever comes first; `keyed`, each with a fresh
 /// idempotency key.
 pub async fn reserve_client(
     gql: Arc<Gql>,
     token: String,
-    targets: Arc<Vec<Uuid>>,
+    targets: Targets,
     seed: u64,
     mut rec: Recorder,
     budget: Option<Arc<AtomicI64>>,
@@ -23,11 +23,12 @@ pub async fn reserve_client(
     let (prefix, mut sent) = (Uuid::new_v4().simple(), 0u64);
     let mut lean = gql.lean()?;
     while Instant::now() < until && budget.as_ref().is_none_or(|left| left.fetch_sub(1, Ordering::SeqCst) > 0) {
-        let id = targets[rng.below(targets.len())];
+        let id = targets.ids[rng.below(targets.ids.len())];
+        let quantity = targets.units.draw(&mut rng);
         sent += 1;
         let key = keyed.then(|| format!("{prefix}-{sent}"));
         let start = Instant::now();
-        let outcome = lean.reserve(&authorization, id, key.as_deref()).await;
+        let outcome = lean.reserve(&authorization, id, quantity, key.as_deref()).await;
         rec.record(start, &outcome, ONE_REQUEST);
     }
     Ok(rec)

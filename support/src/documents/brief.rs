@@ -39,3 +39,7 @@ pub const CHANGE_ADDRESS: &str = r#"mutation($i: ChangeShippingAddressInput!) { 
 pub const CHECKOUT: &str = r#"mutation($i: CheckoutInput!) { checkout(input: $i) { __typename
   ... on OrderPlaced { order { id } }
   ... on ReservationsUnavailable { reservations { reason } } } }"#;
+
+pub const CREATE_LOCATION: &str = "mutation($i: CreateLocationInput!) { createLocation(input: $i) { id } }";
+
+pub const TRANSFER_STOCK: &str = "mutation($i: TransferStockInput!) { transferStock(input: $i) { __typename } }";
