@@ -22,6 +22,7 @@ pub mod adjusting;
 pub mod allocating;
 pub mod archiving;
 pub mod fragments;
+pub mod moving;
 pub mod partitions;
 pub mod receiving;
 pub mod returning;
