@@ -74,10 +74,11 @@ WITH inv AS MATERIALIZED (
         ON CONFLICT (inventory_id, location_id) DO UPDATE SET available = stock_levels.available + excluded.available
  RETURNING available
 ), movement AS (
+    -- Typed NULLs: the UNION would otherwise resolve them as text.
     {LOCATED_LEDGER}
-    SELECT id, -$4, {out}, stock, version, NULL, NULL, $2 FROM moved
+    SELECT id, -$4, {out}, stock, version, NULL::uuid, NULL::uuid, $2 FROM moved
      UNION ALL
-    SELECT id, $4, {into}, stock, version, NULL, NULL, $3 FROM moved
+    SELECT id, $4, {into}, stock, version, NULL::uuid, NULL::uuid, $3 FROM moved
 ), claimed AS (
     INSERT INTO idempotency_keys (user_id, idempotency_key, request_fingerprint)
     SELECT $6, $7, $8 FROM moved WHERE $7::text IS NOT NULL
