@@ -202,9 +202,10 @@ async fn a_transfer_to_its_source_or_of_a_quantity_out_of_range_is_bad_input() {
     assert_eq!((app.snapshot().await, levels_of(&app, item).await), before, "nothing moved");
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_repeated_key_moves_units_once_and_a_reused_one_is_refused() {
-    let app = Arc::new(TestApp::spawn().await);
+/// Five transfers with one key at once move the units once, and all five
+/// answer with the transfer; the key with another quantity is refused.
+async fn a_repeated_key_moves_units_once_and_a_reused_one_is_refused(isolation: Isolation) {
+    let app = Arc::new(TestApp::spawn_with(isolation).await);
     let (item, default, b) = setup(&app).await;
     let input = move |quantity: i32| json!({ "inventoryId": item, "fromLocationId": default, "toLocationId": b, "quantity": quantity, "idempotencyKey": "move-1" });
     let repeats = (0..5).map(|_| {
@@ -263,5 +264,6 @@ async fn transfers_both_ways_at_once_never_deadlock_or_overdraw(isolation: Isola
 }
 
 at_every_isolation! {
+    a_repeated_key_moves_units_once_and_a_reused_one_is_refused;
     transfers_both_ways_at_once_never_deadlock_or_overdraw;
 }
