@@ -164,9 +164,7 @@ impl LocationService {
             key: key.as_ref().map(|key| (key.key.as_str(), key.fingerprint.as_str())),
         };
         let moved = match store::transfer(&self.db, &self.collisions, transfer).await {
-            // Collision retries that ran out are answered as a stale
-            // version is: `Conflict` with the latest row.
-            Ok(attempted) => attempted.done().unwrap_or(None),
+            Ok(attempted) => attempted.done(),
             // The same key's first request committed meanwhile.
             Err(err) if idempotency::is_taken(&err) => {
                 let Some(key) = &key else { return Err(err.into()) };
@@ -177,7 +175,7 @@ impl LocationService {
             }
             Err(err) => return Err(err.into()),
         };
-        if let Some(moved) = moved {
+        if let Ok(Some(moved)) = moved {
             // Reserved and committed units are read right after, in a
             // statement of their own (a transfer moves neither); the
             // available units are the transfer statement's own.
@@ -189,8 +187,13 @@ impl LocationService {
         let Some(inventory) = inventories::find(&self.db, inventory_id).await? else {
             return Ok(TransferOutcome::InventoryNotFound);
         };
-        match expected_version {
-            Some(expected) if expected != inventory.version => {
+        match (moved, expected_version) {
+            // Collision retries that ran out are answered as a stale
+            // version is: `Conflict` with the latest row.
+            (Err(_exhausted), expected) => {
+                Ok(TransferOutcome::Conflict { expected_version: expected.unwrap_or(inventory.version), inventory })
+            }
+            (_, Some(expected)) if expected != inventory.version => {
                 Ok(TransferOutcome::Conflict { expected_version: expected, inventory })
             }
             _ => {

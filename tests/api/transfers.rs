@@ -6,6 +6,7 @@
 //! overdraw a level and keep the levels adding up, at every isolation level.
 
 use futures::FutureExt;
+use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use uuid::Uuid;
@@ -200,6 +201,32 @@ async fn a_transfer_to_its_source_or_of_a_quantity_out_of_range_is_bad_input() {
         assert_eq!(body["errors"][0]["extensions"]["field"], field, "{body}");
     }
     assert_eq!((app.snapshot().await, levels_of(&app, item).await), before, "nothing moved");
+}
+
+/// Every run of the statement collides (a trigger raises 40001, as a
+/// SERIALIZABLE transaction that keeps losing would): after the configured
+/// runs the answer is `Conflict` with the latest row, as for a restock, and
+/// nothing moved; without the trigger the same request moves the units.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transfer_whose_collision_retries_run_out_is_a_conflict_and_moves_nothing() {
+    let limits = stockguard::config::Limits { collision_attempts: 2, ..Default::default() };
+    let app = TestApp::spawn_configured(Isolation::ReadCommitted, limits).await;
+    let (item, default, b) = setup(&app).await;
+    let collide = "CREATE FUNCTION collide() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+                   RAISE EXCEPTION 'a collision forced by the test' USING ERRCODE = 'serialization_failure'; END $$; \
+                   CREATE TRIGGER collide BEFORE UPDATE ON stock_levels FOR EACH ROW EXECUTE FUNCTION collide()";
+    app.db.execute_unprepared(collide).await.expect("the colliding trigger");
+    let before = (app.snapshot().await, levels_of(&app, item).await);
+    let input = json!({ "inventoryId": item, "fromLocationId": default, "toLocationId": b, "quantity": 2 });
+    let answer = transfer(&app, &app.operator(), input.clone()).await;
+    assert_eq!(
+        answer,
+        json!({ "__typename": "Conflict", "expectedVersion": 1, "inventory": { "stock": 10, "version": 1 } })
+    );
+    assert_eq!((app.snapshot().await, levels_of(&app, item).await), before, "nothing moved");
+    app.db.execute_unprepared("DROP TRIGGER collide ON stock_levels").await.expect("drop the trigger");
+    assert_eq!(transfer(&app, &app.operator(), input).await["__typename"], "StockTransferred");
+    app.assert_invariant().await;
 }
 
 /// Five transfers with one key at once move the units once, and all five
