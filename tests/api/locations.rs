@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use serde_json::{Value, json};
 use stockguard::auth::Role;
 use uuid::Uuid;
@@ -290,4 +290,56 @@ async fn the_levels_of_a_page_of_inventories_load_in_one_batch() {
     // inventory would be 61); the loaders' 1 ms window may close early on a
     // loaded machine, so the bound is "far from one per row".
     assert!((3..=12).contains(&statements), "{statements} statements for a page of 30: the levels do not batch");
+}
+
+/// An inventory with a long history of released reservations and a few
+/// holding ones: the generic plan of the levels read (as the server's
+/// connections make it after five runs) reaches its reservations through
+/// the partial index of holding ones, and reads no released row.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_levels_read_reaches_only_holding_reservations_however_long_the_history() {
+    let app = TestApp::spawn().await;
+    let item = stocked(&app, "LEVELS-PLAN", 100).await;
+    app.db
+        .execute_unprepared(&format!(
+            "INSERT INTO reservations (id, inventory_id, user_id, quantity, status, created_at) \
+             SELECT gen_random_uuid(), '{item}', 'u-' || g % 100, 1, CASE WHEN g % 1000 = 0 THEN 'ACTIVE' ELSE 'RELEASED' END, \
+                    now() - g * interval '1 second' \
+               FROM generate_series(1, 50000) g; \
+             INSERT INTO allocations (reservation_id, location_id, quantity) \
+             SELECT r.id, l.id, 1 FROM reservations r, locations l WHERE l.code = 'default'; \
+             ANALYZE reservations; ANALYZE allocations;"
+        ))
+        .await
+        .expect("history");
+    let session = app.db.begin().await.expect("begin");
+    let prepare = format!(
+        "SET LOCAL plan_cache_mode = force_generic_plan; PREPARE levels(uuid[]) AS {};",
+        *stockguard::locations::store::LEVELS_SQL
+    );
+    session.execute_unprepared(&prepare).await.expect("prepare");
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE levels(ARRAY['{item}']::uuid[])");
+    let row = session.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
+    let plan: Value = row.expect("a plan").try_get_by_index(0).expect("plan");
+    session.rollback().await.expect("rollback");
+    let mut scans = Vec::new();
+    reservation_scans(&plan[0]["Plan"], &mut scans);
+    assert!(!scans.is_empty(), "the plan reads reservations: {plan:#}");
+    for (index, rows) in scans {
+        assert_eq!(index, "reservations_held", "{plan:#}");
+        assert!(rows <= 50, "{rows} reservations read for 50 holding ones: {plan:#}");
+    }
+    let levels = stockguard::locations::store::levels(&app.db, &[item]).await.expect("levels");
+    assert_eq!((levels.len(), levels[0].reserved), (1, 50), "{levels:?}");
+}
+
+/// The index and the rows read of every node of `plan` that reads `reservations`.
+fn reservation_scans(plan: &Value, scans: &mut Vec<(String, u64)>) {
+    if plan["Relation Name"] == "reservations" {
+        let rows = plan["Actual Rows"].as_u64().unwrap_or(0) * plan["Actual Loops"].as_u64().unwrap_or(1);
+        scans.push((plan["Index Name"].as_str().unwrap_or("no index").to_owned(), rows));
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        reservation_scans(child, scans);
+    }
 }
