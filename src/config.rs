@@ -219,7 +219,7 @@ pub struct Limits {
     ///
     /// Then nothing was written, and each operation answers one way
     /// (`Attempted::done`): where its union has a conflict member, that
-    /// member with the latest rows (`reserve`, `restock`: `Conflict`;
+    /// member with the latest rows (`reserve`, `restock`, `transferStock`: `Conflict`;
     /// `reserveMany`, `placeOrder`: `ItemsUnavailable`, every line
     /// `CONFLICT`; `changeShippingAddress`: `OrderVersionConflict`, or
     /// `OrderNotEditable` once the order is not PENDING); else the retryable

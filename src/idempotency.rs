@@ -1,5 +1,5 @@
-//! Idempotency keys, for `reserve`, `reserveMany`, `placeOrder` and
-//! `checkout` alike.
+//! Idempotency keys, for `reserve`, `reserveMany`, `placeOrder`,
+//! `checkout` and `transferStock` alike.
 //!
 //! A user has one key space for all four, held by the primary key of
 //! `idempotency_keys` (user, key). The first request with a key claims it in
@@ -241,6 +241,26 @@ impl Key {
         Self { key, fingerprint: canonical("checkout", fields), legacy }
     }
 
+    /// The key of a `transferStock`. A transfer has no fingerprint from
+    /// before the canonical encoding: its legacy one is empty, which no
+    /// stored fingerprint is, so a legacy key never matches it.
+    pub fn transfer(
+        key: String,
+        inventory_id: Uuid,
+        (from, to): (Uuid, Uuid),
+        quantity: i32,
+        expected_version: Option<i32>,
+    ) -> Self {
+        let fields = vec![
+            ("inventoryId", Part::Id(inventory_id)),
+            ("fromLocationId", Part::Id(from)),
+            ("toLocationId", Part::Id(to)),
+            ("quantity", Part::Int(quantity.into())),
+            ("expectedVersion", Part::optional_int(expected_version)),
+        ];
+        Self { key, fingerprint: canonical("transferStock", fields), legacy: String::new() }
+    }
+
     /// Whether a stored fingerprint is this request's, by the scheme it was
     /// stored with.
     fn matches(&self, stored: &str) -> bool {
@@ -350,6 +370,14 @@ async fn claim(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Opti
 /// (or, for another request, refused).
 pub fn is_taken(err: &DbErr) -> bool {
     matches!(classify(err), DbFailure::UniqueViolation(Some(index)) if INDEXES.contains(&index.as_str()))
+}
+
+/// Whether this user's key was claimed by this very request (an operation
+/// that keeps no row of its own beside the key, such as `transferStock`,
+/// replays from the claim alone); `IDEMPOTENCY_KEY_REUSED` when a different
+/// request claimed it.
+pub async fn claimed(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<bool, AppError> {
+    Ok(claim(db, user_id, key).await?.is_some())
 }
 
 /// The reservation that first used this user's key, if any;
@@ -465,6 +493,16 @@ mod tests {
         let key = Key::checkout("k".into(), &[Uuid::from_u128(1), Uuid::from_u128(2)], address());
         assert_eq!(key.fingerprint, "v2:343d94cd4c8ca5f1ce1e1ccf185d8e7b3ae0ec7039d17211824330e0e5a07220");
         assert_eq!(key.legacy, "3ffc95a42fdaf8f5153e4279acb60f7765bcb164755129f082b41041197df284");
+    }
+
+    #[test]
+    fn the_fingerprint_of_a_transfer_never_changes() {
+        let (from, to) = (Uuid::from_u128(2), Uuid::from_u128(3));
+        let key = Key::transfer("k".into(), Uuid::from_u128(1), (from, to), 4, None);
+        assert_eq!(key.fingerprint, "v2:85d447ebb7636b910a87f8b55514fc2c99e09413911ba93f14d82622f79b8e2a");
+        let legacy = Key::reserve("k".into(), Uuid::from_u128(1), 4, None, &Allocating::default()).legacy;
+        assert!(!key.matches(&legacy), "no legacy fingerprint is a transfer's");
+        assert!(!key.matches(&Key::transfer("k".into(), Uuid::from_u128(1), (to, from), 4, None).fingerprint));
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!   orders). An ACTIVE reservation past its expiry counts as `reserved`
 //!   until the sweeper returns its stock: its units are not `available`
 //!   before that, so counting them anywhere else would break the sum;
-//! - `version` = 1 + its committed changes = its number of ledger entries;
+//! - `version` = 1 + its committed changes = the number of versions in its
+//!   ledger (a change writes one row per location it touches, at one version);
 //! - the ledger agrees: the deltas of every change of available stock add up
 //!   to `stock`, and the FULFILLED entries to minus the fulfilled lines' units.
 //!   Entries archived by `stockguard archive` count through their
@@ -48,7 +49,7 @@ pub struct Drift {
     pub fulfilled: i64,
     /// Initial stock plus restocks, from the ledger.
     pub received: i64,
-    /// Number of ledger entries (should equal `version`).
+    /// Number of versions in the ledger (should equal `version`).
     pub changes: i64,
     /// Sum of the ledger's deltas of available stock (should equal `stock`).
     pub ledger_stock: i64,
@@ -94,7 +95,9 @@ WITH lines AS (
     SELECT inventory_id, sum(changes) AS changes, sum(ledger_stock) AS ledger_stock,
            sum(ledger_fulfilled) AS ledger_fulfilled, sum(received) AS received
       FROM (SELECT inventory_id,
-                   count(*) AS changes,
+                   -- A change that touches several locations (a transfer)
+                   -- writes a row per location, all at its version.
+                   count(DISTINCT version_after) AS changes,
                    {ledger_stock} AS ledger_stock,
                    {ledger_fulfilled} AS ledger_fulfilled,
                    {ledger_received} AS received

@@ -35,6 +35,8 @@ pub mod invariant;
 pub mod inventory;
 /// Live changes: `inventoryChanged` and `orderChanged` subscriptions fed by LISTEN/NOTIFY.
 pub mod live;
+/// Locations: the places that hold stock, each inventory's levels there, allocations, transfers.
+pub mod locations;
 /// Relay's object identification: the `Node` interface, global ids, `node` and `nodes`.
 pub mod node;
 /// Orders: the version-checked aggregate, checkout of a cart, confirm/cancel/fulfil with retry or report, the pessimistic path.

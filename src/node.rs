@@ -1,6 +1,6 @@
 //! Relay's object identification: the `Node` interface, a global `nodeId`
 //! on every object that has an identity (inventories, reservations, orders,
-//! ledger rows), and `node(id:)` / `nodes(ids:)` to refetch any of them.
+//! ledger rows, locations), and `node(id:)` / `nodes(ids:)` to refetch any of them.
 //!
 //! The objects keep their `id: UUID!` (the contract never renames), so the
 //! global id is a field of its own, `nodeId` (as PostGraphile names it);
@@ -17,6 +17,7 @@ use uuid::Uuid;
 use crate::{
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{self as inventory, Inventory, StockMovement},
+    locations::graphql::{self as locations, Location},
     orders::graphql::{self as orders, Order},
     reservations::graphql::{self as reservations, Reservation},
 };
@@ -32,10 +33,12 @@ pub enum Kind {
     Order,
     /// `StockMovement`.
     StockMovement,
+    /// `Location`.
+    Location,
 }
 
 impl Kind {
-    const ALL: [Self; 4] = [Self::Inventory, Self::Reservation, Self::Order, Self::StockMovement];
+    const ALL: [Self; 5] = [Self::Inventory, Self::Reservation, Self::Order, Self::StockMovement, Self::Location];
 
     fn type_name(self) -> &'static str {
         match self {
@@ -43,6 +46,7 @@ impl Kind {
             Self::Reservation => "Reservation",
             Self::Order => "Order",
             Self::StockMovement => "StockMovement",
+            Self::Location => "Location",
         }
     }
 }
@@ -72,6 +76,8 @@ pub enum Node {
     Order(Order),
     /// A ledger row.
     StockMovement(StockMovement),
+    /// A place that holds stock.
+    Location(Location),
 }
 
 /// Most ids one `nodes` call looks up.
@@ -116,6 +122,7 @@ async fn find(ctx: &Context<'_>, kind: Kind, id: Uuid) -> GqlResult<Option<Node>
         Kind::Reservation => reservations::visible(ctx, id).await?.map(Node::Reservation),
         Kind::Order => orders::visible(ctx, id).await?.map(Node::Order),
         Kind::StockMovement => inventory::movement(ctx, id).await?.map(Node::StockMovement),
+        Kind::Location => locations::load(ctx, id).await?.map(Node::Location),
     })
 }
 

@@ -67,19 +67,34 @@ impl<C: CursorType> Page<C> {
     }
 }
 
-/// A position in a list ordered by an inventory's version (its ledger).
+/// A position in an inventory's ledger: ordered by version, then by row id,
+/// since one change writes a row per location it touches, all at one version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VersionCursor(pub i32);
+pub struct VersionCursor {
+    /// The row's `version_after`.
+    pub version: i32,
+    /// The row's id; `None` in a cursor made before a version could hold
+    /// several rows (`v<version>`), which stands after all of its rows.
+    pub id: Option<Uuid>,
+}
 
 impl CursorType for VersionCursor {
-    type Error = std::num::ParseIntError;
+    type Error = &'static str;
 
     fn decode_cursor(s: &str) -> Result<Self, Self::Error> {
-        s.strip_prefix('v').unwrap_or("x").parse().map(Self)
+        let rest = s.strip_prefix('v').ok_or("malformed cursor")?;
+        let (version, id) = match rest.split_once(':') {
+            Some((version, id)) => (version, Some(Uuid::parse_str(id).map_err(|_| "malformed cursor")?)),
+            None => (rest, None),
+        };
+        Ok(Self { version: version.parse().map_err(|_| "malformed cursor")?, id })
     }
 
     fn encode_cursor(&self) -> String {
-        format!("v{}", self.0)
+        match self.id {
+            Some(id) => format!("v{}:{id}", self.version),
+            None => format!("v{}", self.version),
+        }
     }
 }
 
@@ -175,6 +190,15 @@ mod tests {
         };
         assert_eq!(Cursor::decode_cursor(&cursor.encode_cursor()), Ok(cursor));
         assert!(Cursor::decode_cursor("nonsense").is_err());
+    }
+
+    #[test]
+    fn a_ledger_cursor_survives_encoding_and_an_older_one_still_decodes() {
+        let cursor = VersionCursor { version: 7, id: Some(Uuid::new_v4()) };
+        assert_eq!(VersionCursor::decode_cursor(&cursor.encode_cursor()), Ok(cursor));
+        assert_eq!(VersionCursor::decode_cursor("v7"), Ok(VersionCursor { version: 7, id: None }));
+        assert!(VersionCursor::decode_cursor("v7:nope").is_err());
+        assert!(VersionCursor::decode_cursor("7").is_err());
     }
 
     #[test]

@@ -18,6 +18,10 @@ use crate::{
         graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
         service::InventoryService,
     },
+    locations::{
+        graphql::{LocationMutation, LocationQuery},
+        service::LocationService,
+    },
     node::NodeQuery,
     orders::{
         graphql::{OrderMutation, OrderQuery, OrderSubscription},
@@ -32,11 +36,11 @@ use crate::{
 
 /// The root query type.
 #[derive(MergedObject, Default)]
-pub struct Query(InventoryQuery, ReservationQuery, OrderQuery, NodeQuery);
+pub struct Query(InventoryQuery, ReservationQuery, OrderQuery, LocationQuery, NodeQuery);
 
 /// The root mutation type.
 #[derive(MergedObject, Default)]
-pub struct Mutation(InventoryMutation, ReservationMutation, OrderMutation);
+pub struct Mutation(InventoryMutation, ReservationMutation, OrderMutation, LocationMutation);
 
 /// The root subscription type.
 #[derive(MergedSubscription, Default)]
@@ -67,6 +71,8 @@ pub struct Services {
     pub reservations: ReservationService,
     /// Orders.
     pub orders: OrderService,
+    /// Locations, their levels and transfers.
+    pub locations: LocationService,
 }
 
 /// The schema over `state` and the features' runtime state, which

@@ -25,6 +25,10 @@ use crate::{
         service::InventoryService,
     },
     live::{Feed, Live},
+    locations::{
+        loader::{AllocationsLoader, LevelsLoader, LocationLoader},
+        service::LocationService,
+    },
     orders::{
         self,
         domain::Order,
@@ -61,6 +65,7 @@ impl Server {
             inventory: InventoryService::new(&state),
             reservations: ReservationService::new(&state),
             orders: OrderService::new(&state),
+            locations: LocationService::new(&state),
         };
         let in_flight = Arc::new(Semaphore::new(state.limits.max_in_flight.max(1)));
         let mut live = Live::default();
@@ -88,9 +93,10 @@ impl Server {
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
         schema::build(self.state.clone(), |schema| {
-            let Services { inventory, reservations, orders } = self.services.clone();
+            let Services { inventory, reservations, orders, locations } = self.services.clone();
             schema
                 .data(inventory)
+                .data(locations)
                 .data(reservations)
                 .data(orders)
                 .data(self.inventories.clone())
@@ -143,6 +149,9 @@ pub fn request_data(state: &AppState, request: Request) -> Request {
         .data(DataLoader::new(OrderLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLinesLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(MovementLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(LocationLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(LevelsLoader { db: db.clone() }, tokio::spawn))
+        .data(DataLoader::new(AllocationsLoader { db: db.clone() }, tokio::spawn))
 }
 
 /// The background tasks of a server process.

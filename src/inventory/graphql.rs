@@ -20,6 +20,7 @@ use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     live::Feed,
+    locations::graphql::{self as locations, Location, StockLevel},
     node,
     pagination::{self, Connection, Cursor, VersionCursor, connection},
     telemetry, validate,
@@ -88,7 +89,7 @@ impl Inventory {
         ctx.operator()?;
         let service = ctx.part::<InventoryService>()?;
         let (page, rows) = service.movements(self.0.id, first, after.as_deref()).await.gql()?;
-        Ok(connection(page, rows, |row| VersionCursor(row.version_after), StockMovement))
+        Ok(connection(page, rows, |row| VersionCursor { version: row.version_after, id: Some(row.id) }, StockMovement))
     }
 
     /// Units free to reserve: the same number as `stock`, read in one
@@ -113,6 +114,21 @@ impl Inventory {
     /// snapshot. Falls only when an order is fulfilled; grows with restocks.
     async fn on_hand(&self, ctx: &Context<'_>) -> GqlResult<i32> {
         units(self.states(ctx).await?.on_hand())
+    }
+
+    /// Its stock at each location that ever held it, by priority then code
+    /// (batched per request); the state fields above are their sums.
+    async fn levels(&self, ctx: &Context<'_>) -> GqlResult<Vec<StockLevel>> {
+        locations::levels(ctx, self.0.id).await
+    }
+
+    /// Its stock at one location; null when that location never held it.
+    async fn level(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(desc = "The location's id.")] location_id: Uuid,
+    ) -> GqlResult<Option<StockLevel>> {
+        locations::level(ctx, self.0.id, location_id).await
     }
 }
 
@@ -230,6 +246,16 @@ impl StockMovement {
     /// When the change was made.
     async fn created_at(&self) -> DateTime<Utc> {
         self.0.created_at
+    }
+
+    /// The location whose stock changed (batched per request); null on rows
+    /// written before stock was kept per location, which were all at the
+    /// location with code `default`.
+    async fn location(&self, ctx: &Context<'_>) -> GqlResult<Option<Location>> {
+        match self.0.location_id {
+            Some(id) => locations::load(ctx, id).await,
+            None => Ok(None),
+        }
     }
 }
 

@@ -4,7 +4,8 @@
 
 use chrono::{DateTime, Utc};
 use sea_orm::{
-    ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, entity::prelude::*,
+    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+    entity::prelude::*,
 };
 
 use crate::pagination::{Page, VersionCursor};
@@ -44,14 +45,23 @@ pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
 
-/// One page of an inventory's ledger in version order, with one extra row
-/// when more follow.
+/// One page of an inventory's ledger in `(version_after, id)` order, with
+/// one extra row when more follow. A change that touches several locations
+/// writes several rows at one version, so the version alone cannot say
+/// where a page ended; the id breaks the tie, and no row is skipped or
+/// repeated across pages.
 pub async fn page(db: &DatabaseConnection, inventory_id: Uuid, page: Page<VersionCursor>) -> Result<Vec<Model>, DbErr> {
     let mut query = Entity::find().filter(Column::InventoryId.eq(inventory_id));
-    if let Some(VersionCursor(after)) = page.after {
-        query = query.filter(Column::VersionAfter.gt(after));
-    }
-    query.order_by_asc(Column::VersionAfter).limit(page.first + 1).all(db).await
+    query = match page.after {
+        Some(VersionCursor { version, id: Some(id) }) => query.filter(
+            Condition::any()
+                .add(Column::VersionAfter.gt(version))
+                .add(Condition::all().add(Column::VersionAfter.eq(version)).add(Column::Id.gt(id))),
+        ),
+        Some(VersionCursor { version, id: None }) => query.filter(Column::VersionAfter.gt(version)),
+        None => query,
+    };
+    query.order_by_asc(Column::VersionAfter).order_by_asc(Column::Id).limit(page.first + 1).all(db).await
 }
 
 /// The ledger rows with these ids (missing ones are left out).

@@ -21,6 +21,7 @@ use crate::{
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Inventory, load as load_inventory},
     live::Feed,
+    locations::graphql::{self as locations, Allocation},
     node,
     pagination::{self, Connection, Cursor, connection},
     reservations::{
@@ -156,6 +157,11 @@ impl OrderItem {
     /// Units.
     async fn quantity(&self) -> i32 {
         self.0.quantity
+    }
+
+    /// Which locations gave its units (adding up to `quantity`), by priority then code.
+    async fn allocations(&self, ctx: &Context<'_>) -> GqlResult<Vec<Allocation>> {
+        locations::allocations(ctx, self.0.id).await
     }
 }
 

@@ -20,6 +20,7 @@ use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     inventory::graphql::{Conflict, Inventory, InventoryNotFound, load as load_inventory},
+    locations::graphql::{self as locations, Allocation},
     node,
     pagination::{self, Connection, Cursor, connection},
     reservations,
@@ -123,6 +124,11 @@ impl Reservation {
     /// When the reservation lapses; null = never expires.
     async fn expires_at(&self) -> Option<DateTime<Utc>> {
         self.0.expires_at
+    }
+
+    /// Which locations gave its units (adding up to `quantity`), by priority then code.
+    async fn allocations(&self, ctx: &Context<'_>) -> GqlResult<Vec<Allocation>> {
+        locations::allocations(ctx, self.0.id).await
     }
 }
 

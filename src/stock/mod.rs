@@ -23,6 +23,7 @@ pub mod allocating;
 pub mod archiving;
 pub mod fragments;
 pub mod lines;
+pub mod moving;
 pub mod partitions;
 pub mod receiving;
 pub mod returning;

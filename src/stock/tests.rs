@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::{
     ALLOCATING_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL, adjusting, allocating, archiving,
     lines::{self, Line, Purpose},
-    lock_order, receiving, returning, shipping,
+    lock_order, moving, receiving, returning, shipping,
     taking::{self, CoalescedReserve, Reserve},
 };
 use crate::config::DatabaseConfig;
@@ -48,6 +48,7 @@ fn statements() -> Vec<(&'static str, Statement)> {
         ),
         ("take_lines for an order", lines::take_lines(&lines, Purpose::Order(id), "alice", None, id)),
         ("eligible available", allocating::available(id, &somewhere)),
+        ("transfer", moving::transfer(id, id, Uuid::new_v4(), 1, Some(1), "op", Some(("k", "f")))),
         ("unknown locations", allocating::unknown(&[id])),
         ("release", returning::release(id, "alice")),
         ("sweep", returning::sweep(500)),

@@ -16,6 +16,7 @@
 
 mod hostile_documents;
 mod inputs;
+mod locations;
 mod mutations;
 mod queries;
 

@@ -1,0 +1,72 @@
+//! The per-request location DataLoaders: every location named in one
+//! response is fetched with one `WHERE id = ANY($1)` statement, the levels
+//! of every inventory in it with one more, and the allocations of every
+//! reservation and order line in it with one more.
+//!
+//! A loader is made for each request and dropped with it, so its cache never
+//! serves anything older than the request.
+
+use std::{collections::HashMap, sync::Arc};
+
+use async_graphql::dataloader::Loader;
+use sea_orm::{DatabaseConnection, DbErr};
+use uuid::Uuid;
+
+use super::{LocationRow, store, store::LevelState};
+use crate::stock::rows::AllocationRow;
+
+/// Loads locations by id in batches.
+pub struct LocationLoader {
+    /// The pool the batch statement runs on.
+    pub db: DatabaseConnection,
+}
+
+impl Loader<Uuid> for LocationLoader {
+    type Value = LocationRow;
+    type Error = Arc<DbErr>;
+
+    async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, LocationRow>, Self::Error> {
+        let rows = store::find_many(&self.db, keys).await?;
+        Ok(rows.into_iter().map(|row| (row.id, row)).collect())
+    }
+}
+
+/// Loads the levels of inventories by inventory id in batches, each
+/// inventory's by priority then code; an inventory with none has an empty list.
+pub struct LevelsLoader {
+    /// The pool the batch statement runs on.
+    pub db: DatabaseConnection,
+}
+
+impl Loader<Uuid> for LevelsLoader {
+    type Value = Vec<LevelState>;
+    type Error = Arc<DbErr>;
+
+    async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Self::Value>, Self::Error> {
+        let mut levels: HashMap<Uuid, Self::Value> = keys.iter().map(|id| (*id, Vec::new())).collect();
+        for level in store::levels(&self.db, keys).await? {
+            levels.entry(level.inventory_id).or_default().push(level);
+        }
+        Ok(levels)
+    }
+}
+
+/// Loads the allocations of reservations (and order lines) by reservation
+/// id in batches, each reservation's by priority then code.
+pub struct AllocationsLoader {
+    /// The pool the batch statement runs on.
+    pub db: DatabaseConnection,
+}
+
+impl Loader<Uuid> for AllocationsLoader {
+    type Value = Vec<AllocationRow>;
+    type Error = Arc<DbErr>;
+
+    async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Self::Value>, Self::Error> {
+        let mut allocations: HashMap<Uuid, Self::Value> = keys.iter().map(|id| (*id, Vec::new())).collect();
+        for allocation in store::allocations(&self.db, keys).await? {
+            allocations.entry(allocation.reservation_id).or_default().push(allocation);
+        }
+        Ok(allocations)
+    }
+}
