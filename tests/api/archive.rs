@@ -87,7 +87,10 @@ async fn archiving_under_concurrent_reserves_keeps_the_ledger_true_and_spares_re
     assert!(drifts.is_empty(), "the check failed while the archive ran: {drifts:?}");
     assert_eq!((archived.reservations, archived.ledger_rows), (30, old_ledger as u64), "{archived:?}");
     assert!(archived.statements > 2, "batched: {archived:?}");
-    assert_eq!((archived.partitions, app.count(old_partitions).await), (2, 0), "the emptied days dropped");
+    // Dropping a day takes the whole ledger's lock for a moment and waits
+    // for it at most 200 ms: with writers queued on the ledger the archive
+    // may leave an emptied day to the next run, never a day with rows.
+    assert!(archived.partitions <= 2, "{archived:?}");
     // What is recent or still counts is all there.
     assert_eq!(app.count("SELECT count(*) FROM reservations WHERE created_at > now() - interval '1 day'").await, 40);
     assert_eq!(app.count("SELECT count(*) FROM stock_movements").await, 40);
@@ -99,7 +102,10 @@ async fn archiving_under_concurrent_reserves_keeps_the_ledger_true_and_spares_re
 
     // Once more: nothing old is left, and the checkpoints are not counted twice.
     let again = archive::archive(&app.db, &Collisions::new(20), Duration::from_secs(90 * 24 * 3600), 3).await;
-    assert_eq!(again.map(|a| (a.reservations, a.ledger_rows)).expect("archive"), (0, 0));
+    let again = again.expect("archive");
+    assert_eq!((again.reservations, again.ledger_rows), (0, 0));
+    let dropped = archived.partitions + again.partitions;
+    assert_eq!((dropped, app.count(old_partitions).await), (2, 0), "the emptied days dropped, once");
     let check = stockguard(&["check", "--database-url", &app.database_url]);
     assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stdout));
 }
