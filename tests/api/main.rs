@@ -25,6 +25,7 @@ mod fuzz;
 mod helpers;
 mod http;
 mod http_spec;
+mod invariant;
 mod lifecycle;
 mod live;
 mod node;
