@@ -23,8 +23,9 @@ pub const FULFILLED: Uuid = Uuid::from_u128(0x3);
 /// SPLIT's RELEASED reservation of 1, taken from east and given back.
 pub const RELEASED: Uuid = Uuid::from_u128(0x4);
 
-/// Writes, as the stock statements do, two inventories and their history
-/// made at `at` (an SQL timestamp): SPLIT created with 10 (a ledger row of
+/// Writes, as the stock statements do, two inventories and their history:
+/// reservations made at `at` (an SQL timestamp), ledger rows in the ten
+/// hours before it, an hour apart. SPLIT created with 10 (a ledger row of
 /// before locations, no location), restocked 5 at east, 2 moved from
 /// default to east, then a reservation split over both, an order line, a
 /// shipped line, and a reservation released. The rows of one change share
@@ -61,7 +62,7 @@ INSERT INTO stock_movements (inventory_id, location_id, delta, reason, stock_aft
                              reservation_id, order_id, created_at)
 SELECT m.inventory_id::uuid, CASE m.place WHEN 'east' THEN '{EAST}'::uuid WHEN 'default' THEN d.id END,
        m.delta, m.reason, m.stock_after, m.version, m.reservation::uuid, m.order_id::uuid,
-       {at} + m.version * interval '1 second'
+       {at} - (10 - m.version) * interval '1 hour'
   FROM (VALUES
     ('{SPLIT}', NULL, 10, 'CREATED', 10, 1, NULL, NULL),
     ('{SPLIT}', 'east', 5, 'RESTOCKED', 15, 2, NULL, NULL),
