@@ -28,6 +28,7 @@ mod http_spec;
 mod invariant;
 mod lifecycle;
 mod live;
+mod migrating;
 mod node;
 mod orders;
 mod plans;
