@@ -181,12 +181,15 @@ WITH lines AS (
            coalesce({fulfilled}, 0) AS fulfilled
       FROM reservations WHERE status IN {counted} GROUP BY inventory_id
 ), misallocated AS (
-    SELECT r.inventory_id, count(*) AS n
-      FROM reservations r
-      LEFT JOIN (SELECT reservation_id, sum(quantity) AS quantity FROM allocations GROUP BY reservation_id) a
-        ON a.reservation_id = r.id
-     WHERE r.status IN {counted} AND a.quantity IS DISTINCT FROM r.quantity
-     GROUP BY r.inventory_id
+    -- Only the counted lines' allocations are summed: the released and
+    -- expired ones' are most of the table and count nowhere.
+    SELECT inventory_id, count(*) AS n
+      FROM (SELECT r.inventory_id, r.quantity, sum(a.quantity) AS allocated
+              FROM reservations r LEFT JOIN allocations a ON a.reservation_id = r.id
+             WHERE r.status IN {counted}
+             GROUP BY r.id) AS line
+     WHERE allocated IS DISTINCT FROM quantity
+     GROUP BY inventory_id
 ), ledger AS (
     -- The ledger rows, and what archived ones added up to (their checkpoint).
     SELECT inventory_id, sum(changes) AS changes, sum(ledger_stock) AS ledger_stock,
