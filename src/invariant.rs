@@ -128,7 +128,7 @@ impl std::fmt::Display for Drift {
                 "{} ({}): received {} - fulfilled {} vs available {} + reserved {} + committed {}; \
                  version {} vs {} ledger versions; ledger sums to {} available and {} fulfilled; \
                  levels hold {} available at {:?} (sole location {:?}); \
-                 {} lines whose allocations do not add up to their quantity",
+                 lines whose allocations do not add up to their quantity: {}",
                 d.sku,
                 d.id,
                 d.received,

@@ -231,3 +231,36 @@ async fn archived_rows_count_at_their_location_through_the_level_checkpoints() {
     assert_eq!(level_numbers(&drifts), vec![(Some("east".to_owned()), Some(3), 2, 2, 8, 3)]);
     assert!(inventories(&drifts).is_empty(), "{drifts:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stockguard_check_prints_a_drifting_level_with_its_location() {
+    let app = TestApp::spawn().await;
+    two_locations(&app, "now()").await;
+    let check = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_stockguard"))
+            .args(["check", "--database-url", &app.database_url])
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run")
+    };
+    let sound = check();
+    let said = String::from_utf8_lossy(&sound.stdout);
+    assert!(sound.status.success() && said.contains("every inventory and every location"), "{said}");
+
+    let tamper = format!("UPDATE allocations SET quantity = 1 WHERE reservation_id = '{ORDERED}'");
+    app.db.execute_unprepared(&tamper).await.expect("tamper");
+    let drifted = check();
+    let said = String::from_utf8_lossy(&drifted.stdout);
+    assert_eq!(drifted.status.code(), Some(1), "{said}");
+    let lines: Vec<_> = said.lines().filter(|line| line.starts_with("DRIFT")).collect();
+    assert_eq!(lines.len(), 2, "the line and its level: {said}");
+    assert!(lines[0].starts_with(&format!("DRIFT SPLIT ({SPLIT}): ")), "{said}");
+    assert!(lines[0].ends_with("lines whose allocations do not add up to their quantity: 1"), "{said}");
+    assert_eq!(
+        lines[1],
+        format!(
+            "DRIFT SPLIT ({SPLIT}) at east ({EAST}): on hand 7 vs available 3 + reserved 2 + committed 1; \
+             ledger sums to 3 available"
+        )
+    );
+}
