@@ -9,7 +9,7 @@ use serde_json::json;
 use stockguard::{archive, auth::Role, db::Collisions, invariant, stock};
 use tokio::sync::Barrier;
 
-use crate::helpers::{TestApp, uuid};
+use crate::helpers::{Isolation, TestApp, at_every_isolation, uuid};
 
 /// Reservations and ledger rows made 100 days ago: on two inventories, 40
 /// reservations of which 30 released, and one released with a key.
@@ -138,10 +138,9 @@ async fn stockguard_archive_refuses_bad_ages_and_archives_a_good_one() {
 /// archive counts it once, keeps each location's sums in its level
 /// checkpoint, and takes a deleted reservation's allocations with it, so
 /// the check holds throughout and after.
-#[tokio::test(flavor = "multi_thread")]
-async fn archiving_a_ledger_over_two_locations_keeps_every_level_true() {
+async fn archiving_a_ledger_over_two_locations_keeps_every_level_true(isolation: Isolation) {
     use crate::invariant::{EAST, HOME, RELEASED, SPLIT, two_locations};
-    let app = Arc::new(TestApp::spawn().await);
+    let app = Arc::new(TestApp::spawn_with(isolation).await);
     stock::partitions::make(&app.db, 101, -100).await.expect("the partitions of 100 days ago");
     two_locations(&app, "now() - interval '100 days'").await;
     app.assert_invariant().await;
@@ -201,6 +200,10 @@ async fn archiving_a_ledger_over_two_locations_keeps_every_level_true() {
         "rows without a location counted at the default one; {EAST} kept apart"
     );
     app.assert_invariant().await;
+}
+
+at_every_isolation! {
+    archiving_a_ledger_over_two_locations_keeps_every_level_true;
 }
 
 /// Reservations and ledger rows refer to their inventory without a foreign
