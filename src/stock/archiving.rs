@@ -3,8 +3,8 @@
 //! inventory's checkpoint row (`ledger_checkpoints`), so the ledger still
 //! adds up to every inventory's stock, version, received and fulfilled
 //! units (and, in `ledger_checkpoint_levels`, to each level's available
-//! and on-hand units); the day partitions they leave empty go too. `archive.rs` runs
-//! these slice by slice.
+//! and on-hand units); the day partitions they leave empty go too.
+//! `archive.rs` runs these slice by slice.
 
 use std::sync::LazyLock;
 
