@@ -4,9 +4,10 @@
 //! rows that no request reads again. The archive deletes those older than
 //! the cutoff, one time slice per statement (each its own short
 //! transaction, so it is safe to run under load and to stop at any point),
-//! oldest first: reservations that are done with and carry no key, and
-//! ledger rows, whose sums go to their inventory's checkpoint in the same
-//! statement so `stockguard check` stays true throughout. A slice's length
+//! oldest first: reservations that are done with and carry no key (with
+//! their allocations), and ledger rows, whose sums go to their inventory's
+//! and their levels' checkpoints in the same statement so `stockguard
+//! check` stays true throughout. A slice's length
 //! adapts to aim at `batch` rows per statement. Nothing newer than the
 //! cutoff is touched; ACTIVE, ORDERED and FULFILLED lines are never touched.
 //! Last, the ledger's day partitions that the run emptied are dropped, so
@@ -75,15 +76,12 @@ pub async fn archive(
         while from < cutoff {
             let until = (from + slice).min(cutoff);
             let run = || async {
-                match table {
-                    Table::Reservations => {
-                        Ok(db.execute_raw(archiving::archive_reservations(from, until)).await?.rows_affected())
-                    }
-                    Table::Ledger => {
-                        let row = db.query_one_raw(archiving::archive_ledger(from, until)).await?;
-                        Ok(row.map(|r| r.try_get::<i64>("", "archived")).transpose()?.unwrap_or(0).max(0) as u64)
-                    }
-                }
+                let statement = match table {
+                    Table::Reservations => archiving::archive_reservations(from, until),
+                    Table::Ledger => archiving::archive_ledger(from, until),
+                };
+                let row = db.query_one_raw(statement).await?;
+                Ok(row.map(|r| r.try_get::<i64>("", "archived")).transpose()?.unwrap_or(0).max(0) as u64)
             };
             let rows = match collisions.run(uuid::Uuid::nil(), run).await? {
                 Attempted::Done(rows) => rows,

@@ -59,7 +59,7 @@ enum Command {
     },
     /// Add the demo inventory (SKUs already present are left alone).
     Seed,
-    /// Check the stock invariant of every inventory; exit 1 on drift.
+    /// Check the stock invariant of every inventory and every location; exit 1 on drift.
     Check,
     /// Delete released and expired reservations and ledger rows older than
     /// `--older-than`, folding the ledger rows into per-inventory checkpoints
@@ -160,7 +160,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("DRIFT {drift}");
             }
             if drifts.is_empty() {
-                println!("invariant holds for every inventory");
+                println!("invariant holds for every inventory and every location");
                 Ok(ExitCode::SUCCESS)
             } else {
                 Ok(ExitCode::FAILURE)

@@ -2,8 +2,9 @@
 //! rows (`stock_movements`) go while what they added up to stays in their
 //! inventory's checkpoint row (`ledger_checkpoints`), so the ledger still
 //! adds up to every inventory's stock, version, received and fulfilled
-//! units; the day partitions they leave empty go too. `archive.rs` runs
-//! these slice by slice.
+//! units (and, in `ledger_checkpoint_levels`, to each level's available
+//! and on-hand units); the day partitions they leave empty go too.
+//! `archive.rs` runs these slice by slice.
 
 use std::sync::LazyLock;
 
@@ -11,7 +12,7 @@ use chrono::{DateTime, Utc};
 use sea_orm::{DbBackend, Statement};
 
 use super::{
-    fragments::{ledger_fulfilled, ledger_received, ledger_stock},
+    fragments::{ledger_fulfilled, ledger_location, ledger_on_hand, ledger_received, ledger_stock},
     rows::{ReservationStatus, sql_list},
 };
 
@@ -36,10 +37,25 @@ pub fn oldest_reservation() -> Statement {
 }
 
 /// Deletes the reservations made in `[from, until)` that the archive may
-/// delete; run with `execute`, its rows affected are how many it deleted.
+/// delete, and their allocations, in one statement; one row, how many
+/// reservations it deleted.
+///
+/// Nothing reads the allocations of a reservation that is done with, and
+/// an allocation without its reservation would be read by nothing ever
+/// again; they go together, so no check sees one without the other.
 pub fn archive_reservations(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!("DELETE FROM reservations WHERE created_at >= $1 AND created_at < $2 AND {}", archivable())
+        format!(
+            r#"
+WITH gone AS (
+    DELETE FROM reservations WHERE created_at >= $1 AND created_at < $2 AND {}
+ RETURNING id
+), unallocated AS (
+    DELETE FROM allocations WHERE reservation_id IN (SELECT id FROM gone)
+)
+SELECT count(*) AS archived FROM gone"#,
+            archivable()
+        )
     });
     Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [from.into(), until.into()])
 }
@@ -50,7 +66,15 @@ pub fn oldest_ledger_row() -> Statement {
 }
 
 /// Deletes the ledger rows made in `[from, until)` and adds them to their
-/// inventories' checkpoints, in one statement; one row, how many it archived.
+/// inventories' checkpoints (`ledger_checkpoints`) and, per location (a row
+/// without one is the default location's), to their levels' checkpoints
+/// (`ledger_checkpoint_levels`), in one statement; one row, how many it
+/// archived.
+///
+/// `changes` counts distinct versions: one change writes a ledger row per
+/// location it touches, all at its version. Those rows are written by one
+/// statement, so they share `created_at` (the transaction's `now()`) and
+/// always fall in one slice: a version is never counted in two.
 ///
 /// The rows of one slice go and their sums arrive in the same statement, so
 /// a check (one snapshot) sees either both or neither. A concurrent change
@@ -66,10 +90,10 @@ pub fn archive_ledger(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
 WITH old AS (
     DELETE FROM stock_movements
      WHERE created_at >= $1 AND created_at < $2
- RETURNING inventory_id, delta, reason, version_after, created_at
+ RETURNING inventory_id, location_id, delta, reason, version_after, created_at
 ), sums AS (
     SELECT inventory_id,
-           count(*) AS changes,
+           count(DISTINCT version_after) AS changes,
            {stock} AS stock,
            {received} AS received,
            {fulfilled} AS fulfilled,
@@ -88,11 +112,20 @@ WITH old AS (
            version_after = greatest(c.version_after, excluded.version_after),
            archived_until = greatest(c.archived_until, excluded.archived_until)
     RETURNING 1
+), saved_levels AS (
+    INSERT INTO ledger_checkpoint_levels AS c (inventory_id, location_id, stock, on_hand)
+    SELECT inventory_id, {location}, {stock}, {on_hand} FROM old GROUP BY 1, 2
+        ON CONFLICT (inventory_id, location_id) DO UPDATE
+       SET stock = c.stock + excluded.stock,
+           on_hand = c.on_hand + excluded.on_hand
+    RETURNING 1
 )
 SELECT count(*) AS archived FROM old"#,
             stock = ledger_stock(),
             received = ledger_received(),
             fulfilled = ledger_fulfilled(),
+            location = ledger_location(""),
+            on_hand = ledger_on_hand(),
         )
     });
     Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [from.into(), until.into()])

@@ -211,3 +211,33 @@ pub fn ledger_received() -> String {
 pub fn ledger_fulfilled() -> String {
     format!("coalesce(-sum(delta) FILTER (WHERE reason = {}), 0)", sql(MovementReason::Fulfilled))
 }
+
+/// The location of the ledger rows aliased `alias` (`""`, `"m."`): rows
+/// from before locations have none (NULL), and their stock was all at the
+/// default location, where the migration put it.
+pub fn ledger_location(alias: &str) -> String {
+    let default = super::rows::location::DEFAULT_CODE;
+    format!("coalesce({alias}location_id, (SELECT id FROM locations WHERE code = '{default}'))")
+}
+
+/// The ledger rows' sum of changes of on-hand units (the units in the
+/// building: received, moved between locations, shipped), 0 for none. Over
+/// one location's rows, it is what that location should hold: available
+/// plus what its allocations hold.
+pub fn ledger_on_hand() -> String {
+    let moved = sql_list([
+        MovementReason::Created,
+        MovementReason::Restocked,
+        MovementReason::TransferredIn,
+        MovementReason::TransferredOut,
+        MovementReason::Fulfilled,
+    ]);
+    format!("coalesce(sum(delta) FILTER (WHERE reason IN {moved}), 0)")
+}
+
+/// The units of the allocations `a` of reservations `r` in `status`
+/// (`sum(a.quantity) FILTER (...)`, NULL for none), summed over the group:
+/// a location's reserved or committed units.
+pub fn allocated(status: ReservationStatus) -> String {
+    format!("sum(a.quantity) FILTER (WHERE r.status = {})", sql(status))
+}

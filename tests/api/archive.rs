@@ -9,7 +9,7 @@ use serde_json::json;
 use stockguard::{archive, auth::Role, db::Collisions, invariant, stock};
 use tokio::sync::Barrier;
 
-use crate::helpers::{TestApp, uuid};
+use crate::helpers::{Isolation, TestApp, at_every_isolation, uuid};
 
 /// Reservations and ledger rows made 100 days ago: on two inventories, 40
 /// reservations of which 30 released, and one released with a key.
@@ -138,6 +138,78 @@ async fn stockguard_archive_refuses_bad_ages_and_archives_a_good_one() {
     let said = String::from_utf8_lossy(&output.stdout);
     assert!(said.contains("archived 30 reservations and 74 ledger rows"), "{said}");
     app.assert_invariant().await;
+}
+
+/// A change over two locations writes two ledger rows at one version; the
+/// archive counts it once, keeps each location's sums in its level
+/// checkpoint, and takes a deleted reservation's allocations with it, so
+/// the check holds throughout and after.
+async fn archiving_a_ledger_over_two_locations_keeps_every_level_true(isolation: Isolation) {
+    use crate::invariant::{EAST, HOME, RELEASED, SPLIT, two_locations};
+    let app = Arc::new(TestApp::spawn_with(isolation).await);
+    stock::partitions::make(&app.db, 101, -100).await.expect("the partitions of 100 days ago");
+    two_locations(&app, "now() - interval '100 days'").await;
+    app.assert_invariant().await;
+
+    let barrier = Arc::new(Barrier::new(2));
+    let checking = tokio::spawn({
+        let (app, barrier) = (app.clone(), barrier.clone());
+        async move {
+            barrier.wait().await;
+            let mut drifts = Vec::new();
+            for _ in 0..20 {
+                drifts.extend(invariant::check(&app.db).await.expect("check"));
+            }
+            drifts
+        }
+    });
+    barrier.wait().await;
+    let archived = archive::archive(&app.db, &Collisions::new(20), Duration::from_secs(90 * 24 * 3600), 2).await;
+    let archived = archived.expect("archive");
+    assert_eq!(checking.await.expect("task"), vec![], "the check failed while the archive ran");
+    assert_eq!((archived.reservations, archived.ledger_rows), (1, 12), "{archived:?}");
+    assert!(archived.statements > 4, "an hour apart, in slices: {archived:?}");
+
+    assert_eq!(app.count("SELECT count(*) FROM stock_movements").await, 0);
+    assert_eq!(app.count(&format!("SELECT count(*) FROM allocations WHERE reservation_id = '{RELEASED}'")).await, 0);
+    assert_eq!(app.count("SELECT count(*) FROM allocations").await, 4, "those of lines that count stay");
+    let checkpoints = app.rows("SELECT inventory_id, changes, version_after FROM ledger_checkpoints").await;
+    let mut checkpoints: Vec<_> =
+        checkpoints.iter().map(|c| (uuid(&c["inventory_id"]), c["changes"].as_i64())).collect();
+    checkpoints.sort();
+    assert_eq!(checkpoints, vec![(SPLIT, Some(9)), (HOME, Some(1))], "a change of two rows counts once");
+    let levels = app
+        .rows(
+            "SELECT c.inventory_id, l.code, c.stock, c.on_hand FROM ledger_checkpoint_levels c \
+               JOIN locations l ON l.id = c.location_id",
+        )
+        .await;
+    let mut levels: Vec<_> = levels
+        .iter()
+        .map(|c| {
+            (
+                uuid(&c["inventory_id"]),
+                c["code"].as_str().unwrap_or_default().to_owned(),
+                c["stock"].as_i64(),
+                c["on_hand"].as_i64(),
+            )
+        })
+        .collect();
+    levels.sort();
+    assert_eq!(
+        levels,
+        vec![
+            (SPLIT, "default".to_owned(), Some(3), Some(7)),
+            (SPLIT, "east".to_owned(), Some(3), Some(7)),
+            (HOME, "default".to_owned(), Some(4), Some(4)),
+        ],
+        "rows without a location counted at the default one; {EAST} kept apart"
+    );
+    app.assert_invariant().await;
+}
+
+at_every_isolation! {
+    archiving_a_ledger_over_two_locations_keeps_every_level_true;
 }
 
 /// Reservations and ledger rows refer to their inventory without a foreign

@@ -109,6 +109,11 @@ pub struct Options {
     pub acquire_timeout_ms: u64,
     /// `statement_timeout` of the server's connections.
     pub statement_timeout_ms: u64,
+    /// A database of the test's own on that server (its name) to serve
+    /// instead of a fresh copy of the template, e.g. one migrated step by
+    /// step from an older schema; dropped with the app like a copy, its
+    /// isolation left as it is.
+    pub database: Option<String>,
 }
 
 impl Default for Options {
@@ -121,6 +126,7 @@ impl Default for Options {
             // Generous: tests assert outcomes, not timing, on a busy 2-core machine.
             acquire_timeout_ms: 30_000,
             statement_timeout_ms: 30_000,
+            database: None,
         }
     }
 }
@@ -170,14 +176,27 @@ impl TestApp {
 
     /// A server with every knob the tests turn.
     pub async fn spawn_with_options(options: Options) -> Self {
-        let Options { isolation, mut limits, server_url: server, pool_size, acquire_timeout_ms, statement_timeout_ms } =
-            options;
+        let Options {
+            isolation,
+            mut limits,
+            server_url: server,
+            pool_size,
+            acquire_timeout_ms,
+            statement_timeout_ms,
+            database,
+        } = options;
         let server = server.unwrap_or_else(server_url);
         // As generous as the test client: tests assert outcomes, not timing
         // (the attack tests, on their own process, test the timeout itself).
         limits.request_timeout_ms = limits.request_timeout_ms.max(120_000);
-        let name = format!("sg_test_{}", Uuid::new_v4().simple());
-        copy_of_template(&server, &name, isolation).await;
+        let name = match database {
+            Some(name) => name,
+            None => {
+                let name = format!("sg_test_{}", Uuid::new_v4().simple());
+                copy_of_template(&server, &name, isolation).await;
+                name
+            }
+        };
         let database_url = format!("{server}/{name}");
         let config = DatabaseConfig {
             database_url: Some(database_url.clone()),

@@ -1,0 +1,266 @@
+//! The invariant per location (src/invariant.rs): a database written the
+//! way the stock statements write it, over two locations, passes; each
+//! condition, broken by one direct write, is reported with its numbers.
+
+use sea_orm::ConnectionTrait;
+use stockguard::invariant::{self, Drift, InventoryDrift, LevelDrift};
+use uuid::Uuid;
+
+use crate::helpers::TestApp;
+
+/// The inventory split over `default` and `east`.
+pub const SPLIT: Uuid = Uuid::from_u128(0xa);
+/// The inventory that never left `default`.
+pub const HOME: Uuid = Uuid::from_u128(0xb);
+/// The second location.
+pub const EAST: Uuid = Uuid::from_u128(0xe);
+/// SPLIT's ACTIVE reservation of 6: 4 from default, 2 from east.
+pub const ACTIVE: Uuid = Uuid::from_u128(0x1);
+/// SPLIT's ORDERED line of 2, from east.
+pub const ORDERED: Uuid = Uuid::from_u128(0x2);
+/// SPLIT's FULFILLED line of 1, shipped from default.
+pub const FULFILLED: Uuid = Uuid::from_u128(0x3);
+/// SPLIT's RELEASED reservation of 1, taken from east and given back.
+pub const RELEASED: Uuid = Uuid::from_u128(0x4);
+
+/// Writes, as the stock statements do, two inventories and their history:
+/// reservations made at `at` (an SQL timestamp), ledger rows in the ten
+/// hours before it, an hour apart. SPLIT created with 10 (a ledger row of
+/// before locations, no location), restocked 5 at east, 2 moved from
+/// default to east, then a reservation split over both, an order line, a
+/// shipped line, and a reservation released. The rows of one change share
+/// their version and their time. Ends: default 3 available + 4 reserved,
+/// east 3 + 2 reserved + 2 committed; SPLIT stock 6 at version 9; HOME 4 at
+/// default, its sole location.
+pub async fn two_locations(app: &TestApp, at: &str) {
+    let sql = format!(
+        r#"
+INSERT INTO locations (id, code, name, priority) VALUES ('{EAST}', 'east', 'East', 10);
+INSERT INTO inventories (id, sku, name, stock, version, sole_location_id) VALUES
+    ('{SPLIT}', 'SPLIT', 'Split', 6, 9, NULL),
+    ('{HOME}', 'HOME', 'Home', 4, 1, (SELECT id FROM locations WHERE code = 'default'));
+INSERT INTO stock_levels (inventory_id, location_id, available)
+SELECT '{SPLIT}'::uuid, id, 3 FROM locations WHERE code = 'default'
+UNION ALL SELECT '{SPLIT}', '{EAST}', 3
+UNION ALL SELECT '{HOME}', id, 4 FROM locations WHERE code = 'default';
+INSERT INTO orders (id, user_id, status, ship_name, ship_line1, ship_city, ship_postal_code, ship_country,
+                    confirmed_at, confirmed_by, fulfilled_at, fulfilled_by) VALUES
+    ('{ORDERED}', 'u', 'PENDING', 'N', 'L', 'C', 'P', 'DE', NULL, NULL, NULL, NULL),
+    ('{FULFILLED}', 'u', 'FULFILLED', 'N', 'L', 'C', 'P', 'DE', now(), 'op', now(), 'op');
+INSERT INTO reservations (id, inventory_id, order_id, user_id, quantity, status, created_at) VALUES
+    ('{ACTIVE}', '{SPLIT}', NULL, 'u', 6, 'ACTIVE', {at}),
+    ('{ORDERED}', '{SPLIT}', '{ORDERED}', 'u', 2, 'ORDERED', {at}),
+    ('{FULFILLED}', '{SPLIT}', '{FULFILLED}', 'u', 1, 'FULFILLED', {at}),
+    ('{RELEASED}', '{SPLIT}', NULL, 'u', 1, 'RELEASED', {at});
+INSERT INTO allocations (reservation_id, location_id, quantity)
+SELECT '{ACTIVE}'::uuid, id, 4 FROM locations WHERE code = 'default'
+UNION ALL SELECT '{ACTIVE}', '{EAST}', 2
+UNION ALL SELECT '{ORDERED}', '{EAST}', 2
+UNION ALL SELECT '{FULFILLED}', id, 1 FROM locations WHERE code = 'default'
+UNION ALL SELECT '{RELEASED}', '{EAST}', 1;
+INSERT INTO stock_movements (inventory_id, location_id, delta, reason, stock_after, version_after,
+                             reservation_id, order_id, created_at)
+SELECT m.inventory_id::uuid, CASE m.place WHEN 'east' THEN '{EAST}'::uuid WHEN 'default' THEN d.id END,
+       m.delta, m.reason, m.stock_after, m.version, m.reservation::uuid, m.order_id::uuid,
+       {at} - (10 - m.version) * interval '1 hour'
+  FROM (VALUES
+    ('{SPLIT}', NULL, 10, 'CREATED', 10, 1, NULL, NULL),
+    ('{SPLIT}', 'east', 5, 'RESTOCKED', 15, 2, NULL, NULL),
+    ('{SPLIT}', 'default', -2, 'TRANSFERRED_OUT', 15, 3, NULL, NULL),
+    ('{SPLIT}', 'east', 2, 'TRANSFERRED_IN', 15, 3, NULL, NULL),
+    ('{SPLIT}', 'default', -4, 'RESERVED', 9, 4, '{ACTIVE}', NULL),
+    ('{SPLIT}', 'east', -2, 'RESERVED', 9, 4, '{ACTIVE}', NULL),
+    ('{SPLIT}', 'east', -2, 'ORDERED', 7, 5, '{ORDERED}', '{ORDERED}'),
+    ('{SPLIT}', 'default', -1, 'ORDERED', 6, 6, '{FULFILLED}', '{FULFILLED}'),
+    ('{SPLIT}', 'default', -1, 'FULFILLED', 6, 7, '{FULFILLED}', '{FULFILLED}'),
+    ('{SPLIT}', 'east', -1, 'RESERVED', 5, 8, '{RELEASED}', NULL),
+    ('{SPLIT}', 'east', 1, 'RELEASED', 6, 9, '{RELEASED}', NULL),
+    ('{HOME}', 'default', 4, 'CREATED', 4, 1, NULL, NULL)
+  ) AS m (inventory_id, place, delta, reason, stock_after, version, reservation, order_id),
+       (SELECT id FROM locations WHERE code = 'default') AS d;
+"#
+    );
+    app.db.execute_unprepared(&sql).await.expect("two locations' history");
+}
+
+/// The drifts after `tamper`, on a fresh copy of [`two_locations`].
+async fn drifts_after(tamper: &str) -> Vec<Drift> {
+    let app = TestApp::spawn().await;
+    two_locations(&app, "now()").await;
+    assert_eq!(invariant::check(&app.db).await.expect("check"), vec![], "sound before {tamper}");
+    app.db.execute_unprepared(tamper).await.expect(tamper);
+    invariant::check(&app.db).await.expect("check")
+}
+
+fn inventories(drifts: &[Drift]) -> Vec<&InventoryDrift> {
+    drifts.iter().filter_map(|d| if let Drift::Inventory(d) = d { Some(d) } else { None }).collect()
+}
+
+fn levels(drifts: &[Drift]) -> Vec<&LevelDrift> {
+    drifts.iter().filter_map(|d| if let Drift::Level(d) = d { Some(d) } else { None }).collect()
+}
+
+/// A drifting level as `(code, available, reserved, committed, on_hand, ledger_stock)`.
+type LevelNumbers = (Option<String>, Option<i64>, i64, i64, i64, i64);
+
+/// The numbers of each drifting level.
+fn level_numbers(drifts: &[Drift]) -> Vec<LevelNumbers> {
+    let numbers = |d: &&LevelDrift| (d.code.clone(), d.available, d.reserved, d.committed, d.on_hand, d.ledger_stock);
+    levels(drifts).iter().map(numbers).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fresh_database_and_two_locations_written_as_the_statements_write_them_pass() {
+    let app = TestApp::spawn().await;
+    assert_eq!(invariant::check(&app.db).await.expect("check"), vec![]);
+    two_locations(&app, "now()").await;
+    assert_eq!(invariant::check(&app.db).await.expect("check"), vec![], "one change, one version, two rows");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_allocation_at_the_wrong_location_breaks_on_hand_at_both() {
+    let drifts =
+        drifts_after(&format!("UPDATE allocations SET location_id = (SELECT id FROM locations WHERE code = 'default') WHERE reservation_id = '{ORDERED}'")).await;
+    let default = Some("default".to_owned());
+    let east = Some("east".to_owned());
+    assert_eq!(level_numbers(&drifts), vec![(default, Some(3), 4, 2, 7, 3), (east, Some(3), 2, 0, 7, 3)]);
+    assert!(inventories(&drifts).is_empty(), "the inventory's own sums still hold: {drifts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ledger_row_at_the_wrong_location_breaks_both_levels_available() {
+    // RESERVED moves available units only: on hand still adds up.
+    let drifts = drifts_after(&format!(
+        "UPDATE stock_movements SET location_id = NULL WHERE reservation_id = '{ACTIVE}' AND location_id = '{EAST}'"
+    ))
+    .await;
+    let default = Some("default".to_owned());
+    let east = Some("east".to_owned());
+    assert_eq!(level_numbers(&drifts), vec![(default, Some(3), 4, 0, 7, 1), (east, Some(3), 2, 2, 7, 5)]);
+    assert!(inventories(&drifts).is_empty(), "{drifts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn levels_that_do_not_add_up_to_the_stock_are_reported() {
+    let drifts = drifts_after(&format!("UPDATE stock_levels SET available = 4 WHERE location_id = '{EAST}'")).await;
+    let inventory = inventories(&drifts);
+    assert_eq!(inventory.len(), 1, "{drifts:?}");
+    assert_eq!((inventory[0].sku.as_str(), inventory[0].stock, inventory[0].levels_available), ("SPLIT", 6, 7));
+    assert_eq!(level_numbers(&drifts), vec![(Some("east".to_owned()), Some(4), 2, 2, 7, 3)]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_negative_level_is_reported() {
+    // The table refuses one; the check does not rely on it.
+    let drifts = drifts_after(&format!(
+        "ALTER TABLE stock_levels DROP CONSTRAINT stock_levels_available_check; \
+         UPDATE stock_levels SET available = -1 WHERE inventory_id = '{SPLIT}' AND location_id = '{EAST}'; \
+         UPDATE stock_levels SET available = 7 WHERE inventory_id = '{SPLIT}' AND location_id <> '{EAST}'"
+    ))
+    .await;
+    let negative = levels(&drifts).into_iter().find(|d| d.available == Some(-1));
+    assert!(negative.is_some_and(|d| d.location_id == EAST), "{drifts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_location_the_ledger_names_without_a_level_is_reported() {
+    let drifts = drifts_after(&format!(
+        "DELETE FROM stock_levels WHERE inventory_id = '{SPLIT}' AND location_id = '{EAST}'; \
+         UPDATE stock_levels SET available = 6 WHERE inventory_id = '{SPLIT}'"
+    ))
+    .await;
+    let default = Some("default".to_owned());
+    let east = Some("east".to_owned());
+    assert_eq!(level_numbers(&drifts), vec![(default, Some(6), 4, 0, 7, 3), (east, None, 2, 2, 7, 3)]);
+    assert!(inventories(&drifts).is_empty(), "the levels still add up to the stock: {drifts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_line_whose_allocations_do_not_add_up_to_its_quantity_is_reported() {
+    // A shipped line's allocations count nowhere else: only this condition sees them.
+    let drifts = drifts_after(&format!("DELETE FROM allocations WHERE reservation_id = '{FULFILLED}'")).await;
+    let inventory = inventories(&drifts);
+    assert_eq!(inventory.iter().map(|d| (d.sku.as_str(), d.misallocated)).collect::<Vec<_>>(), vec![("SPLIT", 1)]);
+    assert!(levels(&drifts).is_empty(), "{drifts:?}");
+
+    // Too many units at one location of an active reservation: its level and the line.
+    let drifts = drifts_after(&format!(
+        "UPDATE allocations SET quantity = 3 WHERE reservation_id = '{ACTIVE}' AND location_id = '{EAST}'"
+    ))
+    .await;
+    assert_eq!(inventories(&drifts).iter().map(|d| d.misallocated).collect::<Vec<_>>(), vec![1]);
+    assert_eq!(level_numbers(&drifts), vec![(Some("east".to_owned()), Some(3), 3, 2, 7, 3)]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_without_its_change_is_reported_and_a_change_of_two_rows_counts_once() {
+    // A second row at version 3 is still one change; a row at version 10 is one more.
+    let same = drifts_after(&format!(
+        "INSERT INTO stock_movements (inventory_id, location_id, delta, reason, stock_after, version_after) \
+         VALUES ('{SPLIT}', NULL, 0, 'QUANTITY_CHANGED', 6, 3)"
+    ))
+    .await;
+    assert_eq!(same, vec![]);
+    let more = drifts_after(&format!(
+        "INSERT INTO stock_movements (inventory_id, location_id, delta, reason, stock_after, version_after) \
+         VALUES ('{SPLIT}', '{EAST}', 0, 'QUANTITY_CHANGED', 6, 10)"
+    ))
+    .await;
+    assert_eq!(inventories(&more).iter().map(|d| (d.version, d.changes)).collect::<Vec<_>>(), vec![(9, 10)]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sole_location_that_is_not_the_only_level_is_reported() {
+    let drifts = drifts_after(&format!(
+        "UPDATE inventories SET sole_location_id = '{EAST}' WHERE id = '{SPLIT}'; \
+         UPDATE inventories SET sole_location_id = '{EAST}' WHERE id = '{HOME}'"
+    ))
+    .await;
+    let skus: Vec<_> = inventories(&drifts).iter().map(|d| (d.sku.clone(), d.sole_location_id)).collect();
+    assert_eq!(skus, vec![("HOME".to_owned(), Some(EAST)), ("SPLIT".to_owned(), Some(EAST))]);
+    assert!(levels(&drifts).is_empty(), "{drifts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn archived_rows_count_at_their_location_through_the_level_checkpoints() {
+    // A level checkpoint off by one unit on hand is drift at that level only.
+    let drifts = drifts_after(&format!(
+        "INSERT INTO ledger_checkpoint_levels (inventory_id, location_id, stock, on_hand) VALUES ('{SPLIT}', '{EAST}', 0, 1)"
+    ))
+    .await;
+    assert_eq!(level_numbers(&drifts), vec![(Some("east".to_owned()), Some(3), 2, 2, 8, 3)]);
+    assert!(inventories(&drifts).is_empty(), "{drifts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stockguard_check_prints_a_drifting_level_with_its_location() {
+    let app = TestApp::spawn().await;
+    two_locations(&app, "now()").await;
+    let check = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_stockguard"))
+            .args(["check", "--database-url", &app.database_url])
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run")
+    };
+    let sound = check();
+    let said = String::from_utf8_lossy(&sound.stdout);
+    assert!(sound.status.success() && said.contains("every inventory and every location"), "{said}");
+
+    let tamper = format!("UPDATE allocations SET quantity = 1 WHERE reservation_id = '{ORDERED}'");
+    app.db.execute_unprepared(&tamper).await.expect("tamper");
+    let drifted = check();
+    let said = String::from_utf8_lossy(&drifted.stdout);
+    assert_eq!(drifted.status.code(), Some(1), "{said}");
+    let lines: Vec<_> = said.lines().filter(|line| line.starts_with("DRIFT")).collect();
+    assert_eq!(lines.len(), 2, "the line and its level: {said}");
+    assert!(lines[0].starts_with(&format!("DRIFT SPLIT ({SPLIT}): ")), "{said}");
+    assert!(lines[0].ends_with("lines whose allocations do not add up to their quantity: 1"), "{said}");
+    assert_eq!(
+        lines[1],
+        format!(
+            "DRIFT SPLIT ({SPLIT}) at east ({EAST}): on hand 7 vs available 3 + reserved 2 + committed 1; \
+             ledger sums to 3 available"
+        )
+    );
+}
