@@ -47,8 +47,9 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::{
-    ReservationRow, ReservationStatus,
+    ReservationRow, ReservationStatus, alone,
     service::{self, ReserveOutcome, ReserveRequest},
+    spread::Spread,
     store,
 };
 use crate::{
@@ -135,6 +136,8 @@ pub struct Coalescer {
     backlog: usize,
     /// How long a batch may wait for more callers after its first arrived.
     window: Duration,
+    /// The inventories seen held in several places.
+    spread: Arc<Spread>,
 }
 
 /// How a [`Coalescer`] batches.
@@ -163,7 +166,14 @@ impl Coalescer {
             max_batch: batching.max_batch.max(1),
             backlog: batching.backlog.max(1),
             window: batching.window,
+            spread: Arc::default(),
         }
+    }
+
+    /// The inventories it has seen held in several places, for the service
+    /// to share.
+    pub(super) fn spread(&self) -> Arc<Spread> {
+        self.spread.clone()
     }
 
     fn lanes(&self) -> MutexGuard<'_, Lanes> {
@@ -280,7 +290,7 @@ impl Coalescer {
     /// A caller alone: the plain one-statement reserve is cheaper for the
     /// database than the batch walk.
     async fn alone(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
-        service::reserve_alone(&self.db, &self.statements, &self.collisions, user_id, request).await
+        alone::reserve_alone(&self.db, &self.statements, &self.collisions, user_id, request, &self.spread).await
     }
 
     /// A queued caller served alone, answered.
@@ -388,7 +398,8 @@ impl Coalescer {
             // alone when that is why.
             Turn::NotTaken => {
                 let (db, statements, collisions) = (&self.db, &self.statements, &self.collisions);
-                return service::beyond_sole_level(db, statements, collisions, user_id, request, key.as_ref()).await;
+                let key = key.as_ref();
+                return alone::beyond_sole_level(db, statements, collisions, user_id, request, key, &self.spread).await;
             }
             Turn::NotFound => ReserveOutcome::InventoryNotFound,
             // Refused at its turn: too little stock comes first, as alone.

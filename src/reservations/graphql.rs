@@ -7,9 +7,13 @@ use async_graphql::{
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+mod inputs;
+
+pub use inputs::{AllocationStrategy, ReserveInput, ReserveItemInput, ReserveManyInput};
+
 use super::{
     ReservationRow,
-    domain::{self, LineInput, Unavailable},
+    domain::{self, Unavailable},
     loader::ReservationLoader,
     service::{
         ChangeOutcome, ExtendOutcome, ReleaseOutcome, ReservationService, ReserveManyOutcome, ReserveOutcome,
@@ -23,9 +27,7 @@ use crate::{
     locations::graphql::{self as locations, Allocation},
     node,
     pagination::{self, Connection, Cursor, connection},
-    reservations,
-    stock::{allocating::Strategy, lines::Line},
-    telemetry, validate,
+    reservations, telemetry, validate,
 };
 
 /// Where a reservation is in its life.
@@ -129,49 +131,6 @@ impl Reservation {
     /// Which locations gave its units (adding up to `quantity`), by priority then code.
     async fn allocations(&self, ctx: &Context<'_>) -> GqlResult<Vec<Allocation>> {
         locations::allocations(ctx, self.0.id).await
-    }
-}
-
-/// A request to take stock of one inventory.
-#[derive(InputObject)]
-pub struct ReserveInput {
-    /// The inventory to take from.
-    pub inventory_id: Uuid,
-    /// Units, 1 to the server's maximum quantity (STOCKGUARD_MAX_QUANTITY).
-    #[graphql(default = 1)]
-    pub quantity: i32,
-    /// The version the client saw. Given: optimistic check (version AND stock).
-    /// Omitted: conditional decrement only (hot items).
-    pub expected_version: Option<i32>,
-    /// Same key from the same user = same outcome, stock taken at most once (double clicks).
-    pub idempotency_key: Option<String>,
-    /// Take only from these locations, in this order of preference
-    /// (overriding priority); omitted: every active location. Empty or
-    /// unknown ids are `BAD_USER_INPUT`.
-    pub location_ids: Option<Vec<Uuid>>,
-    /// How the locations are chosen.
-    #[graphql(default_with = "AllocationStrategy::Priority")]
-    pub strategy: AllocationStrategy,
-    /// False: the whole quantity from one location, or `SoldOut`.
-    #[graphql(default = true)]
-    pub allow_split: bool,
-}
-
-/// How the locations a reservation takes from are chosen (docs/locations.md).
-#[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
-pub enum AllocationStrategy {
-    /// Fill from the active locations in priority order, splitting when one is short.
-    Priority,
-    /// One location if any can give it all (by priority); else the fewest, largest first.
-    FewestLocations,
-}
-
-impl From<AllocationStrategy> for Strategy {
-    fn from(strategy: AllocationStrategy) -> Self {
-        match strategy {
-            AllocationStrategy::Priority => Self::Priority,
-            AllocationStrategy::FewestLocations => Self::FewestLocations,
-        }
     }
 }
 
@@ -463,63 +422,6 @@ pub enum ChangeReservationQuantityResult {
     ReservationNotActive(ReservationNotActive),
     /// Not found (or not the caller's).
     ReservationNotFound(ReservationNotFound),
-}
-
-/// One line of a multi-item request.
-#[derive(InputObject)]
-pub struct ReserveItemInput {
-    /// The inventory.
-    pub inventory_id: Uuid,
-    /// Units, 1 to the server's maximum quantity (STOCKGUARD_MAX_QUANTITY). Lines naming the same
-    /// inventory are merged and their quantities summed.
-    #[graphql(default = 1)]
-    pub quantity: i32,
-    /// The version the client saw, checked like `ReserveInput.expectedVersion`.
-    pub expected_version: Option<i32>,
-    /// Take only from these locations, in this order of preference, as
-    /// `ReserveInput.locationIds`. Lines naming the same inventory must
-    /// choose locations the same way.
-    pub location_ids: Option<Vec<Uuid>>,
-    /// How the locations are chosen.
-    #[graphql(default_with = "AllocationStrategy::Priority")]
-    pub strategy: AllocationStrategy,
-    /// False: the line's whole quantity from one location.
-    #[graphql(default = true)]
-    pub allow_split: bool,
-}
-
-impl ReserveItemInput {
-    /// Checks and merges a request's lines.
-    pub fn merge(items: &[Self], max_quantity: i32) -> Result<Vec<Line>, AppError> {
-        let lines = items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| {
-                let field = format!("input.items[{i}].locationIds");
-                Ok(LineInput {
-                    inventory_id: item.inventory_id,
-                    quantity: item.quantity,
-                    expected_version: item.expected_version,
-                    allocating: domain::choice(
-                        &field,
-                        item.location_ids.clone(),
-                        item.strategy.into(),
-                        item.allow_split,
-                    )?,
-                })
-            })
-            .collect::<Result<Vec<LineInput>, AppError>>()?;
-        domain::merge(&lines, max_quantity)
-    }
-}
-
-/// Several inventories at once: all or nothing.
-#[derive(InputObject)]
-pub struct ReserveManyInput {
-    /// The lines (at most 100 inventories).
-    pub items: Vec<ReserveItemInput>,
-    /// Same key from the same user = same outcome, stock taken at most once.
-    pub idempotency_key: Option<String>,
 }
 
 /// Every line was reserved.
