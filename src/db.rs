@@ -108,6 +108,9 @@ pub fn classify(err: &DbErr) -> DbFailure {
                 // 08xxx connection exceptions; 57P01..57P03: the backend was
                 // terminated, the server is shutting down or not yet accepting.
                 Some(code) if code.starts_with("08") || code.starts_with("57P") => DbFailure::Unavailable,
+                // 53300 too_many_connections: the server (or the database's
+                // connection limit) is full for the moment.
+                Some("53300") => DbFailure::Unavailable,
                 _ => DbFailure::Other,
             }
         }

@@ -76,6 +76,13 @@ impl From<DbErr> for AppError {
                 tracing::warn!(error = %err, "database unavailable");
                 Self::DatabaseUnavailable
             }
+            // A collision in a statement run outside the collision retries
+            // (a read after a reserve took nothing, at SERIALIZABLE): nothing
+            // was written, and the client may retry, as when retries run out.
+            DbFailure::SerializationFailure | DbFailure::Deadlock => {
+                tracing::warn!(error = %err, "collision outside the retries");
+                Self::DatabaseUnavailable
+            }
             failure => Self::internal(anyhow::Error::new(err).context(format!("database error ({failure:?})"))),
         }
     }

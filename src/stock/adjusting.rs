@@ -32,7 +32,10 @@ use super::{
 /// decided on `held`'s values (the rows as locked, as they are now), never
 /// on a condition of the UPDATE's own: at READ COMMITTED that is tested
 /// first against the row as the statement's snapshot saw it, and a row
-/// changed since would be skipped, not re-read. 0 rows: not there, not the caller's, not
+/// changed since would be skipped, not re-read. Levels are set from the
+/// values `lvl` locked for the same reason: a new value computed from the
+/// snapshot's row is checked against `available >= 0` before the row is
+/// re-read. 0 rows: not there, not the caller's, not
 /// ACTIVE, expired, already at `quantity`, or the locations cannot give
 /// the difference; one read afterwards tells which.
 pub fn change_quantity(reservation_id: Uuid, owner: &str, quantity: i32) -> Statement {
@@ -95,8 +98,8 @@ WITH line AS MATERIALIZED (
        AND ($3::integer < l.quantity OR (SELECT takes IS NOT NULL FROM plan))
  RETURNING {columns}, l.quantity AS held
 ), levels AS (
-    UPDATE stock_levels v SET available = v.available + d.change
-      FROM delta d, changed c
+    UPDATE stock_levels v SET available = lv.available + d.change
+      FROM delta d JOIN lvl lv ON lv.location_id = d.location_id, changed c
      WHERE v.inventory_id = c.id AND v.location_id = d.location_id
 ), grown AS (
     INSERT INTO allocations AS a (reservation_id, location_id, quantity)

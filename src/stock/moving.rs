@@ -65,7 +65,10 @@ WITH inv AS MATERIALIZED (
      WHERE i.id = inv.id AND (SELECT available FROM src) >= $4
  RETURNING {columns}
 ), drawn AS (
-    UPDATE stock_levels l SET available = l.available - $4
+    -- From the locked value, not the UPDATE's own row: at READ COMMITTED
+    -- that is first the snapshot's, and a level raised since would fail
+    -- `available >= 0` for nothing.
+    UPDATE stock_levels l SET available = (SELECT available FROM lvl WHERE location_id = $2) - $4
       FROM moved m
      WHERE l.inventory_id = m.id AND l.location_id = $2
  RETURNING l.available

@@ -56,7 +56,7 @@ WITH taken AS (
      WHERE id = $1 AND stock >= $2 AND ($3::integer IS NULL OR version = $3) AND {sole}
  RETURNING {columns}
 ), drawn AS (
-    UPDATE stock_levels l SET available = l.available - $2
+    UPDATE stock_levels l SET available = t.stock
       FROM taken t
      WHERE l.inventory_id = t.id AND l.location_id = t.sole_location_id
 ), reservation AS (
@@ -94,7 +94,11 @@ SELECT taken.*, {reservation} FROM taken, reservation r"#,
 /// reads each as it is now even when the statement waited for the row),
 /// lets `allocate` choose among the eligible ones in order of preference,
 /// and takes from each chosen level what it gives in the same statement:
-/// the check and the take are one statement over the same locked rows.
+/// the check and the take are one statement over the same locked rows. A
+/// level's new value is computed from the value `lvl` locked (the current
+/// one), not from the UPDATE's own row, which at READ COMMITTED is first
+/// the snapshot's and may fail `available >= 0` for nothing (see
+/// [`RESERVE_SQL`]).
 /// Levels added after the statement began are not among the rows it
 /// locked; then they do not add up to the row's `stock`, and the statement
 /// is run again (`retry_stale_read`, a serialization failure). 0 rows: no
@@ -130,8 +134,8 @@ WITH inv AS MATERIALIZED (
      WHERE i.id = inv.id AND (SELECT fresh AND takes IS NOT NULL FROM plan)
  RETURNING {columns}
 ), drawn AS (
-    UPDATE stock_levels l SET available = l.available - p.take
-      FROM pick p, taken t
+    UPDATE stock_levels l SET available = v.available - p.take
+      FROM pick p JOIN lvl v ON v.location_id = p.location_id, taken t
      WHERE l.inventory_id = t.id AND l.location_id = p.location_id
 ), reservation AS (
     INSERT INTO reservations
@@ -393,7 +397,7 @@ WITH req AS MATERIALIZED (
  RETURNING {inventory}, r.n, r.reservation_id, r.user_id, r.quantity, r.movement_id, r.idempotency_key,
            r.request_fingerprint, r.ttl_secs
 ), drawn AS (
-    UPDATE stock_levels l SET available = l.available - t.quantity
+    UPDATE stock_levels l SET available = t.stock
       FROM taken t
      WHERE l.inventory_id = t.id AND l.location_id = t.sole_location_id
 ), reservation AS (
