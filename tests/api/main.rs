@@ -6,6 +6,7 @@
 use stockguard_support::{documents, hostile};
 
 mod admission;
+mod allocation_model;
 mod archive;
 mod attacks;
 mod auth;
@@ -28,6 +29,7 @@ mod http;
 mod http_spec;
 mod lifecycle;
 mod live;
+mod location_races;
 mod locations;
 mod node;
 mod orders;
