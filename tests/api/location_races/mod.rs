@@ -16,6 +16,7 @@
 //! [`crate::helpers::TestApp::assert_invariant`], which checks each
 //! inventory as a whole.
 
+mod processes;
 mod reserving;
 
 use std::collections::BTreeMap;
