@@ -20,7 +20,7 @@ use stockguard::{
 use uuid::Uuid;
 
 use crate::{
-    helpers::{Isolation, TestApp, at_every_isolation, uuid},
+    helpers::{Isolation, at_every_isolation, uuid},
     location_races::{RESERVE_AT, RESERVE_MANY_AT, allocations, available_at, random_choice, stocked_at, with_choice},
     locations::{UPDATE_LOCATION, create_location},
 };
@@ -109,7 +109,7 @@ fn allocated(reservation: &Value) -> BTreeMap<Uuid, i64> {
 /// each reservation, and the `available` of each refused line; the levels
 /// afterwards are the levels before less what was taken.
 async fn every_cart_is_allocated_as_the_model_says(isolation: Isolation) {
-    let app = TestApp::spawn_with(isolation).await;
+    let app = crate::location_races::spawn(isolation, stockguard::config::Limits::default()).await;
     let operator = app.operator();
     let customer = app.token("shopper", Role::Customer);
     let mut rng = StdRng::seed_from_u64(SEED);

@@ -16,6 +16,7 @@
 //! [`crate::helpers::TestApp::assert_invariant`], which checks each
 //! inventory as a whole.
 
+mod moving;
 mod processes;
 mod reserving;
 
@@ -24,10 +25,11 @@ use std::collections::BTreeMap;
 use rand::{RngExt as _, rngs::StdRng, seq::SliceRandom};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
+use stockguard::config::Limits;
 use stockguard::stock::allocating::{Allocating, Strategy};
 use uuid::Uuid;
 
-use crate::helpers::{TestApp, uuid};
+use crate::helpers::{Isolation, Options, TestApp, uuid};
 
 /// `reserve`, answering with where the units came from.
 pub const RESERVE_AT: &str = "mutation($input: ReserveInput!) { reserve(input: $input) { __typename
@@ -46,6 +48,15 @@ pub const CREATE_AT: &str = "mutation($input: CreateInventoryInput!) { createInv
 
 /// `restock`, answering with its typename.
 pub const RESTOCK_AT: &str = "mutation($input: RestockInput!) { restock(input: $input) { __typename } }";
+
+/// A test server whose database defaults to `isolation`, with `limits`, on
+/// a pool of 5: enough for the requests of a round to contend (the machine
+/// has two cores), and few enough that these tests, side by side with the
+/// rest on one PostgreSQL of 100 connections, do not run out of them
+/// ("too many clients" fails a request with INTERNAL).
+pub async fn spawn(isolation: Isolation, limits: Limits) -> TestApp {
+    TestApp::spawn_with_options(Options { isolation, limits, pool_size: 5, ..Options::default() }).await
+}
 
 /// Creates an inventory holding `levels` (location, units): created at the
 /// first location, restocked at the others (a level of 0 stays unwritten).

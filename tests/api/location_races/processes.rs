@@ -64,8 +64,10 @@ struct Caller<'a> {
 /// second in the opposite one; reserveMany carts of every inventory, the
 /// processes naming the inventories and locations in opposite orders; and
 /// transfers of 1 to 3 units between random locations. Every answer is a
-/// typed outcome (a transfer may answer `Conflict` when its collision
-/// retries run out): no deadlock (40P01), INTERNAL or DATABASE_UNAVAILABLE;
+/// typed outcome (a reserve or transfer may answer `Conflict`, a cart
+/// CONFLICT lines, when its collision retries run out, as
+/// docs/operations.md says): no deadlock (40P01), INTERNAL or
+/// DATABASE_UNAVAILABLE;
 /// reserved units are allocated as asked; all the units are still there
 /// and every level adds up.
 async fn two_processes_reserving_and_transferring_across_locations_never_deadlock(isolation: Isolation) {
@@ -148,11 +150,20 @@ async fn two_processes_reserving_and_transferring_across_locations_never_deadloc
         let answers = join_all(calls).await;
         let counts = outcomes(answers.iter().map(|a| a["__typename"].as_str().unwrap_or("ERROR")));
         let allowed = ["Reserved", "SoldOut", "ReservedAll", "ItemsUnavailable", "StockTransferred", "Conflict"];
+        if counts.contains_key("ERROR") {
+            // What the servers logged about their errors, to tell a database error from a bug.
+            let logged: Vec<String> = [&one, &two]
+                .iter()
+                .flat_map(|p| p.log().lines().filter(|l| l.contains("ERROR")).map(str::to_owned).collect::<Vec<_>>())
+                .collect();
+            eprintln!("the servers logged: {logged:#?}");
+        }
         assert_only(&counts, &allowed, &answers);
         for (answer, caller) in answers.iter().zip(&callers) {
             let context = format!("seed {SEED:#x}, round {round}, {}: {}", caller.field, caller.input);
             match answer["__typename"].as_str() {
-                Some("Conflict") => assert_eq!(caller.field, "transferStock", "{context}: {answer}"),
+                // Collision retries ran out (docs/operations.md): the latest version, never a deadlock.
+                Some("Conflict") => assert!(answer["expectedVersion"].is_i64(), "{context}: {answer}"),
                 Some("Reserved") => {
                     let choice = &caller.choices[0];
                     assert_allocated(&answer["reservation"], &eligible(choice, &locations), choice.allow_split);
