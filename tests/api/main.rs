@@ -6,6 +6,7 @@
 use stockguard_support::{documents, hostile};
 
 mod admission;
+mod allocation_model;
 mod archive;
 mod attacks;
 mod auth;
@@ -29,6 +30,7 @@ mod http_spec;
 mod invariant;
 mod lifecycle;
 mod live;
+mod location_races;
 mod locations;
 mod migrating;
 mod node;
