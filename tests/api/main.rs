@@ -28,6 +28,7 @@ mod http;
 mod http_spec;
 mod lifecycle;
 mod live;
+mod live_levels;
 mod locations;
 mod node;
 mod orders;
