@@ -474,7 +474,10 @@ pub struct InventorySubscription;
 impl InventorySubscription {
     /// Every committed change of one inventory from now on, in commit order
     /// (graphql-transport-ws or graphql-ws at `/graphql/ws`). A subscriber
-    /// that falls far behind skips ahead to the latest state.
+    /// that falls far behind skips ahead to the latest state. An event's
+    /// row fields (`stock`, `version`, ...) are its change's; its stock
+    /// states and `levels` are read as it is sent, in one snapshot, so they
+    /// add up to each other and may already include a later change.
     async fn inventory_changed(
         &self,
         ctx: &Context<'_>,
