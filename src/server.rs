@@ -21,7 +21,7 @@ use crate::{
     gateway::{Gateway, Setup},
     inventory::{
         self, InventoryRow,
-        loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
+        loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader},
         service::InventoryService,
     },
     live::{Feed, Live},
@@ -144,7 +144,6 @@ pub fn request_data(state: &AppState, request: Request) -> Request {
     request
         .data(DataLoader::new(InventoryLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(InventoryBySkuLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(StockStatesLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(ReservationLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLoader { db: db.clone() }, tokio::spawn))
         .data(DataLoader::new(OrderLinesLoader { db: db.clone() }, tokio::spawn))

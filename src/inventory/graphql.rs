@@ -11,10 +11,9 @@ use uuid::Uuid;
 
 use super::{
     InventoryRow,
-    loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader, StockStatesLoader},
+    loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader},
     movements,
     service::{InventoryService, RestockOutcome},
-    store::StockStates,
 };
 use crate::{
     context::Parts,
@@ -93,7 +92,7 @@ impl Inventory {
     }
 
     /// Units free to reserve: the same number as `stock`, read in one
-    /// snapshot with `reserved` and `committed` (batched per request).
+    /// snapshot with `reserved`, `committed` and `levels` (batched per request).
     async fn available(&self, ctx: &Context<'_>) -> GqlResult<i32> {
         units(self.states(ctx).await?.available)
     }
@@ -132,14 +131,41 @@ impl Inventory {
     }
 }
 
+/// Where the units of one inventory are: the sums of its levels.
+#[derive(Debug, Clone, Copy)]
+struct StockStates {
+    /// Free to reserve: the same number as the `stock` column.
+    available: i64,
+    /// Held by ACTIVE reservations, including any past their expiry whose
+    /// stock the sweeper has not returned yet (those units are not
+    /// available until it has).
+    reserved: i64,
+    /// Held by ORDERED reservations: the lines of PENDING and CONFIRMED orders.
+    committed: i64,
+}
+
+impl StockStates {
+    /// Units in the warehouse: available, reserved and committed.
+    fn on_hand(&self) -> i64 {
+        self.available + self.reserved + self.committed
+    }
+}
+
 impl Inventory {
-    /// This inventory's stock states, through the request's DataLoader.
+    /// This inventory's stock states: the sums of its levels, from the same
+    /// DataLoader as `levels`, so one statement (one snapshot) answers both
+    /// and they add up even while the stock changes. An `inventoryChanged`
+    /// event's row is the announced one, but its states and levels are read
+    /// when it is sent: without this they came from two statements, and
+    /// under load one event's levels did not add up to its states.
     async fn states(&self, ctx: &Context<'_>) -> GqlResult<StockStates> {
-        let loader = ctx.part::<DataLoader<StockStatesLoader>>()?;
-        let states = loader.load_one(self.0.id).await.map_err(|err| AppError::from((*err).clone()).extend())?;
-        // The row was read, so it exists; it cannot be deleted.
-        states
-            .ok_or_else(|| AppError::internal(anyhow::anyhow!("inventory {} has no stock states", self.0.id)).extend())
+        let levels = locations::level_states(ctx, self.0.id).await?;
+        let none = StockStates { available: 0, reserved: 0, committed: 0 };
+        Ok(levels.iter().fold(none, |sums, level| StockStates {
+            available: sums.available + level.available,
+            reserved: sums.reserved + level.reserved,
+            committed: sums.committed + level.committed,
+        }))
     }
 }
 
@@ -448,7 +474,10 @@ pub struct InventorySubscription;
 impl InventorySubscription {
     /// Every committed change of one inventory from now on, in commit order
     /// (graphql-transport-ws or graphql-ws at `/graphql/ws`). A subscriber
-    /// that falls far behind skips ahead to the latest state.
+    /// that falls far behind skips ahead to the latest state. An event's
+    /// row fields (`stock`, `version`, ...) are its change's; its stock
+    /// states and `levels` are read as it is sent, in one snapshot, so they
+    /// add up to each other and may already include a later change.
     async fn inventory_changed(
         &self,
         ctx: &Context<'_>,

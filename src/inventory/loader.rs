@@ -1,8 +1,8 @@
 //! The per-request inventory DataLoaders: every `inventory` field resolved in
 //! one request is fetched with one `WHERE id = ANY($1)` statement, every
-//! `inventoryBySku` with one `WHERE sku = ANY($1)`, and the stock states
-//! (`available`, `reserved`, `committed`, `onHand`) of every inventory in a
-//! response with one more.
+//! `inventoryBySku` with one `WHERE sku = ANY($1)`. The stock states
+//! (`available`, `reserved`, `committed`, `onHand`) are the sums of the
+//! levels (`locations::loader::LevelsLoader`), read with them.
 //!
 //! A loader is made for each request and dropped with it, so its cache never
 //! serves a version older than the request.
@@ -13,7 +13,7 @@ use async_graphql::dataloader::Loader;
 use sea_orm::{DatabaseConnection, DbErr};
 use uuid::Uuid;
 
-use super::{InventoryRow as Model, store::StockStates};
+use super::InventoryRow as Model;
 
 /// Loads inventories by id in batches.
 pub struct InventoryLoader {
@@ -61,23 +61,5 @@ impl Loader<Uuid> for MovementLoader {
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Self::Value>, Self::Error> {
         let rows = super::movements::find_many(&self.db, keys).await?;
         Ok(rows.into_iter().map(|row| (row.id, row)).collect())
-    }
-}
-
-/// Loads the stock states of inventories by id in batches: the four state
-/// fields of every inventory in a response cost one statement, and the
-/// states of one inventory asked for together come from one snapshot.
-pub struct StockStatesLoader {
-    /// The pool the batch statement runs on.
-    pub db: DatabaseConnection,
-}
-
-impl Loader<Uuid> for StockStatesLoader {
-    type Value = StockStates;
-    type Error = Arc<DbErr>;
-
-    async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, StockStates>, Self::Error> {
-        let rows = super::store::states(&self.db, keys).await?;
-        Ok(rows.into_iter().map(|row| (row.inventory_id, row)).collect())
     }
 }

@@ -3,12 +3,9 @@
 //! so the ledger can never disagree with the row). `service.rs` decides what
 //! a result means.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter,
-    Statement, Value,
-};
+use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, FromQueryResult, QueryFilter};
 use uuid::Uuid;
 
 use crate::{
@@ -16,11 +13,8 @@ use crate::{
     live,
     pagination::{self, Page},
     stock::{
-        allocating, fragments, receiving,
-        rows::{
-            ReservationStatus,
-            inventory::{Column, Entity, Model},
-        },
+        allocating, receiving,
+        rows::inventory::{Column, Entity, Model},
     },
 };
 
@@ -42,58 +36,6 @@ pub async fn find_by_skus(db: &DatabaseConnection, skus: &[String]) -> Result<Ve
 /// One page in `(created_at, id)` order, with one extra row when more follow.
 pub async fn page(db: &DatabaseConnection, page: Page) -> Result<Vec<Model>, DbErr> {
     pagination::keyset(Entity::find(), Column::CreatedAt, Column::Id, page).all(db).await
-}
-
-/// Where the units of one inventory are, read together by one statement
-/// (one snapshot), so they always add up to what the inventory holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, FromQueryResult)]
-pub struct StockStates {
-    /// The inventory.
-    pub inventory_id: Uuid,
-    /// Free to reserve: the `stock` column.
-    pub available: i64,
-    /// Held by ACTIVE reservations, including any past their expiry whose
-    /// stock the sweeper has not returned yet (those units are not
-    /// available until it has).
-    pub reserved: i64,
-    /// Held by ORDERED reservations: the lines of PENDING and CONFIRMED orders.
-    pub committed: i64,
-}
-
-impl StockStates {
-    /// Units in the warehouse: available, reserved and committed.
-    pub fn on_hand(&self) -> i64 {
-        self.available + self.reserved + self.committed
-    }
-}
-
-/// The stock states of these inventories (missing ones are left out), in
-/// one statement: the inventory rows and their holding reservations come
-/// from one snapshot. Only holding rows are summed (`reservations_held`),
-/// however many released and expired ones an inventory has had.
-pub async fn states(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<StockStates>, DbErr> {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            r#"
-SELECT i.id AS inventory_id, i.stock::bigint AS available,
-       coalesce(h.reserved, 0)::bigint AS reserved, coalesce(h.committed, 0)::bigint AS committed
-  FROM inventories i
-  LEFT JOIN (
-    SELECT inventory_id,
-           {reserved} AS reserved,
-           {committed} AS committed
-      FROM reservations
-     WHERE status IN {holding} AND inventory_id = ANY($1)
-     GROUP BY inventory_id
-  ) h ON h.inventory_id = i.id
- WHERE i.id = ANY($1)"#,
-            reserved = fragments::units(ReservationStatus::Active),
-            committed = fragments::units(ReservationStatus::Ordered),
-            holding = fragments::holding(),
-        )
-    });
-    let statement = Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [Value::from(ids.to_vec())]);
-    StockStates::find_by_statement(statement).all(db).await
 }
 
 /// Runs the creation of an inventory with its `CREATED` ledger entry at

@@ -131,8 +131,15 @@ pub async fn load(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Location>> {
 
 /// An inventory's levels, by priority then code, through the request's DataLoader.
 pub async fn levels(ctx: &Context<'_>, inventory_id: Uuid) -> GqlResult<Vec<StockLevel>> {
+    Ok(level_states(ctx, inventory_id).await?.into_iter().map(StockLevel).collect())
+}
+
+/// An inventory's levels as read, by priority then code, through the
+/// request's DataLoader: every field that asks for them in one response
+/// shares one statement, so they come from one snapshot.
+pub async fn level_states(ctx: &Context<'_>, inventory_id: Uuid) -> GqlResult<Vec<LevelState>> {
     let loader = ctx.part::<DataLoader<LevelsLoader>>()?;
-    Ok(loader.load_one(inventory_id).await.gql()?.unwrap_or_default().into_iter().map(StockLevel).collect())
+    Ok(loader.load_one(inventory_id).await.gql()?.unwrap_or_default())
 }
 
 /// An inventory's level at one location, if that location ever held it.

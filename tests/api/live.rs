@@ -14,7 +14,7 @@ use crate::{
 
 /// Waits until the server has registered the subscription's watcher, so
 /// changes made from now on are announced.
-async fn until_watched(app: &TestApp, id: Uuid) {
+pub async fn until_watched(app: &TestApp, id: Uuid) {
     let watchers = format!("SELECT count(*) FROM inventory_watchers WHERE inventory_id = '{id}'");
     eventually(Duration::from_secs(10), "the subscription registers its watcher", || async {
         app.count(&watchers).await > 0

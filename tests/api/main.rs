@@ -30,6 +30,7 @@ mod http_spec;
 mod invariant;
 mod lifecycle;
 mod live;
+mod live_levels;
 mod location_races;
 mod locations;
 mod migrating;

@@ -9,11 +9,11 @@ export const Reserve = graphql(`
     reserve(input: $input) {
       __typename
       ... on Reserved {
-        reservation { id quantity status expiresAt }
+        reservation { id quantity status expiresAt allocations { location { code name } quantity } }
         inventory { id stock version }
       }
       ... on Conflict { expectedVersion inventory { version } }
-      ... on SoldOut { requested inventory { stock } }
+      ... on SoldOut { requested available inventory { stock } }
       ... on InventoryNotFound { inventoryId }
     }
   }
@@ -23,8 +23,10 @@ export const PlaceOrder = graphql(`
   mutation PlaceOrder($input: PlaceOrderInput!) {
     placeOrder(input: $input) {
       __typename
-      ... on OrderPlaced { order { id status version } }
-      ... on ItemsUnavailable { items { inventoryId reason inventory { stock } } }
+      ... on OrderPlaced {
+        order { id status version items { quantity inventory { id } allocations { location { code } quantity } } }
+      }
+      ... on ItemsUnavailable { items { inventoryId reason available inventory { stock } } }
     }
   }
 `);
@@ -61,7 +63,7 @@ export const ChangeReservationQuantity = graphql(`
         reservation { id quantity expiresAt }
         inventory { id stock version available reserved }
       }
-      ... on SoldOut { requested inventory { stock } }
+      ... on SoldOut { requested available inventory { stock } }
       ... on ReservationNotActive { reservation { id status } }
       ... on ReservationNotFound { reservationId }
     }
@@ -88,6 +90,67 @@ export const OrderChanged = graphql(`
 
 export const InventoryChanged = graphql(`
   subscription InventoryChanged($id: UUID!) {
-    inventoryChanged(id: $id) { id stock version available reserved committed onHand }
+    inventoryChanged(id: $id) {
+      id stock version available reserved committed onHand
+      levels { location { id code active } available reserved committed onHand }
+    }
+  }
+`);
+
+export const Locations = graphql(`
+  query Locations($first: Int, $after: String) {
+    locations(first: $first, after: $after) {
+      nodes { id code name priority active }
+      pageInfo { hasNextPage endCursor }
+    }
+  }
+`);
+
+export const InventoryLevels = graphql(`
+  query InventoryLevels($id: UUID!) {
+    inventory(id: $id) {
+      id sku stock version available reserved committed onHand
+      levels { location { id code name priority active } available reserved committed onHand }
+    }
+  }
+`);
+
+export const InventoryMovements = graphql(`
+  query InventoryMovements($id: UUID!, $first: Int, $after: String) {
+    inventory(id: $id) {
+      movements(first: $first, after: $after) {
+        nodes { delta reason stockAfter versionAfter location { code } }
+        pageInfo { hasNextPage endCursor }
+      }
+    }
+  }
+`);
+
+export const CreateLocation = graphql(`
+  mutation CreateLocation($input: CreateLocationInput!) {
+    createLocation(input: $input) { id code name priority active }
+  }
+`);
+
+export const UpdateLocation = graphql(`
+  mutation UpdateLocation($input: UpdateLocationInput!) {
+    updateLocation(input: $input) { id code name priority active }
+  }
+`);
+
+export const TransferStock = graphql(`
+  mutation TransferStock($input: TransferStockInput!) {
+    transferStock(input: $input) {
+      __typename
+      ... on StockTransferred {
+        inventory { id stock version }
+        from { location { code } available onHand }
+        to { location { code } available onHand }
+      }
+      ... on SoldOut { requested available inventory { version } }
+      ... on Conflict { expectedVersion inventory { version } }
+      ... on InventoryNotFound { inventoryId }
+      ... on LocationNotFound { locationId }
+    }
   }
 `);

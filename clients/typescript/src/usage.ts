@@ -9,22 +9,46 @@ import type {
   ChangeShippingAddressMutationVariables,
   CheckoutMutation,
   CheckoutMutationVariables,
+  CreateLocationMutation,
+  CreateLocationMutationVariables,
   FulfillOrderMutation,
   FulfillOrderMutationVariables,
   InventoryChangedSubscription,
   InventoryChangedSubscriptionVariables,
+  InventoryLevelsQuery,
+  InventoryLevelsQueryVariables,
+  InventoryMovementsQuery,
+  InventoryMovementsQueryVariables,
+  LocationsQuery,
+  LocationsQueryVariables,
   OrderChangedSubscription,
   OrderChangedSubscriptionVariables,
   PlaceOrderMutation,
   PlaceOrderMutationVariables,
   ReserveMutation,
   ReserveMutationVariables,
+  TransferStockMutation,
+  TransferStockMutationVariables,
+  UpdateLocationMutation,
+  UpdateLocationMutationVariables,
 } from './gql/graphql';
 // The schema's enums are TypeScript enums: values, not only types.
-import { OrderStatus, UnavailableReservationReason } from './gql/graphql';
+import {
+  AllocationStrategy,
+  MovementReason,
+  OrderStatus,
+  UnavailableReason,
+  UnavailableReservationReason,
+} from './gql/graphql';
 
 function unhandled(value: never): never {
   throw new Error(`unhandled result: ${JSON.stringify(value)}`);
+}
+
+// Where a reservation's or order line's units come from, as a packing
+// screen shows it: `b 4, default 1` (the server sends them by priority).
+function allocated(allocations: ReadonlyArray<{ location: { code: string }; quantity: number }>): string {
+  return allocations.map((a) => `${a.location.code} ${a.quantity}`).join(', ');
 }
 
 export function describeReserve(result: ReserveMutation['reserve']): string {
@@ -32,13 +56,17 @@ export function describeReserve(result: ReserveMutation['reserve']): string {
     case 'Reserved': {
       const { reservation, inventory } = result;
       const expires: string = reservation.expiresAt ?? 'never';
-      return `reserved ${reservation.quantity} (${reservation.id}, ${reservation.status}, expires ${expires}); ` +
-        `${inventory.id} now ${inventory.stock} at version ${inventory.version}`;
+      return `reserved ${reservation.quantity} (${reservation.id}, ${reservation.status}, expires ${expires}) ` +
+        `from ${allocated(reservation.allocations)}; ${inventory.id} now ${inventory.stock} at version ${inventory.version}`;
     }
     case 'Conflict':
       return `expected version ${result.expectedVersion}, latest is ${result.inventory.version}`;
     case 'SoldOut':
-      return `asked for ${result.requested}, only ${result.inventory.stock} left`;
+      // `available` is what the request could have had (its locations, its
+      // split setting); `inventory.stock` counts every location, so it may
+      // be more than the request could take.
+      return `asked for ${result.requested}, only ${result.available} can be reserved ` +
+        `(${result.inventory.stock} in stock everywhere)`;
     case 'InventoryNotFound': {
       const id: string = result.inventoryId;
       return `no inventory ${id}`;
@@ -48,13 +76,33 @@ export function describeReserve(result: ReserveMutation['reserve']): string {
   }
 }
 
+// What an order form says about a line it could not place; a reason added
+// to the schema fails tsc here.
+function unavailableItem(item: { reason: UnavailableReason; available?: number | null }): string {
+  switch (item.reason) {
+    case UnavailableReason.SoldOut:
+      return `only ${item.available ?? 0} can be had where you asked`;
+    case UnavailableReason.Conflict:
+      return 'changed since you looked; reload';
+    case UnavailableReason.NotFound:
+      return 'no longer sold';
+    default:
+      return unhandled(item.reason);
+  }
+}
+
 export function describePlaceOrder(result: PlaceOrderMutation['placeOrder']): string {
   switch (result.__typename) {
-    case 'OrderPlaced':
-      return `order ${result.order.id} ${result.order.status} at version ${result.order.version}`;
+    case 'OrderPlaced': {
+      const { order } = result;
+      const lines = order.items
+        .map((item) => `${item.quantity} of ${item.inventory.id} from ${allocated(item.allocations)}`)
+        .join('; ');
+      return `order ${order.id} ${order.status} at version ${order.version}: ${lines}`;
+    }
     case 'ItemsUnavailable':
       return result.items
-        .map((item) => `${item.inventoryId}: ${item.reason} (stock ${item.inventory?.stock ?? 'n/a'})`)
+        .map((item) => `${item.inventoryId}: ${unavailableItem(item)} (stock ${item.inventory?.stock ?? 'n/a'})`)
         .join('; ');
     default:
       return unhandled(result);
@@ -119,7 +167,7 @@ export function describeQuantityChange(
         `at version ${inventory.version}`;
     }
     case 'SoldOut':
-      return `needs ${result.requested} more, only ${result.inventory.stock} left`;
+      return `needs ${result.requested} more, only ${result.available} can be added`;
     case 'ReservationNotActive':
       return `reservation ${result.reservation.id} is ${result.reservation.status}`;
     case 'ReservationNotFound':
@@ -165,18 +213,149 @@ export function describeOrderChange(event: OrderChangedSubscription): string {
   return `order ${id}: ${statusLine(status)} (version ${version})`;
 }
 
+// One level as a stock screen shows it.
+function levelLine(level: {
+  location: { code: string; active: boolean };
+  available: number;
+  reserved: number;
+  committed: number;
+  onHand: number;
+}): string {
+  const inactive = level.location.active ? '' : ' (inactive: not allocated from)';
+  return `${level.location.code}${inactive}: ${level.available} available + ${level.reserved} reserved + ` +
+    `${level.committed} committed = ${level.onHand} on hand`;
+}
+
 export function describeInventoryChange(event: InventoryChangedSubscription): string {
-  const { id, stock, version, available, reserved, committed, onHand } = event.inventoryChanged;
+  const { id, stock, version, available, reserved, committed, onHand, levels } = event.inventoryChanged;
   return `${id}: stock ${stock} at version ${version}; ${available} available + ${reserved} reserved + ` +
-    `${committed} committed = ${onHand} on hand`;
+    `${committed} committed = ${onHand} on hand; ${levels.map(levelLine).join('; ')}`;
+}
+
+export function describeLocations(result: LocationsQuery): string {
+  const { nodes, pageInfo } = result.locations;
+  const rows = nodes.map((l) => `${l.code} (${l.name}, priority ${l.priority}${l.active ? '' : ', inactive'}) ${l.id}`);
+  return rows.join('\n') + (pageInfo.hasNextPage ? `\nmore after ${pageInfo.endCursor ?? '?'}` : '');
+}
+
+export function describeLevels(result: InventoryLevelsQuery): string {
+  const inventory = result.inventory;
+  if (!inventory) return 'no such inventory';
+  return `${inventory.sku}: ${inventory.onHand} on hand, ${inventory.available} available at version ` +
+    `${inventory.version}\n` + inventory.levels.map(levelLine).join('\n');
+}
+
+// A ledger screen's wording; a reason added to the schema fails tsc here.
+function movementLine(reason: MovementReason): string {
+  switch (reason) {
+    case MovementReason.Created:
+      return 'created';
+    case MovementReason.Reserved:
+      return 'reserved';
+    case MovementReason.Released:
+      return 'released';
+    case MovementReason.Expired:
+      return 'expired';
+    case MovementReason.Restocked:
+      return 'restocked';
+    case MovementReason.Ordered:
+      return 'ordered';
+    case MovementReason.OrderCancelled:
+      return 'order cancelled';
+    case MovementReason.Fulfilled:
+      return 'shipped';
+    case MovementReason.QuantityChanged:
+      return 'quantity changed';
+    case MovementReason.TransferredOut:
+      return 'transferred out';
+    case MovementReason.TransferredIn:
+      return 'transferred in';
+    default:
+      return unhandled(reason);
+  }
+}
+
+export function describeMovements(result: InventoryMovementsQuery): string {
+  const movements = result.inventory?.movements;
+  if (!movements) return 'no such inventory';
+  return movements.nodes
+    .map((m) => {
+      // Rows from before locations were all at `default`.
+      const where = m.location?.code ?? 'default';
+      return `v${m.versionAfter} ${movementLine(m.reason)} ${m.delta > 0 ? '+' : ''}${m.delta} at ${where} ` +
+        `(stock ${m.stockAfter})`;
+    })
+    .join('\n');
+}
+
+// A strategy picker's labels; a strategy added to the schema fails tsc here.
+export function strategyLabel(strategy: AllocationStrategy): string {
+  switch (strategy) {
+    case AllocationStrategy.Priority:
+      return 'nearest first, split when short';
+    case AllocationStrategy.FewestLocations:
+      return 'fewest parcels';
+    default:
+      return unhandled(strategy);
+  }
+}
+
+export function describeCreatedLocation(result: CreateLocationMutation): string {
+  const { id, code, priority } = result.createLocation;
+  return `location ${code} (${id}) at priority ${priority}`;
+}
+
+export function describeUpdatedLocation(result: UpdateLocationMutation): string {
+  const location = result.updateLocation;
+  if (!location) return 'no such location';
+  return `location ${location.code}: ${location.name}, priority ${location.priority}, ` +
+    (location.active ? 'active' : 'inactive: no new allocations, existing ones stay');
+}
+
+export function describeTransfer(result: TransferStockMutation['transferStock']): string {
+  switch (result.__typename) {
+    case 'StockTransferred': {
+      const { inventory, from, to } = result;
+      return `now ${from.location.code} ${from.available} available, ${to.location.code} ${to.available} available; ` +
+        `${inventory.id} still ${inventory.stock} in stock at version ${inventory.version}`;
+    }
+    case 'SoldOut':
+      return `asked to move ${result.requested}, the source has ${result.available} available`;
+    case 'Conflict':
+      return `expected version ${result.expectedVersion}, latest is ${result.inventory.version}`;
+    case 'InventoryNotFound':
+      return `no inventory ${result.inventoryId}`;
+    case 'LocationNotFound':
+      return `no location ${result.locationId}`;
+    default:
+      return unhandled(result);
+  }
 }
 
 // Variables are typed too: input names, required fields and scalars.
 export const examples = {
   reserve: { input: { inventoryId: '00000000-0000-0000-0000-000000000001', quantity: 1, expectedVersion: 3 } },
+  // Only from these two, the second one first, whole from one of them.
+  reserveAcrossLocations: {
+    input: {
+      inventoryId: '00000000-0000-0000-0000-000000000001',
+      quantity: 3,
+      locationIds: ['00000000-0000-0000-0000-000000000006', '00000000-0000-0000-0000-000000000005'],
+      strategy: AllocationStrategy.FewestLocations,
+      allowSplit: false,
+    },
+  },
   placeOrder: {
     input: {
-      items: [{ inventoryId: '00000000-0000-0000-0000-000000000001', quantity: 2 }],
+      items: [
+        { inventoryId: '00000000-0000-0000-0000-000000000001', quantity: 2 },
+        {
+          inventoryId: '00000000-0000-0000-0000-000000000007',
+          quantity: 1,
+          locationIds: ['00000000-0000-0000-0000-000000000005'],
+          strategy: AllocationStrategy.Priority,
+        },
+      ],
       shippingAddress: { name: 'Alice', line1: '1 Main St', city: 'Osaka', postalCode: '530-0001', country: 'JP' },
       idempotencyKey: 'checkout-1',
     },
@@ -199,8 +378,24 @@ export const examples = {
   changeReservationQuantity: { input: { reservationId: '00000000-0000-0000-0000-000000000003', quantity: 2 } },
   fulfillOrder: { id: '00000000-0000-0000-0000-000000000002' },
   orderChanged: { id: '00000000-0000-0000-0000-000000000002' },
+  locations: { first: 50 },
+  inventoryLevels: { id: '00000000-0000-0000-0000-000000000001' },
+  inventoryMovements: { id: '00000000-0000-0000-0000-000000000001', first: 20 },
+  createLocation: { input: { code: 'osaka-2', name: 'Osaka warehouse 2', priority: 20 } },
+  updateLocation: { input: { id: '00000000-0000-0000-0000-000000000005', active: false } },
+  transferStock: {
+    input: {
+      inventoryId: '00000000-0000-0000-0000-000000000001',
+      fromLocationId: '00000000-0000-0000-0000-000000000005',
+      toLocationId: '00000000-0000-0000-0000-000000000006',
+      quantity: 4,
+      expectedVersion: 7,
+      idempotencyKey: 'move-1',
+    },
+  },
 } satisfies {
   reserve: ReserveMutationVariables;
+  reserveAcrossLocations: ReserveMutationVariables;
   placeOrder: PlaceOrderMutationVariables;
   changeShippingAddress: ChangeShippingAddressMutationVariables;
   inventoryChanged: InventoryChangedSubscriptionVariables;
@@ -208,4 +403,10 @@ export const examples = {
   changeReservationQuantity: ChangeReservationQuantityMutationVariables;
   fulfillOrder: FulfillOrderMutationVariables;
   orderChanged: OrderChangedSubscriptionVariables;
+  locations: LocationsQueryVariables;
+  inventoryLevels: InventoryLevelsQueryVariables;
+  inventoryMovements: InventoryMovementsQueryVariables;
+  createLocation: CreateLocationMutationVariables;
+  updateLocation: UpdateLocationMutationVariables;
+  transferStock: TransferStockMutationVariables;
 };
