@@ -25,8 +25,9 @@ use crate::{
     telemetry, validate,
 };
 
-/// Largest `stock` of a new inventory and largest single restock.
-const MAX_STOCK_CHANGE: i32 = 1_000_000_000;
+/// Largest `stock` of a new inventory, largest single restock and largest
+/// single transfer: operators move warehouse stock, not a customer's cart.
+pub const MAX_STOCK_CHANGE: i32 = 1_000_000_000;
 
 /// An inventory row as the API shows it.
 pub struct Inventory(pub InventoryRow);

@@ -15,7 +15,7 @@ use super::{
 use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
-    inventory::graphql::{Conflict, Inventory, InventoryNotFound},
+    inventory::graphql::{Conflict, Inventory, InventoryNotFound, MAX_STOCK_CHANGE},
     node,
     pagination::{self, Connection, connection},
     reservations::graphql::SoldOut,
@@ -189,7 +189,8 @@ pub struct TransferStockInput {
     pub from_location_id: Uuid,
     /// Where they go; not `fromLocationId`.
     pub to_location_id: Uuid,
-    /// Units, 1 to the server's maximum quantity (STOCKGUARD_MAX_QUANTITY).
+    /// Units, 1 to 1,000,000,000 (as a restock: operators move warehouse
+    /// stock, not a cart, so the customers' STOCKGUARD_MAX_QUANTITY does not apply).
     pub quantity: i32,
     /// The inventory's version the operator saw; given, the transfer happens
     /// only if the row is still at that version.
@@ -329,7 +330,7 @@ impl LocationMutation {
     ) -> GqlResult<TransferStockResult> {
         let user = ctx.operator()?;
         let service = ctx.part::<LocationService>()?;
-        let quantity = validate::quantity("input.quantity", input.quantity, service.limits().max_quantity).gql()?;
+        let quantity = validate::within("input.quantity", input.quantity, 1..=MAX_STOCK_CHANGE).gql()?;
         if input.from_location_id == input.to_location_id {
             return Err(AppError::bad_input("input.toLocationId", "input.toLocationId must not be the source")).gql();
         }
