@@ -155,6 +155,15 @@ async function main() {
       (r) => r.url().startsWith(origin) && (r.request().postData() ?? '').includes('reserve('),
       { timeout: stepMs },
     );
+    // GraphiQL takes in an edit after a pause, then saves its tabs; until
+    // it has, it still holds the examples' several operations and a click
+    // on run only offers to pick one. Its saved tabs holding the typed
+    // query say it has taken the edit in.
+    await page.waitForFunction(
+      (id) => Object.keys(localStorage).some((k) => k.includes('tabState') && localStorage.getItem(k).includes(id)),
+      inventoryId,
+      { timeout: stepMs, polling: 50 },
+    );
     await page.locator(run).click();
     let answer;
     try {
