@@ -248,8 +248,15 @@ async fn the_owner_follows_an_order_until_it_is_fulfilled_and_others_are_refused
         send(&mut socket, json!({ "id": "1", "type": "subscribe", "payload": subscribe })).await;
         sockets.push(socket);
     }
-    crate::helpers::eventually(Duration::from_secs(10), "the order is watched", || async {
-        app.count(&format!("SELECT count(*) FROM order_watchers WHERE order_id = '{order}'")).await > 0
+    // Watched, and by a process whose listening connection is LISTENing
+    // (its last statement): a change announced before that would reach
+    // the subscriptions only as the latest state once it listens.
+    let watched = format!(
+        "SELECT count(*) FROM order_watchers w JOIN pg_stat_activity a ON a.pid = w.listener_pid \
+          WHERE w.order_id = '{order}' AND a.query LIKE 'LISTEN%'"
+    );
+    crate::helpers::eventually(Duration::from_secs(10), "the order is watched by a listening process", || async {
+        app.count(&watched).await > 0
     })
     .await;
     assert_eq!(app.confirm(&operator, order).await["__typename"], "OrderConfirmed");
