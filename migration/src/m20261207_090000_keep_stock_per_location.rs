@@ -250,6 +250,31 @@ ALTER TABLE stock_movements
         ('CREATED', 'RESERVED', 'RELEASED', 'EXPIRED', 'RESTOCKED', 'ORDERED', 'ORDER_CANCELLED',
          'FULFILLED', 'QUANTITY_CHANGED')),
     DROP COLUMN location_id;
+-- New day partitions get the guard of before again.
+CREATE OR REPLACE FUNCTION ledger_partitions(first date, last date) RETURNS integer LANGUAGE plpgsql
+    SECURITY DEFINER SET search_path FROM CURRENT AS $$
+DECLARE
+    made integer := 0;
+    day date;
+    name text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('ledger_partitions'));
+    FOR day IN SELECT d::date FROM generate_series(first, last, interval '1 day') AS d LOOP
+        name := 'stock_movements_' || to_char(day, 'YYYYMMDD');
+        CONTINUE WHEN to_regclass(name) IS NOT NULL;
+        BEGIN
+            EXECUTE format('CREATE TABLE %I (LIKE stock_movements INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', name);
+            EXECUTE format('ALTER TABLE %I ADD PRIMARY KEY (id), ADD UNIQUE (inventory_id, version_after)', name);
+            EXECUTE format('ALTER TABLE stock_movements ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)', name,
+                           day::timestamp AT TIME ZONE 'UTC', (day + 1)::timestamp AT TIME ZONE 'UTC');
+            made := made + 1;
+        EXCEPTION
+            WHEN invalid_object_definition OR check_violation THEN NULL;
+        END;
+    END LOOP;
+    RETURN made;
+END
+$$;
 ALTER TABLE reservations DROP COLUMN allow_split, DROP COLUMN fewest_locations, DROP COLUMN location_ids;
 ALTER TABLE inventories DROP COLUMN sole_location_id;
 DROP TABLE allocations;
