@@ -23,7 +23,10 @@
 //! one commit, usually each of another item, for which a leaner statement
 //! without the walk serves each caller by the conditional UPDATE of its own
 //! row (still in id order), and a caller it did not serve is answered from
-//! a read afterwards, as alone.
+//! a read afterwards, as alone. A batch naming an inventory this process
+//! has seen held in several places walks across the levels instead
+//! (`stock::coalesced`), so stock spread over locations is batched too.
+//! Only reserves by the default choice come here (`service::reserve`).
 //!
 //! Every caller's own rules hold inside a batch. An expected version is
 //! checked at the caller's turn, so of callers expecting one version the
@@ -56,7 +59,7 @@ use crate::{
     db::{Attempted, Collisions, DbFailure, Exhausted, StatementPool, classify},
     error::AppError,
     idempotency::{self, Key},
-    stock::taking::{CoalescedReserve, Turn},
+    stock::coalesced::{CoalescedReserve, Turn},
 };
 
 /// One caller waiting for its batch.
@@ -318,6 +321,7 @@ impl Coalescer {
             batch.iter().map(|w| w.key.as_ref().map(|k| k.fingerprint.as_str())).collect();
         let expected_versions: Vec<Option<i32>> = batch.iter().map(|w| w.request.expected_version).collect();
         let ttl_secs: Vec<i32> = batch.iter().map(|w| w.request.ttl_secs).collect();
+        let across_levels = inventories.iter().any(|&id| self.spread.contains(id));
         let reserve = CoalescedReserve {
             inventory_ids: &inventories,
             reservation_ids: &ids,
@@ -328,6 +332,7 @@ impl Coalescer {
             fingerprints: &fingerprints,
             expected_versions: &expected_versions,
             ttl_secs: &ttl_secs,
+            across_levels,
         };
         let turns = match store::reserve_coalesced(&self.statements, &self.collisions, &reserve)
             .await
@@ -373,7 +378,7 @@ impl Coalescer {
     async fn outcome(&self, waiting: &Waiting, id: Uuid, turn: Turn) -> Result<ReserveOutcome, AppError> {
         let Waiting { user_id, request, key, .. } = waiting;
         let refused = match turn {
-            Turn::Taken { granted: true, inventory, now, expires_at } => {
+            Turn::Taken { granted: true, inventory, now, expires_at, .. } => {
                 let reservation = ReservationRow {
                     id,
                     inventory_id: request.inventory_id,
@@ -386,7 +391,7 @@ impl Coalescer {
                     created_at: now,
                     expires_at,
                     multi_item_id: None,
-                    // Coalesced callers take from anywhere: the default choice.
+                    // Coalesced callers take by the default choice.
                     location_ids: None,
                     fewest_locations: None,
                     allow_split: None,
@@ -403,11 +408,11 @@ impl Coalescer {
             }
             Turn::NotFound => ReserveOutcome::InventoryNotFound,
             // Refused at its turn: too little stock comes first, as alone.
-            Turn::Taken { granted: false, inventory, .. } => match request.expected_version {
-                Some(expected_version) if inventory.stock >= request.quantity => {
+            Turn::Taken { granted: false, inventory, available, .. } => match request.expected_version {
+                Some(expected_version) if available >= request.quantity => {
                     ReserveOutcome::Conflict { expected_version, inventory }
                 }
-                _ => ReserveOutcome::SoldOut { requested: request.quantity, available: inventory.stock, inventory },
+                _ => ReserveOutcome::SoldOut { requested: request.quantity, available, inventory },
             },
         };
         // Not served now, but its key may have been by an earlier request:

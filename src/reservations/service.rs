@@ -212,14 +212,14 @@ impl ReservationService {
     }
 
     /// Takes stock for `user_id`, sharing one statement with others waiting
-    /// at the same time (on its inventory or on others) when coalescing is on.
-    /// A request that names locations is served alone, across its levels.
+    /// at the same time (on its inventory or on others) when coalescing is on
+    /// and it takes by the default choice (any active location, by priority,
+    /// splitting allowed), wherever the inventory's stock is. A request that
+    /// chooses otherwise is served alone.
     pub async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
         known_locations(&self.db, &request.allocating, "input.locationIds").await?;
         match &self.coalescer {
-            Some(coalescer) if request.allocating.is_anywhere() && !self.spread.contains(request.inventory_id) => {
-                coalescer.reserve(user_id, request).await
-            }
+            Some(coalescer) if request.allocating.is_default() => coalescer.reserve(user_id, request).await,
             _ => reserve_alone(&self.db, &self.statements, &self.collisions, user_id, request, &self.spread).await,
         }
     }

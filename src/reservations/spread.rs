@@ -1,5 +1,7 @@
 //! What this process has learnt of which inventories are held in several
-//! places, to send their reservations the short way.
+//! places, to send their reservations the short way: a caller alone
+//! straight across the levels, a batch naming one to the statement that
+//! takes across levels.
 
 use std::{
     collections::HashSet,

@@ -18,6 +18,7 @@ use crate::{
     stock::{
         adjusting,
         allocating::{self, Allocating},
+        coalesced::{CoalescedReserve, Turn},
         fragments,
         lines::{self, Line, LockedLine, Purpose},
         returning,
@@ -25,7 +26,7 @@ use crate::{
             AllocationRow, allocation,
             reservation::{Column, Entity, Model},
         },
-        taking::{CoalescedReserve, ReservationChange, Reserve, Turn},
+        taking::{ReservationChange, Reserve},
     },
 };
 

@@ -1,7 +1,7 @@
 //! The one module that changes stock. Every statement that changes an
-//! inventory is built here: taking stock for reservations and order lines
-//! ([`taking`]), giving it back on release, expiry and cancel
-//! ([`returning`]), receiving it on create and restock ([`receiving`]),
+//! inventory is built here: taking stock for reservations ([`taking`]),
+//! for coalesced callers ([`coalesced`]) and for order lines ([`lines`]),
+//! giving it back on release, expiry and cancel ([`returning`]), receiving it on create and restock ([`receiving`]),
 //! changing a held quantity ([`adjusting`]), shipping an order's lines
 //! out of the warehouse ([`shipping`]), folding old ledger rows into
 //! checkpoints ([`archiving`]), and keeping the ledger's day partitions
@@ -21,6 +21,7 @@
 pub mod adjusting;
 pub mod allocating;
 pub mod archiving;
+pub mod coalesced;
 pub mod fragments;
 pub mod lines;
 pub mod moving;
@@ -34,7 +35,8 @@ pub mod taking;
 use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
-pub use taking::{ALLOCATING_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL};
+pub use coalesced::{ACROSS_LEVELS_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL};
+pub use taking::{ALLOCATING_RESERVE_SQL, RESERVE_SQL};
 
 /// This locks the inventories of an order's lines in id order, the order
 /// every multi-item writer (and the sweeper) locks in, so a cancel or a

@@ -10,10 +10,12 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::{
-    ALLOCATING_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL, adjusting, allocating, archiving,
+    ACROSS_LEVELS_RESERVE_SQL, ALLOCATING_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL,
+    adjusting, allocating, archiving,
+    coalesced::CoalescedReserve,
     lines::{self, Line, Purpose},
     lock_order, moving, receiving, returning, shipping,
-    taking::{self, CoalescedReserve, Reserve},
+    taking::{self, Reserve},
 };
 use crate::config::DatabaseConfig;
 
@@ -124,6 +126,7 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
         fingerprints: &[None, Some("f2"), None],
         expected_versions: &[None, Some(1), None],
         ttl_secs: &[0, 900, 60],
+        across_levels: false,
     };
     let explained = coalesced.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *COALESCED_RESERVE_SQL))));
     if let Err(err) = explained.fetch_all(&mut conn).await {
@@ -132,6 +135,10 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
     let explained = coalesced.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *DISTINCT_RESERVE_SQL))));
     if let Err(err) = explained.fetch_all(&mut conn).await {
         failures.push(format!("distinct reserve: {err}"));
+    }
+    let explained = coalesced.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *ACROSS_LEVELS_RESERVE_SQL))));
+    if let Err(err) = explained.fetch_all(&mut conn).await {
+        failures.push(format!("coalesced reserve across levels: {err}"));
     }
     let _ = conn.close().await;
     failures

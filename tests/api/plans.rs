@@ -7,7 +7,7 @@ use stockguard::{
     db::StatementPool,
     pagination::Page,
     reservations::{store, sweeper},
-    stock::{DISTINCT_RESERVE_SQL, taking::CoalescedReserve},
+    stock::{DISTINCT_RESERVE_SQL, coalesced::CoalescedReserve},
 };
 use uuid::Uuid;
 
@@ -44,6 +44,7 @@ async fn the_coalesced_reserve_is_planned_once_however_its_batches_vary() {
             fingerprints: &no_keys,
             expected_versions: &inventories.iter().map(|_| None).collect::<Vec<_>>(),
             ttl_secs: &inventories.iter().map(|_| 900).collect::<Vec<_>>(),
+            across_levels: false,
         };
         let turns = pool.fetch_all(reserve.query()).await.expect("coalesced reserve");
         assert_eq!(turns.len(), inventories.len());
@@ -210,8 +211,11 @@ async fn the_statement_pool_s_reserves_read_every_table_by_an_index_and_compile_
     let pool = StatementPool::beside(&app.db);
     let id = app.create_inventory("PLAN-JIT", 100).await;
     let types = "uuid[], uuid[], text[], integer[], integer[], uuid[], text[], text[], integer[]";
-    let statements =
-        [("distinct_pool", &*DISTINCT_RESERVE_SQL), ("walk_pool", &*stockguard::stock::COALESCED_RESERVE_SQL)];
+    let statements = [
+        ("distinct_pool", &*DISTINCT_RESERVE_SQL),
+        ("walk_pool", &*stockguard::stock::COALESCED_RESERVE_SQL),
+        ("levels_pool", &*stockguard::stock::ACROSS_LEVELS_RESERVE_SQL),
+    ];
     for (name, sql) in statements {
         let prepare = format!("PREPARE {name}({types}) AS {sql}");
         pool.fetch_all(sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(prepare))).await.expect("prepare");

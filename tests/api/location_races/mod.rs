@@ -9,7 +9,9 @@
 //! - `moving`: transfers both ways, reserves, releases, restocks and sweeps
 //!   at once conserve stock;
 //! - `processes`: two server processes with overlapping batches never
-//!   deadlock.
+//!   deadlock;
+//! - `sharing`: coalesced reserves on an inventory held in several places
+//!   share statements and each takes what `allocate` gives it alone.
 //!
 //! Each test prints (`eprintln!`) its rounds, requests and outcome counts.
 //! The checks per location here ([`assert_levels_add_up`]) are on top of
@@ -19,6 +21,7 @@
 mod moving;
 mod processes;
 mod reserving;
+mod sharing;
 
 use std::collections::BTreeMap;
 

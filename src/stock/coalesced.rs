@@ -1,0 +1,421 @@
+//! Taking stock for coalesced callers, on one inventory or many, in one
+//! statement: [`COALESCED_RESERVE_SQL`] (a walk through each inventory's
+//! callers), [`DISTINCT_RESERVE_SQL`] (each caller on its own inventory) and,
+//! when the batch names an inventory held in several places,
+//! [`ACROSS_LEVELS_RESERVE_SQL`]. Each caller gets the answer it would have
+//! got alone, one at a time, in arrival order.
+
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use sea_orm::{
+    DbErr, FromQueryResult, QueryResult,
+    sqlx::{self, Postgres, postgres::PgArguments, query::Query},
+};
+use uuid::Uuid;
+
+use super::{
+    allocating::{eligible, preference},
+    fragments::{LEDGER_WITH_ID, expiry, inventory_columns, set, sole, step},
+    rows::{InventoryRow, MovementReason, ReservationStatus, sql},
+};
+
+/// One statement for coalesced callers (each taking from anywhere), on one inventory or many: `$1`
+/// inventories, `$2` reservation ids, `$3` users, `$4` quantities, `$6`
+/// ledger row ids, `$7` idempotency keys and `$8` request fingerprints
+/// (NULL for a caller without a key), `$9` expected versions (NULL for a
+/// caller without one), `$5` TTLs in seconds (0: never expires); one
+/// element per caller, in arrival order. A key used before (by any request of its
+/// user) fails the whole statement on the keys' unique index, so it
+/// writes nothing and its callers are served alone, where the key replays.
+///
+/// This locks every inventory named for the statement, in id order (the
+/// `ORDER BY id FOR UPDATE` in `inv`: PostgreSQL sorts, then locks), the
+/// order every multi-item writer and the sweeper lock in, so two batches of
+/// this or another process that share inventories wait for each other
+/// instead of deadlocking. Then it walks each inventory's callers in arrival
+/// order granting each whose quantity still fits and whose expected version,
+/// if it gave one, is the version at its turn (a caller that does not fit
+/// is refused, a later smaller one may still be served: exactly what
+/// one-at-a-time would do), writes each inventory's new stock and version
+/// once (one version step per grant), every granted reservation, and one
+/// ledger row per grant with its own stock and version. It grants only on
+/// an inventory held in one place ([`sole`]): its one level follows the
+/// row, and each grant is one allocation there. One row per caller in
+/// arrival order: `found` false when its inventory does not exist, NULL
+/// when it exists but is held in several places or at an inactive one (the
+/// caller is served alone, across its levels), else the inventory as it
+/// stood after that caller's turn.
+pub static COALESCED_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
+WITH RECURSIVE req AS MATERIALIZED (
+    SELECT r.*, row_number() OVER (PARTITION BY r.inventory_id ORDER BY r.n) AS k
+      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[], $7::text[], $8::text[],
+                  $9::integer[], $5::integer[]) WITH ORDINALITY
+        AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
+             expected_version, ttl_secs, n)
+), inv AS MATERIALIZED (
+    SELECT {columns}, {sole} AS sole
+      FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
+), walk AS (
+    SELECT inv.id AS inventory_id, 0::bigint AS k, inv.stock AS stock, inv.version AS version, false AS granted
+      FROM inv WHERE inv.sole
+    UNION ALL
+    SELECT w.inventory_id, r.k,
+           CASE WHEN {fits} THEN w.stock - r.quantity ELSE w.stock END,
+           CASE WHEN {fits} THEN w.version + 1 ELSE w.version END,
+           {fits}
+      FROM walk w JOIN req r ON r.inventory_id = w.inventory_id AND r.k = w.k + 1
+), steps AS (
+    SELECT * FROM walk WHERE k > 0
+), last AS (
+    SELECT DISTINCT ON (inventory_id) inventory_id, stock, version FROM steps ORDER BY inventory_id, k DESC
+), taken AS (
+    UPDATE inventories i
+       {set}
+      FROM last JOIN inv o ON o.id = last.inventory_id
+     WHERE i.id = last.inventory_id AND last.version > o.version
+ RETURNING i.id, i.updated_at, i.stock, i.sole_location_id
+), drawn AS (
+    UPDATE stock_levels l SET available = t.stock
+      FROM taken t
+     WHERE l.inventory_id = t.id AND l.location_id = t.sole_location_id
+), granted AS (
+    SELECT r.*, s.stock, s.version, o.sole_location_id
+      FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k JOIN inv o ON o.id = r.inventory_id
+     WHERE s.granted
+), reservation AS (
+    INSERT INTO reservations
+           (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
+    SELECT reservation_id, inventory_id, user_id, quantity, {active}, idempotency_key, request_fingerprint,
+           {granted_expires}
+      FROM granted
+), allocation AS (
+    INSERT INTO allocations (reservation_id, location_id, quantity)
+    SELECT reservation_id, sole_location_id, quantity FROM granted
+), movement AS (
+    {LEDGER_WITH_ID}
+    SELECT movement_id, inventory_id, -quantity, {reserved}, stock, version, reservation_id, NULL, sole_location_id
+      FROM granted
+)
+SELECT CASE WHEN s.k IS NOT NULL THEN true WHEN inv.id IS NOT NULL THEN NULL ELSE false END AS found,
+       coalesce(s.granted, false) AS granted,
+       inv.id, inv.sku, inv.name, s.stock, s.version, inv.created_at,
+       coalesce(t.updated_at, inv.updated_at) AS updated_at, inv.sole_location_id, s.stock AS available,
+       now() AS now, {expires} AS expires_at
+  FROM req r
+  LEFT JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
+  LEFT JOIN inv ON inv.id = r.inventory_id
+  LEFT JOIN taken t ON t.id = r.inventory_id
+ ORDER BY r.n"#,
+        set = set("last.stock", "last.version"),
+        columns = inventory_columns(""),
+        sole = sole(""),
+        active = sql(ReservationStatus::Active),
+        reserved = sql(MovementReason::Reserved),
+        expires = expiry("r.ttl_secs"),
+        granted_expires = expiry("ttl_secs"),
+        fits = "(w.stock >= r.quantity AND (r.expected_version IS NULL OR r.expected_version = w.version))",
+    )
+});
+
+/// [`COALESCED_RESERVE_SQL`] for a batch whose callers all name different
+/// inventories, the common batch on a catalogue: with one caller per row
+/// there is nothing to walk, so each caller's reservation is the conditional
+/// UPDATE of its own row, decided by the UPDATE's own WHERE as in
+/// [`RESERVE_SQL`]. Without the walk's `FOR UPDATE` and recursive CTE it
+/// costs PostgreSQL about 15 % less per batch
+/// (bench/results/decisions.md#a-statement-without-the-walk-for-batches-of-distinct-inventories-kept).
+/// The same parameters; one row per caller in arrival order, as
+/// [`Turn::from_row`] reads it: `found` NULL for a caller not served (no
+/// row, too little stock, another version, stock in several places: like
+/// [`RESERVE_SQL`]'s zero rows, told apart by a read afterwards), else its
+/// inventory as left. Like [`RESERVE_SQL`] it takes only from an inventory
+/// held at one active location, from its one level.
+///
+/// Rows are still updated in id order: the callers are sorted by inventory,
+/// and the statement pool plans without sequential and bitmap scans, so
+/// PostgreSQL reaches inventories only through their primary key, either
+/// probing it for each caller in turn or scanning it in id order beside
+/// them; every plan it can make updates in id order (tests/api/plans.rs
+/// checks the plan on catalogues of several sizes).
+pub static DISTINCT_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
+WITH req AS MATERIALIZED (
+    SELECT *
+      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[], $7::text[], $8::text[],
+                  $9::integer[], $5::integer[]) WITH ORDINALITY
+        AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
+             expected_version, ttl_secs, n)
+     ORDER BY inventory_id
+), taken AS (
+    UPDATE inventories i
+       {set}
+      FROM req r
+     WHERE i.id = r.inventory_id AND i.id = ANY($1) AND i.stock >= r.quantity
+       AND (r.expected_version IS NULL OR i.version = r.expected_version) AND {sole}
+ RETURNING {inventory}, r.n, r.reservation_id, r.user_id, r.quantity, r.movement_id, r.idempotency_key,
+           r.request_fingerprint, r.ttl_secs
+), drawn AS (
+    UPDATE stock_levels l SET available = t.stock
+      FROM taken t
+     WHERE l.inventory_id = t.id AND l.location_id = t.sole_location_id
+), reservation AS (
+    INSERT INTO reservations
+           (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
+    SELECT t.reservation_id, t.id, t.user_id, t.quantity, {active}, t.idempotency_key, t.request_fingerprint,
+           {taken_expires}
+      FROM taken t
+), allocation AS (
+    INSERT INTO allocations (reservation_id, location_id, quantity)
+    SELECT t.reservation_id, t.sole_location_id, t.quantity FROM taken t
+), movement AS (
+    {LEDGER_WITH_ID}
+    SELECT t.movement_id, t.id, -t.quantity, {reserved}, t.stock, t.version, t.reservation_id, NULL,
+           t.sole_location_id
+      FROM taken t
+)
+SELECT CASE WHEN t.n IS NOT NULL THEN true END AS found, t.n IS NOT NULL AS granted,
+       {taken}, t.stock AS available, now() AS now, {expires} AS expires_at
+  FROM req r LEFT JOIN taken t ON t.n = r.n
+ ORDER BY r.n"#,
+        set = step("i.", "- r.quantity"),
+        sole = sole("i."),
+        active = sql(ReservationStatus::Active),
+        reserved = sql(MovementReason::Reserved),
+        inventory = inventory_columns("i."),
+        taken = inventory_columns("t."),
+        taken_expires = expiry("t.ttl_secs"),
+        expires = expiry("r.ttl_secs"),
+    )
+});
+
+/// [`COALESCED_RESERVE_SQL`] for a batch that names an inventory held in
+/// several places (any inventory of it may be): each caller takes by the
+/// default choice (every active location, by priority then code, splitting
+/// allowed), the only choice the coalescer batches. The same parameters and
+/// rows, where `available` is what the active locations held after the
+/// caller's turn (`SoldOut.available`, as alone).
+///
+/// It locks the batch's inventory rows in id order, then all their levels
+/// (the order of every stock statement), and walks each inventory's callers
+/// in arrival order against what its active levels hold together, granting
+/// each whose quantity still fits and whose expected version, if it gave
+/// one, is the version at its turn. Where each granted caller's units come
+/// from needs no walk of its own: by the default choice a caller takes the
+/// first units still left in order of preference, so the granted callers
+/// of an inventory take consecutive runs of its eligible levels laid end to
+/// end (`shelf`), each run starting where the grants before it ended. That
+/// is what `allocate` gives each caller in turn (tests/api/location_races
+/// compare the two). Each level is written once, from the value `lvl`
+/// locked; one allocation and one ledger row per caller and location
+/// touched. Levels added after the statement began do not add up to their
+/// row's stock, and the statement is run again (`retry_stale_read`).
+pub static ACROSS_LEVELS_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
+WITH RECURSIVE req AS MATERIALIZED (
+    SELECT r.*, row_number() OVER (PARTITION BY r.inventory_id ORDER BY r.n) AS k
+      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[], $7::text[], $8::text[],
+                  $9::integer[], $5::integer[]) WITH ORDINALITY
+        AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
+             expected_version, ttl_secs, n)
+), inv AS MATERIALIZED (
+    SELECT {columns} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
+), lvl AS MATERIALIZED (
+    SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
+      FROM stock_levels l JOIN locations c ON c.id = l.location_id
+     WHERE l.inventory_id = ANY(ARRAY(SELECT id FROM inv))
+       FOR UPDATE OF l
+), held AS MATERIALIZED (
+    SELECT inv.id AS inventory_id,
+           (coalesce(sum(v.available) FILTER (WHERE {eligible}), 0))::integer AS eligible,
+           CASE WHEN coalesce(sum(v.available), 0) = inv.stock THEN true ELSE retry_stale_read() END AS fresh
+      FROM inv LEFT JOIN lvl v ON v.inventory_id = inv.id
+     GROUP BY inv.id, inv.stock
+), walk AS (
+    SELECT inv.id AS inventory_id, 0::bigint AS k, h.eligible AS eligible, inv.stock AS stock,
+           inv.version AS version, false AS granted
+      FROM inv JOIN held h ON h.inventory_id = inv.id
+     WHERE h.fresh
+    UNION ALL
+    SELECT w.inventory_id, r.k,
+           CASE WHEN {fits} THEN w.eligible - r.quantity ELSE w.eligible END,
+           CASE WHEN {fits} THEN w.stock - r.quantity ELSE w.stock END,
+           CASE WHEN {fits} THEN w.version + 1 ELSE w.version END,
+           {fits}
+      FROM walk w JOIN req r ON r.inventory_id = w.inventory_id AND r.k = w.k + 1
+), steps AS (
+    SELECT * FROM walk WHERE k > 0
+), last AS (
+    SELECT DISTINCT ON (inventory_id) inventory_id, stock, version FROM steps ORDER BY inventory_id, k DESC
+), taken AS (
+    UPDATE inventories i
+       {set}
+      FROM last JOIN inv o ON o.id = last.inventory_id
+     WHERE i.id = last.inventory_id AND last.version > o.version
+ RETURNING i.id, i.updated_at
+), granted AS (
+    SELECT r.*, s.stock, s.version, h.eligible - s.eligible - r.quantity AS start
+      FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
+      JOIN held h ON h.inventory_id = r.inventory_id
+     WHERE s.granted
+), shelf AS (
+    SELECT inventory_id, location_id, available,
+           sum(available) OVER (PARTITION BY inventory_id ORDER BY {preference}) - available AS start
+      FROM lvl
+     WHERE {eligible} AND available > 0
+), pick AS (
+    SELECT g.reservation_id, g.movement_id, g.inventory_id, g.stock, g.version, sh.location_id,
+           (least(g.start + g.quantity, sh.start + sh.available) - greatest(g.start, sh.start))::integer AS take,
+           row_number() OVER (PARTITION BY g.reservation_id ORDER BY sh.start) AS j
+      FROM granted g JOIN shelf sh ON sh.inventory_id = g.inventory_id
+     WHERE sh.start < g.start + g.quantity AND sh.start + sh.available > g.start
+), drawn AS (
+    UPDATE stock_levels l SET available = v.available - d.take
+      FROM (SELECT inventory_id, location_id, sum(take) AS take FROM pick GROUP BY inventory_id, location_id) d
+      JOIN lvl v ON v.inventory_id = d.inventory_id AND v.location_id = d.location_id
+     WHERE l.inventory_id = d.inventory_id AND l.location_id = d.location_id
+), reservation AS (
+    INSERT INTO reservations
+           (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
+    SELECT reservation_id, inventory_id, user_id, quantity, {active}, idempotency_key, request_fingerprint,
+           {granted_expires}
+      FROM granted
+), allocation AS (
+    INSERT INTO allocations (reservation_id, location_id, quantity)
+    SELECT reservation_id, location_id, take FROM pick
+), movement AS (
+    {LEDGER_WITH_ID}
+    SELECT CASE WHEN j = 1 THEN movement_id ELSE gen_random_uuid() END, inventory_id, -take, {reserved}, stock,
+           version, reservation_id, NULL, location_id
+      FROM pick
+)
+SELECT CASE WHEN s.k IS NOT NULL THEN true WHEN inv.id IS NOT NULL THEN NULL ELSE false END AS found,
+       coalesce(s.granted, false) AS granted,
+       inv.id, inv.sku, inv.name, s.stock, s.version, inv.created_at,
+       coalesce(t.updated_at, inv.updated_at) AS updated_at, inv.sole_location_id, s.eligible AS available,
+       now() AS now, {expires} AS expires_at
+  FROM req r
+  LEFT JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
+  LEFT JOIN inv ON inv.id = r.inventory_id
+  LEFT JOIN taken t ON t.id = r.inventory_id
+ ORDER BY r.n"#,
+        set = set("last.stock", "last.version"),
+        columns = inventory_columns(""),
+        eligible = eligible("NULL::uuid[]"),
+        preference = preference("NULL::uuid[]"),
+        active = sql(ReservationStatus::Active),
+        reserved = sql(MovementReason::Reserved),
+        expires = expiry("r.ttl_secs"),
+        granted_expires = expiry("ttl_secs"),
+        fits = "(w.eligible >= r.quantity AND (r.expected_version IS NULL OR r.expected_version = w.version))",
+    )
+});
+
+/// The bind values of [`COALESCED_RESERVE_SQL`] (and of
+/// [`DISTINCT_RESERVE_SQL`] and [`ACROSS_LEVELS_RESERVE_SQL`]): the callers,
+/// in arrival order, one element each in every slice.
+#[derive(Debug, Clone, Copy)]
+pub struct CoalescedReserve<'a> {
+    /// The inventory each caller takes from.
+    pub inventory_ids: &'a [Uuid],
+    /// The new reservations' ids.
+    pub reservation_ids: &'a [Uuid],
+    /// Their ledger rows' ids.
+    pub movement_ids: &'a [Uuid],
+    /// The callers.
+    pub user_ids: &'a [&'a str],
+    /// What each caller asks for.
+    pub quantities: &'a [i32],
+    /// Each caller's idempotency key, if it sent one.
+    pub keys: &'a [Option<&'a str>],
+    /// The fingerprint of each keyed caller's request.
+    pub fingerprints: &'a [Option<&'a str>],
+    /// The version each caller expects at its turn, if it gave one.
+    pub expected_versions: &'a [Option<i32>],
+    /// Seconds until each caller's reservation expires; 0 = never.
+    pub ttl_secs: &'a [i32],
+    /// Whether an inventory of the batch is known to be held in several
+    /// places: then [`ACROSS_LEVELS_RESERVE_SQL`] serves it.
+    pub across_levels: bool,
+}
+
+impl CoalescedReserve<'_> {
+    /// The batch's statement with these values, for the statement pool:
+    /// [`ACROSS_LEVELS_RESERVE_SQL`] for a batch `across_levels`, else
+    /// [`DISTINCT_RESERVE_SQL`] when every caller names another inventory,
+    /// else [`COALESCED_RESERVE_SQL`].
+    pub fn query(&self) -> Query<'static, Postgres, PgArguments> {
+        let mut inventories = self.inventory_ids.to_vec();
+        inventories.sort_unstable();
+        inventories.dedup();
+        let sql = if self.across_levels {
+            &ACROSS_LEVELS_RESERVE_SQL
+        } else if inventories.len() == self.inventory_ids.len() {
+            &DISTINCT_RESERVE_SQL
+        } else {
+            &COALESCED_RESERVE_SQL
+        };
+        self.bind(sqlx::query(sql.as_str()))
+    }
+
+    /// `query` (of [`COALESCED_RESERVE_SQL`]'s parameters) with these values bound.
+    pub(super) fn bind<'q>(&self, query: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
+        query
+            .bind(self.inventory_ids)
+            .bind(self.reservation_ids)
+            .bind(self.user_ids)
+            .bind(self.quantities)
+            .bind(self.ttl_secs)
+            .bind(self.movement_ids)
+            .bind(self.keys)
+            .bind(self.fingerprints)
+            .bind(self.expected_versions)
+    }
+}
+
+/// One caller's turn in a coalesced statement (a row of any of this
+/// module's statements).
+#[derive(Debug)]
+pub enum Turn {
+    /// The caller's inventory does not exist.
+    NotFound,
+    /// Nothing was taken for the caller, and the statement cannot tell why
+    /// (its row may be missing, short of stock, at another version or held
+    /// in several places): a read afterwards decides, as for a caller alone.
+    NotTaken,
+    /// The caller's turn on its inventory.
+    Taken {
+        /// Whether the caller got its units.
+        granted: bool,
+        /// The inventory right after its turn.
+        inventory: InventoryRow,
+        /// What the locations it may take from held right after its turn.
+        available: i32,
+        /// When the granted reservations were made (the transaction's start).
+        now: DateTime<Utc>,
+        /// Their expiry.
+        expires_at: Option<DateTime<Utc>>,
+    },
+}
+
+impl Turn {
+    /// The turn a statement's row describes.
+    pub fn from_row(row: &QueryResult) -> Result<Self, DbErr> {
+        match row.try_get::<Option<bool>>("", "found")? {
+            None => return Ok(Self::NotTaken),
+            Some(false) => return Ok(Self::NotFound),
+            Some(true) => {}
+        }
+        Ok(Self::Taken {
+            granted: row.try_get("", "granted")?,
+            inventory: InventoryRow::from_query_result(row, "")?,
+            available: row.try_get("", "available")?,
+            now: row.try_get("", "now")?,
+            expires_at: row.try_get("", "expires_at")?,
+        })
+    }
+}
