@@ -17,7 +17,8 @@
 //! whatever else the machine does falls on both alike; before each cell the
 //! inventories are vacuumed and a checkpoint is taken, as pgbench does. With
 //! `--history N`, SPREAD is also measured beside a second database holding N
-//! rows of history (see `history.rs`). Then MULTI: a catalogue spread over 4
+//! rows of history (see `history.rs`); with `--baseline-bin PATH`, HOT and
+//! SPREAD beside the server of another build (see `baseline.rs`). Then MULTI: a catalogue spread over 4
 //! locations, reserved 1–3 units at a time, against the limit of the server's
 //! multi-location reserve statement (`scenarios/multi.rs`). Then it compares strategies on HOT (plain
 //! `reserve` vs `expectedVersion` with re-read and up to 3 retries) and one
@@ -66,6 +67,7 @@ use stockguard_support::{
     process::{Log, ServerProcess, server_binary, status_kb},
 };
 
+mod baseline;
 mod history;
 mod load;
 mod measure;
@@ -118,6 +120,11 @@ struct Args {
     /// (target/<profile>/stockguard), built first with cargo.
     #[arg(long)]
     server_bin: Option<PathBuf>,
+    /// The server binary of another build (an earlier commit's), whose HOT
+    /// and SPREAD cells are measured beside this build's, round by round,
+    /// on a database of its own (see `baseline.rs`).
+    #[arg(long)]
+    baseline_bin: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -202,7 +209,8 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     let database = ThrowAway::create(&args.database_url_base, "bench").await?;
     eprintln!("bench: database {}, server {}", database.name, server_bin.display());
 
-    let result = run(settings, &server_bin, &args.database_url_base, &database.url).await;
+    let baseline_bin = args.baseline_bin.as_deref();
+    let result = run(settings, &server_bin, baseline_bin, &args.database_url_base, &database.url).await;
     database.drop("bench").await;
     let (markdown, ok) = result?;
     println!("{markdown}");
@@ -220,6 +228,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
 async fn run(
     settings: Settings,
     server_bin: &Path,
+    baseline_bin: Option<&Path>,
     database_url_base: &str,
     database_url: &str,
 ) -> anyhow::Result<(String, bool)> {
@@ -229,19 +238,28 @@ async fn run(
     let server =
         ServerProcess::start(server_bin, database_url, Some(&secret), &locking, Log::Warnings(Stdio::inherit()))
             .await?;
-    let result = main_matrix(settings, keys, &server, server_bin, database_url_base, database_url, &secret).await;
+    let bins = Bins { server: server_bin, baseline: baseline_bin };
+    let result = main_matrix(settings, keys, &server, bins, database_url_base, database_url, &secret).await;
     server.stop_after(result).await
+}
+
+/// The server binaries: this build's, and another's to compare with.
+#[derive(Clone, Copy)]
+struct Bins<'a> {
+    server: &'a Path,
+    baseline: Option<&'a Path>,
 }
 
 async fn main_matrix(
     settings: Settings,
     keys: Keys,
     server: &ServerProcess,
-    server_bin: &Path,
+    bins: Bins<'_>,
     database_url_base: &str,
     database_url: &str,
     secret: &str,
 ) -> anyhow::Result<(String, bool)> {
+    let server_bin = bins.server;
     eprintln!("bench: seeding HOT (GraphQL) and SPREAD (10,000 rows, SQL)");
     let shop = Shop::open(database_url, server, &keys).await?;
     let db = &shop.db;
@@ -304,6 +322,11 @@ async fn main_matrix(
     }
     let main_hwm_kb = status_kb(server.pid, "VmHWM").unwrap_or(0);
 
+    let baseline = match bins.baseline {
+        Some(bin) => Some(baseline::compare(&mut bench, server, bin, database_url_base, secret).await?),
+        None => None,
+    };
+
     let history = if bench.settings.history > 0 {
         Some(history::compare(&mut bench, server, server_bin, database_url_base, secret).await?)
     } else {
@@ -343,6 +366,7 @@ async fn main_matrix(
         invariant: &bench.invariant,
         main_hwm_kb,
         history: history.as_ref(),
+        baseline: baseline.as_ref(),
     };
     let markdown = report.markdown();
     if let Some(out) = &bench.settings.out {

@@ -6,6 +6,7 @@ use std::{fmt::Write as _, path::Path};
 
 use crate::{
     Settings,
+    baseline::Baseline,
     history::Probes,
     measure::Stats,
     scenarios::{Invariant, MultiCell, Scenario},
@@ -59,7 +60,7 @@ pub struct History {
 }
 
 /// CPU µs per successful reservation: (server, PostgreSQL backends).
-fn cpu_per_reservation(s: &Stats) -> (f64, f64) {
+pub fn cpu_per_reservation(s: &Stats) -> (f64, f64) {
     let n = s.successes.max(1) as f64;
     (s.usage.server.unwrap_or_default().cpu_secs * 1e6 / n, s.usage.pg_cpu_secs * 1e6 / n)
 }
@@ -119,6 +120,8 @@ pub struct Report<'a> {
     pub main_hwm_kb: u64,
     /// The history run, if one was made.
     pub history: Option<&'a History>,
+    /// The comparison with another build, if one was made.
+    pub baseline: Option<&'a Baseline>,
 }
 
 impl Report<'_> {
@@ -133,7 +136,8 @@ impl Report<'_> {
         let multi: u64 = self.multi.iter().map(|c| c.stockguard.errors + c.limit.errors).sum();
         let history: u64 = (self.history.iter().flat_map(|h| &h.cells))
             .map(|c| c.without.stockguard.errors + c.without.raw.errors + c.with.stockguard.errors + c.with.raw.errors)
-            .sum();
+            .sum::<u64>()
+            + (self.baseline.iter().flat_map(|b| &b.cells)).map(|c| c.after.errors + c.before.errors).sum::<u64>();
         let strategy: u64 =
             self.strategy.expected.errors + self.strategy.orders.iter().map(|(_, s)| s.errors).sum::<u64>();
         cells + multi + history + strategy
@@ -202,6 +206,18 @@ impl Report<'_> {
             Some((rows, clients, r)) => out.push((
                 target,
                 format!("{r:.2}× at {clients} clients (the lowest) with {rows} history rows"),
+                Some(r >= 0.9),
+            )),
+            None => out.push((target, "not measured".into(), None)),
+        }
+        let target = "HOT and SPREAD within 10 % of the build before (--baseline-bin), in the same rounds".to_owned();
+        let worst = (self.baseline.iter().flat_map(|b| &b.cells))
+            .map(|c| (c, ratio(c.after.per_sec(c.after.successes), c.before.per_sec(c.before.successes))))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        match worst {
+            Some((c, r)) => out.push((
+                target,
+                format!("{r:.2}× at {} x{} (the lowest after / before)", c.scenario.name(), c.clients),
                 Some(r >= 0.9),
             )),
             None => out.push((target, "not measured".into(), None)),
@@ -325,6 +341,9 @@ impl Report<'_> {
 
         self.multi_markdown(&mut md);
 
+        if let Some(b) = self.baseline {
+            md.push_str(&b.markdown());
+        }
         if let Some(h) = self.history {
             let _ = writeln!(
                 md,

@@ -19,6 +19,7 @@ use std::{
 };
 
 use anyhow::Context as _;
+use futures::{StreamExt as _, TryStreamExt as _};
 use reqwest::header::HeaderValue;
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait,
@@ -180,6 +181,17 @@ impl Shop {
     /// Seeds the database of `server` (already migrated by it): HOT through
     /// the server, SPREAD and the floor in SQL.
     pub async fn open(database_url: &str, server: &ServerProcess, keys: &Keys) -> anyhow::Result<Self> {
+        Self::seeded(database_url, server, keys, false).await
+    }
+
+    /// [`Shop::open`] for a server of another build (`--baseline-bin`),
+    /// whose schema this build's statements may not fit: SPREAD is made
+    /// through the server's API too, with `createInventory`.
+    pub async fn open_through_api(database_url: &str, server: &ServerProcess, keys: &Keys) -> anyhow::Result<Self> {
+        Self::seeded(database_url, server, keys, true).await
+    }
+
+    async fn seeded(database_url: &str, server: &ServerProcess, keys: &Keys, api_only: bool) -> anyhow::Result<Self> {
         let config = stockguard::config::DatabaseConfig {
             database_url: Some(database_url.to_owned()),
             pool_size: 2,
@@ -190,7 +202,19 @@ impl Shop {
         let db = stockguard::db::connect(database_url, &config).await?;
         let operator = keys.mint("bench-operator", Role::Operator, chrono::Duration::hours(4))?;
         let hot = Gql::new(&server.url, 1)?.create_inventory(&operator, "HOT", "bench HOT", 1_000_000_000).await?;
-        let spread = Arc::new(seed_spread(&db).await?);
+        let spread = if api_only {
+            let gql = Gql::new(&server.url, 16)?;
+            let (gql, operator) = (&gql, &operator);
+            let created = futures::stream::iter(1..=SPREAD_ROWS)
+                .map(|n| async move {
+                    gql.create_inventory(operator, &format!("SPREAD-{n}"), &format!("spread {n}"), 1_000_000_000).await
+                })
+                .buffer_unordered(16);
+            created.try_collect().await?
+        } else {
+            seed_spread(&db).await?
+        };
+        let spread = Arc::new(spread);
         create_floor(&db).await?;
         Ok(Self { database_url: database_url.to_owned(), db, hot, spread, multi: Arc::default() })
     }

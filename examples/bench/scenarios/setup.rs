@@ -27,9 +27,12 @@ pub(super) async fn connect_patiently(url: &str) -> anyhow::Result<PgConnection>
     }
 }
 
-/// The 10,000 SPREAD inventories, each with a stock of 10^9.
+/// SPREAD's inventories.
+pub const SPREAD_ROWS: usize = 10_000;
+
+/// The [`SPREAD_ROWS`] SPREAD inventories, each with a stock of 10^9.
 pub async fn seed_spread(db: &DatabaseConnection) -> anyhow::Result<Vec<Uuid>> {
-    seed_rows(db, "SPREAD", &[1_000_000_000; 10_000]).await
+    seed_rows(db, "SPREAD", &[1_000_000_000; SPREAD_ROWS]).await
 }
 
 /// One inventory per entry of `stocks` with that stock (SKU `<sku>-<n>`),

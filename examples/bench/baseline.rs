@@ -1,0 +1,167 @@
+//! `--baseline-bin PATH`: this build's single-location cells against the
+//! server of another build (an earlier commit's `stockguard`), measured in
+//! the same rounds.
+//!
+//! A change that must keep the speed of the cells it does not target is
+//! judged by those cells before and after it. Cells of two runs minutes
+//! apart differ by as much as the machine drifts (see `history.rs`), so the
+//! other build gets a database of its own (migrated by its own server, to
+//! its own schema), seeded as the first through its API, and HOT and SPREAD
+//! take turns on both servers round by round. The other build's database
+//! is checked by its own `stockguard check` at the end, since this build's
+//! invariant may not fit its schema.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+};
+
+use anyhow::Context as _;
+
+use crate::{
+    measure::Stats,
+    report::cpu_per_reservation,
+    scenarios::{Bench, By, Scenario, Shop, Side},
+};
+use stockguard_support::{
+    database::ThrowAway,
+    process::{Log, ServerProcess},
+};
+
+/// One cell: the same scenario and clients on both builds.
+pub struct BaselineCell {
+    /// HOT or SPREAD.
+    pub scenario: Scenario,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// This build.
+    pub after: Stats,
+    /// The other build.
+    pub before: Stats,
+}
+
+/// The comparison with another build.
+pub struct Baseline {
+    /// The other build's server binary.
+    pub bin: PathBuf,
+    /// Its `stockguard --version`, or what it printed instead.
+    pub version: String,
+    /// Its cells.
+    pub cells: Vec<BaselineCell>,
+    /// What its `stockguard check` said of its database at the end.
+    pub check: String,
+}
+
+/// Starts the other build's server on a database of its own, seeds it, and
+/// measures HOT and SPREAD at every client count on both servers.
+pub async fn compare(
+    bench: &mut Bench,
+    server: &ServerProcess,
+    baseline_bin: &Path,
+    database_url_base: &str,
+    secret: &str,
+) -> anyhow::Result<Baseline> {
+    let database = ThrowAway::create(database_url_base, "bench").await?;
+    eprintln!("bench: baseline: {} on a database of its own, {}", baseline_bin.display(), database.name);
+    let result = async {
+        let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
+        let other =
+            ServerProcess::start(baseline_bin, &database.url, Some(secret), &locking, Log::Warnings(Stdio::inherit()))
+                .await?;
+        let result = measure_both(bench, server, &other, &database.url).await;
+        let result = other.stop_after(result).await;
+        let check = check(baseline_bin, &database.url).await?;
+        result.map(|cells| (cells, check))
+    }
+    .await;
+    database.drop("bench").await;
+    let (cells, check) = result?;
+    Ok(Baseline { bin: baseline_bin.to_owned(), version: version(baseline_bin).await, cells, check })
+}
+
+async fn measure_both(
+    bench: &mut Bench,
+    server: &ServerProcess,
+    other: &ServerProcess,
+    database_url: &str,
+) -> anyhow::Result<Vec<BaselineCell>> {
+    eprintln!("bench: baseline: seeding HOT and SPREAD through its API");
+    let shop = Shop::open_through_api(database_url, other, &bench.keys).await?;
+    let mut cells = Vec::new();
+    for scenario in [Scenario::Hot, Scenario::Spread] {
+        for clients in bench.settings.clients.clone() {
+            eprintln!(
+                "bench: {} x{clients}: this build and the baseline, {} rounds",
+                scenario.name(),
+                bench.settings.rounds
+            );
+            let sides = [
+                Side { label: "this build", shop: &bench.shop, by: By::Http(server) },
+                Side { label: "baseline", shop: &shop, by: By::Http(other) },
+            ];
+            let [after, before] = bench.rounds(&sides, scenario, clients).await?;
+            let after_run = format!("{} x{clients}, this build and the baseline", scenario.name());
+            bench.invariant.check(&bench.shop.db, &after_run).await?;
+            cells.push(BaselineCell { scenario, clients, after, before });
+        }
+    }
+    shop.db.close().await?;
+    Ok(cells)
+}
+
+/// The other build's `stockguard check` on its database: its last line of
+/// output, and whether it exited 0.
+async fn check(bin: &Path, database_url: &str) -> anyhow::Result<String> {
+    let output = tokio::process::Command::new(bin)
+        .arg("check")
+        .env("DATABASE_URL", database_url)
+        .output()
+        .await
+        .with_context(|| format!("{} check", bin.display()))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let last = text.lines().last().unwrap_or("(no output)").trim().to_owned();
+    Ok(format!("{last} (exit {})", output.status.code().map_or_else(|| "by a signal".into(), |c| c.to_string())))
+}
+
+/// The other build's `--version`.
+async fn version(bin: &Path) -> String {
+    match tokio::process::Command::new(bin).arg("--version").output().await {
+        Ok(output) => String::from_utf8_lossy(&output.stdout).trim().to_owned(),
+        Err(err) => format!("unknown ({err})"),
+    }
+}
+
+impl Baseline {
+    /// The report's section.
+    pub fn markdown(&self) -> String {
+        let mut md = format!(
+            "## The single-location cells before and after this build\n\n\
+             The same cells on the server of another build (`{}`, {}), on a database of its own migrated by \
+             it and seeded the same way through its API, taking turns with this build round by round. \
+             After / before = this build's res/s over the other's. Its database after the cells, by its own \
+             `stockguard check`: {}.\n\n\
+             | scenario | clients | this build res/s | before res/s | after / before | p99 ms after / before | \
+             CPU µs/res server after / before | CPU µs/res PostgreSQL after / before |\n\
+             |---|--:|--:|--:|--:|--:|--:|--:|\n",
+            self.bin.display(),
+            self.version,
+            self.check
+        );
+        for c in &self.cells {
+            let (a, b) = (&c.after, &c.before);
+            let ((a_server, a_pg), (b_server, b_pg)) = (cpu_per_reservation(a), cpu_per_reservation(b));
+            let (a_rate, b_rate) = (a.per_sec(a.successes), b.per_sec(b.successes));
+            md.push_str(&format!(
+                "| {} | {} | {a_rate:.0} | {b_rate:.0} | {:.2} | {:.2} / {:.2} | {a_server:.0} / {b_server:.0} | \
+                 {a_pg:.0} / {b_pg:.0} |\n",
+                c.scenario.name(),
+                c.clients,
+                a_rate / b_rate.max(1.0),
+                a.p99_ms,
+                b.p99_ms,
+            ));
+        }
+        md.push('\n');
+        md
+    }
+}
