@@ -57,6 +57,29 @@ SQL
     # Upper bound of what announcing live stock can cost: no trigger at all.
     no_watch_trigger) echo "DROP TRIGGER inventories_notify ON inventories" ;;
     reservation_id_v7) echo "$UUID_V7" ;;
+    # Events out (docs/design.md): each ledger row records its transaction,
+    # found by a BRIN index; the ledger is the outbox.
+    ledger_txid) cat <<'SQL'
+ALTER TABLE stock_movements ADD COLUMN txid bigint;
+ALTER TABLE stock_movements ALTER COLUMN txid SET DEFAULT (pg_current_xact_id()::text::bigint);
+CREATE INDEX stock_movements_txid ON stock_movements USING brin (txid) WITH (autosummarize = on);
+SQL
+    ;;
+    # The alternative: an outbox row (with its keys) per change, written in
+    # the change's statement; here by a trigger, so an upper bound.
+    outbox_row) cat <<'SQL'
+CREATE TABLE outbox_rows (seq bigserial PRIMARY KEY, id uuid NOT NULL,
+    txid bigint NOT NULL DEFAULT (pg_current_xact_id()::text::bigint), body jsonb NOT NULL);
+CREATE INDEX outbox_rows_txid ON outbox_rows (txid);
+CREATE FUNCTION outbox_row() RETURNS trigger LANGUAGE plpgsql AS $f$
+BEGIN
+    INSERT INTO outbox_rows (id, body) VALUES (NEW.id, jsonb_build_object('inventoryId', NEW.inventory_id,
+        'version', NEW.version_after, 'delta', NEW.delta, 'reason', NEW.reason, 'available', NEW.stock_after));
+    RETURN NULL;
+END $f$;
+CREATE TRIGGER stock_movements_outbox AFTER INSERT ON stock_movements FOR EACH ROW EXECUTE FUNCTION outbox_row();
+SQL
+    ;;
     *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }

@@ -180,7 +180,7 @@ SELECT {ledger_key}, inventory_id, CASE WHEN g % 2 = 0 THEN -1 ELSE 1 END,
     )
     .await
     .context("history: the user index")?;
-    each_day_guard(db, "ADD CONSTRAINT %2$I UNIQUE (inventory_id, version_after)")
+    each_day_guard(db, "ADD CONSTRAINT %2$I UNIQUE NULLS NOT DISTINCT (inventory_id, version_after, location_id)")
         .await
         .context("history: the ledger's guards")?;
     for sql in ["VACUUM (ANALYZE) reservations", "VACUUM (ANALYZE) stock_movements", "CHECKPOINT"] {
@@ -190,15 +190,19 @@ SELECT {ledger_key}, inventory_id, CASE WHEN g % 2 = 0 THEN -1 ELSE 1 END,
 }
 
 /// Runs `ALTER TABLE <partition> <action>` on each day partition of the
-/// ledger, `%2$I` in `action` naming the partition's guard constraint.
+/// ledger, `%2$I` in `action` naming the partition's guard constraint (its
+/// unique key of inventory, version and location, found by its kind, since
+/// PostgreSQL shortens a long generated name).
 async fn each_day_guard(db: &DatabaseConnection, action: &str) -> Result<(), sea_orm::DbErr> {
     let sql = format!(
         r#"
 DO $$
-DECLARE part text;
+DECLARE part text; guard text;
 BEGIN
     FOR part IN SELECT d.part::text FROM ledger_days() d LOOP
-        EXECUTE format('ALTER TABLE %1$I {action}', part, part || '_inventory_id_version_after_key');
+        SELECT c.conname INTO guard FROM pg_constraint c
+         WHERE c.conrelid = part::regclass AND c.contype = 'u';
+        EXECUTE format('ALTER TABLE %1$I {action}', part, coalesce(guard, part || '_guard'));
     END LOOP;
 END
 $$"#
