@@ -135,7 +135,7 @@ impl Baseline {
     /// The report's section.
     pub fn markdown(&self) -> String {
         let mut md = format!(
-            "## The single-location cells before and after this build\n\n\
+            "\n## The single-location cells before and after this build\n\n\
              The same cells on the server of another build (`{}`, {}), on a database of its own migrated by \
              it and seeded the same way through its API, taking turns with this build round by round. \
              After / before = this build's res/s over the other's. Its database after the cells, by its own \
