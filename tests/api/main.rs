@@ -20,6 +20,7 @@ mod concurrency;
 mod db_errors;
 mod deploy;
 mod exhausted;
+mod fair_share;
 mod faults;
 mod fingerprints;
 mod fuzz;
