@@ -23,6 +23,7 @@ mod exhausted;
 mod fair_share;
 mod faults;
 mod fingerprints;
+mod flood;
 mod fuzz;
 mod graphiql;
 mod helpers;
