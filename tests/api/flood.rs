@@ -12,8 +12,8 @@
 //! 1.7× on a quiet machine and 5.5× beside other tests: each read of
 //! 130+ ms holds a worker for tens of ms at a time in this build.) The
 //! flooder honours `retryAfterMs`, as a client of a throttling API does; a
-//! flooder that ignores it is not bounded by this test (see the report in
-//! docs/operations.md, "Fair share").
+//! flooder that ignores it is not bounded by this test (docs/operations.md,
+//! "Fair share", says what that costs).
 //!
 //! Latency is the one figure this test asserts, as the issue demands; on a
 //! 2-core machine shared with PostgreSQL and other work it is made robust:
