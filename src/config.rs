@@ -157,6 +157,46 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_MAX_IN_FLIGHT", default_value_t = 512)]
     pub max_in_flight: usize,
 
+    /// Most GraphQL operations one caller (a token's `sub`, or a client
+    /// address when anonymous) may have in flight in a process, HTTP and
+    /// websocket together; past it that caller is refused at once with
+    /// `THROTTLED` (HTTP 429) while every other caller is still admitted.
+    #[arg(long, env = "STOCKGUARD_MAX_IN_FLIGHT_PER_CALLER", default_value_t = 128)]
+    pub max_in_flight_per_caller: usize,
+
+    /// Points in the cost bucket of each customer and anonymous caller
+    /// (`throttleStatus.maximumAvailable`). An operation whose requested cost
+    /// exceeds what is left is refused before it runs (`THROTTLED`, HTTP 429).
+    /// Keep it at or above `STOCKGUARD_MAX_COMPLEXITY`, or the largest
+    /// queries can never run.
+    #[arg(long, env = "STOCKGUARD_BUCKET_SIZE", default_value_t = 100_000.0)]
+    pub bucket_size: f64,
+
+    /// Points per second a customer's or anonymous caller's bucket refills
+    /// (`throttleStatus.restoreRate`).
+    #[arg(long, env = "STOCKGUARD_BUCKET_RESTORE_RATE", default_value_t = 50_000.0)]
+    pub bucket_restore_rate: f64,
+
+    /// Points in each operator's cost bucket.
+    #[arg(long, env = "STOCKGUARD_OPERATOR_BUCKET_SIZE", default_value_t = 1_000_000.0)]
+    pub operator_bucket_size: f64,
+
+    /// Points per second an operator's bucket refills.
+    #[arg(long, env = "STOCKGUARD_OPERATOR_BUCKET_RESTORE_RATE", default_value_t = 500_000.0)]
+    pub operator_bucket_restore_rate: f64,
+
+    /// Most cost buckets a process keeps (about 100 bytes each). Full
+    /// buckets are forgotten; past the cap the least recently used half goes.
+    #[arg(long, env = "STOCKGUARD_MAX_BUCKETS", default_value_t = 100_000)]
+    pub max_buckets: usize,
+
+    /// Proxies whose `X-Forwarded-For` names the client, comma-separated
+    /// addresses or networks (`10.0.0.0/8,192.168.1.7`). The client is the
+    /// last address in the header that is not one of them. None by default:
+    /// the header is ignored and the peer address is the client.
+    #[arg(long, env = "STOCKGUARD_TRUSTED_PROXIES", value_delimiter = ',', value_parser = parse_network)]
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+
     /// Most operations in one batched request.
     #[arg(long, env = "STOCKGUARD_MAX_BATCH", default_value_t = 10)]
     pub max_batch: usize,
@@ -254,6 +294,14 @@ fn defaults<T: Args + FromArgMatches>() -> T {
     // Every argument has a default or is optional, so an empty command line
     // always parses; the unit test below runs this for each type.
     parsed.expect("an empty command line parses")
+}
+
+/// An address (`10.0.0.7`, a network of one) or a network (`10.0.0.0/8`).
+fn parse_network(text: &str) -> Result<ipnet::IpNet, String> {
+    let text = text.trim();
+    text.parse::<ipnet::IpNet>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{text:?} is neither an IP address nor a network like 10.0.0.0/8"))
 }
 
 /// How order transitions (confirm, cancel) guard against concurrent writers.

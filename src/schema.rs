@@ -54,6 +54,9 @@ pub type AppSchemaBuilder = async_graphql::SchemaBuilder<Query, Mutation, Subscr
 
 fn builder(limits: &Limits) -> AppSchemaBuilder {
     Schema::build(Query::default(), Mutation::default(), Subscription::default())
+        // Outermost, so an operation is charged only once every other check
+        // has let it through (see `gateway/cost.rs`).
+        .extension(gateway::Metering)
         // The depth and complexity bounds are kept by `ErrorCodes`, which
         // refuses with their codes (see `gateway/codes.rs`).
         .extension(gateway::ErrorCodes::new(limits))

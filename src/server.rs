@@ -18,7 +18,7 @@ use tokio::{
 use crate::{
     app::AppState,
     documents::Bounds,
-    gateway::{Gateway, Setup},
+    gateway::{Fairness, Gateway, Setup},
     inventory::{
         self, InventoryRow,
         loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader},
@@ -116,6 +116,7 @@ impl Server {
             introspection: Arc::new(schema::build_for_introspection(self.state.clone())),
             bounds: Bounds { max_tokens: limits.max_tokens, max_selections: limits.max_complexity },
             in_flight: self.in_flight(),
+            fairness: Fairness::of(limits),
             request_data: Arc::new(move |request| request_data(&state, request)),
         })
     }

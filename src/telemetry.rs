@@ -119,6 +119,12 @@ pub fn overloaded() {
     counter!("stockguard_overloaded_total").increment(1);
 }
 
+/// Counts GraphQL operations refused with `THROTTLED`, by `reason`: `cost`
+/// (the caller's bucket) or `in_flight` (the caller's share).
+pub fn throttled(reason: &'static str) {
+    counter!("stockguard_throttled_total", "reason" => reason).increment(1);
+}
+
 /// Counts TCP connections opening (`1`) and closing (`-1`).
 pub fn http_connections(delta: i8) {
     gauge!("stockguard_http_connections").increment(f64::from(delta));

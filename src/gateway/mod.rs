@@ -5,10 +5,14 @@
 //! checked within the bounds of `documents.rs` (parsed once and kept), the
 //! operation picked by name, the caller, a fresh set of per-request
 //! DataLoaders, the schema with the right depth bound, and a permit of the
-//! in-flight limit. The permit travels with the work ([`Admitted::execute`])
-//! and is given back only when the work really ends, even if the client went
-//! away first. Subscriptions are long-lived, so they hold a place under
-//! their own caps instead (see `ws.rs`).
+//! in-flight limit and of its caller's share of it (`callers.rs`). The
+//! permit travels with the work ([`Admitted::execute`]) and is given back
+//! only when the work really ends, even if the client went away first.
+//! Subscriptions are long-lived, so they hold a place under their own caps
+//! instead (see `ws.rs`).
+//!
+//! Every response carries `extensions.cost`, and an operation is paid from
+//! its caller's bucket before it runs (`cost.rs`, `buckets.rs`).
 //!
 //! Every error an operation can end in carries an `extensions.code`
 //! ([`ErrorCodes`]); `docs/operations.md` lists them.
@@ -18,7 +22,10 @@
 //! data) by `server.rs`, and imports neither, so `schema.rs` can use its
 //! [`ErrorCodes`] without a cycle.
 
+mod buckets;
+mod callers;
 mod codes;
+mod cost;
 mod persisted;
 mod shapes;
 
@@ -29,8 +36,18 @@ use std::{
     task::{Context, Poll},
 };
 
-pub use self::codes::{ErrorCodes, code_of, coded};
-use self::{persisted::Persisted, shapes::Shapes};
+pub use self::{
+    buckets::Tier,
+    callers::Caller,
+    codes::{ErrorCodes, code_of, coded},
+    cost::{Fairness, Metering},
+};
+use self::{
+    callers::Share,
+    cost::{Fair, Meter},
+    persisted::Persisted,
+    shapes::Shapes,
+};
 
 use async_graphql::{
     Positioned, Request, Response, ServerError,
@@ -39,10 +56,7 @@ use async_graphql::{
 use futures::{FutureExt, StreamExt, future::BoxFuture, stream::BoxStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::{
-    auth::Viewer,
-    documents::{Bounds, Checked, Documents, Introspection},
-};
+use crate::documents::{Bounds, Checked, Documents, Introspection};
 
 /// What runs a checked operation: a schema, seen only as what it does
 /// (async-graphql's `Executor`, in a form that can be held as a value).
@@ -80,9 +94,16 @@ pub struct Setup {
     pub bounds: Bounds,
     /// One permit per operation in flight in the process.
     pub in_flight: Arc<Semaphore>,
+    /// The callers' buckets and in-flight shares.
+    pub fairness: Fairness,
     /// Each request's own data; the gateway adds the caller.
     pub request_data: RequestData,
 }
+
+/// When a caller past its in-flight share is told to retry: its own
+/// operations end in about this time, and it is the same second
+/// `OVERLOADED` gives.
+const SHARE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Admits GraphQL operations; cheap to clone, one per server.
 #[derive(Clone)]
@@ -99,6 +120,8 @@ pub struct Gateway {
     shapes: Arc<Shapes>,
     /// One permit per operation in flight.
     in_flight: Arc<Semaphore>,
+    /// The callers' buckets and in-flight shares.
+    fair: Arc<Fair>,
     /// Each request's own data.
     request_data: RequestData,
 }
@@ -108,6 +131,9 @@ pub struct Gateway {
 pub enum Refusal {
     /// The in-flight limit is reached; the client may retry.
     Overloaded,
+    /// The caller holds its whole share of the in-flight limit; it may
+    /// retry once one of its operations ended.
+    Throttled,
     /// The document, or the choice of operation, is refused; nothing ran.
     Request(ServerError),
 }
@@ -122,6 +148,7 @@ impl Refusal {
     pub fn code(&self) -> &str {
         match self {
             Self::Overloaded => "OVERLOADED",
+            Self::Throttled => "THROTTLED",
             Self::Request(error) => code_of(error).unwrap_or("GRAPHQL_VALIDATION_FAILED"),
         }
     }
@@ -135,6 +162,10 @@ impl Refusal {
                 extensions.set("code", "OVERLOADED");
                 extensions.set("retryable", true);
                 Response::from_errors(vec![error])
+            }
+            Self::Throttled => {
+                let message = "you have as many operations in flight as one caller may; retry when one has ended";
+                Response::from_errors(vec![cost::throttled(message, SHARE_RETRY)])
             }
             Self::Request(error) => Response::from_errors(vec![error]),
         }
@@ -151,6 +182,7 @@ impl Gateway {
             documents: Documents::new(setup.bounds),
             persisted: Persisted::default(),
             in_flight: setup.in_flight,
+            fair: Arc::new(Fair::new(setup.fairness)),
             request_data: setup.request_data,
         }
     }
@@ -158,7 +190,7 @@ impl Gateway {
     /// Checks `request`'s document and picks its operation, without taking
     /// a permit: what an operation is must be known before it is admitted
     /// (a transport may refuse some kinds, a subscription takes no permit).
-    pub fn prepare(&self, mut request: Request, viewer: Viewer) -> Result<Prepared, Refusal> {
+    pub fn prepare(&self, mut request: Request, caller: &Caller) -> Result<Prepared, Refusal> {
         let to_keep = self.persisted.resolve(&mut request).map_err(Refusal::Request)?;
         if request.query.trim().is_empty() {
             let error = ServerError::new("the request is not a GraphQL request: it has no query", None);
@@ -176,17 +208,31 @@ impl Gateway {
             Introspection::No => self.schema.clone(),
         };
         request.set_parsed_query(checked.document.clone());
-        let completion =
-            Completion { checked, operation_name: request.operation_name.clone(), kind, shapes: self.shapes.clone() };
+        let meter = self.fair.meter(caller);
+        let completion = Completion {
+            checked,
+            operation_name: request.operation_name.clone(),
+            kind,
+            shapes: self.shapes.clone(),
+            meter: meter.clone(),
+        };
         // Each operation gets its own DataLoaders, so nothing is cached past it.
-        let request = (self.request_data)(request.data(viewer));
-        Ok(Prepared { request, schema, completion, in_flight: self.in_flight.clone() })
+        let request = (self.request_data)(request.data(caller.viewer.clone()).data(meter));
+        Ok(Prepared { request, schema, completion, in_flight: self.in_flight.clone(), fair: self.fair.clone() })
     }
 
     /// Checks `request` and takes a permit for it: everything an operation
     /// gets before it runs, whichever transport brought it.
-    pub fn admit(&self, request: Request, viewer: Viewer) -> Result<Admitted, Refusal> {
-        self.prepare(request, viewer)?.admit()
+    pub fn admit(&self, request: Request, caller: &Caller) -> Result<Admitted, Refusal> {
+        self.prepare(request, caller)?.admit()
+    }
+
+    /// `refusal` as a response, with the caller's `extensions.cost`
+    /// (nothing requested, nothing resolved: it never ran).
+    pub fn refused(&self, refusal: Refusal, caller: &Caller) -> Response {
+        let mut response = refusal.into_response();
+        self.fair.meter(caller).unmeasured(&mut response);
+        response
     }
 }
 
@@ -197,10 +243,24 @@ struct Completion {
     operation_name: Option<String>,
     kind: OperationType,
     shapes: Arc<Shapes>,
+    /// The operation's cost, settled into each response.
+    meter: Arc<Meter>,
 }
 
 impl Completion {
+    /// The last response of a query or mutation: its cost settled.
     fn complete(&self, mut response: Response) -> Response {
+        self.meter.settle(&mut response);
+        self.propagate(response)
+    }
+
+    /// One event of a subscription: what it resolved.
+    fn event(&self, mut response: Response) -> Response {
+        self.meter.event(&mut response);
+        self.propagate(response)
+    }
+
+    fn propagate(&self, mut response: Response) -> Response {
         if response.errors.iter().any(|error| !error.path.is_empty()) {
             let root = match self.kind {
                 OperationType::Query => "Query",
@@ -219,7 +279,7 @@ impl Completion {
     fn stream(self, responses: BoxStream<'static, Response>) -> BoxStream<'static, Response> {
         futures::stream::unfold((responses, self), |(mut responses, completion)| async move {
             let response = responses.next().await?;
-            Some((completion.complete(response), (responses, completion)))
+            Some((completion.event(response), (responses, completion)))
         })
         .boxed()
     }
@@ -231,6 +291,7 @@ pub struct Prepared {
     schema: Arc<dyn Run>,
     completion: Completion,
     in_flight: Arc<Semaphore>,
+    fair: Arc<Fair>,
 }
 
 impl Prepared {
@@ -239,14 +300,21 @@ impl Prepared {
         self.completion.kind
     }
 
-    /// Takes a permit of the in-flight limit, or refuses at once: a full
-    /// server answers instead of queueing, so memory and waiting stay bounded.
+    /// Takes a place in the caller's share and a permit of the in-flight
+    /// limit, or refuses at once: a full server answers instead of
+    /// queueing, so memory and waiting stay bounded. The share comes first,
+    /// so a caller that fills the server is told it is its own doing
+    /// (`THROTTLED`), and the others still find permits.
     pub fn admit(self) -> Result<Admitted, Refusal> {
+        let Some(share) = self.fair.shares.take(&self.completion.meter.key) else {
+            crate::telemetry::throttled("in_flight");
+            return Err(Refusal::Throttled);
+        };
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             crate::telemetry::overloaded();
             return Err(Refusal::Overloaded);
         };
-        Ok(Admitted { prepared: self, permit: InFlight::new(permit) })
+        Ok(Admitted { prepared: self, permit: InFlight::new(permit, share) })
     }
 
     /// Runs without a permit: for subscriptions, which hold a place under
@@ -263,14 +331,17 @@ pub struct Admitted {
     permit: InFlight,
 }
 
-/// One operation's place under the in-flight limit, counted in
-/// `stockguard_operations_in_flight` until it is given back.
-struct InFlight(#[expect(dead_code, reason = "held for its drop")] OwnedSemaphorePermit);
+/// One operation's place under the in-flight limit and in its caller's
+/// share, counted in `stockguard_operations_in_flight` until it is given back.
+struct InFlight(
+    #[expect(dead_code, reason = "held for its drop")] OwnedSemaphorePermit,
+    #[expect(dead_code, reason = "held for its drop")] Share,
+);
 
 impl InFlight {
-    fn new(permit: OwnedSemaphorePermit) -> Self {
+    fn new(permit: OwnedSemaphorePermit, share: Share) -> Self {
         crate::telemetry::operations_in_flight(1);
-        Self(permit)
+        Self(permit, share)
     }
 }
 

@@ -53,11 +53,12 @@ use axum::{
 };
 use serde::Deserialize;
 
-use super::{Http, error_response, graphiql_page};
-use crate::{
-    auth::Viewer,
-    gateway::{Admitted, Refusal, code_of},
+use super::{
+    Http,
+    callers::{Peer, authorization, caller},
+    error_response, graphiql_page,
 };
+use crate::gateway::{Admitted, Caller, Refusal, code_of};
 
 /// The media type a response is sent as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,10 +112,6 @@ fn wants_html(headers: &HeaderMap) -> bool {
     accept.split(',').next().is_some_and(|first| first.trim().starts_with("text/html"))
 }
 
-fn viewer(http: &Http, headers: &HeaderMap) -> Viewer {
-    http.app.keys.viewer(headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()))
-}
-
 /// Whether a response is a request error: nothing ran, so there is no data
 /// (a field error always has a path; a request error never has one).
 fn is_request_error(response: &Response) -> bool {
@@ -123,18 +120,43 @@ fn is_request_error(response: &Response) -> bool {
         && response.errors.iter().all(|e| e.path.is_empty())
 }
 
-/// One response as HTTP, by the rules of `media`.
+/// One response as HTTP, by the rules of `media`. A refusal to run now
+/// (`THROTTLED`, `OVERLOADED`) is 429 or 503 with `Retry-After` under
+/// either media type, as the server's other refusals before any work are.
 fn respond(media: Media, response: Response) -> HttpResponse {
     let request_error = is_request_error(&response);
-    let status =
-        if request_error && media == Media::GraphqlResponse { StatusCode::BAD_REQUEST } else { StatusCode::OK };
-    let body = if request_error && media == Media::GraphqlResponse {
+    let refusal = if request_error { response.errors.first().and_then(code_of) } else { None };
+    let (status, retry_after) = match refusal {
+        Some("THROTTLED") => (StatusCode::TOO_MANY_REQUESTS, Some(retry_after_secs(&response))),
+        Some("OVERLOADED") => (StatusCode::SERVICE_UNAVAILABLE, Some(1)),
+        _ if request_error && media == Media::GraphqlResponse => (StatusCode::BAD_REQUEST, None),
+        _ => (StatusCode::OK, None),
+    };
+    let body = if request_error && status != StatusCode::OK {
         // No `data` at all: the request never ran.
-        serde_json::json!({ "errors": response.errors })
+        let mut body = serde_json::json!({ "errors": response.errors });
+        if !response.extensions.is_empty() {
+            body["extensions"] = serde_json::to_value(&response.extensions).unwrap_or_default();
+        }
+        body
     } else {
         serde_json::to_value(&response).unwrap_or_default()
     };
-    with_type(status, media, &body)
+    let mut answer = with_type(status, media, &body);
+    if let Some(seconds) = retry_after {
+        answer.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    answer
+}
+
+/// `Retry-After` in whole seconds (at least one) from the first error's
+/// `retryAfterMs`.
+fn retry_after_secs(response: &Response) -> u64 {
+    let ms = response.errors.first().and_then(|error| match error.extensions.as_ref()?.get("retryAfterMs")? {
+        async_graphql::Value::Number(ms) => ms.as_u64(),
+        _ => None,
+    });
+    ms.unwrap_or(1000).div_ceil(1000).max(1)
 }
 
 fn with_type(status: StatusCode, media: Media, body: &serde_json::Value) -> HttpResponse {
@@ -143,21 +165,17 @@ fn with_type(status: StatusCode, media: Media, body: &serde_json::Value) -> Http
     response
 }
 
-/// A refusal as HTTP: 503 for a full server, 400 for a request that is not
+/// A refusal as HTTP, with the caller's `extensions.cost`: 503 for a full
+/// server, 429 for a caller past its share, 400 for a request that is not
 /// one (`BAD_REQUEST`), else as any request error of `media`.
-fn refused(media: Media, refusal: Refusal) -> HttpResponse {
-    match &refusal {
-        Refusal::Overloaded => error_response(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "OVERLOADED",
-            "the server is at its limit of requests in flight, try again",
-        ),
-        Refusal::Request(error) if code_of(error) == Some("BAD_REQUEST") => {
-            let body = serde_json::json!({ "errors": [error] });
-            with_type(StatusCode::BAD_REQUEST, media, &body)
-        }
-        Refusal::Request(_) => respond(media, refusal.into_response()),
+fn refused(http: &Http, media: Media, refusal: Refusal, caller: &Caller) -> HttpResponse {
+    let not_graphql = matches!(&refusal, Refusal::Request(error) if code_of(error) == Some("BAD_REQUEST"));
+    let response = http.gateway.refused(refusal, caller);
+    if not_graphql {
+        let body = serde_json::json!({ "errors": response.errors, "extensions": response.extensions });
+        return with_type(StatusCode::BAD_REQUEST, media, &body);
     }
+    respond(media, response)
 }
 
 fn not_acceptable() -> HttpResponse {
@@ -181,7 +199,7 @@ struct GetParams {
 
 /// `GET /graphql`: a query from the URL, or GraphiQL for a browser that
 /// asks for a page and no query.
-pub async fn get(State(http): State<Http>, headers: HeaderMap, RawQuery(query): RawQuery) -> HttpResponse {
+pub async fn get(State(http): State<Http>, peer: Peer, headers: HeaderMap, RawQuery(query): RawQuery) -> HttpResponse {
     if query.as_deref().is_none_or(str::is_empty) && wants_html(&headers) {
         return graphiql_page(State(http)).await;
     }
@@ -194,9 +212,10 @@ pub async fn get(State(http): State<Http>, headers: HeaderMap, RawQuery(query): 
             return with_type(StatusCode::BAD_REQUEST, media, &body);
         }
     };
-    let prepared = match http.gateway.prepare(request, viewer(&http, &headers)) {
+    let caller = caller(&http, &headers, &peer, authorization(&headers));
+    let prepared = match http.gateway.prepare(request, &caller) {
         Ok(prepared) => prepared,
-        Err(refusal) => return refused(media, refusal),
+        Err(refusal) => return refused(&http, media, refusal, &caller),
     };
     // GET must be safe: a mutation (or a subscription) only by POST.
     if prepared.kind() != async_graphql::parser::types::OperationType::Query {
@@ -210,7 +229,7 @@ pub async fn get(State(http): State<Http>, headers: HeaderMap, RawQuery(query): 
     }
     match prepared.admit() {
         Ok(admitted) => respond(media, admitted.execute().await),
-        Err(refusal) => refused(media, refusal),
+        Err(refusal) => refused(&http, media, refusal, &caller),
     }
 }
 
@@ -271,7 +290,7 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, HttpResponse> {
 /// `POST /graphql`: a request or a batch (a JSON array of requests). A body
 /// that is not JSON is 415, not a GraphQL request 400, over the limit 413,
 /// and a full server 503.
-pub async fn post(State(http): State<Http>, headers: HeaderMap, body: Body) -> HttpResponse {
+pub async fn post(State(http): State<Http>, peer: Peer, headers: HeaderMap, body: Body) -> HttpResponse {
     let Some(media) = negotiate(&headers) else { return not_acceptable() };
     if !is_json(&headers) {
         return error_response(
@@ -302,23 +321,26 @@ pub async fn post(State(http): State<Http>, headers: HeaderMap, body: Body) -> H
         }
         BatchRequest::Batch(requests) => (false, requests),
     };
-    let viewer = viewer(&http, &headers);
+    let caller = caller(&http, &headers, &peer, authorization(&headers));
     let mut admitted: Vec<Result<Admitted, Refusal>> = Vec::with_capacity(requests.len());
     for request in requests {
-        let admission = http.gateway.admit(request, viewer.clone());
+        let admission = http.gateway.admit(request, &caller);
         match admission {
             // Whatever was admitted is dropped unrun, its permits given back.
-            Err(Refusal::Overloaded) => return refused(media, Refusal::Overloaded),
+            Err(refusal @ (Refusal::Overloaded | Refusal::Throttled)) => {
+                return refused(&http, media, refusal, &caller);
+            }
             Err(Refusal::Request(error)) if single || code_of(&error) == Some("BAD_REQUEST") => {
-                return refused(media, Refusal::Request(error));
+                return refused(&http, media, Refusal::Request(error), &caller);
             }
             admission => admitted.push(admission),
         }
     }
+    let (http, caller) = (&http, &caller);
     let responses = futures::future::join_all(admitted.into_iter().map(|admission| async move {
         match admission {
             Ok(admitted) => admitted.execute().await,
-            Err(refusal) => refusal.into_response(),
+            Err(refusal) => http.gateway.refused(refusal, caller),
         }
     }))
     .await;

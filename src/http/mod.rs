@@ -6,6 +6,7 @@
 //! the [`Gateway`]; this module only turns HTTP into requests and
 //! responses into HTTP.
 
+mod callers;
 mod graphiql;
 mod graphql;
 mod server;

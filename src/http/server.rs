@@ -19,7 +19,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use axum::{Router, body::Body, extract::Request};
+use axum::{
+    Router,
+    body::Body,
+    extract::{ConnectInfo, Request},
+};
 use hyper::body::Incoming;
 use hyper_util::{
     rt::{TokioExecutor, TokioIo},
@@ -69,7 +73,7 @@ pub async fn serve(
             permit = open.clone().acquire_owned() => permit.map_err(io::Error::other)?,
             () = &mut shutdown => break,
         };
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(err) => {
@@ -89,8 +93,11 @@ pub async fn serve(
         let watch = Watch::new();
         let service = {
             let (router, watch) = (router.clone(), watch.clone());
-            hyper::service::service_fn(move |request: Request<Incoming>| {
+            hyper::service::service_fn(move |mut request: Request<Incoming>| {
                 let busy = watch.busy();
+                // The peer's address, for the handlers that key on the caller (as
+                // axum's `into_make_service_with_connect_info` would put it).
+                request.extensions_mut().insert(ConnectInfo(peer));
                 let response = router.clone().oneshot(request.map(Body::new));
                 async move {
                     let response = response.await;

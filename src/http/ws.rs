@@ -18,6 +18,7 @@
 //! [`guarded`].
 
 use std::{
+    net::IpAddr,
     sync::{
         Arc, OnceLock,
         atomic::{AtomicUsize, Ordering},
@@ -40,10 +41,13 @@ use axum::{
 };
 use futures::{FutureExt, SinkExt, StreamExt, stream::BoxStream};
 
-use super::Http;
+use super::{
+    Http,
+    callers::{Peer, address, authorization},
+};
 use crate::{
     auth::{Keys, Viewer},
-    gateway::{Gateway, Refusal},
+    gateway::{Caller, Gateway, Refusal},
 };
 
 /// A socket's read buffer (and its write buffer's flush threshold): GraphQL
@@ -55,7 +59,12 @@ const READ_BUFFER: usize = 4096;
 pub struct Subscriptions(Arc<AtomicUsize>);
 
 /// Upgrades `/graphql/ws` to a websocket and serves GraphQL on it.
-pub async fn upgrade(State(http): State<Http>, headers: HeaderMap, upgrade: WebSocketUpgrade) -> HttpResponse {
+pub async fn upgrade(
+    State(http): State<Http>,
+    peer: Peer,
+    headers: HeaderMap,
+    upgrade: WebSocketUpgrade,
+) -> HttpResponse {
     let protocol = headers
         .get(header::SEC_WEBSOCKET_PROTOCOL)
         .and_then(|value| value.to_str().ok())
@@ -65,7 +74,9 @@ pub async fn upgrade(State(http): State<Http>, headers: HeaderMap, upgrade: WebS
             .into_response();
     };
     let limit = http.app.limits.body_limit;
-    let authorization = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let authorization = authorization(&headers).map(str::to_owned);
+    // The socket's operations are one caller's, from the address it came from.
+    let address = address(&http, &headers, &peer);
     upgrade
         .protocols(ALL_WEBSOCKET_PROTOCOLS)
         .max_message_size(limit)
@@ -75,11 +86,17 @@ pub async fn upgrade(State(http): State<Http>, headers: HeaderMap, upgrade: WebS
         .read_buffer_size(READ_BUFFER)
         .write_buffer_size(READ_BUFFER)
         .max_write_buffer_size(limit.saturating_mul(4))
-        .on_upgrade(move |socket| serve(socket, http, protocol, authorization))
+        .on_upgrade(move |socket| serve(socket, http, protocol, authorization, address))
 }
 
 /// One socket, until either side closes it or it breaks a bound.
-async fn serve(socket: Socket, http: Http, protocol: WebSocketProtocols, authorization: Option<String>) {
+async fn serve(
+    socket: Socket,
+    http: Http,
+    protocol: WebSocketProtocols,
+    authorization: Option<String>,
+    address: IpAddr,
+) {
     let limits = &http.app.limits;
     let init_timeout = Duration::from_millis(limits.ws_init_timeout_ms);
     let keepalive = Duration::from_millis(limits.ws_keepalive_ms.max(1));
@@ -101,6 +118,7 @@ async fn serve(socket: Socket, http: Http, protocol: WebSocketProtocols, authori
     let executor = SocketExecutor {
         gateway: http.gateway.clone(),
         caller: caller.clone(),
+        address,
         on_socket: Arc::default(),
         per_socket: limits.max_subscriptions_per_socket,
         in_process: http.subscriptions.clone(),
@@ -171,6 +189,8 @@ struct SocketExecutor {
     gateway: Gateway,
     /// Set by `connection_init`.
     caller: Arc<OnceLock<Viewer>>,
+    /// Where the socket came from.
+    address: IpAddr,
     /// Live subscriptions on this socket.
     on_socket: Arc<AtomicUsize>,
     per_socket: usize,
@@ -180,8 +200,8 @@ struct SocketExecutor {
 }
 
 impl SocketExecutor {
-    fn caller(&self) -> Viewer {
-        self.caller.get().cloned().unwrap_or(Viewer::Anonymous)
+    fn caller(&self) -> Caller {
+        Caller { viewer: self.caller.get().cloned().unwrap_or(Viewer::Anonymous), address: self.address }
     }
 
     /// A place for one more subscription, if both caps allow it.
@@ -195,20 +215,22 @@ impl SocketExecutor {
 
 impl Executor for SocketExecutor {
     fn execute(&self, request: Request) -> impl std::future::Future<Output = Response> + Send {
-        let admitted = self.gateway.admit(request, self.caller());
+        let caller = self.caller();
+        let admitted = self.gateway.admit(request, &caller).map_err(|refusal| self.gateway.refused(refusal, &caller));
         let work = async move {
             match admitted {
                 Ok(admitted) => admitted.execute().await,
-                Err(refusal) => refusal.into_response(),
+                Err(refused) => refused,
             }
         };
         std::panic::AssertUnwindSafe(work).catch_unwind().map(|answer| answer.unwrap_or_else(|_| panicked()))
     }
 
     fn execute_stream(&self, request: Request, _session: Option<Arc<Data>>) -> BoxStream<'static, Response> {
-        let prepared = match self.gateway.prepare(request, self.caller()) {
+        let caller = self.caller();
+        let prepared = match self.gateway.prepare(request, &caller) {
             Ok(prepared) => prepared,
-            Err(refusal) => return once(refusal.into_response()),
+            Err(refusal) => return once(self.gateway.refused(refusal, &caller)),
         };
         if prepared.kind() != OperationType::Subscription {
             // Started at once in a task of its own: an operation that reached
@@ -219,7 +241,7 @@ impl Executor for SocketExecutor {
                     let work = tokio::spawn(admitted.execute());
                     futures::stream::once(async move { work.await.unwrap_or_else(|_| panicked()) }).boxed()
                 }
-                Err(refusal) => once(refusal.into_response()),
+                Err(refusal) => once(self.gateway.refused(refusal, &caller)),
             };
         }
         let Some(place) = self.place() else {
@@ -231,7 +253,7 @@ impl Executor for SocketExecutor {
                 None,
             );
             error.extensions.get_or_insert_with(Default::default).set("code", "TOO_MANY_SUBSCRIPTIONS");
-            return once(Response::from_errors(vec![error]));
+            return once(self.gateway.refused(Refusal::Request(error), &caller));
         };
         let responses = guarded(prepared.stream_unmetered());
         futures::stream::unfold((responses, place), |(mut responses, place)| async move {
