@@ -18,6 +18,10 @@ use tokio::{
 use crate::{
     app::AppState,
     documents::Bounds,
+    events::{
+        deliver::{self, Delivering},
+        pump,
+    },
     gateway::{Gateway, Setup},
     inventory::{
         self, InventoryRow,
@@ -121,7 +125,8 @@ impl Server {
     }
 
     /// Starts the background work of a server process: the sweeper, the
-    /// ledger's partitions ahead, and the live listener.
+    /// ledger's partitions ahead, the event pump, the webhook deliveries and
+    /// the live listener.
     pub fn spawn_workers(&self) -> Workers {
         let (stop, stopped) = watch::channel(false);
         let limits = &self.state.limits;
@@ -132,8 +137,18 @@ impl Server {
             stopped.clone(),
         );
         let partitions = partitions::spawn(self.state.db.clone(), stopped.clone());
+        let poll = Duration::from_millis(limits.event_poll_ms);
+        let pump = pump::spawn(self.state.db.clone(), poll, stopped.clone());
+        let delivering = Delivering {
+            lease: Duration::from_secs(limits.webhook_lease_secs),
+            timeout: Duration::from_millis(limits.webhook_timeout_ms),
+            schedule: limits.webhook_retry_schedule.iter().map(|&secs| Duration::from_secs_f64(secs.max(0.0))).collect(),
+            allow_loopback: limits.webhook_allow_loopback,
+            poll,
+        };
+        let deliveries = deliver::spawn(self.state.db.clone(), delivering, stopped.clone());
         let listener = self.live.spawn_listener(self.state.db.clone(), stopped);
-        Workers { stop, tasks: vec![sweeper, partitions, listener] }
+        Workers { stop, tasks: vec![sweeper, partitions, pump, deliveries, listener] }
     }
 }
 

@@ -5,21 +5,24 @@
 //! writes its ledger rows in the statement that makes it, so the reserve
 //! path writes nothing more for events. Each ledger row now records the
 //! transaction that wrote it (`txid`, a 64-bit transaction id, which never
-//! wraps), and the event pump reads only the rows of transactions below
-//! the oldest one still running (`pg_snapshot_xmin`): ids and sequences are
-//! taken before commit, so a reader by id would skip a row whose
-//! transaction took its id first and committed last; a reader by finished
-//! transactions cannot. The cost of this choice is lag, not loss: a long
-//! transaction anywhere on the server holds every event back until it ends.
-//! A BRIN index finds a window's rows (the ledger is appended in roughly
-//! transaction order), costing the writers next to nothing.
+//! wraps). Ids and sequences are taken before commit, so a reader by id
+//! skips a row whose transaction took its id first and committed last; the
+//! pump instead keeps the snapshot of its last pass (`event_pump.seen`) and
+//! reads exactly the rows of the transactions that have become visible
+//! since (`pg_visible_in_snapshot`), each once, whatever order they
+//! committed in. A transaction that waited for another's row lock commits
+//! after it, so every snapshot that sees the later change sees the earlier
+//! one: an inventory's versions are never pumped out of order. A long
+//! transaction costs only rescans of the rows above its id, not lag. A BRIN
+//! index finds a pass's rows (the ledger is appended in roughly transaction
+//! order), costing the writers next to nothing.
 //!
 //! Changes that write no ledger row (every change of an order, a checkout
 //! turning a reservation into an order line) record their event in
 //! `events` from a trigger, in the transaction of the change; these are
 //! not on the reserve path.
 //!
-//! The pump turns each window of finished transactions into `outbox` rows
+//! The pump turns the changes of newly visible transactions into `outbox` rows
 //! in delivery order (per inventory and per order by version) under the
 //! lock of `event_pump`'s one row, so one process pumps at a time and a
 //! killed pump's transaction leaves nothing half done. It writes outbox rows
@@ -111,13 +114,14 @@ CREATE TABLE outbox (
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- The pump's one row: every transaction below `horizon` has been read.
+-- The pump's one row: the snapshot of its last pass (every transaction it
+-- shows as committed has been pumped) and the last outbox row it numbered.
 CREATE TABLE event_pump (
     one         boolean     PRIMARY KEY DEFAULT true CHECK (one),
-    horizon     bigint      NOT NULL,
+    seen        pg_snapshot NOT NULL,
     last_seq    bigint      NOT NULL DEFAULT 0
 );
-INSERT INTO event_pump (horizon) VALUES (pg_snapshot_xmin(pg_current_snapshot())::text::bigint);
+INSERT INTO event_pump (seen) VALUES (pg_current_snapshot());
 
 CREATE TABLE webhook_deliveries (
     id                    uuid        PRIMARY KEY DEFAULT gen_random_uuid(),

@@ -19,6 +19,7 @@ mod coalescing;
 mod concurrency;
 mod db_errors;
 mod deploy;
+mod events;
 mod exhausted;
 mod faults;
 mod fingerprints;

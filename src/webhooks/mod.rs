@@ -1,0 +1,3 @@
+//! Webhook endpoints (operators) and where they may point.
+
+pub mod egress;
