@@ -42,4 +42,5 @@ mod quantities;
 mod queries;
 mod stock_states;
 mod transfers;
+mod webhooks;
 mod ws;
