@@ -214,12 +214,6 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_WEBHOOK_LEASE_SECS", default_value_t = 30)]
     pub webhook_lease_secs: u64,
 
-    /// Allow webhook URLs with `http` to a loopback address (development and
-    /// tests); otherwise only `https` to public addresses. The variable takes
-    /// `true` or `false`.
-    #[arg(long, env = "STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK", default_value_t = false, action = clap::ArgAction::Set, value_parser = clap::builder::BoolishValueParser::new())]
-    pub webhook_allow_loopback: bool,
-
     /// Serve concurrent reservations (with or without `expectedVersion` or an
     /// idempotency key) that wait at the same time with one statement, on one
     /// inventory or many. The variable takes `true` or `false` (or yes/no,
@@ -262,6 +256,14 @@ pub struct Limits {
     /// say the reservation is no longer ACTIVE.
     #[arg(long, env = "STOCKGUARD_COLLISION_ATTEMPTS", default_value_t = 20)]
     pub collision_attempts: u32,
+
+    /// Let webhooks reach loopback addresses (`http://127.0.0.1:…`,
+    /// `http://localhost:…`, `https` too), for development and tests. Every
+    /// other private, link-local or reserved address stays refused, at
+    /// creation and after DNS at delivery (docs/webhooks.md, "Egress"). The
+    /// variable takes `true` or `false` (or yes/no, on/off, 1/0).
+    #[arg(long, env = "STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK", value_parser = clap::builder::BoolishValueParser::new())]
+    pub webhook_allow_loopback: bool,
 }
 
 impl Default for Limits {

@@ -61,5 +61,5 @@ pub mod stock;
 pub mod telemetry;
 /// Input checks that turn bad input into `BAD_USER_INPUT` before anything runs.
 pub mod validate;
-/// Webhook endpoints and the egress rules.
+/// Webhook endpoints and deliveries for operators, and the egress rules every webhook URL passes.
 pub mod webhooks;

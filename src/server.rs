@@ -42,6 +42,7 @@ use crate::{
     reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
     schema::{self, AppSchema, Services},
     stock::partitions,
+    webhooks::service::WebhookService,
 };
 
 /// One server process's parts: the shared state and each feature's runtime state.
@@ -70,6 +71,7 @@ impl Server {
             reservations: ReservationService::new(&state),
             orders: OrderService::new(&state),
             locations: LocationService::new(&state),
+            webhooks: WebhookService::new(&state),
         };
         let in_flight = Arc::new(Semaphore::new(state.limits.max_in_flight.max(1)));
         let mut live = Live::default();
@@ -97,12 +99,13 @@ impl Server {
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
         schema::build(self.state.clone(), |schema| {
-            let Services { inventory, reservations, orders, locations } = self.services.clone();
+            let Services { inventory, reservations, orders, locations, webhooks } = self.services.clone();
             schema
                 .data(inventory)
                 .data(locations)
                 .data(reservations)
                 .data(orders)
+                .data(webhooks)
                 .data(self.inventories.clone())
                 .data(self.orders.clone())
         })

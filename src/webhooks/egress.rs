@@ -225,9 +225,7 @@ fn range_v6(ip: Ipv6Addr) -> Option<&'static str> {
     if ip.is_unspecified() {
         return Some("unspecified");
     }
-    let embedded = |high: u16, low: u16| {
-        Ipv4Addr::new((high >> 8) as u8, high as u8, (low >> 8) as u8, low as u8)
-    };
+    let embedded = |high: u16, low: u16| Ipv4Addr::new((high >> 8) as u8, high as u8, (low >> 8) as u8, low as u8);
     if segments[..6] == [0; 6] {
         return range_v4(embedded(segments[6], segments[7])).or(Some("IPv4-compatible"));
     }
@@ -283,7 +281,8 @@ mod tests {
         // Even with loopback allowed, plain http never leaves the machine.
         assert_eq!(check_url("http://hooks.example.com/", true), Err(EgressError::Scheme("http".into())));
         assert_eq!(check_url("http://93.184.215.14/", true), Err(EgressError::Scheme("http".into())));
-        for url in ["http://127.0.0.1:9000/hook", "http://[::1]:9000/", "http://localhost:9000/", "https://127.0.0.1/"] {
+        for url in ["http://127.0.0.1:9000/hook", "http://[::1]:9000/", "http://localhost:9000/", "https://127.0.0.1/"]
+        {
             assert!(check_url(url, true).is_ok(), "{url} with loopback allowed");
         }
     }
@@ -390,7 +389,8 @@ mod tests {
         assert_eq!(refused("https://hooks.example.com@169.254.169.254/"), EgressError::UserInfo);
         let long = format!("https://hooks.example.com/{}", "a".repeat(MAX_URL_LEN));
         assert_eq!(refused(&long), EgressError::TooLong);
-        let fits = format!("https://hooks.example.com/{}", "a".repeat(MAX_URL_LEN - "https://hooks.example.com/".len()));
+        let fits =
+            format!("https://hooks.example.com/{}", "a".repeat(MAX_URL_LEN - "https://hooks.example.com/".len()));
         assert!(check_url(&fits, false).is_ok());
         for url in ["", "hooks.example.com/in", "/in", "https://", "https://exa mple.com/", "https://[::1/"] {
             assert!(matches!(refused(url), EgressError::Malformed(_)), "{url:?}");
@@ -406,7 +406,9 @@ mod tests {
         let addrs = resolve(&allowed, true).await.expect("resolves to loopback");
         assert!(!addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback() && a.port() == 9000), "{addrs:?}");
         assert_eq!(
-            resolve(&allowed, false).await.map_err(|err| matches!(err, EgressError::Forbidden { range: "loopback", .. })),
+            resolve(&allowed, false)
+                .await
+                .map_err(|err| matches!(err, EgressError::Forbidden { range: "loopback", .. })),
             Err(true)
         );
     }
@@ -433,7 +435,10 @@ mod tests {
         assert_eq!(vet_all(&[loopback, addr("[::1]:443")], true, true), Ok(()));
         // One inner address among public ones refuses the name: the
         // connection might be made to it.
-        assert!(matches!(vet_all(&[public, private], false, true), Err(EgressError::Forbidden { range: "private", .. })));
+        assert!(matches!(
+            vet_all(&[public, private], false, true),
+            Err(EgressError::Forbidden { range: "private", .. })
+        ));
         assert!(matches!(vet_all(&[public, loopback], false, false), Err(EgressError::Forbidden { .. })));
         assert_eq!(vet_all(&[public, loopback], false, true), Ok(()));
         // http to a name that also resolves outside the machine is refused.

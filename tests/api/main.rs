@@ -43,4 +43,5 @@ mod quantities;
 mod queries;
 mod stock_states;
 mod transfers;
+mod webhooks;
 mod ws;
