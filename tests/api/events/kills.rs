@@ -13,6 +13,7 @@ use std::{
 };
 
 use rand::{RngExt as _, SeedableRng, rngs::StdRng};
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use serde_json::json;
 use stockguard::auth::Role;
 use stockguard_support::documents::{RELEASE, RESERVE};
@@ -114,7 +115,7 @@ async fn killing_processes_at_random_instants_loses_no_event_and_invents_none() 
     let ids = items.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(", ");
     let committed_sql =
         format!("SELECT DISTINCT inventory_id, version_after FROM stock_movements WHERE inventory_id IN ({ids})");
-    let rows = live[0].db.query_all_raw(sea_orm::Statement::from_string(sea_orm::DbBackend::Postgres, committed_sql));
+    let rows = live[0].db.query_all_raw(Statement::from_string(DbBackend::Postgres, committed_sql));
     let committed: BTreeSet<(uuid::Uuid, i64)> = rows
         .await
         .expect("ledger")
