@@ -397,6 +397,33 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Every spelling of one IPv4 address gets the same answer: dotted,
+        /// one decimal number, hexadecimal, and IPv4-mapped IPv6.
+        #[test]
+        fn every_spelling_of_an_ipv4_address_is_judged_as_the_address(n: u32) {
+            let ip = Ipv4Addr::from(n);
+            let expected = range_v4(ip);
+            for url in [format!("https://{ip}/"), format!("https://{n}/"), format!("https://{n:#x}/"), format!("https://[::ffff:{ip}]/")] {
+                let judged = match check_url(&url, false) {
+                    Ok(_) => None,
+                    Err(EgressError::Forbidden { range, .. }) => Some(range),
+                    Err(other) => panic!("{url}: {other:?}"),
+                };
+                proptest::prop_assert_eq!(judged, expected, "{}", url);
+            }
+        }
+
+        /// Whatever the text, the check answers without panicking, and a URL
+        /// it accepts is accepted again as stored (what the dispatcher re-checks).
+        #[test]
+        fn an_accepted_url_is_accepted_again_as_stored(text in "(https?://)?[a-zA-Z0-9.:@\\[\\]%/?#-]{0,40}") {
+            if let Ok(checked) = check_url(&text, true) {
+                proptest::prop_assert_eq!(check_url(checked.as_str(), true), Ok(checked.clone()));
+            }
+        }
+    }
+
     #[tokio::test]
     async fn resolution_refuses_a_name_whose_addresses_are_inner() {
         // `localhost` resolves (from the hosts file, no DNS needed) to
