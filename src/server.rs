@@ -145,7 +145,11 @@ impl Server {
         let delivering = Delivering {
             lease: Duration::from_secs(limits.webhook_lease_secs),
             timeout: Duration::from_millis(limits.webhook_timeout_ms),
-            schedule: limits.webhook_retry_schedule.iter().map(|&secs| Duration::from_secs_f64(secs.max(0.0))).collect(),
+            schedule: limits
+                .webhook_retry_schedule
+                .iter()
+                .map(|&secs| Duration::from_secs_f64(secs.max(0.0)))
+                .collect(),
             allow_loopback: limits.webhook_allow_loopback,
             poll,
         };

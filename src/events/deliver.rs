@@ -77,7 +77,8 @@ pub fn spawn(db: DatabaseConnection, delivering: Delivering, stop: watch::Receiv
             for endpoint in leased {
                 let fresh = serving.lock().unwrap_or_else(PoisonError::into_inner).insert(endpoint);
                 if fresh {
-                    let (db, delivering, serving, stop) = (db.clone(), delivering.clone(), serving.clone(), stop.clone());
+                    let (db, delivering, serving, stop) =
+                        (db.clone(), delivering.clone(), serving.clone(), stop.clone());
                     tokio::spawn(async move {
                         serve(&db, me, endpoint, &delivering, stop).await;
                         serving.lock().unwrap_or_else(PoisonError::into_inner).remove(&endpoint);
@@ -182,7 +183,12 @@ async fn step(db: &DatabaseConnection, me: Uuid, endpoint_id: Uuid, delivering: 
 
 /// Renews the lease on `endpoint_id` if this process still holds it and it
 /// is active; its URL and secret.
-async fn renew(db: &DatabaseConnection, me: Uuid, endpoint_id: Uuid, lease: Duration) -> Result<Option<Endpoint>, DbErr> {
+async fn renew(
+    db: &DatabaseConnection,
+    me: Uuid,
+    endpoint_id: Uuid,
+    lease: Duration,
+) -> Result<Option<Endpoint>, DbErr> {
     let sql = "UPDATE webhook_endpoints SET leased_until = now() + make_interval(secs => $3)
                 WHERE id = $1 AND leased_by = $2 AND active AND leased_until > now()
             RETURNING url, secret";
@@ -296,7 +302,9 @@ async fn send(endpoint: &Endpoint, delivery_id: Uuid, body: &str, delivering: &D
         .send()
         .await;
     match sent {
-        Ok(response) if response.status().is_success() => Attempt { status: Some(response.status().as_u16()), error: None },
+        Ok(response) if response.status().is_success() => {
+            Attempt { status: Some(response.status().as_u16()), error: None }
+        }
         Ok(response) => {
             let status = response.status().as_u16();
             Attempt { status: Some(status), error: Some(format!("answered {status}")) }
@@ -317,7 +325,12 @@ fn without_url(err: &reqwest::Error) -> String {
 
 /// Records an attempt: DELIVERED on a 2xx; else the next attempt after the
 /// schedule's next wait (with jitter), or FAILED when the schedule is spent.
-async fn record(db: &DatabaseConnection, delivery: &Delivery, attempt: &Attempt, delivering: &Delivering) -> Result<(), DbErr> {
+async fn record(
+    db: &DatabaseConnection,
+    delivery: &Delivery,
+    attempt: &Attempt,
+    delivering: &Delivering,
+) -> Result<(), DbErr> {
     let attempts = delivery.attempts + 1;
     let wait = usize::try_from(delivery.attempts).ok().and_then(|i| delivering.schedule.get(i)).copied();
     let (status, wait_secs) = match (&attempt.error, wait) {

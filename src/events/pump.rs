@@ -21,9 +21,7 @@
 
 use std::time::Duration;
 
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, IsolationLevel, Statement, TransactionTrait,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, IsolationLevel, Statement, TransactionTrait};
 use tokio::{sync::watch, task::JoinHandle};
 
 /// One pass; how many events it numbered (0 when another process holds

@@ -56,6 +56,14 @@ async fn endpoint(app: &TestApp, url: &str) -> Uuid {
     uuid(&created["endpoint"]["id"])
 }
 
+/// An endpoint at `url` whose deliveries are written and read by the test
+/// alone: deactivated, so no server process leases it and attempts them.
+async fn idle_endpoint(app: &TestApp, url: &str) -> Uuid {
+    let id = endpoint(app, url).await;
+    run(app, "UPDATE webhook_endpoints SET active = false WHERE id = $1", vec![id.into()]).await;
+    id
+}
+
 /// Writes a delivery of `endpoint` with `status` and `attempts`, made
 /// `age` seconds ago (so the order of a page is known); its id.
 async fn delivery(app: &TestApp, endpoint: Uuid, status: &str, attempts: i32, age: i32) -> Uuid {
@@ -265,7 +273,7 @@ async fn webhook_endpoints_come_a_page_at_a_time_oldest_first() {
 async fn deliveries_are_listed_by_status_and_failed_ones_are_sent_again() {
     let app = TestApp::spawn().await;
     let operator = app.operator();
-    let hook = endpoint(&app, "https://hooks.example.com/in").await;
+    let hook = idle_endpoint(&app, "https://hooks.example.com/in").await;
     let failed = [delivery(&app, hook, "FAILED", 12, 50).await, delivery(&app, hook, "FAILED", 12, 40).await];
     let delivered = delivery(&app, hook, "DELIVERED", 1, 30).await;
     let pending = delivery(&app, hook, "PENDING", 2, 20).await;
@@ -334,7 +342,7 @@ async fn deliveries_are_listed_by_status_and_failed_ones_are_sent_again() {
 #[tokio::test(flavor = "multi_thread")]
 async fn failed_deliveries_replayed_by_many_callers_at_once_are_counted_once() {
     let app = Arc::new(TestApp::spawn().await);
-    let hook = endpoint(&app, "https://hooks.example.com/in").await;
+    let hook = idle_endpoint(&app, "https://hooks.example.com/in").await;
     for age in 0..30 {
         delivery(&app, hook, "FAILED", 12, age).await;
     }

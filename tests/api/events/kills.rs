@@ -68,7 +68,8 @@ async fn killing_processes_at_random_instants_loses_no_event_and_invents_none() 
                     };
                     let bearer = format!("Bearer {token}");
                     let item = items[rng.random_range(0..items.len())];
-                    let reserve = stockguard_support::client::request(RESERVE, json!({ "input": { "inventoryId": item } }));
+                    let reserve =
+                        stockguard_support::client::request(RESERVE, json!({ "input": { "inventoryId": item } }));
                     let reply = stockguard_support::client::post(&client, &address, Some(&bearer), reserve).await;
                     let Ok(reply) = reply else { continue };
                     answered.fetch_add(1, Ordering::Relaxed);
@@ -120,7 +121,12 @@ async fn killing_processes_at_random_instants_loses_no_event_and_invents_none() 
         .await
         .expect("ledger")
         .iter()
-        .map(|row| (row.try_get("", "inventory_id").expect("id"), i64::from(row.try_get::<i32>("", "version_after").expect("v"))))
+        .map(|row| {
+            (
+                row.try_get("", "inventory_id").expect("id"),
+                i64::from(row.try_get::<i32>("", "version_after").expect("v")),
+            )
+        })
         .collect();
     eventually(Duration::from_secs(60), "every committed change delivered", || {
         let (receiver, committed) = (receiver.clone(), committed.clone());
