@@ -226,6 +226,34 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_SWEEP_BATCH", default_value_t = 500)]
     pub sweep_batch: i64,
 
+    /// How often the event pump numbers the events of finished transactions
+    /// into the outbox, and an idle webhook endpoint looks for new ones
+    /// (milliseconds).
+    #[arg(long, env = "STOCKGUARD_EVENT_POLL_MS", default_value_t = 100)]
+    pub event_poll_ms: u64,
+
+    /// How long one webhook delivery attempt may take, connecting included
+    /// (milliseconds).
+    #[arg(long, env = "STOCKGUARD_WEBHOOK_TIMEOUT_MS", default_value_t = 5000)]
+    pub webhook_timeout_ms: u64,
+
+    /// The waits between a webhook delivery's attempts (seconds, comma
+    /// separated, each with ±20 % jitter); after the attempt that follows the
+    /// last wait fails, the delivery is FAILED. The default spends about 24 h.
+    #[arg(
+        long,
+        env = "STOCKGUARD_WEBHOOK_RETRY_SCHEDULE",
+        value_delimiter = ',',
+        default_value = "10,30,60,300,900,1800,3600,7200,14400,28800,28800"
+    )]
+    pub webhook_retry_schedule: Vec<f64>,
+
+    /// How long a process holds a webhook endpoint without renewing its
+    /// lease (seconds): another process takes over a dead one's endpoints
+    /// after this.
+    #[arg(long, env = "STOCKGUARD_WEBHOOK_LEASE_SECS", default_value_t = 30)]
+    pub webhook_lease_secs: u64,
+
     /// Serve concurrent reservations (with or without `expectedVersion` or an
     /// idempotency key) that wait at the same time with one statement, on one
     /// inventory or many. The variable takes `true` or `false` (or yes/no,
@@ -268,6 +296,14 @@ pub struct Limits {
     /// say the reservation is no longer ACTIVE.
     #[arg(long, env = "STOCKGUARD_COLLISION_ATTEMPTS", default_value_t = 20)]
     pub collision_attempts: u32,
+
+    /// Let webhooks reach loopback addresses (`http://127.0.0.1:…`,
+    /// `http://localhost:…`, `https` too), for development and tests. Every
+    /// other private, link-local or reserved address stays refused, at
+    /// creation and after DNS at delivery (docs/webhooks.md, "Egress"). The
+    /// variable takes `true` or `false` (or yes/no, on/off, 1/0).
+    #[arg(long, env = "STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK", value_parser = clap::builder::BoolishValueParser::new())]
+    pub webhook_allow_loopback: bool,
 }
 
 impl Default for Limits {

@@ -23,6 +23,8 @@ pub mod documents;
 pub mod embedded;
 /// `AppError`: what is really an error (bad input, auth, database), and its GraphQL code.
 pub mod error;
+/// Events out: the pump and the webhook deliveries.
+pub mod events;
 /// The one way in for a GraphQL operation (HTTP or websocket): bounds, caller, loaders, permit, error codes.
 pub mod gateway;
 /// The axum router and server: `/graphql`, `/graphql/ws`, GraphiQL, health, metrics, bounded connections, shutdown.
@@ -59,3 +61,5 @@ pub mod stock;
 pub mod telemetry;
 /// Input checks that turn bad input into `BAD_USER_INPUT` before anything runs.
 pub mod validate;
+/// Webhook endpoints and deliveries for operators, and the egress rules every webhook URL passes.
+pub mod webhooks;

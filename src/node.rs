@@ -1,6 +1,6 @@
 //! Relay's object identification: the `Node` interface, a global `nodeId`
 //! on every object that has an identity (inventories, reservations, orders,
-//! ledger rows, locations), and `node(id:)` / `nodes(ids:)` to refetch any of them.
+//! ledger rows, locations, webhook endpoints), and `node(id:)` / `nodes(ids:)` to refetch any of them.
 //!
 //! The objects keep their `id: UUID!` (the contract never renames), so the
 //! global id is a field of its own, `nodeId` (as PostGraphile names it);
@@ -8,7 +8,8 @@
 //! the base64 of `<Type>:<uuid>`: opaque to clients, and it says which
 //! loader finds it. `node` respects visibility as the typed fields do:
 //! someone else's reservation or order is `null`, a protected type without a
-//! token is `UNAUTHENTICATED`, a ledger row for a customer `FORBIDDEN`.
+//! token is `UNAUTHENTICATED`, a ledger row or webhook endpoint for a customer
+//! `FORBIDDEN`.
 
 use async_graphql::{Context, ID, Interface, Object};
 use base64::Engine as _;
@@ -20,6 +21,7 @@ use crate::{
     locations::graphql::{self as locations, Location},
     orders::graphql::{self as orders, Order},
     reservations::graphql::{self as reservations, Reservation},
+    webhooks::graphql::{self as webhooks, WebhookEndpoint},
 };
 
 /// The kinds of object that have a global id.
@@ -35,10 +37,13 @@ pub enum Kind {
     StockMovement,
     /// `Location`.
     Location,
+    /// `WebhookEndpoint`.
+    WebhookEndpoint,
 }
 
 impl Kind {
-    const ALL: [Self; 5] = [Self::Inventory, Self::Reservation, Self::Order, Self::StockMovement, Self::Location];
+    const ALL: [Self; 6] =
+        [Self::Inventory, Self::Reservation, Self::Order, Self::StockMovement, Self::Location, Self::WebhookEndpoint];
 
     fn type_name(self) -> &'static str {
         match self {
@@ -47,6 +52,7 @@ impl Kind {
             Self::Order => "Order",
             Self::StockMovement => "StockMovement",
             Self::Location => "Location",
+            Self::WebhookEndpoint => "WebhookEndpoint",
         }
     }
 }
@@ -78,6 +84,8 @@ pub enum Node {
     StockMovement(StockMovement),
     /// A place that holds stock.
     Location(Location),
+    /// A URL events are sent to (operators).
+    WebhookEndpoint(WebhookEndpoint),
 }
 
 /// Most ids one `nodes` call looks up.
@@ -123,6 +131,7 @@ async fn find(ctx: &Context<'_>, kind: Kind, id: Uuid) -> GqlResult<Option<Node>
         Kind::Order => orders::visible(ctx, id).await?.map(Node::Order),
         Kind::StockMovement => inventory::movement(ctx, id).await?.map(Node::StockMovement),
         Kind::Location => locations::load(ctx, id).await?.map(Node::Location),
+        Kind::WebhookEndpoint => webhooks::visible(ctx, id).await?.map(Node::WebhookEndpoint),
     })
 }
 

@@ -32,15 +32,19 @@ use crate::{
         service::ReservationService,
     },
     telemetry,
+    webhooks::{
+        graphql::{WebhookMutation, WebhookQuery},
+        service::WebhookService,
+    },
 };
 
 /// The root query type.
 #[derive(MergedObject, Default)]
-pub struct Query(InventoryQuery, ReservationQuery, OrderQuery, LocationQuery, NodeQuery);
+pub struct Query(InventoryQuery, ReservationQuery, OrderQuery, LocationQuery, WebhookQuery, NodeQuery);
 
 /// The root mutation type.
 #[derive(MergedObject, Default)]
-pub struct Mutation(InventoryMutation, ReservationMutation, OrderMutation, LocationMutation);
+pub struct Mutation(InventoryMutation, ReservationMutation, OrderMutation, LocationMutation, WebhookMutation);
 
 /// The root subscription type.
 #[derive(MergedSubscription, Default)]
@@ -76,6 +80,8 @@ pub struct Services {
     pub orders: OrderService,
     /// Locations, their levels and transfers.
     pub locations: LocationService,
+    /// Webhook endpoints and their deliveries.
+    pub webhooks: WebhookService,
 }
 
 /// The schema over `state` and the features' runtime state, which

@@ -18,6 +18,10 @@ use tokio::{
 use crate::{
     app::AppState,
     documents::Bounds,
+    events::{
+        deliver::{self, Delivering},
+        pump,
+    },
     gateway::{Fairness, Gateway, Setup},
     inventory::{
         self, InventoryRow,
@@ -38,6 +42,7 @@ use crate::{
     reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
     schema::{self, AppSchema, Services},
     stock::partitions,
+    webhooks::service::WebhookService,
 };
 
 /// One server process's parts: the shared state and each feature's runtime state.
@@ -66,6 +71,7 @@ impl Server {
             reservations: ReservationService::new(&state),
             orders: OrderService::new(&state),
             locations: LocationService::new(&state),
+            webhooks: WebhookService::new(&state),
         };
         let in_flight = Arc::new(Semaphore::new(state.limits.max_in_flight.max(1)));
         let mut live = Live::default();
@@ -93,12 +99,13 @@ impl Server {
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
         schema::build(self.state.clone(), |schema| {
-            let Services { inventory, reservations, orders, locations } = self.services.clone();
+            let Services { inventory, reservations, orders, locations, webhooks } = self.services.clone();
             schema
                 .data(inventory)
                 .data(locations)
                 .data(reservations)
                 .data(orders)
+                .data(webhooks)
                 .data(self.inventories.clone())
                 .data(self.orders.clone())
         })
@@ -122,7 +129,8 @@ impl Server {
     }
 
     /// Starts the background work of a server process: the sweeper, the
-    /// ledger's partitions ahead, and the live listener.
+    /// ledger's partitions ahead, the event pump, the webhook deliveries and
+    /// the live listener.
     pub fn spawn_workers(&self) -> Workers {
         let (stop, stopped) = watch::channel(false);
         let limits = &self.state.limits;
@@ -133,8 +141,22 @@ impl Server {
             stopped.clone(),
         );
         let partitions = partitions::spawn(self.state.db.clone(), stopped.clone());
+        let poll = Duration::from_millis(limits.event_poll_ms);
+        let pump = pump::spawn(self.state.db.clone(), poll, stopped.clone());
+        let delivering = Delivering {
+            lease: Duration::from_secs(limits.webhook_lease_secs),
+            timeout: Duration::from_millis(limits.webhook_timeout_ms),
+            schedule: limits
+                .webhook_retry_schedule
+                .iter()
+                .map(|&secs| Duration::from_secs_f64(secs.max(0.0)))
+                .collect(),
+            allow_loopback: limits.webhook_allow_loopback,
+            poll,
+        };
+        let deliveries = deliver::spawn(self.state.db.clone(), delivering, stopped.clone());
         let listener = self.live.spawn_listener(self.state.db.clone(), stopped);
-        Workers { stop, tasks: vec![sweeper, partitions, listener] }
+        Workers { stop, tasks: vec![sweeper, partitions, pump, deliveries, listener] }
     }
 }
 

@@ -151,6 +151,13 @@ impl Process {
         self.server.terminate().expect("SIGTERM sent");
     }
 
+    /// Kills the process with SIGKILL, as a crash or an OOM kill does: no
+    /// handler runs, nothing is flushed.
+    pub fn kill(&self) {
+        let killed = std::process::Command::new("kill").args(["-KILL", &self.server.pid.to_string()]).status();
+        assert!(killed.is_ok_and(|status| status.success()), "SIGKILL sent");
+    }
+
     /// The exit status, once the process has exited (within `limit`, or the test fails).
     pub async fn exit_status(&mut self, limit: Duration) -> ExitStatus {
         self.server.wait(limit).await.unwrap_or_else(|err| panic!("{err:#}"))

@@ -154,3 +154,39 @@ export const TransferStock = graphql(`
     }
   }
 `);
+
+// Webhooks (operators; docs/webhooks.md).
+export const CreateWebhook = graphql(`
+  mutation CreateWebhook($input: CreateWebhookInput!) {
+    createWebhook(input: $input) { secret endpoint { id nodeId url events active createdAt } }
+  }
+`);
+
+export const UpdateWebhook = graphql(`
+  mutation UpdateWebhook($input: UpdateWebhookInput!) {
+    updateWebhook(input: $input) { id url events active }
+  }
+`);
+
+export const DeleteWebhook = graphql(`
+  mutation DeleteWebhook($id: UUID!) { deleteWebhook(id: $id) }
+`);
+
+export const RedeliverFailed = graphql(`
+  mutation RedeliverFailed($endpointId: UUID!) { redeliverFailed(endpointId: $endpointId) }
+`);
+
+export const WebhookEndpoints = graphql(`
+  query WebhookEndpoints($first: Int, $after: String, $status: DeliveryStatus) {
+    webhookEndpoints(first: $first, after: $after) {
+      nodes {
+        id url events active createdAt
+        deliveries(first: 10, status: $status) {
+          nodes { id eventIds status attempts lastAttemptAt lastResponseStatus lastError nextAttemptAt deliveredAt }
+          pageInfo { hasNextPage endCursor }
+        }
+      }
+      pageInfo { hasNextPage endCursor }
+    }
+  }
+`);

@@ -11,6 +11,10 @@ import type {
   CheckoutMutationVariables,
   CreateLocationMutation,
   CreateLocationMutationVariables,
+  CreateWebhookMutation,
+  CreateWebhookMutationVariables,
+  DeleteWebhookMutation,
+  DeleteWebhookMutationVariables,
   FulfillOrderMutation,
   FulfillOrderMutationVariables,
   InventoryChangedSubscription,
@@ -25,16 +29,24 @@ import type {
   OrderChangedSubscriptionVariables,
   PlaceOrderMutation,
   PlaceOrderMutationVariables,
+  RedeliverFailedMutation,
+  RedeliverFailedMutationVariables,
   ReserveMutation,
   ReserveMutationVariables,
   TransferStockMutation,
   TransferStockMutationVariables,
   UpdateLocationMutation,
   UpdateLocationMutationVariables,
+  UpdateWebhookMutation,
+  UpdateWebhookMutationVariables,
+  WebhookEndpointsQuery,
+  WebhookEndpointsQueryVariables,
 } from './gql/graphql';
 // The schema's enums are TypeScript enums: values, not only types.
 import {
   AllocationStrategy,
+  DeliveryStatus,
+  EventType,
   MovementReason,
   OrderStatus,
   UnavailableReason,
@@ -332,6 +344,66 @@ export function describeTransfer(result: TransferStockMutation['transferStock'])
   }
 }
 
+// A webhook screen's wording; a type or status added to the schema fails tsc here.
+export function eventTypeLabel(type: EventType): string {
+  switch (type) {
+    case EventType.StockChanged:
+      return 'stock';
+    case EventType.ReservationChanged:
+      return 'reservations';
+    case EventType.OrderChanged:
+      return 'orders';
+    default:
+      return unhandled(type);
+  }
+}
+
+function deliveryLine(status: DeliveryStatus, attempts: number, next: string | null | undefined): string {
+  switch (status) {
+    case DeliveryStatus.Pending:
+      return `pending after ${attempts} attempts, next at ${next ?? '?'}`;
+    case DeliveryStatus.Delivered:
+      return 'delivered';
+    case DeliveryStatus.Failed:
+      return `failed after ${attempts} attempts: redeliverFailed sends it again`;
+    default:
+      return unhandled(status);
+  }
+}
+
+// The secret is in this answer only: store it with the receiver now.
+export function describeCreatedWebhook(result: CreateWebhookMutation): { summary: string; secret: string } {
+  const { endpoint, secret } = result.createWebhook;
+  return { summary: `webhook ${endpoint.id} to ${endpoint.url} for ${endpoint.events.map(eventTypeLabel).join(', ')}`, secret };
+}
+
+export function describeUpdatedWebhook(result: UpdateWebhookMutation): string {
+  const endpoint = result.updateWebhook;
+  if (!endpoint) return 'no such webhook';
+  return `webhook to ${endpoint.url}: ${endpoint.active ? 'active' : 'paused'}, ${endpoint.events.map(eventTypeLabel).join(', ')}`;
+}
+
+export function describeDeletedWebhook(result: DeleteWebhookMutation): string {
+  return result.deleteWebhook ? 'webhook deleted with its deliveries' : 'no such webhook';
+}
+
+export function describeRedelivered(result: RedeliverFailedMutation): string {
+  return `${result.redeliverFailed} failed deliveries sent again`;
+}
+
+export function describeWebhooks(result: WebhookEndpointsQuery): string {
+  const { nodes, pageInfo } = result.webhookEndpoints;
+  const rows = nodes.map((endpoint) => {
+    const deliveries = endpoint.deliveries.nodes.map(
+      (d) => `  ${d.id} (${d.eventIds.length} events): ${deliveryLine(d.status, d.attempts, d.nextAttemptAt)}` +
+        (d.lastError ? `; last error ${d.lastError}` : '') +
+        (d.lastResponseStatus != null ? `; last answer ${d.lastResponseStatus}` : ''),
+    );
+    return [`${endpoint.url} (${endpoint.active ? 'active' : 'paused'}, since ${endpoint.createdAt})`, ...deliveries].join('\n');
+  });
+  return rows.join('\n') + (pageInfo.hasNextPage ? `\nmore after ${pageInfo.endCursor ?? '?'}` : '');
+}
+
 // Variables are typed too: input names, required fields and scalars.
 export const examples = {
   reserve: { input: { inventoryId: '00000000-0000-0000-0000-000000000001', quantity: 1, expectedVersion: 3 } },
@@ -383,6 +455,13 @@ export const examples = {
   inventoryMovements: { id: '00000000-0000-0000-0000-000000000001', first: 20 },
   createLocation: { input: { code: 'osaka-2', name: 'Osaka warehouse 2', priority: 20 } },
   updateLocation: { input: { id: '00000000-0000-0000-0000-000000000005', active: false } },
+  createWebhook: {
+    input: { url: 'https://erp.example.com/stockguard', events: [EventType.StockChanged, EventType.OrderChanged] },
+  },
+  updateWebhook: { input: { id: '00000000-0000-0000-0000-000000000008', active: false } },
+  deleteWebhook: { id: '00000000-0000-0000-0000-000000000008' },
+  redeliverFailed: { endpointId: '00000000-0000-0000-0000-000000000008' },
+  webhookEndpoints: { first: 20, status: DeliveryStatus.Failed },
   transferStock: {
     input: {
       inventoryId: '00000000-0000-0000-0000-000000000001',
@@ -409,4 +488,9 @@ export const examples = {
   createLocation: CreateLocationMutationVariables;
   updateLocation: UpdateLocationMutationVariables;
   transferStock: TransferStockMutationVariables;
+  createWebhook: CreateWebhookMutationVariables;
+  updateWebhook: UpdateWebhookMutationVariables;
+  deleteWebhook: DeleteWebhookMutationVariables;
+  redeliverFailed: RedeliverFailedMutationVariables;
+  webhookEndpoints: WebhookEndpointsQueryVariables;
 };

@@ -1,0 +1,12 @@
+//! Events out (docs/webhooks.md): every committed change of stock, of a
+//! reservation's status and of an order, delivered to webhook endpoints at
+//! least once, in order per inventory and per order, signed.
+//!
+//! The change records its event itself (its ledger rows, or a row of
+//! `events` written in its transaction), so a crash between commit and send
+//! loses nothing. [`pump`] numbers the events of finished transactions in
+//! delivery order into the outbox; [`deliver`] sends each endpoint its
+//! events. Endpoints are managed through `crate::webhooks`.
+
+pub mod deliver;
+pub mod pump;

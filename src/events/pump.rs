@@ -1,0 +1,125 @@
+//! The event pump: turns the changes of newly committed transactions into
+//! outbox rows, in delivery order.
+//!
+//! A pass reads the ledger rows and recorded events of exactly the
+//! transactions that its snapshot shows as committed and the last pass's
+//! snapshot did not (`pg_visible_in_snapshot`): each committed transaction
+//! is pumped once, in whatever order transactions took their ids and
+//! committed, so none is skipped (the failure of an outbox read by id or
+//! sequence) and none is pumped twice. It makes one event per change: one
+//! `STOCK_CHANGED` per inventory version (whatever number of locations it
+//! touched), one `RESERVATION_CHANGED` per status change a ledger row
+//! records, and the recorded `ORDER_CHANGED` and checkout events. They are
+//! numbered in delivery order, per inventory and per order by version:
+//! within a pass by sorting, and across passes because a later version is
+//! written by a transaction that waited for the earlier one's commit, so a
+//! snapshot that shows the later shows the earlier too. The pass writes
+//! the outbox rows and keeps its snapshot in one statement under the lock
+//! of the pump's row, so one process pumps at a time, and a pass that is
+//! killed wrote nothing. While no endpoint is active it only keeps the
+//! snapshot.
+
+use std::time::Duration;
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, IsolationLevel, Statement, TransactionTrait};
+use tokio::{sync::watch, task::JoinHandle};
+
+/// One pass; how many events it numbered (0 when another process holds
+/// the pump or nothing was committed since the last pass).
+static PUMP_SQL: &str = r#"
+WITH pump AS MATERIALIZED (
+    SELECT seen, last_seq FROM event_pump FOR UPDATE SKIP LOCKED
+), now_seen AS MATERIALIZED (
+    SELECT pg_current_snapshot() AS seen FROM pump
+), wanted AS MATERIALIZED (
+    SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE active) AS yes
+), moves AS MATERIALIZED (
+    SELECT m.* FROM stock_movements m, pump, wanted
+     WHERE wanted.yes AND m.txid >= pg_snapshot_xmin(pump.seen)::text::bigint
+       AND NOT pg_visible_in_snapshot(m.txid::text::xid8, pump.seen)
+), home AS (
+    SELECT id FROM locations WHERE code = 'default'
+), stock AS (
+    SELECT inventory_id AS key, version_after AS version, 0 AS rank, (array_agg(id ORDER BY id))[1] AS id,
+           'STOCK_CHANGED' AS type,
+           jsonb_build_object(
+               'reason', CASE WHEN count(*) > 1 AND bool_and(reason IN ('TRANSFERRED_OUT', 'TRANSFERRED_IN'))
+                              THEN 'TRANSFERRED' ELSE min(reason) END,
+               'delta', sum(delta),
+               'locations', jsonb_agg(jsonb_build_object('locationId', coalesce(location_id, (SELECT id FROM home)),
+                                                         'delta', delta) ORDER BY location_id),
+               'available', min(stock_after),
+               'reservationId', (array_agg(reservation_id))[1],
+               'orderId', (array_agg(order_id))[1]) AS data,
+           max(created_at) AS occurred_at
+      FROM moves
+     GROUP BY inventory_id, version_after
+), reservation AS (
+    SELECT inventory_id AS key, version_after AS version, 1 AS rank,
+           md5((array_agg(id ORDER BY id))[1]::text || '/reservation')::uuid AS id, 'RESERVATION_CHANGED' AS type,
+           jsonb_build_object(
+               'reservationId', reservation_id,
+               'status', CASE min(reason) WHEN 'RESERVED' THEN 'ACTIVE' WHEN 'ORDER_CANCELLED' THEN 'RELEASED'
+                                          ELSE min(reason) END,
+               'quantity', abs(sum(delta)),
+               'orderId', (array_agg(order_id))[1]) AS data,
+           max(created_at) AS occurred_at
+      FROM moves
+     WHERE reservation_id IS NOT NULL
+       AND reason IN ('RESERVED', 'RELEASED', 'EXPIRED', 'ORDERED', 'ORDER_CANCELLED', 'FULFILLED')
+     GROUP BY inventory_id, version_after, reservation_id
+), recorded AS (
+    SELECT e.subject_id AS key, e.version, CASE WHEN e.type = 'ORDER_CHANGED' THEN 0 ELSE 2 END AS rank, e.id,
+           e.type, e.data, e.occurred_at
+      FROM events e, pump, wanted
+     WHERE wanted.yes AND e.txid >= pg_snapshot_xmin(pump.seen)::text::bigint
+       AND NOT pg_visible_in_snapshot(e.txid::text::xid8, pump.seen)
+), every AS (
+    SELECT *, 'inventoryId' AS subject FROM stock
+    UNION ALL SELECT *, 'inventoryId' FROM reservation
+    UNION ALL SELECT *, CASE WHEN type = 'ORDER_CHANGED' THEN 'orderId' ELSE 'inventoryId' END FROM recorded
+), numbered AS (
+    SELECT pump.last_seq + row_number() OVER (ORDER BY e.key, e.version, e.rank, e.id) AS seq, e.id, e.type,
+           jsonb_build_object('id', e.id, 'type', e.type, 'occurredAt', e.occurred_at, e.subject, e.key)
+           || CASE WHEN e.version < 2147483647 THEN jsonb_build_object('version', e.version) ELSE '{}' END
+           || jsonb_build_object('data', e.data) AS body
+      FROM every e, pump
+), written AS (
+    INSERT INTO outbox (seq, id, type, body) SELECT seq, id, type, body FROM numbered
+), pumped AS (
+    -- What this pass (or an earlier one) has pumped; later passes skip it.
+    DELETE FROM events e USING now_seen WHERE pg_visible_in_snapshot(e.txid::text::xid8, now_seen.seen)
+)
+UPDATE event_pump p
+   SET seen = now_seen.seen, last_seq = p.last_seq + (SELECT count(*) FROM numbered)
+  FROM now_seen
+RETURNING (SELECT count(*) FROM numbered)::bigint AS pumped"#;
+
+/// Runs one pass at READ COMMITTED whatever the pool's default: a
+/// serializable reader of the ledger's newest rows would make every
+/// writer's insert a read-write conflict.
+pub async fn pump_once(db: &DatabaseConnection) -> Result<i64, DbErr> {
+    let txn = db.begin_with_config(Some(IsolationLevel::ReadCommitted), None).await?;
+    let statement = Statement::from_string(DbBackend::Postgres, PUMP_SQL);
+    let row = txn.query_one_raw(statement).await?;
+    txn.commit().await?;
+    row.map_or(Ok(0), |row| row.try_get("", "pumped"))
+}
+
+/// Pumps every `interval` (again at once while a pass is full) until `stop`
+/// turns true. A failed pass wrote nothing and is tried again.
+pub fn spawn(db: DatabaseConnection, interval: Duration, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = stop.changed() => break,
+            }
+            if let Err(err) = pump_once(&db).await {
+                tracing::warn!(error = %err, "the event pump's pass failed; trying again");
+            }
+        }
+    })
+}

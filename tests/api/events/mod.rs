@@ -1,0 +1,230 @@
+//! Events out, tried from outside: a real HTTP receiver in the test process
+//! (accepting, failing and stalling on command), endpoints made through
+//! `createWebhook`, and what arrived compared with what the database says
+//! was committed.
+
+mod kills;
+mod receiver;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use futures::FutureExt;
+use serde_json::{Value, json};
+use stockguard::{auth::Role, config::Limits};
+use uuid::Uuid;
+
+use self::receiver::{Answer, Receiver, events, verifies};
+use crate::helpers::{Isolation, Options, TestApp, address, at_every_isolation, at_once, eventually, uuid};
+
+const CREATE_WEBHOOK: &str = "mutation($input: CreateWebhookInput!) { createWebhook(input: $input) {
+  endpoint { id url events active } secret } }";
+
+/// Limits for a test of deliveries: loopback receivers allowed, a fast
+/// pump, short attempts and a short schedule.
+fn limits(schedule: &[f64]) -> Limits {
+    Limits {
+        webhook_allow_loopback: true,
+        event_poll_ms: 20,
+        webhook_timeout_ms: 500,
+        webhook_retry_schedule: schedule.to_vec(),
+        ..Limits::default()
+    }
+}
+
+async fn spawn(isolation: Isolation, limits: Limits) -> Arc<TestApp> {
+    Arc::new(TestApp::spawn_with_options(Options { isolation, limits, pool_size: 6, ..Options::default() }).await)
+}
+
+/// An endpoint for every event type at `receiver`; its secret.
+async fn subscribe(app: &TestApp, receiver: &Receiver) -> String {
+    let input = json!({ "url": receiver.url, "events": ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"] });
+    let created = app.mutate(&app.operator(), "createWebhook", CREATE_WEBHOOK, json!({ "input": input })).await;
+    created["secret"].as_str().unwrap_or_else(|| panic!("no secret: {created}")).to_owned()
+}
+
+/// Every committed stock change of `inventories`, as `(inventory,
+/// version)`, from the ledger.
+async fn committed_changes(app: &TestApp, inventories: &[Uuid]) -> BTreeSet<(Uuid, i64)> {
+    let ids = inventories.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(", ");
+    let rows = app
+        .rows(&format!(
+            "SELECT DISTINCT inventory_id, version_after FROM stock_movements WHERE inventory_id IN ({ids})"
+        ))
+        .await;
+    rows.iter().map(|r| (uuid(&r["inventory_id"]), r["version_after"].as_i64().expect("version"))).collect()
+}
+
+/// The first arrival of each event, in arrival order.
+fn first_arrivals(events: &[Value]) -> Vec<Value> {
+    let mut seen = BTreeSet::new();
+    events.iter().filter(|e| seen.insert(e["id"].as_str().unwrap_or_default().to_owned())).cloned().collect()
+}
+
+/// `(inventory, version)` of the STOCK_CHANGED events among `events`.
+fn stock_changes(events: &[Value]) -> Vec<(Uuid, i64)> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "STOCK_CHANGED")
+        .map(|e| (uuid(&e["inventoryId"]), e["version"].as_i64().expect("version")))
+        .collect()
+}
+
+/// Asserts that each inventory's and each order's events arrived in version
+/// order (first arrivals).
+fn assert_in_order(first: &[Value]) {
+    let mut last: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for event in first.iter().filter(|e| e["type"] != "RESERVATION_CHANGED") {
+        let subject = event["inventoryId"].as_str().or(event["orderId"].as_str()).unwrap_or_default();
+        let key = (event["type"].as_str().unwrap_or_default().to_owned(), subject.to_owned());
+        let version = event["version"].as_i64().expect("a version");
+        if let Some(before) = last.insert(key, version) {
+            assert!(version > before, "version {version} arrived after {before}: {event}");
+        }
+    }
+}
+
+/// Sixty reserves at once on three small inventories (some sold out), the
+/// granted half released at once, a restock and an order: afterwards the
+/// receiver has exactly one STOCK_CHANGED per committed change (the
+/// ledger's (inventory, version) pairs: a SoldOut sent nothing), each
+/// inventory's in version order, every reservation's ACTIVE and RELEASED
+/// status, the order's ORDER_CHANGED, and every body's signature verifies.
+async fn every_committed_change_arrives_once_in_order_and_signed(isolation: Isolation) {
+    let app = spawn(isolation, limits(&[0.05, 0.05, 0.05])).await;
+    let receiver = Receiver::start().await;
+    let secret = subscribe(&app, &receiver).await;
+    let items = [
+        app.create_inventory("EV-A", 20).await,
+        app.create_inventory("EV-B", 20).await,
+        app.create_inventory("EV-C", 5).await,
+    ];
+    let calls = (0..60).map(|n| {
+        let app = app.clone();
+        let item = items[n % 3];
+        async move {
+            let token = app.token(&format!("ev-{n}"), Role::Customer);
+            (token.clone(), app.reserve(&token, json!({ "inventoryId": item, "quantity": 1 + n % 2 })).await)
+        }
+        .boxed()
+    });
+    let reserved = at_once(calls.collect()).await;
+    let granted: Vec<(String, String)> = reserved
+        .iter()
+        .filter(|(_, r)| r["__typename"] == "Reserved")
+        .map(|(token, r)| (token.clone(), r["reservation"]["id"].as_str().expect("id").to_owned()))
+        .collect();
+    assert!(reserved.iter().any(|(_, r)| r["__typename"] == "SoldOut"), "EV-C sold out");
+    let releases = granted.iter().step_by(2).map(|(token, id)| {
+        let (app, token, id) = (app.clone(), token.clone(), id.clone());
+        async move { app.release(&token, id).await }.boxed()
+    });
+    for released in at_once(releases.collect()).await {
+        assert_eq!(released["__typename"], "ReservationReleased", "{released}");
+    }
+    let customer = app.token("ev-buyer", Role::Customer);
+    let order =
+        json!({ "items": [{ "inventoryId": items[0], "quantity": 1 }], "shippingAddress": address("1 Main Street") });
+    let placed = app.place_order(&customer, order).await;
+    assert_eq!(placed["__typename"], "OrderPlaced", "{placed}");
+
+    let committed = committed_changes(&app, &items).await;
+    eventually(Duration::from_secs(30), "every committed change delivered", || {
+        let (receiver, committed) = (receiver.clone(), committed.clone());
+        async move {
+            let delivered: BTreeSet<(Uuid, i64)> = stock_changes(&receiver.accepted_events()).into_iter().collect();
+            delivered.is_superset(&committed)
+        }
+    })
+    .await;
+    let first = first_arrivals(&receiver.accepted_events());
+    let delivered = stock_changes(&first);
+    assert_eq!(
+        delivered.iter().copied().collect::<BTreeSet<_>>(),
+        committed_changes(&app, &items).await,
+        "one per change"
+    );
+    assert_eq!(delivered.len(), committed.len(), "no change twice among first arrivals");
+    assert_in_order(&first);
+    let statuses: BTreeMap<&str, usize> =
+        first.iter().filter(|e| e["type"] == "RESERVATION_CHANGED").fold(BTreeMap::new(), |mut counts, e| {
+            *counts.entry(e["data"]["status"].as_str().unwrap_or("?")).or_insert(0) += 1;
+            counts
+        });
+    assert_eq!(statuses.get("ACTIVE"), Some(&granted.len()), "{statuses:?}");
+    assert_eq!(statuses.get("RELEASED"), Some(&granted.iter().step_by(2).count()), "{statuses:?}");
+    assert_eq!(statuses.get("ORDERED"), Some(&1), "the order's line: {statuses:?}");
+    assert!(first.iter().any(|e| e["type"] == "ORDER_CHANGED" && e["version"] == 1), "the order was placed");
+    for received in receiver.received() {
+        assert!(verifies(&secret, &received.signature, &received.body), "signature of {}", received.delivery);
+        assert!((1..=100).contains(&events(&received.body).len()), "a body holds 1..100 events");
+    }
+    eprintln!(
+        "every_committed_change_arrives_once_in_order_and_signed {isolation:?}: {} changes, {} events, {} bodies",
+        committed.len(),
+        first.len(),
+        receiver.received().len()
+    );
+}
+
+/// A receiver that fails (500), then stalls past the timeout, then accepts:
+/// the same body comes again until it is accepted, nothing is lost, and
+/// the delivery records its attempts.
+async fn failures_and_timeouts_are_retried_until_accepted(isolation: Isolation) {
+    let app = spawn(isolation, limits(&[0.05, 0.05, 0.05, 0.05])).await;
+    let receiver = Receiver::start().await;
+    receiver.script(&[Answer::Fail(500), Answer::Stall(Duration::from_secs(2)), Answer::Fail(503)]);
+    subscribe(&app, &receiver).await;
+    let item = app.create_inventory("EV-RETRY", 10).await;
+    let token = app.token("ev-retry", Role::Customer);
+    assert_eq!(app.reserve(&token, json!({ "inventoryId": item, "quantity": 2 })).await["__typename"], "Reserved");
+    eventually(Duration::from_secs(30), "the change delivered after the failures", || {
+        let receiver = receiver.clone();
+        async move { stock_changes(&receiver.accepted_events()).contains(&(item, 2)) }
+    })
+    .await;
+    let received = receiver.received();
+    let first = &received[0];
+    assert!(received.len() >= 4, "three failed attempts, then one accepted: {}", received.len());
+    assert!(received[..4].iter().all(|r| r.delivery == first.delivery), "one delivery, attempted again");
+    assert_eq!(received[3].answered, Answer::Accept);
+    assert_eq!(received[0].body, received[3].body, "the same body each time");
+    // The receiver has answered; the delivery is marked a moment later.
+    let delivered = format!(
+        "SELECT count(*) FROM webhook_deliveries WHERE id = '{}' AND status = 'DELIVERED' AND attempts = 4",
+        first.delivery
+    );
+    eventually(Duration::from_secs(10), "the delivery DELIVERED after 4 attempts", || {
+        let (app, delivered) = (app.clone(), delivered.clone());
+        async move { app.count(&delivered).await == 1 }
+    })
+    .await;
+}
+
+/// A receiver that never accepts: after the schedule the delivery is
+/// FAILED and nothing more is sent for it.
+async fn a_spent_schedule_leaves_the_delivery_failed(isolation: Isolation) {
+    let app = spawn(isolation, limits(&[0.05])).await;
+    let receiver = Receiver::start().await;
+    receiver.script(&[Answer::Fail(500); 50]);
+    subscribe(&app, &receiver).await;
+    let item = app.create_inventory("EV-FAIL", 10).await;
+    eventually(Duration::from_secs(30), "the delivery FAILED", || {
+        let app = app.clone();
+        async move { app.count("SELECT count(*) FROM webhook_deliveries WHERE status = 'FAILED'").await == 1 }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = receiver.received();
+    assert_eq!(sent.len(), 2, "two attempts: the first and one after the schedule's one wait");
+    assert!(stock_changes(&events(&sent[0].body)).contains(&(item, 1)), "{}", sent[0].body);
+}
+
+at_every_isolation! {
+    every_committed_change_arrives_once_in_order_and_signed;
+    failures_and_timeouts_are_retried_until_accepted;
+    a_spent_schedule_leaves_the_delivery_failed;
+}
