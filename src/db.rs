@@ -320,6 +320,24 @@ pub async fn connect(url: &str, config: &DatabaseConfig) -> Result<DatabaseConne
     Ok(db)
 }
 
+/// A small pool beside `db`'s, for background work that must never take a
+/// connection a request waits for: the same server and settings, named
+/// `name` in `pg_stat_activity`, at most `size` connections, opened only
+/// when used and closed after a minute idle. It follows the server `db`'s
+/// pool used when it was made (not a later failover; its work fails until
+/// the process restarts, and requests are not affected).
+pub fn side_pool(db: &DatabaseConnection, name: &str, size: u32) -> DatabaseConnection {
+    let pool = db.get_postgres_connection_pool();
+    let options = pool.connect_options().as_ref().clone().application_name(name);
+    let side = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(size)
+        .min_connections(0)
+        .acquire_timeout(pool.options().get_acquire_timeout())
+        .idle_timeout(Duration::from_secs(60))
+        .connect_lazy_with(options);
+    sea_orm::SqlxPostgresConnector::from_sqlx_postgres_pool(side)
+}
+
 /// Applies pending migrations. An advisory lock makes server processes that
 /// start together take turns instead of racing on the same DDL.
 pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {

@@ -87,9 +87,11 @@ pub fn spawn(db: DatabaseConnection, delivering: Delivering, stop: watch::Receiv
             }
         }
         // Leases lapse on their own; giving them back lets another process
-        // take over at once.
+        // take over at once. Bounded: a stopping process does not wait for
+        // a database that does not answer.
         let release = "UPDATE webhook_endpoints SET leased_until = '-infinity' WHERE leased_by = $1";
-        let _ = db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, release, [me.into()])).await;
+        let release = db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, release, [me.into()]));
+        let _ = tokio::time::timeout(Duration::from_secs(1), release).await;
     })
 }
 

@@ -16,8 +16,7 @@
 //! snapshot that shows the later shows the earlier too. The pass writes
 //! the outbox rows and keeps its snapshot in one statement under the lock
 //! of the pump's row, so one process pumps at a time, and a pass that is
-//! killed wrote nothing. While no endpoint is active it only keeps the
-//! snapshot.
+//! killed wrote nothing. While no endpoint is active it reads nothing.
 
 use std::time::Duration;
 
@@ -99,6 +98,14 @@ RETURNING (SELECT count(*) FROM numbered)::bigint AS pumped"#;
 /// serializable reader of the ledger's newest rows would make every
 /// writer's insert a read-write conflict.
 pub async fn pump_once(db: &DatabaseConnection) -> Result<i64, DbErr> {
+    // No endpoint, no pass: it would lock every day of the ledger for
+    // nothing. Whoever activates the first endpoint moves the pump's
+    // snapshot to that moment (src/webhooks/store.rs).
+    let any = "SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE active) AS any";
+    let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, any)).await?;
+    if !row.map_or(Ok(false), |row| row.try_get::<bool>("", "any"))? {
+        return Ok(0);
+    }
     let txn = db.begin_with_config(Some(IsolationLevel::ReadCommitted), None).await?;
     let statement = Statement::from_string(DbBackend::Postgres, PUMP_SQL);
     let row = txn.query_one_raw(statement).await?;

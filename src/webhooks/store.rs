@@ -63,6 +63,13 @@ pub struct NewEndpoint<'a> {
     pub secret: &'a str,
 }
 
+/// The CTE that wakes the event pump when an endpoint becomes active while
+/// none is: the pump reads nothing while no endpoint is active (so an idle
+/// shop pays nothing for events), and starts again from now, not from the
+/// last change it read, which may be months of ledger ago.
+const WAKE: &str = "wake AS (UPDATE event_pump SET seen = pg_current_snapshot()
+                               WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints WHERE active))";
+
 /// Creates an endpoint. Its cursor starts at the pump's last outbox row, so
 /// it is sent the events pumped after it, none from before. The pump's row
 /// is read, not locked: a pump committing meanwhile hands the endpoint the
@@ -73,7 +80,7 @@ pub async fn create(db: &impl ConnectionTrait, new: NewEndpoint<'_>) -> Result<E
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         format!(
-            "INSERT INTO webhook_endpoints (url, events, secret, sent_through)
+            "WITH {WAKE} INSERT INTO webhook_endpoints (url, events, secret, sent_through)
              SELECT $1, $2, $3, last_seq FROM event_pump
              RETURNING {ENDPOINT}"
         ),
@@ -94,7 +101,7 @@ pub async fn update(
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         format!(
-            "UPDATE webhook_endpoints
+            "WITH {WAKE} UPDATE webhook_endpoints
                 SET url = coalesce($2, url), events = coalesce($3, events), active = coalesce($4, active)
               WHERE id = $1
           RETURNING {ENDPOINT}"
