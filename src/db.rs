@@ -323,7 +323,8 @@ pub async fn connect(url: &str, config: &DatabaseConfig) -> Result<DatabaseConne
 /// A small pool beside `db`'s, for background work that must never take a
 /// connection a request waits for: the same server and settings, named
 /// `name` in `pg_stat_activity`, at most `size` connections, opened only
-/// when used and closed after a minute idle. It follows the server `db`'s
+/// when used and closed after a second idle (an idle shop's processes hold
+/// none: PostgreSQL's connections are shared by every process). It follows the server `db`'s
 /// pool used when it was made (not a later failover; its work fails until
 /// the process restarts, and requests are not affected).
 pub fn side_pool(db: &DatabaseConnection, name: &str, size: u32) -> DatabaseConnection {
@@ -333,7 +334,7 @@ pub fn side_pool(db: &DatabaseConnection, name: &str, size: u32) -> DatabaseConn
         .max_connections(size)
         .min_connections(0)
         .acquire_timeout(pool.options().get_acquire_timeout())
-        .idle_timeout(Duration::from_secs(60))
+        .idle_timeout(Duration::from_secs(1))
         .connect_lazy_with(options);
     sea_orm::SqlxPostgresConnector::from_sqlx_postgres_pool(side)
 }

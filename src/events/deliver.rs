@@ -60,7 +60,9 @@ pub fn spawn(db: DatabaseConnection, delivering: Delivering, stop: watch::Receiv
         let me = Uuid::new_v4();
         let serving: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
         let mut stop_outer = stop.clone();
-        let mut ticks = tokio::time::interval(delivering.poll);
+        // Leases are renewed by the tasks; new endpoints are looked for
+        // about as often as an idle pump looks.
+        let mut ticks = tokio::time::interval(delivering.poll.max(super::pump::IDLE));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -312,7 +314,7 @@ async fn send(endpoint: &Endpoint, delivery_id: Uuid, body: &str, delivering: &D
             Attempt { status: Some(status), error: Some(format!("answered {status}")) }
         }
         Err(err) if err.is_timeout() => failed("timed out".into()),
-        Err(err) => failed(format!("{}", without_url(&err))),
+        Err(err) => failed(without_url(&err)),
     }
 }
 

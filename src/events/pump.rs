@@ -94,39 +94,47 @@ UPDATE event_pump p
   FROM now_seen
 RETURNING (SELECT count(*) FROM numbered)::bigint AS pumped"#;
 
-/// Runs one pass at READ COMMITTED whatever the pool's default: a
+/// Runs one pass at READ COMMITTED whatever the pool's default (a
 /// serializable reader of the ledger's newest rows would make every
-/// writer's insert a read-write conflict.
-pub async fn pump_once(db: &DatabaseConnection) -> Result<i64, DbErr> {
+/// writer's insert a read-write conflict); how many events it numbered, or
+/// None when no endpoint is active and it read nothing.
+pub async fn pump_once(db: &DatabaseConnection) -> Result<Option<i64>, DbErr> {
     // No endpoint, no pass: it would lock every day of the ledger for
     // nothing. Whoever activates the first endpoint moves the pump's
     // snapshot to that moment (src/webhooks/store.rs).
     let any = "SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE active) AS any";
     let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, any)).await?;
     if !row.map_or(Ok(false), |row| row.try_get::<bool>("", "any"))? {
-        return Ok(0);
+        return Ok(None);
     }
     let txn = db.begin_with_config(Some(IsolationLevel::ReadCommitted), None).await?;
     let statement = Statement::from_string(DbBackend::Postgres, PUMP_SQL);
     let row = txn.query_one_raw(statement).await?;
     txn.commit().await?;
-    row.map_or(Ok(0), |row| row.try_get("", "pumped"))
+    row.map_or(Ok(Some(0)), |row| row.try_get("", "pumped").map(Some))
 }
 
-/// Pumps every `interval` (again at once while a pass is full) until `stop`
-/// turns true. A failed pass wrote nothing and is tried again.
+/// Pumps every `interval` until `stop` turns true; while no endpoint is
+/// active it only looks once every [`IDLE`]. A failed pass wrote nothing
+/// and is tried again.
 pub fn spawn(db: DatabaseConnection, interval: Duration, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let pause = match pump_once(&db).await {
+                Ok(Some(_)) => interval,
+                Ok(None) => IDLE.max(interval),
+                Err(err) => {
+                    tracing::warn!(error = %err, "the event pump's pass failed; trying again");
+                    IDLE.max(interval)
+                }
+            };
             tokio::select! {
-                _ = ticks.tick() => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = stop.changed() => break,
-            }
-            if let Err(err) = pump_once(&db).await {
-                tracing::warn!(error = %err, "the event pump's pass failed; trying again");
             }
         }
     })
 }
+
+/// How often an idle pump (no endpoint active) looks for one.
+pub const IDLE: Duration = Duration::from_secs(1);

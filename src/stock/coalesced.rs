@@ -20,6 +20,52 @@ use super::{
     rows::{InventoryRow, MovementReason, ReservationStatus, sql},
 };
 
+/// The callers of a batch, from the bind arrays: one row per caller
+/// (`r`), `n` its place in arrival order.
+const CALLERS: &str = "unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[], $7::text[], $8::text[],
+                  $9::integer[], $5::integer[]) WITH ORDINALITY
+        AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
+             expected_version, ttl_secs, n)";
+
+/// The end of a walk (`walk` rows of `inventory_id`, `k`, `stock`,
+/// `version`, `granted`, over the locked rows `inv`): its steps, each
+/// inventory's last step, and the inventory rows written once, at their
+/// last stock and version.
+fn steps() -> String {
+    format!(
+        "steps AS (
+    SELECT * FROM walk WHERE k > 0
+), last AS (
+    SELECT DISTINCT ON (inventory_id) inventory_id, stock, version FROM steps ORDER BY inventory_id, k DESC
+), taken AS (
+    UPDATE inventories i
+       {set}
+      FROM last JOIN inv o ON o.id = last.inventory_id
+     WHERE i.id = last.inventory_id AND last.version > o.version
+ RETURNING i.id, i.updated_at, i.stock, i.sole_location_id
+)",
+        set = set("last.stock", "last.version"),
+    )
+}
+
+/// A walk's answer, one row per caller in arrival order (see [`Turn`]),
+/// `available` what the caller could have taken from after its turn.
+fn answers(available: &str) -> String {
+    format!(
+        "SELECT CASE WHEN s.k IS NOT NULL THEN true WHEN inv.id IS NOT NULL THEN NULL ELSE false END AS found,
+       coalesce(s.granted, false) AS granted,
+       inv.id, inv.sku, inv.name, s.stock, s.version, inv.created_at,
+       coalesce(t.updated_at, inv.updated_at) AS updated_at, inv.sole_location_id, {available} AS available,
+       now() AS now, {expires} AS expires_at
+  FROM req r
+  LEFT JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
+  LEFT JOIN inv ON inv.id = r.inventory_id
+  LEFT JOIN taken t ON t.id = r.inventory_id
+ ORDER BY r.n",
+        expires = expiry("r.ttl_secs"),
+    )
+}
+
 /// One statement for coalesced callers (each taking from anywhere), on one inventory or many: `$1`
 /// inventories, `$2` reservation ids, `$3` users, `$4` quantities, `$6`
 /// ledger row ids, `$7` idempotency keys and `$8` request fingerprints
@@ -51,10 +97,7 @@ pub static COALESCED_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
         r#"
 WITH RECURSIVE req AS MATERIALIZED (
     SELECT r.*, row_number() OVER (PARTITION BY r.inventory_id ORDER BY r.n) AS k
-      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[], $7::text[], $8::text[],
-                  $9::integer[], $5::integer[]) WITH ORDINALITY
-        AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
-             expected_version, ttl_secs, n)
+      FROM {CALLERS}
 ), inv AS MATERIALIZED (
     SELECT {columns}, {sole} AS sole
       FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
@@ -67,17 +110,7 @@ WITH RECURSIVE req AS MATERIALIZED (
            CASE WHEN {fits} THEN w.version + 1 ELSE w.version END,
            {fits}
       FROM walk w JOIN req r ON r.inventory_id = w.inventory_id AND r.k = w.k + 1
-), steps AS (
-    SELECT * FROM walk WHERE k > 0
-), last AS (
-    SELECT DISTINCT ON (inventory_id) inventory_id, stock, version FROM steps ORDER BY inventory_id, k DESC
-), taken AS (
-    UPDATE inventories i
-       {set}
-      FROM last JOIN inv o ON o.id = last.inventory_id
-     WHERE i.id = last.inventory_id AND last.version > o.version
- RETURNING i.id, i.updated_at, i.stock, i.sole_location_id
-), drawn AS (
+), {steps}, drawn AS (
     UPDATE stock_levels l SET available = t.stock
       FROM taken t
      WHERE l.inventory_id = t.id AND l.location_id = t.sole_location_id
@@ -99,22 +132,13 @@ WITH RECURSIVE req AS MATERIALIZED (
     SELECT movement_id, inventory_id, -quantity, {reserved}, stock, version, reservation_id, NULL, sole_location_id
       FROM granted
 )
-SELECT CASE WHEN s.k IS NOT NULL THEN true WHEN inv.id IS NOT NULL THEN NULL ELSE false END AS found,
-       coalesce(s.granted, false) AS granted,
-       inv.id, inv.sku, inv.name, s.stock, s.version, inv.created_at,
-       coalesce(t.updated_at, inv.updated_at) AS updated_at, inv.sole_location_id, s.stock AS available,
-       now() AS now, {expires} AS expires_at
-  FROM req r
-  LEFT JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
-  LEFT JOIN inv ON inv.id = r.inventory_id
-  LEFT JOIN taken t ON t.id = r.inventory_id
- ORDER BY r.n"#,
-        set = set("last.stock", "last.version"),
+{answers}"#,
+        answers = answers("s.stock"),
+        steps = steps(),
         columns = inventory_columns(""),
         sole = sole(""),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
-        expires = expiry("r.ttl_secs"),
         granted_expires = expiry("ttl_secs"),
         fits = "(w.stock >= r.quantity AND (r.expected_version IS NULL OR r.expected_version = w.version))",
     )
@@ -145,10 +169,7 @@ pub static DISTINCT_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
         r#"
 WITH req AS MATERIALIZED (
     SELECT *
-      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[], $7::text[], $8::text[],
-                  $9::integer[], $5::integer[]) WITH ORDINALITY
-        AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
-             expected_version, ttl_secs, n)
+      FROM {CALLERS}
      ORDER BY inventory_id
 ), taken AS (
     UPDATE inventories i
@@ -218,10 +239,7 @@ pub static ACROSS_LEVELS_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
         r#"
 WITH RECURSIVE req AS MATERIALIZED (
     SELECT r.*, row_number() OVER (PARTITION BY r.inventory_id ORDER BY r.n) AS k
-      FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[], $7::text[], $8::text[],
-                  $9::integer[], $5::integer[]) WITH ORDINALITY
-        AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
-             expected_version, ttl_secs, n)
+      FROM {CALLERS}
 ), inv AS MATERIALIZED (
     SELECT {columns} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
 ), lvl AS MATERIALIZED (
@@ -247,17 +265,7 @@ WITH RECURSIVE req AS MATERIALIZED (
            CASE WHEN {fits} THEN w.version + 1 ELSE w.version END,
            {fits}
       FROM walk w JOIN req r ON r.inventory_id = w.inventory_id AND r.k = w.k + 1
-), steps AS (
-    SELECT * FROM walk WHERE k > 0
-), last AS (
-    SELECT DISTINCT ON (inventory_id) inventory_id, stock, version FROM steps ORDER BY inventory_id, k DESC
-), taken AS (
-    UPDATE inventories i
-       {set}
-      FROM last JOIN inv o ON o.id = last.inventory_id
-     WHERE i.id = last.inventory_id AND last.version > o.version
- RETURNING i.id, i.updated_at
-), granted AS (
+), {steps}, granted AS (
     SELECT r.*, s.stock, s.version, h.eligible - s.eligible - r.quantity AS start
       FROM req r JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
       JOIN held h ON h.inventory_id = r.inventory_id
@@ -293,23 +301,14 @@ WITH RECURSIVE req AS MATERIALIZED (
            version, reservation_id, NULL, location_id
       FROM pick
 )
-SELECT CASE WHEN s.k IS NOT NULL THEN true WHEN inv.id IS NOT NULL THEN NULL ELSE false END AS found,
-       coalesce(s.granted, false) AS granted,
-       inv.id, inv.sku, inv.name, s.stock, s.version, inv.created_at,
-       coalesce(t.updated_at, inv.updated_at) AS updated_at, inv.sole_location_id, s.eligible AS available,
-       now() AS now, {expires} AS expires_at
-  FROM req r
-  LEFT JOIN steps s ON s.inventory_id = r.inventory_id AND s.k = r.k
-  LEFT JOIN inv ON inv.id = r.inventory_id
-  LEFT JOIN taken t ON t.id = r.inventory_id
- ORDER BY r.n"#,
-        set = set("last.stock", "last.version"),
+{answers}"#,
+        answers = answers("s.eligible"),
+        steps = steps(),
         columns = inventory_columns(""),
         eligible = eligible("NULL::uuid[]"),
         preference = preference("NULL::uuid[]"),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
-        expires = expiry("r.ttl_secs"),
         granted_expires = expiry("ttl_secs"),
         fits = "(w.eligible >= r.quantity AND (r.expected_version IS NULL OR r.expected_version = w.version))",
     )
