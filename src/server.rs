@@ -143,10 +143,11 @@ impl Server {
         );
         let partitions = partitions::spawn(self.state.db.clone(), stopped.clone());
         // Events work on connections of their own, so a pass never waits
-        // for (or starves) the requests' pool.
+        // for (or starves) the requests' pool; only the looks for active
+        // endpoints (once a second) use it.
         let events = db::side_pool(&self.state.db, "stockguard-events", 2);
         let poll = Duration::from_millis(limits.event_poll_ms);
-        let pump = pump::spawn(events.clone(), poll, stopped.clone());
+        let pump = pump::spawn(self.state.db.clone(), events.clone(), poll, stopped.clone());
         let delivering = Delivering {
             lease: Duration::from_secs(limits.webhook_lease_secs),
             timeout: Duration::from_millis(limits.webhook_timeout_ms),
@@ -158,7 +159,7 @@ impl Server {
             allow_loopback: limits.webhook_allow_loopback,
             poll,
         };
-        let deliveries = deliver::spawn(events, delivering, stopped.clone());
+        let deliveries = deliver::spawn(self.state.db.clone(), events, delivering, stopped.clone());
         let listener = self.live.spawn_listener(self.state.db.clone(), stopped);
         Workers { stop, tasks: vec![sweeper, partitions, pump, deliveries, listener] }
     }

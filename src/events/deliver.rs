@@ -55,7 +55,14 @@ const MAX_ERROR_CHARS: usize = 300;
 
 /// Leases the endpoints nobody holds (or this process holds) and starts a
 /// task for each one not already served here, every `poll`, until `stop`.
-pub fn spawn(db: DatabaseConnection, delivering: Delivering, stop: watch::Receiver<bool>) -> JoinHandle<()> {
+/// Leasing goes through `requests` (the requests' pool, open anyway);
+/// the endpoints' tasks work on `db`.
+pub fn spawn(
+    requests: DatabaseConnection,
+    db: DatabaseConnection,
+    delivering: Delivering,
+    stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let me = Uuid::new_v4();
         let serving: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
@@ -69,7 +76,7 @@ pub fn spawn(db: DatabaseConnection, delivering: Delivering, stop: watch::Receiv
                 _ = ticks.tick() => {}
                 _ = stop_outer.changed() => break,
             }
-            let leased = match lease(&db, me, delivering.lease).await {
+            let leased = match lease(&requests, me, delivering.lease).await {
                 Ok(leased) => leased,
                 Err(err) => {
                     tracing::warn!(error = %err, "leasing webhook endpoints failed; trying again");
@@ -92,7 +99,7 @@ pub fn spawn(db: DatabaseConnection, delivering: Delivering, stop: watch::Receiv
         // take over at once. Bounded: a stopping process does not wait for
         // a database that does not answer.
         let release = "UPDATE webhook_endpoints SET leased_until = '-infinity' WHERE leased_by = $1";
-        let release = db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, release, [me.into()]));
+        let release = requests.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, release, [me.into()]));
         let _ = tokio::time::timeout(Duration::from_secs(1), release).await;
     })
 }

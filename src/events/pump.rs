@@ -94,16 +94,18 @@ UPDATE event_pump p
   FROM now_seen
 RETURNING (SELECT count(*) FROM numbered)::bigint AS pumped"#;
 
-/// Runs one pass at READ COMMITTED whatever the pool's default (a
+/// Runs one pass on `db` at READ COMMITTED whatever the pool's default (a
 /// serializable reader of the ledger's newest rows would make every
 /// writer's insert a read-write conflict); how many events it numbered, or
 /// None when no endpoint is active and it read nothing.
-pub async fn pump_once(db: &DatabaseConnection) -> Result<Option<i64>, DbErr> {
+pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -> Result<Option<i64>, DbErr> {
     // No endpoint, no pass: it would lock every day of the ledger for
     // nothing. Whoever activates the first endpoint moves the pump's
-    // snapshot to that moment (src/webhooks/store.rs).
+    // snapshot to that moment (src/webhooks/store.rs). The look goes through
+    // the requests' pool, which is open anyway, so that an idle shop's
+    // processes hold no connection of the events' own.
     let any = "SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE active) AS any";
-    let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, any)).await?;
+    let row = requests.query_one_raw(Statement::from_string(DbBackend::Postgres, any)).await?;
     if !row.map_or(Ok(false), |row| row.try_get::<bool>("", "any"))? {
         return Ok(None);
     }
@@ -117,10 +119,15 @@ pub async fn pump_once(db: &DatabaseConnection) -> Result<Option<i64>, DbErr> {
 /// Pumps every `interval` until `stop` turns true; while no endpoint is
 /// active it only looks once every [`IDLE`]. A failed pass wrote nothing
 /// and is tried again.
-pub fn spawn(db: DatabaseConnection, interval: Duration, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+pub fn spawn(
+    requests: DatabaseConnection,
+    db: DatabaseConnection,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         loop {
-            let pause = match pump_once(&db).await {
+            let pause = match pump_once(&requests, &db).await {
                 Ok(Some(_)) => interval,
                 Ok(None) => IDLE.max(interval),
                 Err(err) => {

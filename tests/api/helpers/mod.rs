@@ -122,7 +122,10 @@ impl Default for Options {
             isolation: Isolation::ReadCommitted,
             limits: Limits::default(),
             server_url: None,
-            pool_size: 10,
+            // Each test server holds its pool and a statement pool of this
+            // size: two tests side by side, beside the tests' own child
+            // processes, must stay under PostgreSQL's 100 connections.
+            pool_size: 6,
             // Generous: tests assert outcomes, not timing, on a busy 2-core machine.
             acquire_timeout_ms: 30_000,
             statement_timeout_ms: 30_000,
