@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use super::{
     allocating::{eligible, preference},
-    fragments::{LEDGER_WITH_ID, expiry, inventory_columns, set, sole, step},
+    fragments::{LEDGER_WITH_ID, expiry, inventory_columns, levels_of, set, sole, step},
     rows::{InventoryRow, MovementReason, ReservationStatus, sql},
 };
 
@@ -243,10 +243,7 @@ WITH RECURSIVE req AS MATERIALIZED (
 ), inv AS MATERIALIZED (
     SELECT {columns} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
 ), lvl AS MATERIALIZED (
-    SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
-      FROM stock_levels l JOIN locations c ON c.id = l.location_id
-     WHERE l.inventory_id = ANY(ARRAY(SELECT id FROM inv))
-       FOR UPDATE OF l
+    {levels}
 ), held AS MATERIALIZED (
     SELECT inv.id AS inventory_id,
            (coalesce(sum(v.available) FILTER (WHERE {eligible}), 0))::integer AS eligible,
@@ -305,6 +302,7 @@ WITH RECURSIVE req AS MATERIALIZED (
         answers = answers("s.eligible"),
         steps = steps(),
         columns = inventory_columns(""),
+        levels = levels_of("inv"),
         eligible = eligible("NULL::uuid[]"),
         preference = preference("NULL::uuid[]"),
         active = sql(ReservationStatus::Active),

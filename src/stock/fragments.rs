@@ -53,6 +53,19 @@ pub fn sole(alias: &str) -> String {
     format!("{alias}sole_location_id IN (SELECT id FROM locations WHERE active)")
 }
 
+/// The CTE body that locks every level of the inventories an earlier CTE
+/// `locked` has locked (the second step of the global lock order), each
+/// with its location's priority, code and active flag: `inventory_id,
+/// location_id, available, priority, code, active`.
+pub fn levels_of(locked: &str) -> String {
+    format!(
+        "SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
+      FROM stock_levels l JOIN locations c ON c.id = l.location_id
+     WHERE l.inventory_id = ANY(ARRAY(SELECT id FROM {locked}))
+       FOR UPDATE OF l"
+    )
+}
+
 /// The columns a reservation stores of how it chose its locations, in the
 /// order [`choice`] gives their values.
 pub const CHOICE_COLUMNS: &str = "location_ids, fewest_locations, allow_split";

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::{
     allocating::{Allocating, eligible, preference},
-    fragments::{CHOICE_COLUMNS, LEDGER, choice, expiry, inventory_columns, step},
+    fragments::{CHOICE_COLUMNS, LEDGER, choice, expiry, inventory_columns, levels_of, step},
     rows::{InventoryRow, MovementReason, ReservationStatus},
 };
 
@@ -99,10 +99,7 @@ pub fn lock_lines(lines: &[Line]) -> Statement {
 WITH {line}, locked AS MATERIALIZED (
     SELECT {columns} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
 ), lvl AS MATERIALIZED (
-    SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
-      FROM stock_levels l JOIN locations c ON c.id = l.location_id
-     WHERE l.inventory_id = ANY(ARRAY(SELECT id FROM locked))
-       FOR UPDATE OF l
+    {levels}
 ), fresh AS (
     SELECT bool_and(CASE WHEN coalesce(v.available, 0) = k.stock THEN true ELSE retry_stale_read() END) AS ok
       FROM locked k
@@ -122,6 +119,7 @@ SELECT k.*, coalesce(j.feasible, false) AS feasible, j.eligible
  ORDER BY k.id"#,
             line = line_cte(),
             columns = inventory_columns(""),
+            levels = levels_of("locked"),
             preference = preference("line.ids"),
             eligible = eligible("line.ids"),
         )
