@@ -10,8 +10,10 @@
 //! check` stays true throughout. A slice's length
 //! adapts to aim at `batch` rows per statement. Nothing newer than the
 //! cutoff is touched; ACTIVE, ORDERED and FULFILLED lines are never touched.
-//! Last, the ledger's day partitions that the run emptied are dropped, so
-//! a year of days leaves no year of empty tables for reads to visit.
+//! Then the ledger's day partitions that the run emptied are dropped, so
+//! a year of days leaves no year of empty tables for reads to visit. Last,
+//! events and webhook deliveries older than the cutoff go
+//! (`events::retention`), so they never outlive the ledger.
 
 use std::time::Duration;
 
@@ -20,6 +22,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr};
 
 use crate::{
     db::{Attempted, Collisions},
+    events::retention,
     stock::archiving,
 };
 
@@ -58,6 +61,8 @@ pub struct Archived {
     pub statements: u64,
     /// The ledger's day partitions dropped, empty.
     pub partitions: u64,
+    /// Events and webhook deliveries aged out with the ledger.
+    pub events: retention::Aged,
 }
 
 /// Archives what is older than `age`, aiming at `batch` rows per statement.
@@ -106,6 +111,8 @@ pub async fn archive(
     let row = db.query_one_raw(archiving::drop_empty_partitions(cutoff)).await?;
     archived.partitions = row.map(|r| r.try_get::<i32>("", "dropped")).transpose()?.unwrap_or(0).max(0) as u64;
     archived.statements += 1;
+    archived.events = retention::archive(db, cutoff, batch).await?;
+    archived.statements += archived.events.statements;
     Ok(archived)
 }
 

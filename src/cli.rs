@@ -146,8 +146,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             database.close().await?;
             let archived = archived?;
             println!(
-                "archived {} reservations and {} ledger rows in {} statements, dropped {} empty day partitions of the ledger",
-                archived.reservations, archived.ledger_rows, archived.statements, archived.partitions
+                "archived {} reservations and {} ledger rows in {} statements, dropped {} empty day partitions of the ledger, \
+                 {} events and {} webhook deliveries",
+                archived.reservations,
+                archived.ledger_rows,
+                archived.statements,
+                archived.partitions,
+                archived.events.events,
+                archived.events.deliveries
             );
             Ok(ExitCode::SUCCESS)
         }

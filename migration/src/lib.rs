@@ -26,6 +26,7 @@ mod m20261205_090000_partition_the_ledger_by_day;
 mod m20261206_090000_announce_stock_changes_once_per_statement;
 mod m20261207_090000_keep_stock_per_location;
 mod m20261208_090000_send_events_out;
+mod m20261209_090000_bound_what_events_keep;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -48,6 +49,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261206_090000_announce_stock_changes_once_per_statement::Migration),
             Box::new(m20261207_090000_keep_stock_per_location::Migration),
             Box::new(m20261208_090000_send_events_out::Migration),
+            Box::new(m20261209_090000_bound_what_events_keep::Migration),
         ]
     }
 }

@@ -10,7 +10,8 @@
 //! cut from the outbox (the events after the endpoint's cursor that it
 //! subscribes to) and recorded as a PENDING delivery, with the cursor moved,
 //! in one statement, before it is sent; it is retried until a 2xx answers
-//! or the schedule is spent (FAILED), and only then does the next one go.
+//! or the schedule is spent (FAILED, which turns the endpoint off until
+//! `redeliverFailed` sends it again), and only then does the next one go.
 //! So an endpoint sees each inventory's and each order's events in version
 //! order, within and across bodies, and a process killed mid-send leaves a
 //! PENDING delivery that whoever leases the endpoint next sends again. A
@@ -229,6 +230,14 @@ async fn pending(db: &DatabaseConnection, endpoint_id: Uuid) -> Result<Option<De
 /// up to [`MAX_EVENTS_PER_BODY`] events after its cursor of the types it
 /// subscribes to, recorded as a PENDING delivery with the cursor moved past
 /// them, in one statement. None when nothing new is there.
+///
+/// A cut that takes fewer than a full body has taken every event it
+/// subscribes to that the outbox holds, so the cursor moves to the
+/// outbox's last row, past the events of other types too (the pump keeps
+/// every row after any endpoint's cursor; a cursor that stopped at its last
+/// own event would keep the rest forever). The pump numbers a pass's rows
+/// in one transaction, above every row before it, so no row below the last
+/// one seen here can still appear.
 async fn cut(db: &DatabaseConnection, me: Uuid, endpoint_id: Uuid) -> Result<Option<Delivery>, DbErr> {
     let sql = "
 WITH e AS MATERIALIZED (
@@ -239,8 +248,11 @@ WITH e AS MATERIALIZED (
     INSERT INTO webhook_deliveries (endpoint_id, seqs, event_ids)
     SELECT $1, array_agg(seq ORDER BY seq), array_agg(id ORDER BY seq) FROM next HAVING count(*) > 0
  RETURNING id, seqs, attempts, next_attempt_at
+), through AS (
+    SELECT CASE WHEN (SELECT count(*) FROM next) < $3 THEN (SELECT max(seq) FROM outbox)
+                ELSE (SELECT max(seq) FROM next) END AS seq
 ), moved AS (
-    UPDATE webhook_endpoints w SET sent_through = (SELECT max(seq) FROM next) FROM cut WHERE w.id = $1
+    UPDATE webhook_endpoints w SET sent_through = t.seq FROM e, through t WHERE w.id = $1 AND t.seq > e.sent_through
 )
 SELECT * FROM cut";
     let values: [Value; 3] = [endpoint_id.into(), me.into(), MAX_EVENTS_PER_BODY.into()];
@@ -335,7 +347,10 @@ fn without_url(err: &reqwest::Error) -> String {
 }
 
 /// Records an attempt: DELIVERED on a 2xx; else the next attempt after the
-/// schedule's next wait (with jitter), or FAILED when the schedule is spent.
+/// schedule's next wait (with jitter), or FAILED when the schedule is spent,
+/// which also turns the endpoint off (`disabled_at`) in the same statement:
+/// every later body would wait out the whole schedule too, while the
+/// cursor keeps its place for `redeliverFailed` to resume from.
 async fn record(
     db: &DatabaseConnection,
     delivery: &Delivery,
@@ -349,11 +364,17 @@ async fn record(
         (Some(_), Some(wait)) => ("PENDING", wait.as_secs_f64() * rand::rng().random_range(0.8..1.2)),
         (Some(_), None) => ("FAILED", 0.0),
     };
-    let sql = "UPDATE webhook_deliveries
-                  SET status = $2, attempts = $3, last_attempt_at = now(), last_response_status = $4,
-                      last_error = $5, next_attempt_at = now() + make_interval(secs => $6),
-                      delivered_at = CASE WHEN $2 = 'DELIVERED' THEN now() END
-                WHERE id = $1 AND status = 'PENDING'";
+    let sql = "WITH recorded AS (
+                   UPDATE webhook_deliveries
+                      SET status = $2, attempts = $3, last_attempt_at = now(), last_response_status = $4,
+                          last_error = $5, next_attempt_at = now() + make_interval(secs => $6),
+                          delivered_at = CASE WHEN $2 = 'DELIVERED' THEN now() END
+                    WHERE id = $1 AND status = 'PENDING'
+                RETURNING endpoint_id
+               )
+               UPDATE webhook_endpoints w SET active = false, disabled_at = now()
+                 FROM recorded r
+                WHERE w.id = r.endpoint_id AND $2 = 'FAILED'";
     let values: [Value; 6] = [
         delivery.id.into(),
         status.into(),
@@ -364,7 +385,7 @@ async fn record(
     ];
     db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
     if status == "FAILED" {
-        tracing::warn!(delivery = %delivery.id, attempts, "a webhook delivery spent its schedule; FAILED");
+        tracing::warn!(delivery = %delivery.id, attempts, "a webhook delivery spent its schedule: FAILED, endpoint off");
     }
     Ok(())
 }

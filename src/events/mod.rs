@@ -6,7 +6,9 @@
 //! `events` written in its transaction), so a crash between commit and send
 //! loses nothing. [`pump`] numbers the events of finished transactions in
 //! delivery order into the outbox; [`deliver`] sends each endpoint its
-//! events. Endpoints are managed through `crate::webhooks`.
+//! events; [`retention`] ages out what nobody took. Endpoints are managed
+//! through `crate::webhooks`.
 
 pub mod deliver;
 pub mod pump;
+pub mod retention;

@@ -16,7 +16,9 @@
 //! snapshot that shows the later shows the earlier too. The pass writes
 //! the outbox rows and keeps its snapshot in one statement under the lock
 //! of the pump's row, so one process pumps at a time, and a pass that is
-//! killed wrote nothing. While no endpoint is active it reads nothing.
+//! killed wrote nothing. It also deletes the outbox rows every endpoint
+//! has been sent, so the outbox holds the backlog, not the history. While
+//! no endpoint exists it reads nothing.
 
 use std::time::Duration;
 
@@ -31,7 +33,7 @@ WITH pump AS MATERIALIZED (
 ), now_seen AS MATERIALIZED (
     SELECT pg_current_snapshot() AS seen FROM pump
 ), wanted AS MATERIALIZED (
-    SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE active) AS yes
+    SELECT EXISTS (SELECT 1 FROM webhook_endpoints) AS yes
 ), moves AS MATERIALIZED (
     SELECT m.* FROM stock_movements m, pump, wanted
      WHERE wanted.yes AND m.txid >= pg_snapshot_xmin(pump.seen)::text::bigint
@@ -88,6 +90,16 @@ WITH pump AS MATERIALIZED (
 ), pumped AS (
     -- What this pass (or an earlier one) has pumped; later passes skip it.
     DELETE FROM events e USING now_seen WHERE pg_visible_in_snapshot(e.txid::text::xid8, now_seen.seen)
+), needed AS (
+    -- The first event some endpoint still needs: after its cursor (on or
+    -- off), or in a delivery not yet DELIVERED (to be sent, sent again, or
+    -- replayed). A body is cut, and the cursor moved past it, in one
+    -- statement, so this snapshot sees either the old cursor or the new
+    -- delivery.
+    SELECT least((SELECT min(sent_through) FROM webhook_endpoints) + 1,
+                 (SELECT min(seqs[1]) FROM webhook_deliveries WHERE status <> 'DELIVERED')) AS seq
+), pruned AS (
+    DELETE FROM outbox o USING needed, pump WHERE o.seq < needed.seq
 )
 UPDATE event_pump p
    SET seen = now_seen.seen, last_seq = p.last_seq + (SELECT count(*) FROM numbered)
@@ -97,14 +109,15 @@ RETURNING (SELECT count(*) FROM numbered)::bigint AS pumped"#;
 /// Runs one pass on `db` at READ COMMITTED whatever the pool's default (a
 /// serializable reader of the ledger's newest rows would make every
 /// writer's insert a read-write conflict); how many events it numbered, or
-/// None when no endpoint is active and it read nothing.
+/// None when no endpoint exists and it read nothing.
 pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -> Result<Option<i64>, DbErr> {
     // No endpoint, no pass: it would lock every day of the ledger for
-    // nothing. Whoever activates the first endpoint moves the pump's
-    // snapshot to that moment (src/webhooks/store.rs). The look goes through
-    // the requests' pool, which is open anyway, so that an idle shop's
-    // processes hold no connection of the events' own.
-    let any = "SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE active) AS any";
+    // nothing. Whoever creates the first endpoint moves the pump's snapshot
+    // to that moment (src/webhooks/store.rs). An endpoint that is off still
+    // counts: it is sent what it missed when it is turned on again. The
+    // look goes through the requests' pool, which is open anyway, so that
+    // an idle shop's processes hold no connection of the events' own.
+    let any = "SELECT EXISTS (SELECT 1 FROM webhook_endpoints) AS any";
     let row = requests.query_one_raw(Statement::from_string(DbBackend::Postgres, any)).await?;
     if !row.map_or(Ok(false), |row| row.try_get::<bool>("", "any"))? {
         return Ok(None);
@@ -116,8 +129,8 @@ pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -
     row.map_or(Ok(Some(0)), |row| row.try_get("", "pumped").map(Some))
 }
 
-/// Pumps every `interval` until `stop` turns true; while no endpoint is
-/// active it only looks once every [`IDLE`]. A failed pass wrote nothing
+/// Pumps every `interval` until `stop` turns true; while no endpoint
+/// exists it only looks once every [`IDLE`]. A failed pass wrote nothing
 /// and is tried again.
 pub fn spawn(
     requests: DatabaseConnection,
@@ -143,5 +156,5 @@ pub fn spawn(
     })
 }
 
-/// How often an idle pump (no endpoint active) looks for one.
+/// How often an idle pump (no endpoint) looks for one.
 pub const IDLE: Duration = Duration::from_secs(1);

@@ -114,9 +114,18 @@ impl WebhookEndpoint {
         self.0.events.iter().map(parse).collect()
     }
 
-    /// False: nothing is sent to it until it is set back to true.
+    /// False: nothing is sent to it until it is set back to true (or
+    /// `redeliverFailed` turns it on); what happens meanwhile is kept for it,
+    /// back to the archive's retention.
     async fn active(&self) -> bool {
         self.0.active
+    }
+
+    /// When Stockguard turned it off because a delivery spent its whole
+    /// retry schedule (FAILED); null while it is on, or when an operator
+    /// turned it off. `redeliverFailed` turns it on again.
+    async fn disabled_at(&self) -> Option<DateTime<Utc>> {
+        self.0.disabled_at
     }
 
     /// When it was created; it is sent the events recorded after.
@@ -319,8 +328,9 @@ impl WebhookMutation {
     }
 
     /// Sends an endpoint's FAILED deliveries again (operators): each becomes
-    /// PENDING, due now, its attempts back at 0. Returns how many (0 for an
-    /// unknown endpoint).
+    /// PENDING, due now, its attempts back at 0, and the endpoint, which the
+    /// failure turned off, is turned on; they go before anything newer.
+    /// Returns how many (0 for an unknown endpoint, which changes nothing).
     async fn redeliver_failed(
         &self,
         ctx: &Context<'_>,

@@ -23,10 +23,13 @@ pub struct EndpointRow {
     pub active: bool,
     /// When it was created.
     pub created_at: DateTime<Utc>,
+    /// When Stockguard turned it off because a delivery spent its whole
+    /// schedule; none while it is on, or when an operator turned it off.
+    pub disabled_at: Option<DateTime<Utc>>,
 }
 
 /// The columns of an [`EndpointRow`].
-const ENDPOINT: &str = "id, url, events, active, created_at";
+const ENDPOINT: &str = "id, url, events, active, created_at, disabled_at";
 
 /// One delivery of one endpoint: a body of events and what became of it.
 #[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
@@ -63,12 +66,14 @@ pub struct NewEndpoint<'a> {
     pub secret: &'a str,
 }
 
-/// The CTE that wakes the event pump when an endpoint becomes active while
-/// none is: the pump reads nothing while no endpoint is active (so an idle
-/// shop pays nothing for events), and starts again from now, not from the
-/// last change it read, which may be months of ledger ago.
+/// The CTE that wakes the event pump when the first endpoint is created:
+/// the pump reads nothing while there is none (so an idle shop pays
+/// nothing for events), and starts again from now, not from the last
+/// change it read, which may be months of ledger ago. While any endpoint
+/// exists, on or off, the pump runs, so an endpoint turned on again is sent
+/// what happened while it was off (back to the archive's retention).
 const WAKE: &str = "wake AS (UPDATE event_pump SET seen = pg_current_snapshot()
-                               WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints WHERE active))";
+                               WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints))";
 
 /// Creates an endpoint. Its cursor starts at the pump's last outbox row, so
 /// it is sent the events pumped after it, none from before. The pump's row
@@ -101,8 +106,9 @@ pub async fn update(
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         format!(
-            "WITH {WAKE} UPDATE webhook_endpoints
-                SET url = coalesce($2, url), events = coalesce($3, events), active = coalesce($4, active)
+            "UPDATE webhook_endpoints
+                SET url = coalesce($2, url), events = coalesce($3, events), active = coalesce($4, active),
+                    disabled_at = CASE WHEN $4::boolean IS NULL THEN disabled_at END
               WHERE id = $1
           RETURNING {ENDPOINT}"
         ),
@@ -187,16 +193,27 @@ pub async fn deliveries(
 }
 
 /// Puts endpoint `endpoint_id`'s FAILED deliveries back in line: PENDING,
-/// no attempts, due now; how many. One statement, so a delivery the
+/// no attempts, due now, and turns the endpoint on again (a FAILED
+/// delivery turned it off); how many. One statement, so a delivery the
 /// dispatcher fails while it runs is either taken (and due now) or left
 /// FAILED for the next call, never half changed. The last answer and error
-/// stay, as what happened before the replay.
+/// stay, as what happened before the replay. The replayed deliveries are
+/// the endpoint's oldest, and the dispatcher sends an endpoint's oldest
+/// PENDING delivery first, so they go before anything newer.
 pub async fn redeliver_failed(db: &impl ConnectionTrait, endpoint_id: Uuid) -> Result<u64, DbErr> {
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "UPDATE webhook_deliveries SET status = 'PENDING', attempts = 0, next_attempt_at = now()
-          WHERE endpoint_id = $1 AND status = 'FAILED'",
+        "WITH replayed AS (
+             UPDATE webhook_deliveries SET status = 'PENDING', attempts = 0, next_attempt_at = now()
+              WHERE endpoint_id = $1 AND status = 'FAILED'
+          RETURNING 1
+         ), turned_on AS (
+             UPDATE webhook_endpoints SET active = true, disabled_at = NULL
+              WHERE id = $1 AND EXISTS (SELECT 1 FROM replayed)
+         )
+         SELECT count(*) AS replayed FROM replayed",
         [endpoint_id.into()],
     );
-    Ok(db.execute_raw(statement).await?.rows_affected())
+    let row = db.query_one_raw(statement).await?;
+    Ok(row.map(|row| row.try_get::<i64>("", "replayed")).transpose()?.unwrap_or(0).max(0) as u64)
 }

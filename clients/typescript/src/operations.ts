@@ -180,7 +180,7 @@ export const WebhookEndpoints = graphql(`
   query WebhookEndpoints($first: Int, $after: String, $status: DeliveryStatus) {
     webhookEndpoints(first: $first, after: $after) {
       nodes {
-        id url events active createdAt
+        id url events active disabledAt createdAt
         deliveries(first: 10, status: $status) {
           nodes { id eventIds status attempts lastAttemptAt lastResponseStatus lastError nextAttemptAt deliveredAt }
           pageInfo { hasNextPage endCursor }

@@ -5,6 +5,7 @@
 
 mod kills;
 mod receiver;
+mod retention;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -204,27 +205,7 @@ async fn failures_and_timeouts_are_retried_until_accepted(isolation: Isolation) 
     .await;
 }
 
-/// A receiver that never accepts: after the schedule the delivery is
-/// FAILED and nothing more is sent for it.
-async fn a_spent_schedule_leaves_the_delivery_failed(isolation: Isolation) {
-    let app = spawn(isolation, limits(&[0.05])).await;
-    let receiver = Receiver::start().await;
-    receiver.script(&[Answer::Fail(500); 50]);
-    subscribe(&app, &receiver).await;
-    let item = app.create_inventory("EV-FAIL", 10).await;
-    eventually(Duration::from_secs(30), "the delivery FAILED", || {
-        let app = app.clone();
-        async move { app.count("SELECT count(*) FROM webhook_deliveries WHERE status = 'FAILED'").await == 1 }
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let sent = receiver.received();
-    assert_eq!(sent.len(), 2, "two attempts: the first and one after the schedule's one wait");
-    assert!(stock_changes(&events(&sent[0].body)).contains(&(item, 1)), "{}", sent[0].body);
-}
-
 at_every_isolation! {
     every_committed_change_arrives_once_in_order_and_signed;
     failures_and_timeouts_are_retried_until_accepted;
-    a_spent_schedule_leaves_the_delivery_failed;
 }

@@ -1,0 +1,70 @@
+//! Retention of events: `stockguard archive` deletes events and deliveries
+//! older than the ledger's retention, whatever became of them.
+//!
+//! The pump already deletes the outbox rows every endpoint has been sent,
+//! so what is left to age out is what someone did not take: the backlog of
+//! an endpoint that is off (turned off by an operator, or by a delivery
+//! that spent its schedule), FAILED deliveries nobody replayed, the
+//! DELIVERED deliveries kept for the API's history, and the order events
+//! recorded while no endpoint existed. Each goes once it is older than the
+//! cutoff, so nothing outlives the ledger rows it describes; an endpoint
+//! turned on again later is sent what is left after its cursor.
+
+use chrono::{DateTime, Utc};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
+
+/// What [`archive`] deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Aged {
+    /// Events: numbered for delivery (outbox rows), or recorded and never
+    /// numbered because no endpoint existed.
+    pub events: u64,
+    /// Deliveries, whatever their status.
+    pub deliveries: u64,
+    /// Statements run.
+    pub statements: u64,
+}
+
+/// Deletes, `batch` rows per statement (each its own short transaction, safe
+/// under load and to stop at any point), the outbox rows, deliveries and
+/// unpumped order events made before `cutoff`.
+pub async fn archive(db: &DatabaseConnection, cutoff: DateTime<Utc>, batch: u64) -> Result<Aged, DbErr> {
+    // Oldest first by each table's own order (`seq` and `txid` grow with
+    // time), so a batch is found by a short index scan that stops at the
+    // first row inside the retention.
+    const OUTBOX: &str = "DELETE FROM outbox WHERE seq IN (
+        SELECT seq FROM outbox WHERE created_at < $1 ORDER BY seq LIMIT $2)";
+    const DELIVERIES: &str = "DELETE FROM webhook_deliveries WHERE id IN (
+        SELECT id FROM webhook_deliveries WHERE created_at < $1 ORDER BY created_at LIMIT $2)";
+    const EVENTS: &str = "DELETE FROM events WHERE id IN (
+        SELECT id FROM events WHERE occurred_at < $1 ORDER BY occurred_at LIMIT $2)";
+    let (outbox, outbox_statements) = in_batches(db, OUTBOX, cutoff, batch).await?;
+    let (deliveries, deliveries_statements) = in_batches(db, DELIVERIES, cutoff, batch).await?;
+    let (recorded, recorded_statements) = in_batches(db, EVENTS, cutoff, batch).await?;
+    Ok(Aged {
+        events: outbox + recorded,
+        deliveries,
+        statements: outbox_statements + deliveries_statements + recorded_statements,
+    })
+}
+
+/// Runs the batch delete `sql` (`$1` the cutoff, `$2` the batch) until a
+/// batch comes up short; the rows deleted and the statements run.
+async fn in_batches(
+    db: &DatabaseConnection,
+    sql: &str,
+    cutoff: DateTime<Utc>,
+    batch: u64,
+) -> Result<(u64, u64), DbErr> {
+    let batch = batch.clamp(1, i64::MAX as u64);
+    let (mut rows, mut statements) = (0, 0);
+    loop {
+        let values = [cutoff.into(), (batch as i64).into()];
+        let deleted = db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
+        rows += deleted.rows_affected();
+        statements += 1;
+        if deleted.rows_affected() < batch {
+            return Ok((rows, statements));
+        }
+    }
+}
