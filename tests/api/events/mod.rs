@@ -5,6 +5,7 @@
 
 mod kills;
 mod receiver;
+mod sharing;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
