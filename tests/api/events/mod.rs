@@ -6,6 +6,7 @@
 mod kills;
 mod receiver;
 mod retention;
+mod sharing;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -14,6 +15,7 @@ use std::{
 };
 
 use futures::FutureExt;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::{auth::Role, config::Limits};
 use uuid::Uuid;
@@ -50,13 +52,19 @@ async fn subscribe(app: &TestApp, receiver: &Receiver) -> String {
 /// Every committed stock change of `inventories`, as `(inventory,
 /// version)`, from the ledger.
 async fn committed_changes(app: &TestApp, inventories: &[Uuid]) -> BTreeSet<(Uuid, i64)> {
+    ledger_changes(&app.db, inventories).await
+}
+
+/// [`committed_changes`] read through `db` (a test server's or a server
+/// process's connection for checks).
+async fn ledger_changes(db: &DatabaseConnection, inventories: &[Uuid]) -> BTreeSet<(Uuid, i64)> {
     let ids = inventories.iter().map(|id| format!("'{id}'")).collect::<Vec<_>>().join(", ");
-    let rows = app
-        .rows(&format!(
-            "SELECT DISTINCT inventory_id, version_after FROM stock_movements WHERE inventory_id IN ({ids})"
-        ))
-        .await;
-    rows.iter().map(|r| (uuid(&r["inventory_id"]), r["version_after"].as_i64().expect("version"))).collect()
+    let sql = format!("SELECT DISTINCT inventory_id, version_after FROM stock_movements WHERE inventory_id IN ({ids})");
+    let rows = db.query_all_raw(Statement::from_string(DbBackend::Postgres, sql)).await.expect("the ledger");
+    let change = |row: &sea_orm::QueryResult| -> (Uuid, i64) {
+        (row.try_get("", "inventory_id").expect("id"), i64::from(row.try_get::<i32>("", "version_after").expect("v")))
+    };
+    rows.iter().map(change).collect()
 }
 
 /// The first arrival of each event, in arrival order.

@@ -5,7 +5,7 @@
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex, PoisonError},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use axum::{
@@ -41,6 +41,8 @@ pub struct Received {
     pub body: String,
     /// What it answered.
     pub answered: Answer,
+    /// When it arrived.
+    pub at: Instant,
 }
 
 #[derive(Default)]
@@ -125,6 +127,7 @@ async fn hook(State(inner): State<Arc<Mutex<Inner>>>, headers: HeaderMap, body: 
             signature: header("stockguard-signature"),
             body: String::from_utf8_lossy(&body).into_owned(),
             answered: answer,
+            at: Instant::now(),
         });
         answer
     };
