@@ -68,9 +68,13 @@ pub fn spawn(
         let me = Uuid::new_v4();
         let serving: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
         let mut stop_outer = stop.clone();
-        // Leases are renewed by the tasks; new endpoints are looked for
-        // about as often as an idle pump looks.
-        let mut ticks = tokio::time::interval(delivering.poll.max(super::pump::IDLE));
+        // New endpoints are looked for about as often as an idle pump looks,
+        // and this process's leases renewed at least three times a lease:
+        // a task renews its lease only between attempts, and an attempt may
+        // outlast a short lease, which would let another process send the
+        // same delivery at the same time.
+        let every = delivering.poll.max(super::pump::IDLE).min(delivering.lease / 3);
+        let mut ticks = tokio::time::interval(every.max(Duration::from_millis(10)));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
