@@ -1,4 +1,5 @@
-//! What events keep, and for how long (docs/webhooks.md, "Retention").
+//! What events keep, and for how long (docs/webhooks.md, "Retention"),
+//! and the units a STOCK_CHANGED event reports.
 //!
 //! The outbox keeps an event while some endpoint still needs it: after the
 //! cursor of any endpoint (active or not), or in a delivery that is not
@@ -37,6 +38,15 @@ CREATE INDEX webhook_deliveries_undelivered ON webhook_deliveries ((seqs[1])) WH
 -- What the archive deletes, oldest first.
 CREATE INDEX webhook_deliveries_created ON webhook_deliveries (created_at);
 CREATE INDEX events_occurred ON events (occurred_at);
+
+-- Each inventory's units on hand and committed as of the last version the
+-- pump numbered, so that its STOCK_CHANGED events carry them without
+-- summing the inventory's reservations at every pass.
+CREATE TABLE event_stock (
+    inventory_id  uuid    PRIMARY KEY,
+    on_hand       bigint  NOT NULL,
+    committed     bigint  NOT NULL
+);
 "#,
             )
             .await?;
@@ -48,6 +58,7 @@ CREATE INDEX events_occurred ON events (occurred_at);
             .get_connection()
             .execute_unprepared(
                 r#"
+DROP TABLE event_stock;
 DROP INDEX events_occurred;
 DROP INDEX webhook_deliveries_created;
 DROP INDEX webhook_deliveries_undelivered;

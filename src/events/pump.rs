@@ -21,14 +21,36 @@
 //! holds the backlog, not the history. While no endpoint exists it reads
 //! nothing.
 
-use std::time::Duration;
+use std::{sync::LazyLock, time::Duration};
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, IsolationLevel, Statement, TransactionTrait};
 use tokio::{sync::watch, task::JoinHandle};
 
-/// One pass; how many events it numbered (0 when another process holds
-/// the pump or nothing was committed since the last pass).
-static PUMP_SQL: &str = r#"
+use crate::stock::{
+    fragments,
+    rows::{ReservationStatus, sql},
+};
+
+/// One pass; how many events it numbered (0 when nothing was committed
+/// since the last pass). Run with the pump's row locked.
+///
+/// A `STOCK_CHANGED` event carries the inventory's units after its
+/// version: `available` from its ledger rows, and `onHand` and `committed`
+/// kept per inventory in `event_stock` from pass to pass (each version
+/// adds what its ledger rows changed of them: receipts, transfers and
+/// shipments the units on hand, orders, cancellations and shipments the
+/// committed ones), so a pass reads no reservation of an inventory it
+/// already follows, however many it holds; `reserved` is the rest. An
+/// inventory the pump does not follow yet starts from what it holds now,
+/// less what the pass changed. A checkout moves units from reserved to
+/// committed without a version of the inventory (no stock moves), and
+/// commit order is not known: it counts from the first version after its
+/// reservation's last change that the same pass numbers (see
+/// `checkouts`), so no event shows units committed before they were
+/// reserved, or shipped before they were committed.
+static PUMP_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
 WITH pump AS MATERIALIZED (
     SELECT seen, last_seq FROM event_pump
 ), now_seen AS MATERIALIZED (
@@ -39,23 +61,80 @@ WITH pump AS MATERIALIZED (
     SELECT m.* FROM stock_movements m, pump, wanted
      WHERE wanted.yes AND m.txid >= pg_snapshot_xmin(pump.seen)::text::bigint
        AND NOT pg_visible_in_snapshot(m.txid::text::xid8, pump.seen)
+), recorded AS MATERIALIZED (
+    SELECT e.subject_id AS key, e.version, CASE WHEN e.type = 'ORDER_CHANGED' THEN 0 ELSE 2 END AS rank, e.id,
+           e.type, e.data, e.occurred_at
+      FROM events e, pump, wanted
+     WHERE wanted.yes AND e.txid >= pg_snapshot_xmin(pump.seen)::text::bigint
+       AND NOT pg_visible_in_snapshot(e.txid::text::xid8, pump.seen)
 ), home AS (
     SELECT id FROM locations WHERE code = 'default'
-), stock AS (
-    SELECT inventory_id AS key, version_after AS version, 0 AS rank, (array_agg(id ORDER BY id))[1] AS id,
-           'STOCK_CHANGED' AS type,
-           jsonb_build_object(
-               'reason', CASE WHEN count(*) > 1 AND bool_and(reason IN ('TRANSFERRED_OUT', 'TRANSFERRED_IN'))
-                              THEN 'TRANSFERRED' ELSE min(reason) END,
-               'delta', sum(delta),
-               'locations', jsonb_agg(jsonb_build_object('locationId', coalesce(location_id, (SELECT id FROM home)),
-                                                         'delta', delta) ORDER BY location_id),
-               'available', min(stock_after),
-               'reservationId', (array_agg(reservation_id))[1],
-               'orderId', (array_agg(order_id))[1]) AS data,
+), versions AS MATERIALIZED (
+    SELECT inventory_id, version_after AS version, (array_agg(id ORDER BY id))[1] AS id,
+           CASE WHEN count(*) > 1 AND bool_and(reason IN ('TRANSFERRED_OUT', 'TRANSFERRED_IN'))
+                THEN 'TRANSFERRED' ELSE min(reason) END AS reason,
+           sum(delta) AS delta,
+           jsonb_agg(jsonb_build_object('locationId', coalesce(location_id, (SELECT id FROM home)), 'delta', delta)
+                     ORDER BY location_id) AS locations,
+           min(stock_after) AS available,
+           {on_hand} AS on_hand_delta,
+           {committed} AS committed_delta,
+           (array_agg(reservation_id))[1] AS reservation_id, (array_agg(order_id))[1] AS order_id,
            max(created_at) AS occurred_at
       FROM moves
      GROUP BY inventory_id, version_after
+), checkouts AS (
+    -- A checkout counts right after its reservation's last change in this
+    -- pass (taken, or its quantity changed), or before the pass's versions
+    -- when there is none: never before the units it commits were
+    -- reserved, and before the order's cancellation or shipment.
+    SELECT c.key AS inventory_id, (c.data->>'quantity')::bigint AS units,
+           coalesce((SELECT max(m.version_after) FROM moves m
+                      WHERE m.reservation_id = (c.data->>'reservationId')::uuid
+                        AND m.reason IN ('RESERVED', 'QUANTITY_CHANGED')), 0) AS version
+      FROM recorded c WHERE c.type = 'RESERVATION_CHANGED'
+), touched AS (
+    SELECT inventory_id, coalesce(p.on_hand, 0) AS on_hand_delta,
+           coalesce(p.committed, 0) + coalesce(c.units, 0) AS committed_delta
+      FROM (SELECT inventory_id, sum(on_hand_delta) AS on_hand, sum(committed_delta) AS committed
+              FROM versions GROUP BY inventory_id) p
+      FULL JOIN (SELECT inventory_id, sum(units) AS units FROM checkouts GROUP BY inventory_id) c USING (inventory_id)
+), before AS MATERIALIZED (
+    -- Each touched inventory's units on hand and committed before this pass.
+    SELECT t.*, coalesce(s.on_hand, h.on_hand - t.on_hand_delta) AS on_hand,
+           coalesce(s.committed, h.committed - t.committed_delta) AS committed
+      FROM touched t
+      LEFT JOIN event_stock s USING (inventory_id)
+      LEFT JOIN LATERAL (
+        SELECT i.stock + coalesce(sum(r.quantity), 0) AS on_hand,
+               coalesce({units_committed}, 0) AS committed
+          FROM inventories i
+          LEFT JOIN reservations r ON r.inventory_id = i.id AND r.status IN {holding}
+         WHERE i.id = t.inventory_id AND s.inventory_id IS NULL
+         GROUP BY i.stock
+      ) h ON true
+), kept AS (
+    INSERT INTO event_stock (inventory_id, on_hand, committed)
+    SELECT inventory_id, on_hand + on_hand_delta, committed + committed_delta FROM before
+        ON CONFLICT (inventory_id) DO UPDATE SET on_hand = excluded.on_hand, committed = excluded.committed
+), stock AS (
+    SELECT v.inventory_id AS key, v.version, 0 AS rank, v.id, 'STOCK_CHANGED' AS type,
+           jsonb_build_object(
+               'reason', v.reason, 'delta', v.delta, 'locations', v.locations,
+               'available', v.available, 'reserved', u.on_hand - v.available - u.committed,
+               'committed', u.committed, 'onHand', u.on_hand,
+               'reservationId', v.reservation_id, 'orderId', v.order_id) AS data,
+           v.occurred_at
+      FROM versions v
+      JOIN (SELECT s.inventory_id, s.version, b.on_hand + sum(s.on_hand_delta) OVER w AS on_hand,
+                   b.committed + sum(s.committed_delta) OVER w AS committed, s.checkout
+              FROM (SELECT inventory_id, version, false AS checkout, on_hand_delta, committed_delta FROM versions
+                    UNION ALL
+                    SELECT inventory_id, version, true, 0, units FROM checkouts) s
+              JOIN before b USING (inventory_id)
+            WINDOW w AS (PARTITION BY s.inventory_id ORDER BY s.version, s.checkout
+                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)) u
+        ON u.inventory_id = v.inventory_id AND u.version = v.version AND NOT u.checkout
 ), reservation AS (
     SELECT inventory_id AS key, version_after AS version, 1 AS rank,
            md5((array_agg(id ORDER BY id))[1]::text || '/reservation')::uuid AS id, 'RESERVATION_CHANGED' AS type,
@@ -70,12 +149,6 @@ WITH pump AS MATERIALIZED (
      WHERE reservation_id IS NOT NULL
        AND reason IN ('RESERVED', 'RELEASED', 'EXPIRED', 'ORDERED', 'ORDER_CANCELLED', 'FULFILLED')
      GROUP BY inventory_id, version_after, reservation_id
-), recorded AS (
-    SELECT e.subject_id AS key, e.version, CASE WHEN e.type = 'ORDER_CHANGED' THEN 0 ELSE 2 END AS rank, e.id,
-           e.type, e.data, e.occurred_at
-      FROM events e, pump, wanted
-     WHERE wanted.yes AND e.txid >= pg_snapshot_xmin(pump.seen)::text::bigint
-       AND NOT pg_visible_in_snapshot(e.txid::text::xid8, pump.seen)
 ), every AS (
     SELECT *, 'inventoryId' AS subject FROM stock
     UNION ALL SELECT *, 'inventoryId' FROM reservation
@@ -83,7 +156,7 @@ WITH pump AS MATERIALIZED (
 ), numbered AS (
     SELECT pump.last_seq + row_number() OVER (ORDER BY e.key, e.version, e.rank, e.id) AS seq, e.id, e.type,
            jsonb_build_object('id', e.id, 'type', e.type, 'occurredAt', e.occurred_at, e.subject, e.key)
-           || CASE WHEN e.version < 2147483647 THEN jsonb_build_object('version', e.version) ELSE '{}' END
+           || CASE WHEN e.version < 2147483647 THEN jsonb_build_object('version', e.version) ELSE '{{}}' END
            || jsonb_build_object('data', e.data) AS body
       FROM every e, pump
 ), written AS (
@@ -105,7 +178,13 @@ WITH pump AS MATERIALIZED (
 UPDATE event_pump p
    SET seen = now_seen.seen, last_seq = p.last_seq + (SELECT count(*) FROM numbered)
   FROM now_seen
-RETURNING (SELECT count(*) FROM numbered)::bigint AS pumped"#;
+RETURNING (SELECT count(*) FROM numbered)::bigint AS pumped"#,
+        on_hand = fragments::ledger_on_hand(),
+        committed = fragments::ledger_committed(),
+        units_committed = format!("sum(r.quantity) FILTER (WHERE r.status = {})", sql(ReservationStatus::Ordered)),
+        holding = fragments::holding(),
+    )
+});
 
 /// Runs one pass on `db` at READ COMMITTED whatever the pool's default (a
 /// serializable reader of the ledger's newest rows would make every
@@ -138,7 +217,7 @@ pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -
         txn.commit().await?;
         return Ok(Some(0));
     }
-    let statement = Statement::from_string(DbBackend::Postgres, PUMP_SQL);
+    let statement = Statement::from_string(DbBackend::Postgres, PUMP_SQL.as_str());
     let row = txn.query_one_raw(statement).await?;
     txn.commit().await?;
     row.map_or(Ok(Some(0)), |row| row.try_get("", "pumped").map(Some))

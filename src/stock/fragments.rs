@@ -248,6 +248,17 @@ pub fn ledger_on_hand() -> String {
     format!("coalesce(sum(delta) FILTER (WHERE reason IN {moved}), 0)")
 }
 
+/// The ledger rows' sum of changes of committed units (those of order
+/// lines): placed by an order, given back by its cancellation, shipped; 0
+/// for none. A checkout, which commits reserved units, writes no ledger row.
+pub fn ledger_committed() -> String {
+    format!(
+        "coalesce(-sum(delta) FILTER (WHERE reason IN {}), 0) + coalesce(sum(delta) FILTER (WHERE reason = {}), 0)",
+        sql_list([MovementReason::Ordered, MovementReason::OrderCancelled]),
+        sql(MovementReason::Fulfilled)
+    )
+}
+
 /// The units of the allocations `a` of reservations `r` in `status`
 /// (`sum(a.quantity) FILTER (...)`, NULL for none), summed over the group:
 /// a location's reserved or committed units.

@@ -72,8 +72,11 @@ pub struct NewEndpoint<'a> {
 /// change it read, which may be months of ledger ago. While any endpoint
 /// exists, on or off, the pump runs, so an endpoint turned on again is sent
 /// what happened while it was off (back to the archive's retention).
+/// What it kept of each inventory's units (`event_stock`) is forgotten
+/// too: changes made while it stood still never reached it.
 const WAKE: &str = "wake AS (UPDATE event_pump SET seen = pg_current_snapshot()
-                               WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints))";
+                               WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints)),
+                    forgotten AS (DELETE FROM event_stock WHERE NOT EXISTS (SELECT 1 FROM webhook_endpoints))";
 
 /// Creates an endpoint. Its cursor starts at the pump's last outbox row, so
 /// it is sent the events pumped after it, none from before. The pump's row

@@ -7,6 +7,7 @@ mod kills;
 mod receiver;
 mod retention;
 mod sharing;
+mod units;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
