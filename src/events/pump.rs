@@ -107,7 +107,7 @@ WITH pump AS MATERIALIZED (
       LEFT JOIN event_stock s USING (inventory_id)
       LEFT JOIN LATERAL (
         SELECT i.stock + coalesce(sum(r.quantity), 0) AS on_hand,
-               coalesce({units_committed}, 0) AS committed
+               coalesce(sum(r.quantity) FILTER (WHERE r.status = {ordered}), 0) AS committed
           FROM inventories i
           LEFT JOIN reservations r ON r.inventory_id = i.id AND r.status IN {holding}
          WHERE i.id = t.inventory_id AND s.inventory_id IS NULL
@@ -181,7 +181,7 @@ UPDATE event_pump p
 RETURNING (SELECT count(*) FROM numbered)::bigint AS pumped"#,
         on_hand = fragments::ledger_on_hand(),
         committed = fragments::ledger_committed(),
-        units_committed = format!("sum(r.quantity) FILTER (WHERE r.status = {})", sql(ReservationStatus::Ordered)),
+        ordered = sql(ReservationStatus::Ordered),
         holding = fragments::holding(),
     )
 });
