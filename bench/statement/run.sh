@@ -57,16 +57,13 @@ SQL
     # Upper bound of what announcing live stock can cost: no trigger at all.
     no_watch_trigger) echo "DROP TRIGGER inventories_notify ON inventories" ;;
     reservation_id_v7) echo "$UUID_V7" ;;
-    # Events out (docs/design.md): each ledger row records its transaction,
-    # found by a BRIN index; the ledger is the outbox.
-    ledger_txid) cat <<'SQL'
-ALTER TABLE stock_movements ADD COLUMN txid bigint;
-ALTER TABLE stock_movements ALTER COLUMN txid SET DEFAULT (pg_current_xact_id()::text::bigint);
-CREATE INDEX stock_movements_txid ON stock_movements USING brin (txid) WITH (autosummarize = on);
-SQL
-    ;;
-    # The alternative: an outbox row (with its keys) per change, written in
-    # the change's statement; here by a trigger, so an upper bound.
+    # Events out (docs/design.md): the schema before it, without the
+    # transaction each ledger row records (and its BRIN index); "current"
+    # is the ledger as the outbox.
+    no_txid) echo "ALTER TABLE stock_movements DROP COLUMN txid" ;;
+    # The alternative: an outbox row (with its keys) per change besides the
+    # ledger row, written in the change's statement; here by a trigger, so
+    # an upper bound.
     outbox_row) cat <<'SQL'
 CREATE TABLE outbox_rows (seq bigserial PRIMARY KEY, id uuid NOT NULL,
     txid bigint NOT NULL DEFAULT (pg_current_xact_id()::text::bigint), body jsonb NOT NULL);
