@@ -40,6 +40,10 @@ async fn graphiql_in_a_real_browser_runs_a_reservation_with_no_outside_request()
     assert_eq!(reserve["reservation"]["quantity"], 1, "{shown}");
     assert_eq!(reserve["inventory"]["stock"], before.0 - 1, "{shown}");
     assert_eq!(reserve["inventory"]["version"], before.1 + 1, "{shown}");
+    // The result pane shows what the request cost and what is left.
+    let cost = &shown["extensions"]["cost"];
+    assert!(cost["actualQueryCost"].as_i64().is_some_and(|cost| cost > 0), "{shown}");
+    assert!(cost["throttleStatus"]["currentlyAvailable"].is_number(), "{shown}");
 
     assert_eq!(app.stock_and_version(id).await, (before.0 - 1, before.1 + 1), "one unit taken, one version up");
     assert!(Path::new(screenshot).exists(), "a screenshot at {screenshot}");
