@@ -27,6 +27,7 @@ use async_graphql::{
     extensions::{Extension, ExtensionContext, ExtensionFactory, NextResolve, NextValidation, ResolveInfo},
     indexmap::IndexMap,
 };
+use rand::RngExt as _;
 
 use super::{
     buckets::{Buckets, Status, Tier},
@@ -165,8 +166,12 @@ fn report(requested: usize, actual: usize, status: Status) -> Value {
 }
 
 /// The `THROTTLED` error: the caller's budget (or share) does not cover the
-/// operation now; `retryAfterMs` says when it will.
+/// operation now; `retryAfterMs` says when it will, lengthened by up to a
+/// quarter at random, so that the many connections of one caller refused
+/// at once do not all come back in the same instant (each is validated
+/// before its bucket can refuse it again).
 pub fn throttled(message: &str, retry_after: Duration) -> ServerError {
+    let retry_after = retry_after.mul_f64(rand::rng().random_range(1.0..1.25));
     let mut error = ServerError::new(message, None);
     let extensions = error.extensions.get_or_insert_with(Default::default);
     extensions.set("code", "THROTTLED");
@@ -207,9 +212,8 @@ impl Extension for MeteringExtension {
         if let Err(wait) = meter.charge(result.complexity) {
             crate::telemetry::throttled("cost");
             let message = format!(
-                "this operation costs {} points and your budget holds fewer now; retry in {} ms",
-                result.complexity,
-                wait.as_millis()
+                "this operation costs {} points and your budget holds fewer now; retry after retryAfterMs",
+                result.complexity
             );
             return Err(vec![throttled(&message, wait)]);
         }
@@ -229,5 +233,31 @@ impl Extension for MeteringExtension {
             meter.actual.fetch_add(1, Ordering::Relaxed);
         }
         next.run(ctx, info).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    /// Connections refused together are told to come back at different
+    /// instants, none before the budget covers them.
+    #[test]
+    fn retry_after_is_spread_and_never_early() {
+        let wait = Duration::from_millis(2_000);
+        let told: BTreeSet<u64> = (0..50)
+            .map(|_| {
+                let error = throttled("no", wait);
+                let extensions = error.extensions.expect("extensions");
+                match extensions.get("retryAfterMs") {
+                    Some(Value::Number(ms)) => ms.as_u64().expect("whole milliseconds"),
+                    other => panic!("retryAfterMs: {other:?}"),
+                }
+            })
+            .collect();
+        assert!(told.len() > 10, "spread: {told:?}");
+        assert!(told.iter().all(|ms| (2_000..2_500).contains(ms)), "{told:?}");
     }
 }
