@@ -18,11 +18,10 @@ use serde_json::json;
 use stockguard::auth::Role;
 use stockguard_support::documents::{RELEASE, RESERVE};
 
-use super::{CREATE_WEBHOOK, assert_in_order, first_arrivals, receiver::Receiver, stock_changes, verifies};
-use crate::{
-    helpers::{Isolation, eventually},
-    process::Process,
+use super::{
+    assert_in_order, first_arrivals, receiver::Receiver, stock_changes, subscribe_process, until_delivered, verifies,
 };
+use crate::{helpers::Isolation, process::Process};
 
 /// Fixed, so a failure reproduces; printed with the figures.
 const SEED: u64 = 0x2700;
@@ -39,10 +38,7 @@ const ENV: [(&str, &str); 5] = [
 async fn killing_processes_at_random_instants_loses_no_event_and_invents_none() {
     let (first, second) = Process::start_two(&ENV, Isolation::ReadCommitted).await;
     let receiver = Receiver::start().await;
-    let input = json!({ "url": receiver.url, "events": ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"] });
-    let operator = first.token("operator", Role::Operator);
-    let (_, created) = first.graphql(Some(&operator), CREATE_WEBHOOK, json!({ "input": input })).await.expect("create");
-    let secret = created["data"]["createWebhook"]["secret"].as_str().expect("a secret").to_owned();
+    let secret = subscribe_process(&first, &receiver).await;
     let mut items = Vec::new();
     for n in 0..4 {
         items.push(first.create_inventory(&format!("KILL-{n}"), 1_000_000).await);
@@ -128,14 +124,7 @@ async fn killing_processes_at_random_instants_loses_no_event_and_invents_none() 
             )
         })
         .collect();
-    eventually(Duration::from_secs(60), "every committed change delivered", || {
-        let (receiver, committed) = (receiver.clone(), committed.clone());
-        async move {
-            let delivered: BTreeSet<_> = stock_changes(&receiver.accepted_events()).into_iter().collect();
-            delivered.is_superset(&committed)
-        }
-    })
-    .await;
+    until_delivered(&receiver, &committed, Duration::from_secs(60), "every committed change delivered").await;
     let accepted = receiver.accepted_events();
     let first_arrived = first_arrivals(&accepted);
     let delivered = stock_changes(&first_arrived);

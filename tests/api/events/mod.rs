@@ -50,6 +50,16 @@ async fn subscribe(app: &TestApp, receiver: &Receiver) -> String {
     created["secret"].as_str().unwrap_or_else(|| panic!("no secret: {created}")).to_owned()
 }
 
+/// An endpoint for every event type at `receiver`, made through server
+/// process `process`; its secret.
+async fn subscribe_process(process: &crate::process::Process, receiver: &Receiver) -> String {
+    let input = json!({ "url": receiver.url, "events": ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"] });
+    let operator = process.token("operator", Role::Operator);
+    let (_, created) =
+        process.graphql(Some(&operator), CREATE_WEBHOOK, json!({ "input": input })).await.expect("create");
+    created["data"]["createWebhook"]["secret"].as_str().expect("a secret").to_owned()
+}
+
 /// Every committed stock change of `inventories`, as `(inventory,
 /// version)`, from the ledger.
 async fn committed_changes(app: &TestApp, inventories: &[Uuid]) -> BTreeSet<(Uuid, i64)> {
@@ -66,6 +76,19 @@ async fn ledger_changes(db: &DatabaseConnection, inventories: &[Uuid]) -> BTreeS
         (row.try_get("", "inventory_id").expect("id"), i64::from(row.try_get::<i32>("", "version_after").expect("v")))
     };
     rows.iter().map(change).collect()
+}
+
+/// Waits up to `limit` until `receiver` has accepted an event of every
+/// change in `committed`.
+async fn until_delivered(receiver: &Receiver, committed: &BTreeSet<(Uuid, i64)>, limit: Duration, what: &str) {
+    eventually(limit, what, || {
+        let (receiver, committed) = (receiver.clone(), committed.clone());
+        async move {
+            let delivered: BTreeSet<(Uuid, i64)> = stock_changes(&receiver.accepted_events()).into_iter().collect();
+            delivered.is_superset(&committed)
+        }
+    })
+    .await;
 }
 
 /// The first arrival of each event, in arrival order.
@@ -142,14 +165,7 @@ async fn every_committed_change_arrives_once_in_order_and_signed(isolation: Isol
     assert_eq!(placed["__typename"], "OrderPlaced", "{placed}");
 
     let committed = committed_changes(&app, &items).await;
-    eventually(Duration::from_secs(30), "every committed change delivered", || {
-        let (receiver, committed) = (receiver.clone(), committed.clone());
-        async move {
-            let delivered: BTreeSet<(Uuid, i64)> = stock_changes(&receiver.accepted_events()).into_iter().collect();
-            delivered.is_superset(&committed)
-        }
-    })
-    .await;
+    until_delivered(&receiver, &committed, Duration::from_secs(30), "every committed change delivered").await;
     let first = first_arrivals(&receiver.accepted_events());
     let delivered = stock_changes(&first);
     assert_eq!(

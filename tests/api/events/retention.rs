@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::{
     CREATE_WEBHOOK, Isolation, TestApp, assert_in_order, committed_changes, first_arrivals, limits,
     receiver::{Answer, Receiver},
-    spawn, stock_changes,
+    spawn, stock_changes, until_delivered,
 };
 use crate::helpers::{address, at_every_isolation, eventually};
 
@@ -77,14 +77,8 @@ async fn a_spent_schedule_turns_the_endpoint_off_until_redelivered(isolation: Is
     let replayed = app.mutate(&app.operator(), "redeliverFailed", REDELIVER, json!({ "id": id })).await;
     assert_eq!(replayed, 1, "the one FAILED delivery");
     let committed = committed_changes(&app, &[item]).await;
-    eventually(Duration::from_secs(30), "the failed body and the held changes delivered", || {
-        let (receiver, committed) = (receiver.clone(), committed.clone());
-        async move {
-            stock_changes(&receiver.accepted_events()).into_iter().collect::<std::collections::BTreeSet<_>>()
-                == committed
-        }
-    })
-    .await;
+    let what = "the failed body and the held changes delivered";
+    until_delivered(&receiver, &committed, Duration::from_secs(30), what).await;
     let first = first_arrivals(&receiver.accepted_events());
     assert_eq!(stock_changes(&first)[0], (item, 1), "the failed body went first");
     assert_in_order(&first);
@@ -109,14 +103,7 @@ async fn the_outbox_holds_only_what_an_endpoint_still_needs(isolation: Isolation
         assert_eq!(app.reserve(&token, json!({ "inventoryId": item, "quantity": 1 })).await["__typename"], "Reserved");
     }
     let committed = committed_changes(&app, &[item]).await;
-    let all_at = |receiver: &Receiver| {
-        let (receiver, committed) = (receiver.clone(), committed.clone());
-        async move {
-            stock_changes(&receiver.accepted_events()).into_iter().collect::<std::collections::BTreeSet<_>>()
-                == committed
-        }
-    };
-    eventually(Duration::from_secs(30), "everything sent to the endpoint that is on", || all_at(&on)).await;
+    until_delivered(&on, &committed, Duration::from_secs(30), "everything sent to the endpoint that is on").await;
     let backlog =
         format!("SELECT p.last_seq - w.sent_through FROM event_pump p, webhook_endpoints w WHERE w.id = '{paused}'");
     let backlog = app.count(&backlog).await;
@@ -125,7 +112,7 @@ async fn the_outbox_holds_only_what_an_endpoint_still_needs(isolation: Isolation
     assert!(off.received().is_empty(), "nothing sent while off");
 
     app.mutate(&app.operator(), "updateWebhook", UPDATE, update(true)).await;
-    eventually(Duration::from_secs(30), "everything made while off sent when on again", || all_at(&off)).await;
+    until_delivered(&off, &committed, Duration::from_secs(30), "everything made while off sent when on again").await;
     assert_in_order(&first_arrivals(&off.accepted_events()));
     eventually(Duration::from_secs(10), "the outbox empty once both were sent it all", || {
         let app = app.clone();

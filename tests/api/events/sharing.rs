@@ -14,9 +14,9 @@ use stockguard::{auth::Role, config::Limits};
 use stockguard_support::documents::{RELEASE, RESERVE};
 
 use super::{
-    CREATE_WEBHOOK, assert_in_order, committed_changes, first_arrivals, ledger_changes, limits,
+    assert_in_order, committed_changes, first_arrivals, ledger_changes, limits,
     receiver::{Answer, Receiver},
-    spawn, stock_changes, subscribe, verifies,
+    spawn, stock_changes, subscribe, subscribe_process, until_delivered, verifies,
 };
 use crate::{
     helpers::{Isolation, at_every_isolation, at_once, eventually},
@@ -89,14 +89,7 @@ async fn a_stalled_endpoint_delays_no_other(isolation: Isolation) {
     let committed = committed_changes(&app, &items).await;
     assert_eq!(committed.len(), items.len() + reserved.len(), "a creation and a reserve each: {committed:?}");
     let limit = (stalled_since + BOUND).saturating_duration_since(Instant::now());
-    eventually(limit, "B has every change within the bound of A's second attempt", || {
-        let (healthy, committed) = (healthy.clone(), committed.clone());
-        async move {
-            let delivered: BTreeSet<_> = stock_changes(&healthy.accepted_events()).into_iter().collect();
-            delivered.is_superset(&committed)
-        }
-    })
-    .await;
+    until_delivered(&healthy, &committed, limit, "B has every change within the bound of A's second attempt").await;
     let took = stalled_since.elapsed();
     assert!(took < BOUND, "B had every change {took:?} after A's second attempt began, not within {BOUND:?}");
 
@@ -199,10 +192,7 @@ async fn two_processes_send_each_delivery_once() {
     let (first, second) = Process::start_two(&TWO_PROCESSES, Isolation::ReadCommitted).await;
     let (first, second) = (Arc::new(first), Arc::new(second));
     let receiver = Receiver::start().await;
-    let input = json!({ "url": receiver.url, "events": ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"] });
-    let operator = first.token("operator", Role::Operator);
-    let (_, created) = first.graphql(Some(&operator), CREATE_WEBHOOK, json!({ "input": input })).await.expect("create");
-    let secret = created["data"]["createWebhook"]["secret"].as_str().expect("a secret").to_owned();
+    let secret = subscribe_process(&first, &receiver).await;
     let mut items = Vec::new();
     for n in 0..3 {
         items.push(first.create_inventory(&format!("TWO-{n}"), 1_000_000).await);
@@ -211,14 +201,7 @@ async fn two_processes_send_each_delivery_once() {
     let (reserved, released) = load([first.clone(), second.clone()], &items).await;
     assert!(reserved > 0 && released > 0, "{reserved} reserved, {released} released");
     let committed = ledger_changes(&first.db, &items).await;
-    eventually(Duration::from_secs(60), "every committed change delivered", || {
-        let (receiver, committed) = (receiver.clone(), committed.clone());
-        async move {
-            let delivered: BTreeSet<_> = stock_changes(&receiver.accepted_events()).into_iter().collect();
-            delivered.is_superset(&committed)
-        }
-    })
-    .await;
+    until_delivered(&receiver, &committed, Duration::from_secs(60), "every committed change delivered").await;
     // The receiver has answered the last body; its row is marked a moment later.
     eventually(Duration::from_secs(10), "every delivery marked", || {
         let first = first.clone();
