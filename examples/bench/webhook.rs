@@ -1,0 +1,546 @@
+//! `--webhook`: the reserve path with events going out, and how late they
+//! arrive (issue 27, "Events out"; docs/webhooks.md).
+//!
+//! The contract promises that one endpoint subscribed to everything costs
+//! the reserve path at most 10 %, and that every committed change arrives.
+//! A second server of this build gets a database of its own, seeded as the
+//! first, and one endpoint for every event type (made through
+//! `createWebhook`), pointing at a receiver in this process on loopback
+//! (allowed by `STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK`). HOT and SPREAD take
+//! turns on the main server (no endpoint) and on it, round by round as
+//! `baseline.rs` does, so the machine's drift falls on both. Then SPREAD at
+//! 64 clients runs on it alone for `--webhook-secs`: the receiver records
+//! each event's arrival minus its `occurredAt`, per 10 s window of
+//! `occurredAt` (the last window's events arriving late shows a dispatcher
+//! falling behind), and the outbox backlog is read at each window's end.
+//!
+//! Then the cell is a correctness check: once the dispatcher has drained,
+//! every stock change committed after the endpoint existed (the ledger's
+//! `(inventory_id, version_after)` of the transactions that a snapshot taken
+//! right after `createWebhook` did not show, which the pump must send, see
+//! `src/events/pump.rs`) must have arrived, each inventory's in version
+//! order, every body signed with the endpoint's secret; otherwise the
+//! benchmark exits 1.
+
+mod receiver;
+
+use std::{path::Path, process::Stdio, time::Duration};
+
+use anyhow::Context as _;
+use chrono::Utc;
+use futures::TryStreamExt as _;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, sqlx};
+use serde_json::json;
+use stockguard::auth::Role;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use self::receiver::Receiver;
+use crate::{
+    measure::Stats,
+    report::{cpu_per_reservation, ratio},
+    scenarios::{Bench, By, Scenario, Shop, Side},
+};
+use stockguard_support::{
+    client::Gql,
+    database::ThrowAway,
+    process::{Log, ServerProcess},
+};
+
+/// The lag is reported per window of this many seconds of `occurredAt`.
+const WINDOW: Duration = Duration::from_secs(10);
+
+/// How long the dispatcher may take to drain after the load stops before
+/// the missing changes are counted anyway.
+const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
+const CREATE_WEBHOOK: &str = "mutation($input: CreateWebhookInput!) { createWebhook(input: $input) {
+  endpoint { id } secret } }";
+
+/// One cell: the same scenario and clients on the server with the endpoint
+/// and on the one without.
+pub struct WebhookCell {
+    /// HOT or SPREAD.
+    pub scenario: Scenario,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// The server with one endpoint.
+    pub with: Stats,
+    /// The main server, no endpoint.
+    pub without: Stats,
+}
+
+/// The lag of the events committed in one window of the sustained run.
+pub struct LagWindow {
+    /// Seconds into the run where it starts.
+    pub from_secs: u64,
+    /// Events committed in it (arrivals; a repeat counts again).
+    pub events: usize,
+    /// Arrival minus `occurredAt`, ms.
+    pub p50_ms: f64,
+    /// The same, 99th percentile.
+    pub p99_ms: f64,
+    /// The same, the worst.
+    pub max_ms: f64,
+    /// The outbox backlog of the endpoint at the window's end, if read.
+    pub backlog: Option<i64>,
+}
+
+/// The sustained run at SPREAD and what arrived of everything.
+pub struct LagRun {
+    /// Concurrent clients.
+    pub clients: usize,
+    /// The load's reserves.
+    pub load: Stats,
+    /// Its windows, in order.
+    pub windows: Vec<LagWindow>,
+    /// Over the whole run: arrival minus `occurredAt`, median, ms.
+    pub p50_ms: f64,
+    /// The same, 99th percentile.
+    pub p99_ms: f64,
+    /// The same, the worst.
+    pub max_ms: f64,
+    /// The backlog at mid-run.
+    pub backlog_mid: i64,
+    /// The backlog when the load stopped.
+    pub backlog_end: i64,
+    /// How long after the load stopped everything it committed had arrived
+    /// (to a quarter of a second).
+    pub drain_secs: f64,
+    /// Whether it drained within [`DRAIN_LIMIT`].
+    pub drained: bool,
+    /// The snapshot taken when the load stopped: what it shows must arrive.
+    end: String,
+}
+
+/// What arrived over the whole cell, against the ledger.
+#[derive(Default)]
+pub struct Delivered {
+    /// Stock changes committed after the endpoint existed.
+    pub committed: u64,
+    /// Of them, how many never arrived.
+    pub missing: u64,
+    /// Events received (every arrival).
+    pub events: u64,
+    /// The bodies they came in.
+    pub bodies: u64,
+    /// STOCK_CHANGED events that arrived again.
+    pub repeats: u64,
+    /// STOCK_CHANGED first arrivals with a version not above its inventory's last.
+    pub out_of_order: u64,
+    /// Bodies whose `stockguard-signature` is not the endpoint's, or that did not parse.
+    pub bad: u64,
+}
+
+impl Delivered {
+    /// Whether the promise held: nothing missing, in order, every body signed.
+    pub fn held(&self) -> bool {
+        self.missing == 0 && self.out_of_order == 0 && self.bad == 0
+    }
+}
+
+/// The `--webhook` run.
+pub struct Webhook {
+    /// HOT and SPREAD with and without the endpoint.
+    pub cells: Vec<WebhookCell>,
+    /// The sustained run.
+    pub lag: LagRun,
+    /// The correctness check.
+    pub delivered: Delivered,
+}
+
+/// Starts the server with the endpoint on a database of its own, runs the
+/// cells and the sustained run, and checks what arrived.
+pub async fn compare(
+    bench: &mut Bench,
+    server: &ServerProcess,
+    server_bin: &Path,
+    database_url_base: &str,
+    secret: &str,
+) -> anyhow::Result<Webhook> {
+    let database = ThrowAway::create(database_url_base, "bench").await?;
+    eprintln!("bench: webhook: a second server with one endpoint, on a database of its own, {}", database.name);
+    let receiver = Receiver::start().await?;
+    let result = async {
+        let env = [("STOCKGUARD_ORDER_LOCKING", "optimistic"), ("STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK", "true")];
+        let with = ServerProcess::start(server_bin, &database.url, Some(secret), &env, Log::Warnings(Stdio::inherit()))
+            .await?;
+        let result = measure_with(bench, server, &with, &database.url, &receiver).await;
+        with.stop_after(result).await
+    }
+    .await;
+    receiver.task.abort();
+    database.drop("bench").await;
+    result
+}
+
+async fn measure_with(
+    bench: &mut Bench,
+    server: &ServerProcess,
+    with: &ServerProcess,
+    database_url: &str,
+    receiver: &Receiver,
+) -> anyhow::Result<Webhook> {
+    eprintln!("bench: webhook: seeding HOT and SPREAD");
+    let shop = Shop::open(database_url, with, &bench.keys).await?;
+    // After seeding: its 10,000 creations are not what is measured.
+    let (endpoint, since) = subscribe(bench, with, &shop.db, receiver).await?;
+    let result = async {
+        let scenarios: &[Scenario] =
+            if bench.settings.smoke { &[Scenario::Spread] } else { &[Scenario::Hot, Scenario::Spread] };
+        let mut cells = Vec::new();
+        for &scenario in scenarios {
+            for clients in bench.settings.clients.clone() {
+                eprintln!(
+                    "bench: {} x{clients}: without and with a webhook endpoint, {} rounds",
+                    scenario.name(),
+                    bench.settings.rounds
+                );
+                let sides = [
+                    Side { label: "no endpoint", shop: &bench.shop, by: By::Http(server) },
+                    Side { label: "one endpoint", shop: &shop, by: By::Http(with) },
+                ];
+                let [without, with] = bench.rounds(&sides, scenario, clients).await?;
+                let after = format!("{} x{clients}, without and with a webhook endpoint", scenario.name());
+                bench.invariant.check(&bench.shop.db, &after).await?;
+                bench.invariant.check(&shop.db, &format!("{after} (the endpoint's database)")).await?;
+                cells.push(WebhookCell { scenario, clients, with, without });
+            }
+        }
+        let lag = sustained(bench, with, &shop, endpoint, receiver).await?;
+        bench.invariant.check(&shop.db, "the sustained run with a webhook endpoint").await?;
+        let delivered = delivered(&shop.db, &since, &lag.end, receiver).await?;
+        anyhow::Ok(Webhook { cells, lag, delivered })
+    }
+    .await;
+    shop.db.close().await?;
+    result
+}
+
+/// Creates the endpoint for every event type through `createWebhook`; its
+/// id, and a snapshot taken after it was committed: the transactions that
+/// snapshot does not show are sent to it.
+async fn subscribe(
+    bench: &Bench,
+    with: &ServerProcess,
+    db: &DatabaseConnection,
+    receiver: &Receiver,
+) -> anyhow::Result<(Uuid, String)> {
+    let operator = bench.keys.mint("bench-operator", Role::Operator, chrono::Duration::hours(4))?;
+    let input = json!({ "url": receiver.url, "events": ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"] });
+    let answer = Gql::new(&with.url, 1)?.data(&operator, CREATE_WEBHOOK, json!({ "input": input })).await;
+    let answer = answer.map_err(|err| anyhow::anyhow!("createWebhook: {err}"))?;
+    let created = &answer["data"]["createWebhook"];
+    let secret = created["secret"].as_str().with_context(|| format!("createWebhook answered {answer}"))?;
+    let id = created["endpoint"]["id"].as_str().and_then(|id| id.parse().ok()).context("the endpoint's id")?;
+    let _ = receiver.secret.set(secret.to_owned());
+    Ok((id, snapshot(db).await?))
+}
+
+/// The events the pump has numbered that the endpoint's deliveries have not
+/// taken yet.
+async fn backlog(db: &DatabaseConnection, endpoint: Uuid) -> anyhow::Result<i64> {
+    let sql = "SELECT (SELECT last_seq FROM event_pump) - sent_through FROM webhook_endpoints WHERE id = $1";
+    let row = db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, [endpoint.into()])).await?;
+    Ok(row.context("the endpoint is gone")?.try_get_by_index(0)?)
+}
+
+/// Whether everything committed by `end` (a snapshot) reached the
+/// receiver: the pump's snapshot shows every ledger row that `end` shows,
+/// the endpoint's deliveries took every event numbered, and none is still
+/// pending (a delivery is DELIVERED only after the receiver answered). One
+/// statement, so all of it is read at one instant. JIT off: the planner's
+/// guesses for the pump's one row would have it compile for a second per look.
+async fn drained(db: &DatabaseConnection, endpoint: Uuid, end: &str) -> anyhow::Result<bool> {
+    let sql = "SELECT p.last_seq = w.sent_through
+                  AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.endpoint_id = w.id AND d.status = 'PENDING')
+                  AND NOT EXISTS (SELECT 1 FROM stock_movements m
+                                   WHERE m.txid >= pg_snapshot_xmin(p.seen)::text::bigint
+                                     AND NOT pg_visible_in_snapshot(m.txid::text::xid8, p.seen)
+                                     AND pg_visible_in_snapshot(m.txid::text::xid8, $2::pg_snapshot))
+                 FROM webhook_endpoints w, event_pump p WHERE w.id = $1";
+    let txn = db.begin().await?;
+    txn.execute_unprepared("SET LOCAL jit = off").await?;
+    let values: [sea_orm::Value; 2] = [endpoint.into(), end.into()];
+    let row = txn.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
+    txn.commit().await?;
+    Ok(row.context("the endpoint is gone")?.try_get_by_index(0)?)
+}
+
+/// The current snapshot, as text.
+async fn snapshot(db: &DatabaseConnection) -> anyhow::Result<String> {
+    let sql = "SELECT pg_current_snapshot()::text";
+    let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await?;
+    Ok(row.context("no snapshot")?.try_get_by_index::<String>(0)?)
+}
+
+/// SPREAD at 64 clients (the smoke's count in the smoke) on the server with
+/// the endpoint for `--webhook-secs`, the backlog read at every window's end
+/// and at mid-run; then waits for the dispatcher to drain.
+async fn sustained(
+    bench: &Bench,
+    with: &ServerProcess,
+    shop: &Shop,
+    endpoint: Uuid,
+    receiver: &Receiver,
+) -> anyhow::Result<LagRun> {
+    let settings = &bench.settings;
+    let secs = settings.webhook.context("--webhook-secs")?;
+    let clients = if settings.smoke { settings.clients.last().copied().unwrap_or(1) } else { 64 };
+    eprintln!("bench: webhook: SPREAD x{clients} for {} s, the events' lag", secs.as_secs());
+    shop.db.execute_unprepared("VACUUM (ANALYZE) inventories").await?;
+    // The measured window starts after the warm-up, as the load's does.
+    let from = Instant::now() + settings.warmup;
+    let from_utc = Utc::now() + chrono::TimeDelta::from_std(settings.warmup)?;
+    receiver.inner().lags_from = Some(from_utc);
+    let marks: Vec<Duration> = {
+        let mut marks: Vec<Duration> = (1..).map(|n| WINDOW * n).take_while(|&m| m < secs).collect();
+        marks.extend([secs / 2, secs]);
+        marks.sort_unstable();
+        marks.dedup();
+        marks
+    };
+    let sampling = async {
+        let mut read = Vec::with_capacity(marks.len());
+        for &mark in &marks {
+            tokio::time::sleep_until(from + mark).await;
+            read.push((mark, backlog(&shop.db, endpoint).await?));
+        }
+        anyhow::Ok(read)
+    };
+    let (load, read) = tokio::join!(bench.stockguard(with, shop, Scenario::Spread, clients, secs), sampling);
+    let (recorder, usage) = load?;
+    let read = read?;
+    let load_stopped = Instant::now();
+    let mut load = Stats::from(recorder, secs.as_secs_f64(), &["Reserved"]);
+    load.usage = usage;
+
+    // Every reserve of the load has been answered: `end` shows each change it made.
+    let end = snapshot(&shop.db).await?;
+    let mut drained = false;
+    while !drained && load_stopped.elapsed() < DRAIN_LIMIT {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        drained = self::drained(&shop.db, endpoint, &end).await?;
+    }
+    let drain_secs = load_stopped.elapsed().as_secs_f64();
+    if !drained {
+        eprintln!("bench: webhook: the dispatcher had not drained {} s after the load stopped", DRAIN_LIMIT.as_secs());
+    }
+
+    let backlog_at = |mark: Duration| read.iter().find(|(m, _)| *m == mark).map(|(_, b)| *b);
+    let mut lags = std::mem::take(&mut receiver.inner().lags);
+    let windows = (0..secs.as_secs().div_ceil(WINDOW.as_secs()))
+        .map(|n| {
+            let (start, end) = (WINDOW * n as u32, (WINDOW * (n as u32 + 1)).min(secs));
+            let mut in_window: Vec<f64> =
+                lags.iter().filter(|(at, _)| *at >= start && *at < end).map(|(_, lag)| *lag).collect();
+            in_window.sort_unstable_by(f64::total_cmp);
+            LagWindow {
+                from_secs: start.as_secs(),
+                events: in_window.len(),
+                p50_ms: percentile(&in_window, 0.50),
+                p99_ms: percentile(&in_window, 0.99),
+                max_ms: in_window.last().copied().unwrap_or(0.0),
+                backlog: backlog_at(end),
+            }
+        })
+        .collect();
+    lags.retain(|(at, _)| *at < secs);
+    let mut all: Vec<f64> = lags.into_iter().map(|(_, lag)| lag).collect();
+    all.sort_unstable_by(f64::total_cmp);
+    Ok(LagRun {
+        clients,
+        load,
+        windows,
+        p50_ms: percentile(&all, 0.50),
+        p99_ms: percentile(&all, 0.99),
+        max_ms: all.last().copied().unwrap_or(0.0),
+        backlog_mid: backlog_at(secs / 2).unwrap_or(0),
+        backlog_end: backlog_at(secs).unwrap_or(0),
+        drain_secs,
+        drained,
+        end,
+    })
+}
+
+/// The `p` quantile of sorted `values`, 0 when there are none.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() { 0.0 } else { sorted[((sorted.len() - 1) as f64 * p).round() as usize] }
+}
+
+/// Counts the stock changes committed after the endpoint existed (not shown
+/// by `since`) and before the drain's snapshot `end` (a reservation may
+/// expire since) that never arrived. Streamed: a full run commits millions.
+async fn delivered(db: &DatabaseConnection, since: &str, end: &str, receiver: &Receiver) -> anyhow::Result<Delivered> {
+    let sql = "SELECT DISTINCT inventory_id, version_after::bigint FROM stock_movements
+                WHERE txid >= pg_snapshot_xmin($1::pg_snapshot)::text::bigint
+                  AND NOT pg_visible_in_snapshot(txid::text::xid8, $1::pg_snapshot)
+                  AND pg_visible_in_snapshot(txid::text::xid8, $2::pg_snapshot)";
+    let pool = db.get_postgres_connection_pool();
+    let arrivals = std::mem::take(&mut *receiver.inner());
+    let mut delivered = Delivered {
+        events: arrivals.events,
+        bodies: arrivals.bodies,
+        repeats: arrivals.repeats,
+        out_of_order: arrivals.out_of_order,
+        bad: arrivals.bad,
+        ..Delivered::default()
+    };
+    let mut rows = sqlx::query_as::<_, (Uuid, i64)>(sql).bind(since).bind(end).fetch(pool);
+    while let Some(change) = rows.try_next().await.context("the committed stock changes")? {
+        delivered.committed += 1;
+        if !arrivals.stock.contains(&change) {
+            delivered.missing += 1;
+        }
+    }
+    eprintln!(
+        "bench: webhook: {} stock changes committed after the endpoint existed, {} missing; {} events in {} bodies, \
+         {} repeats, {} out of order, {} bad bodies",
+        delivered.committed,
+        delivered.missing,
+        delivered.events,
+        delivered.bodies,
+        delivered.repeats,
+        delivered.out_of_order,
+        delivered.bad
+    );
+    Ok(delivered)
+}
+
+// ---------------------------------------------------------------------------
+// The report
+
+impl Webhook {
+    /// Errors over its runs.
+    pub fn errors(&self) -> u64 {
+        self.cells.iter().map(|c| c.with.errors + c.without.errors).sum::<u64>() + self.lag.load.errors
+    }
+
+    /// The lowest with / without res/s ratio of its cells.
+    fn worst(&self) -> Option<(&WebhookCell, f64)> {
+        (self.cells.iter())
+            .map(|c| (c, ratio(c.with.per_sec(c.with.successes), c.without.per_sec(c.without.successes))))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+    }
+
+    /// Whether the lag grows over the sustained run: the last window's p99
+    /// above 1.5× the first's plus 50 ms, or the backlog at the end above
+    /// the one at mid-run by more than 10 bodies.
+    fn grows(&self) -> bool {
+        let lag = &self.lag;
+        let (first, last) = (lag.windows.first(), lag.windows.last());
+        let p99 = first.zip(last).is_some_and(|(f, l)| l.p99_ms > 1.5 * f.p99_ms + 50.0);
+        p99 || lag.backlog_end > lag.backlog_mid + 1000 || !lag.drained
+    }
+
+    /// Its lines of the report's targets: (target, measured, met).
+    pub fn targets(&self) -> Vec<(String, String, Option<bool>)> {
+        let mut out = Vec::new();
+        let target = "HOT and SPREAD with one webhook endpoint ≥ 0.90× without, in the same rounds".to_owned();
+        out.push(match self.worst() {
+            Some((c, r)) => {
+                let measured = format!("{r:.2}× at {} x{} (the lowest with / without)", c.scenario.name(), c.clients);
+                (target, measured, Some(r >= 0.9))
+            }
+            None => (target, "not measured".into(), None),
+        });
+        let d = &self.delivered;
+        out.push((
+            "every committed stock change delivered, in order, signed".into(),
+            format!("{} missing of {}, {} out of order, {} bad bodies", d.missing, d.committed, d.out_of_order, d.bad),
+            Some(d.held()),
+        ));
+        let lag = &self.lag;
+        let (first, last) = (lag.windows.first(), lag.windows.last());
+        out.push((
+            format!("events' lag at SPREAD x{} does not grow over {} s", lag.clients, lag.load.seconds),
+            format!(
+                "p99 {:.0} ms in the first window, {:.0} ms in the last; backlog {} at mid-run, {} at the end",
+                first.map_or(0.0, |w| w.p99_ms),
+                last.map_or(0.0, |w| w.p99_ms),
+                lag.backlog_mid,
+                lag.backlog_end
+            ),
+            Some(!self.grows()),
+        ));
+        out
+    }
+
+    /// The report's section.
+    pub fn markdown(&self) -> String {
+        let mut md = String::from(
+            "\n## Events out: one webhook endpoint\n\n\
+             A second server of this build, on a database of its own seeded the same way, with one endpoint \
+             subscribed to every event type (made through `createWebhook`; `STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK=true` \
+             so it may be `http://127.0.0.1`), pointing at a receiver in the benchmark process that answers \
+             every body with 204. It took turns round by round with the main server, which has no endpoint (and \
+             the older database: the cells before ran on it). With / without = res/s with the endpoint over \
+             res/s without. CPU µs per reservation as in the first table; the endpoint's server's PostgreSQL \
+             CPU includes the event pump's and the dispatcher's backends, and the receiver's CPU falls on \
+             the load generator.\n\n\
+             | scenario | clients | without res/s | with res/s | with / without | p99 ms without / with | \
+             CPU µs/res server without / with | CPU µs/res PostgreSQL without / with |\n\
+             |---|--:|--:|--:|--:|--:|--:|--:|\n",
+        );
+        for c in &self.cells {
+            let (w, o) = (&c.with, &c.without);
+            let ((w_server, w_pg), (o_server, o_pg)) = (cpu_per_reservation(w), cpu_per_reservation(o));
+            let (w_rate, o_rate) = (w.per_sec(w.successes), o.per_sec(o.successes));
+            md.push_str(&format!(
+                "| {} | {} | {o_rate:.0} | {w_rate:.0} | {:.2} | {:.2} / {:.2} | {o_server:.0} / {w_server:.0} | \
+                 {o_pg:.0} / {w_pg:.0} |\n",
+                c.scenario.name(),
+                c.clients,
+                ratio(w_rate, o_rate),
+                o.p99_ms,
+                w.p99_ms,
+            ));
+        }
+        let lag = &self.lag;
+        let l = &lag.load;
+        md.push_str(&format!(
+            "\nThe lag from commit to delivery: SPREAD at {} clients on the server with the endpoint alone for \
+             {:.0} s ({:.0} res/s, p99 {:.2} ms), each event's arrival at the receiver minus its `occurredAt` \
+             (the start of the transaction that committed it, a statement here), by the window of \
+             `occurredAt` it fell in; the backlog is the events the pump had numbered that no delivery had \
+             taken (`event_pump.last_seq` − the endpoint's `sent_through`) at the window's end. Over the run: \
+             p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; backlog {} at mid-run, {} when the load stopped; {} \
+             {:.1} s after it stopped.\n\n\
+             | from s | events | p50 ms | p99 ms | max ms | backlog at its end |\n|--:|--:|--:|--:|--:|--:|\n",
+            lag.clients,
+            l.seconds,
+            l.per_sec(l.successes),
+            l.p99_ms,
+            lag.p50_ms,
+            lag.p99_ms,
+            lag.max_ms,
+            lag.backlog_mid,
+            lag.backlog_end,
+            if lag.drained { "drained" } else { "NOT drained" },
+            lag.drain_secs,
+        ));
+        for w in &lag.windows {
+            let backlog = w.backlog.map_or_else(|| "–".to_owned(), |b| b.to_string());
+            md.push_str(&format!(
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {backlog} |\n",
+                w.from_secs, w.events, w.p50_ms, w.p99_ms, w.max_ms
+            ));
+        }
+        let d = &self.delivered;
+        md.push_str(&format!(
+            "\nWhat arrived, over every run on that server once the dispatcher drained: {} events in {} bodies \
+             ({:.1} events a body); of the {} stock changes committed after the endpoint existed, {} missing; \
+             {} STOCK_CHANGED repeats (at least once allows them), {} out of version order, {} bodies not signed \
+             with the endpoint's secret or not readable.\n",
+            d.events,
+            d.bodies,
+            ratio(d.events as f64, d.bodies as f64),
+            d.committed,
+            d.missing,
+            d.repeats,
+            d.out_of_order,
+            d.bad,
+        ));
+        md
+    }
+}
