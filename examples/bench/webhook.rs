@@ -23,11 +23,12 @@
 //! benchmark exits 1.
 
 mod receiver;
+mod report;
 
 use std::{path::Path, process::Stdio, time::Duration};
 
 use anyhow::Context as _;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use futures::TryStreamExt as _;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait, sqlx};
 use serde_json::json;
@@ -38,7 +39,6 @@ use uuid::Uuid;
 use self::receiver::Receiver;
 use crate::{
     measure::Stats,
-    report::{cpu_per_reservation, ratio},
     scenarios::{Bench, By, Scenario, Shop, Side},
 };
 use stockguard_support::{
@@ -70,18 +70,49 @@ pub struct WebhookCell {
     pub without: Stats,
 }
 
-/// The lag of the events committed in one window of the sustained run.
+/// Arrival minus `occurredAt` of the stock changes committed in a span of
+/// the sustained run, in ms. A change that had not arrived when the drain
+/// ended counts as later than every one that had: a quantile that falls on
+/// one is None (not arrived), so a dispatcher falling behind cannot look
+/// fast by what it did deliver.
+#[derive(Default)]
+pub struct Lags {
+    /// Stock changes committed in the span (the ledger's).
+    pub committed: usize,
+    /// Of them, arrived.
+    pub arrived: usize,
+    /// Median.
+    pub p50_ms: Option<f64>,
+    /// 99th percentile.
+    pub p99_ms: Option<f64>,
+    /// The worst.
+    pub max_ms: Option<f64>,
+}
+
+impl Lags {
+    /// The lags of `arrived` (any order) out of `committed` changes.
+    fn of(mut arrived: Vec<f64>, committed: usize) -> Self {
+        arrived.sort_unstable_by(f64::total_cmp);
+        let n = committed.max(arrived.len());
+        let quantile = |p: f64| {
+            if n == 0 { None } else { arrived.get(((n - 1) as f64 * p).round() as usize).copied() }
+        };
+        Self {
+            committed,
+            arrived: arrived.len(),
+            p50_ms: quantile(0.50),
+            p99_ms: quantile(0.99),
+            max_ms: quantile(1.0),
+        }
+    }
+}
+
+/// One window of the sustained run.
 pub struct LagWindow {
     /// Seconds into the run where it starts.
     pub from_secs: u64,
-    /// Events committed in it (arrivals; a repeat counts again).
-    pub events: usize,
-    /// Arrival minus `occurredAt`, ms.
-    pub p50_ms: f64,
-    /// The same, 99th percentile.
-    pub p99_ms: f64,
-    /// The same, the worst.
-    pub max_ms: f64,
+    /// The lags of the changes committed in it.
+    pub lags: Lags,
     /// The outbox backlog of the endpoint at the window's end, if read.
     pub backlog: Option<i64>,
 }
@@ -94,12 +125,11 @@ pub struct LagRun {
     pub load: Stats,
     /// Its windows, in order.
     pub windows: Vec<LagWindow>,
-    /// Over the whole run: arrival minus `occurredAt`, median, ms.
-    pub p50_ms: f64,
-    /// The same, 99th percentile.
-    pub p99_ms: f64,
-    /// The same, the worst.
-    pub max_ms: f64,
+    /// Over the whole run.
+    pub lags: Lags,
+    /// Events the receiver got per second from the start of the run to
+    /// the end of the drain: what the dispatcher kept up.
+    pub delivered_per_sec: f64,
     /// The backlog at mid-run.
     pub backlog_mid: i64,
     /// The backlog when the load stopped.
@@ -292,7 +322,11 @@ async fn sustained(
     // The measured window starts after the warm-up, as the load's does.
     let from = Instant::now() + settings.warmup;
     let from_utc = Utc::now() + chrono::TimeDelta::from_std(settings.warmup)?;
-    receiver.inner().lags_from = Some(from_utc);
+    let (started, events_before) = {
+        let mut arrivals = receiver.inner();
+        arrivals.lags_from = Some(from_utc);
+        (Instant::now(), arrivals.events)
+    };
     let marks: Vec<Duration> = {
         let mut marks: Vec<Duration> = (1..).map(|n| WINDOW * n).take_while(|&m| m < secs).collect();
         marks.extend([secs / 2, secs]);
@@ -326,35 +360,27 @@ async fn sustained(
     if !drained {
         eprintln!("bench: webhook: the dispatcher had not drained {} s after the load stopped", DRAIN_LIMIT.as_secs());
     }
+    let delivered_per_sec = (receiver.inner().events - events_before) as f64 / started.elapsed().as_secs_f64();
 
     let backlog_at = |mark: Duration| read.iter().find(|(m, _)| *m == mark).map(|(_, b)| *b);
+    let windows = secs.as_secs().div_ceil(WINDOW.as_secs());
+    let committed = committed_per_window(&shop.db, from_utc, secs, windows).await?;
     let mut lags = std::mem::take(&mut receiver.inner().lags);
-    let windows = (0..secs.as_secs().div_ceil(WINDOW.as_secs()))
+    lags.retain(|(at, _)| *at < secs);
+    let windows = (0..windows)
         .map(|n| {
             let (start, end) = (WINDOW * n as u32, (WINDOW * (n as u32 + 1)).min(secs));
-            let mut in_window: Vec<f64> =
-                lags.iter().filter(|(at, _)| *at >= start && *at < end).map(|(_, lag)| *lag).collect();
-            in_window.sort_unstable_by(f64::total_cmp);
-            LagWindow {
-                from_secs: start.as_secs(),
-                events: in_window.len(),
-                p50_ms: percentile(&in_window, 0.50),
-                p99_ms: percentile(&in_window, 0.99),
-                max_ms: in_window.last().copied().unwrap_or(0.0),
-                backlog: backlog_at(end),
-            }
+            let in_window = lags.iter().filter(|(at, _)| *at >= start && *at < end).map(|(_, lag)| *lag).collect();
+            let lags = Lags::of(in_window, committed[n as usize]);
+            LagWindow { from_secs: start.as_secs(), lags, backlog: backlog_at(end) }
         })
         .collect();
-    lags.retain(|(at, _)| *at < secs);
-    let mut all: Vec<f64> = lags.into_iter().map(|(_, lag)| lag).collect();
-    all.sort_unstable_by(f64::total_cmp);
     Ok(LagRun {
         clients,
         load,
         windows,
-        p50_ms: percentile(&all, 0.50),
-        p99_ms: percentile(&all, 0.99),
-        max_ms: all.last().copied().unwrap_or(0.0),
+        lags: Lags::of(lags.into_iter().map(|(_, lag)| lag).collect(), committed.iter().sum()),
+        delivered_per_sec,
         backlog_mid: backlog_at(secs / 2).unwrap_or(0),
         backlog_end: backlog_at(secs).unwrap_or(0),
         drain_secs,
@@ -363,9 +389,34 @@ async fn sustained(
     })
 }
 
-/// The `p` quantile of sorted `values`, 0 when there are none.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() { 0.0 } else { sorted[((sorted.len() - 1) as f64 * p).round() as usize] }
+/// The stock changes (distinct inventory and version) committed in each of
+/// `windows` windows of [`WINDOW`] from `from` (their `created_at` is the
+/// events' `occurredAt`), the last cut at `secs`.
+async fn committed_per_window(
+    db: &DatabaseConnection,
+    from: DateTime<Utc>,
+    secs: Duration,
+    windows: u64,
+) -> anyhow::Result<Vec<usize>> {
+    let sql = "SELECT floor(extract(epoch FROM created_at - $1) / $2)::bigint,
+                      count(DISTINCT (inventory_id, version_after))
+                 FROM stock_movements
+                WHERE created_at >= $1 AND created_at < $1 + make_interval(secs => $3)
+                GROUP BY 1";
+    let rows = sqlx::query_as::<_, (i64, i64)>(sql)
+        .bind(from)
+        .bind(WINDOW.as_secs_f64())
+        .bind(secs.as_secs_f64())
+        .fetch_all(db.get_postgres_connection_pool())
+        .await
+        .context("the stock changes per window")?;
+    let mut committed = vec![0; windows as usize];
+    for (window, count) in rows {
+        if let Some(slot) = usize::try_from(window).ok().and_then(|w| committed.get_mut(w)) {
+            *slot = usize::try_from(count).unwrap_or(0);
+        }
+    }
+    Ok(committed)
 }
 
 /// Counts the stock changes committed after the endpoint existed (not shown
@@ -405,142 +456,4 @@ async fn delivered(db: &DatabaseConnection, since: &str, end: &str, receiver: &R
         delivered.bad
     );
     Ok(delivered)
-}
-
-// ---------------------------------------------------------------------------
-// The report
-
-impl Webhook {
-    /// Errors over its runs.
-    pub fn errors(&self) -> u64 {
-        self.cells.iter().map(|c| c.with.errors + c.without.errors).sum::<u64>() + self.lag.load.errors
-    }
-
-    /// The lowest with / without res/s ratio of its cells.
-    fn worst(&self) -> Option<(&WebhookCell, f64)> {
-        (self.cells.iter())
-            .map(|c| (c, ratio(c.with.per_sec(c.with.successes), c.without.per_sec(c.without.successes))))
-            .min_by(|a, b| a.1.total_cmp(&b.1))
-    }
-
-    /// Whether the lag grows over the sustained run: the last window's p99
-    /// above 1.5× the first's plus 50 ms, or the backlog at the end above
-    /// the one at mid-run by more than 10 bodies.
-    fn grows(&self) -> bool {
-        let lag = &self.lag;
-        let (first, last) = (lag.windows.first(), lag.windows.last());
-        let p99 = first.zip(last).is_some_and(|(f, l)| l.p99_ms > 1.5 * f.p99_ms + 50.0);
-        p99 || lag.backlog_end > lag.backlog_mid + 1000 || !lag.drained
-    }
-
-    /// Its lines of the report's targets: (target, measured, met).
-    pub fn targets(&self) -> Vec<(String, String, Option<bool>)> {
-        let mut out = Vec::new();
-        let target = "HOT and SPREAD with one webhook endpoint ≥ 0.90× without, in the same rounds".to_owned();
-        out.push(match self.worst() {
-            Some((c, r)) => {
-                let measured = format!("{r:.2}× at {} x{} (the lowest with / without)", c.scenario.name(), c.clients);
-                (target, measured, Some(r >= 0.9))
-            }
-            None => (target, "not measured".into(), None),
-        });
-        let d = &self.delivered;
-        out.push((
-            "every committed stock change delivered, in order, signed".into(),
-            format!("{} missing of {}, {} out of order, {} bad bodies", d.missing, d.committed, d.out_of_order, d.bad),
-            Some(d.held()),
-        ));
-        let lag = &self.lag;
-        let (first, last) = (lag.windows.first(), lag.windows.last());
-        out.push((
-            format!("events' lag at SPREAD x{} does not grow over {} s", lag.clients, lag.load.seconds),
-            format!(
-                "p99 {:.0} ms in the first window, {:.0} ms in the last; backlog {} at mid-run, {} at the end",
-                first.map_or(0.0, |w| w.p99_ms),
-                last.map_or(0.0, |w| w.p99_ms),
-                lag.backlog_mid,
-                lag.backlog_end
-            ),
-            Some(!self.grows()),
-        ));
-        out
-    }
-
-    /// The report's section.
-    pub fn markdown(&self) -> String {
-        let mut md = String::from(
-            "\n## Events out: one webhook endpoint\n\n\
-             A second server of this build, on a database of its own seeded the same way, with one endpoint \
-             subscribed to every event type (made through `createWebhook`; `STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK=true` \
-             so it may be `http://127.0.0.1`), pointing at a receiver in the benchmark process that answers \
-             every body with 204. It took turns round by round with the main server, which has no endpoint (and \
-             the older database: the cells before ran on it). With / without = res/s with the endpoint over \
-             res/s without. CPU µs per reservation as in the first table; the endpoint's server's PostgreSQL \
-             CPU includes the event pump's and the dispatcher's backends, and the receiver's CPU falls on \
-             the load generator.\n\n\
-             | scenario | clients | without res/s | with res/s | with / without | p99 ms without / with | \
-             CPU µs/res server without / with | CPU µs/res PostgreSQL without / with |\n\
-             |---|--:|--:|--:|--:|--:|--:|--:|\n",
-        );
-        for c in &self.cells {
-            let (w, o) = (&c.with, &c.without);
-            let ((w_server, w_pg), (o_server, o_pg)) = (cpu_per_reservation(w), cpu_per_reservation(o));
-            let (w_rate, o_rate) = (w.per_sec(w.successes), o.per_sec(o.successes));
-            md.push_str(&format!(
-                "| {} | {} | {o_rate:.0} | {w_rate:.0} | {:.2} | {:.2} / {:.2} | {o_server:.0} / {w_server:.0} | \
-                 {o_pg:.0} / {w_pg:.0} |\n",
-                c.scenario.name(),
-                c.clients,
-                ratio(w_rate, o_rate),
-                o.p99_ms,
-                w.p99_ms,
-            ));
-        }
-        let lag = &self.lag;
-        let l = &lag.load;
-        md.push_str(&format!(
-            "\nThe lag from commit to delivery: SPREAD at {} clients on the server with the endpoint alone for \
-             {:.0} s ({:.0} res/s, p99 {:.2} ms), each event's arrival at the receiver minus its `occurredAt` \
-             (the start of the transaction that committed it, a statement here), by the window of \
-             `occurredAt` it fell in; the backlog is the events the pump had numbered that no delivery had \
-             taken (`event_pump.last_seq` − the endpoint's `sent_through`) at the window's end. Over the run: \
-             p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; backlog {} at mid-run, {} when the load stopped; {} \
-             {:.1} s after it stopped.\n\n\
-             | from s | events | p50 ms | p99 ms | max ms | backlog at its end |\n|--:|--:|--:|--:|--:|--:|\n",
-            lag.clients,
-            l.seconds,
-            l.per_sec(l.successes),
-            l.p99_ms,
-            lag.p50_ms,
-            lag.p99_ms,
-            lag.max_ms,
-            lag.backlog_mid,
-            lag.backlog_end,
-            if lag.drained { "drained" } else { "NOT drained" },
-            lag.drain_secs,
-        ));
-        for w in &lag.windows {
-            let backlog = w.backlog.map_or_else(|| "–".to_owned(), |b| b.to_string());
-            md.push_str(&format!(
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {backlog} |\n",
-                w.from_secs, w.events, w.p50_ms, w.p99_ms, w.max_ms
-            ));
-        }
-        let d = &self.delivered;
-        md.push_str(&format!(
-            "\nWhat arrived, over every run on that server once the dispatcher drained: {} events in {} bodies \
-             ({:.1} events a body); of the {} stock changes committed after the endpoint existed, {} missing; \
-             {} STOCK_CHANGED repeats (at least once allows them), {} out of version order, {} bodies not signed \
-             with the endpoint's secret or not readable.\n",
-            d.events,
-            d.bodies,
-            ratio(d.events as f64, d.bodies as f64),
-            d.committed,
-            d.missing,
-            d.repeats,
-            d.out_of_order,
-            d.bad,
-        ));
-        md
-    }
 }

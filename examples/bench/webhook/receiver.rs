@@ -31,7 +31,9 @@ pub(super) struct Arrivals {
     pub(super) newest: HashMap<Uuid, i64>,
     /// Lags are recorded for events that occurred from this instant on.
     pub(super) lags_from: Option<DateTime<Utc>>,
-    /// (`occurredAt` after `lags_from`, arrival minus `occurredAt` in ms).
+    /// Of each stock change's first arrival: (`occurredAt` after
+    /// `lags_from`, arrival minus `occurredAt` in ms). Its other events
+    /// come in the same pass of the pump, so they add nothing.
     pub(super) lags: Vec<(Duration, f64)>,
     pub(super) events: u64,
     pub(super) bodies: u64,
@@ -111,11 +113,6 @@ async fn receive(State(hook): State<Hook>, headers: HeaderMap, body: Bytes) -> S
     let from = arrivals.lags_from;
     for event in events {
         arrivals.events += 1;
-        if let Some(from) = from.filter(|from| event.occurred_at >= *from) {
-            let at = (event.occurred_at - from).to_std().unwrap_or_default();
-            let lag_ms = (now - event.occurred_at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0;
-            arrivals.lags.push((at, lag_ms));
-        }
         let (Some(inventory), Some(version)) = (event.inventory_id, event.version) else { continue };
         if event.kind != "STOCK_CHANGED" {
             continue;
@@ -123,6 +120,11 @@ async fn receive(State(hook): State<Hook>, headers: HeaderMap, body: Bytes) -> S
         if !arrivals.stock.insert((inventory, version)) {
             arrivals.repeats += 1;
             continue;
+        }
+        if let Some(from) = from.filter(|from| event.occurred_at >= *from) {
+            let at = (event.occurred_at - from).to_std().unwrap_or_default();
+            let lag_ms = (now - event.occurred_at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0;
+            arrivals.lags.push((at, lag_ms));
         }
         let newest = arrivals.newest.entry(inventory).or_insert(i64::MIN);
         let in_order = version > *newest;
