@@ -6,15 +6,16 @@
 //! A second server of this build gets a database of its own, seeded as the
 //! first, and one endpoint for every event type (made through
 //! `createWebhook`), pointing at a receiver in this process on loopback
-//! (allowed by `STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK`). HOT and SPREAD take
-//! turns on the main server (no endpoint) and on it, round by round as
-//! `baseline.rs` does, so the machine's drift falls on both. Then SPREAD at
-//! 64 clients runs on it alone for `--webhook-secs`: the receiver records
-//! each event's arrival minus its `occurredAt`, per 10 s window of
-//! `occurredAt` (the last window's events arriving late shows a dispatcher
-//! falling behind), and the outbox backlog is read at each window's end.
+//! (allowed by `STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK`). First SPREAD at 64
+//! clients runs on it alone for `--webhook-secs`, while nothing is queued:
+//! the receiver records each stock change's arrival minus its `occurredAt`,
+//! per 10 s window of `occurredAt` (the last window's changes arriving late
+//! shows a dispatcher falling behind), and the outbox backlog is read at
+//! each window's end. Then HOT and SPREAD take turns on the main server (no
+//! endpoint) and on it, round by round as `baseline.rs` does, so the
+//! machine's drift falls on both.
 //!
-//! Then the cell is a correctness check: once the dispatcher has drained,
+//! The cell is a correctness check too: once the dispatcher has drained,
 //! every stock change committed after the endpoint existed (the ledger's
 //! `(inventory_id, version_after)` of the transactions that a snapshot taken
 //! right after `createWebhook` did not show, which the pump must send, see
@@ -139,8 +140,6 @@ pub struct LagRun {
     pub drain_secs: f64,
     /// Whether it drained within [`DRAIN_LIMIT`].
     pub drained: bool,
-    /// The snapshot taken when the load stopped: what it shows must arrive.
-    end: String,
 }
 
 /// What arrived over the whole cell, against the ledger.
@@ -148,8 +147,12 @@ pub struct LagRun {
 pub struct Delivered {
     /// Stock changes committed after the endpoint existed.
     pub committed: u64,
-    /// Of them, how many never arrived.
+    /// Of them, how many had not arrived when the final drain ended.
     pub missing: u64,
+    /// Of those, how many the server had recorded as DELIVERED: lost, not late.
+    pub lost: u64,
+    /// Whether the final drain came to pass (else the missing may be late).
+    pub drained: bool,
     /// Events received (every arrival).
     pub events: u64,
     /// The bodies they came in.
@@ -216,6 +219,10 @@ async fn measure_with(
     // After seeding: its 10,000 creations are not what is measured.
     let (endpoint, since) = subscribe(bench, with, &shop.db, receiver).await?;
     let result = async {
+        // First, while nothing is queued: the cells' events would otherwise
+        // be ahead of its own (an endpoint's deliveries go one at a time, in order).
+        let lag = sustained(bench, with, &shop, endpoint, receiver).await?;
+        bench.invariant.check(&shop.db, "the sustained run with a webhook endpoint").await?;
         let scenarios: &[Scenario] =
             if bench.settings.smoke { &[Scenario::Spread] } else { &[Scenario::Hot, Scenario::Spread] };
         let mut cells = Vec::new();
@@ -237,9 +244,8 @@ async fn measure_with(
                 cells.push(WebhookCell { scenario, clients, with, without });
             }
         }
-        let lag = sustained(bench, with, &shop, endpoint, receiver).await?;
-        bench.invariant.check(&shop.db, "the sustained run with a webhook endpoint").await?;
-        let delivered = delivered(&shop.db, &since, &lag.end, receiver).await?;
+        let (end, drained) = drain(&shop.db, endpoint, Instant::now()).await?;
+        let delivered = delivered(&shop.db, endpoint, &since, &end, drained, receiver).await?;
         anyhow::Ok(Webhook { cells, lag, delivered })
     }
     .await;
@@ -297,6 +303,23 @@ async fn drained(db: &DatabaseConnection, endpoint: Uuid, end: &str) -> anyhow::
     Ok(row.context("the endpoint is gone")?.try_get_by_index(0)?)
 }
 
+/// Waits (up to [`DRAIN_LIMIT`] after `stopped`) until everything
+/// committed before now has arrived; the snapshot it waited for, and
+/// whether it came to pass. Called when every reserve has been answered,
+/// so the snapshot shows each change they made.
+async fn drain(db: &DatabaseConnection, endpoint: Uuid, stopped: Instant) -> anyhow::Result<(String, bool)> {
+    let end = snapshot(db).await?;
+    let mut drained = false;
+    while !drained && stopped.elapsed() < DRAIN_LIMIT {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        drained = self::drained(db, endpoint, &end).await?;
+    }
+    if !drained {
+        eprintln!("bench: webhook: the dispatcher had not drained {} s after the load stopped", DRAIN_LIMIT.as_secs());
+    }
+    Ok((end, drained))
+}
+
 /// The current snapshot, as text.
 async fn snapshot(db: &DatabaseConnection) -> anyhow::Result<String> {
     let sql = "SELECT pg_current_snapshot()::text";
@@ -349,17 +372,8 @@ async fn sustained(
     let mut load = Stats::from(recorder, secs.as_secs_f64(), &["Reserved"]);
     load.usage = usage;
 
-    // Every reserve of the load has been answered: `end` shows each change it made.
-    let end = snapshot(&shop.db).await?;
-    let mut drained = false;
-    while !drained && load_stopped.elapsed() < DRAIN_LIMIT {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        drained = self::drained(&shop.db, endpoint, &end).await?;
-    }
+    let (_, drained) = drain(&shop.db, endpoint, load_stopped).await?;
     let drain_secs = load_stopped.elapsed().as_secs_f64();
-    if !drained {
-        eprintln!("bench: webhook: the dispatcher had not drained {} s after the load stopped", DRAIN_LIMIT.as_secs());
-    }
     let delivered_per_sec = (receiver.inner().events - events_before) as f64 / started.elapsed().as_secs_f64();
 
     let backlog_at = |mark: Duration| read.iter().find(|(m, _)| *m == mark).map(|(_, b)| *b);
@@ -385,7 +399,6 @@ async fn sustained(
         backlog_end: backlog_at(secs).unwrap_or(0),
         drain_secs,
         drained,
-        end,
     })
 }
 
@@ -420,13 +433,25 @@ async fn committed_per_window(
 }
 
 /// Counts the stock changes committed after the endpoint existed (not shown
-/// by `since`) and before the drain's snapshot `end` (a reservation may
-/// expire since) that never arrived. Streamed: a full run commits millions.
-async fn delivered(db: &DatabaseConnection, since: &str, end: &str, receiver: &Receiver) -> anyhow::Result<Delivered> {
-    let sql = "SELECT DISTINCT inventory_id, version_after::bigint FROM stock_movements
-                WHERE txid >= pg_snapshot_xmin($1::pg_snapshot)::text::bigint
-                  AND NOT pg_visible_in_snapshot(txid::text::xid8, $1::pg_snapshot)
-                  AND pg_visible_in_snapshot(txid::text::xid8, $2::pg_snapshot)";
+/// by `since`) and before the final drain's snapshot `end` (a reservation
+/// may expire since) that never arrived, and of those the ones in a
+/// delivery the server recorded as DELIVERED. Streamed: a full run commits
+/// millions.
+async fn delivered(
+    db: &DatabaseConnection,
+    endpoint: Uuid,
+    since: &str,
+    end: &str,
+    drained: bool,
+    receiver: &Receiver,
+) -> anyhow::Result<Delivered> {
+    let committed = "SELECT DISTINCT inventory_id, version_after::bigint FROM stock_movements
+                      WHERE txid >= pg_snapshot_xmin($1::pg_snapshot)::text::bigint
+                        AND NOT pg_visible_in_snapshot(txid::text::xid8, $1::pg_snapshot)
+                        AND pg_visible_in_snapshot(txid::text::xid8, $2::pg_snapshot)";
+    let sent = "SELECT DISTINCT (o.body->>'inventoryId')::uuid, (o.body->>'version')::bigint
+                  FROM webhook_deliveries d CROSS JOIN LATERAL unnest(d.seqs) AS s(seq) JOIN outbox o ON o.seq = s.seq
+                 WHERE d.endpoint_id = $1 AND d.status = 'DELIVERED' AND o.type = 'STOCK_CHANGED'";
     let pool = db.get_postgres_connection_pool();
     let arrivals = std::mem::take(&mut *receiver.inner());
     let mut delivered = Delivered {
@@ -435,20 +460,24 @@ async fn delivered(db: &DatabaseConnection, since: &str, end: &str, receiver: &R
         repeats: arrivals.repeats,
         out_of_order: arrivals.out_of_order,
         bad: arrivals.bad,
+        drained,
         ..Delivered::default()
     };
-    let mut rows = sqlx::query_as::<_, (Uuid, i64)>(sql).bind(since).bind(end).fetch(pool);
+    let mut rows = sqlx::query_as::<_, (Uuid, i64)>(committed).bind(since).bind(end).fetch(pool);
     while let Some(change) = rows.try_next().await.context("the committed stock changes")? {
         delivered.committed += 1;
-        if !arrivals.stock.contains(&change) {
-            delivered.missing += 1;
-        }
+        delivered.missing += u64::from(!arrivals.stock.contains(&change));
+    }
+    let mut rows = sqlx::query_as::<_, (Uuid, i64)>(sent).bind(endpoint).fetch(pool);
+    while let Some(change) = rows.try_next().await.context("the stock changes sent")? {
+        delivered.lost += u64::from(!arrivals.stock.contains(&change));
     }
     eprintln!(
-        "bench: webhook: {} stock changes committed after the endpoint existed, {} missing; {} events in {} bodies, \
-         {} repeats, {} out of order, {} bad bodies",
+        "bench: webhook: {} stock changes committed after the endpoint existed, {} missing ({} recorded as \
+         delivered); {} events in {} bodies, {} repeats, {} out of order, {} bad bodies",
         delivered.committed,
         delivered.missing,
+        delivered.lost,
         delivered.events,
         delivered.bodies,
         delivered.repeats,

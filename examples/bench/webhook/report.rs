@@ -48,7 +48,15 @@ impl Webhook {
         let d = &self.delivered;
         out.push((
             "every committed stock change delivered, in order, signed".into(),
-            format!("{} missing of {}, {} out of order, {} bad bodies", d.missing, d.committed, d.out_of_order, d.bad),
+            format!(
+                "{} missing of {} ({} of them lost: recorded as delivered; {}), {} out of order, {} bad bodies",
+                d.missing,
+                d.committed,
+                d.lost,
+                if d.drained { "drained" } else { "not drained, the rest may be late" },
+                d.out_of_order,
+                d.bad
+            ),
             Some(d.held()),
         ));
         let lag = &self.lag;
@@ -75,7 +83,7 @@ impl Webhook {
              A second server of this build, on a database of its own seeded the same way, with one endpoint \
              subscribed to every event type (made through `createWebhook`; `STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK=true` \
              so it may be `http://127.0.0.1`), pointing at a receiver in the benchmark process that answers \
-             every body with 204. It took turns round by round with the main server, which has no endpoint (and \
+             every body with 204. After the sustained run below, it took turns round by round with the main server, which has no endpoint (and \
              the older database: the cells before ran on it). With / without = res/s with the endpoint over \
              res/s without. CPU µs per reservation as in the first table; the endpoint's server's PostgreSQL \
              CPU includes the event pump's and the dispatcher's backends, and the receiver's CPU falls on \
@@ -145,15 +153,20 @@ impl Webhook {
         }
         let d = &self.delivered;
         md.push_str(&format!(
-            "\nWhat arrived, over every run on that server, by the end of the drain: {} events in {} bodies \
-             ({:.1} events a body); of the {} stock changes committed after the endpoint existed, {} missing; \
-             {} STOCK_CHANGED repeats (at least once allows them), {} out of version order, {} bodies not signed \
-             with the endpoint's secret or not readable.\n",
+            "\nWhat arrived, over every run on that server (the sustained run first, then the cells), by the end \
+             of a last drain of at most {} s ({}): {} events in {} bodies ({:.1} events a body); of the {} stock \
+             changes committed after the endpoint existed, {} missing, of which {} lost (in a delivery the \
+             server recorded as DELIVERED) and the rest not yet sent; {} STOCK_CHANGED repeats (at least once \
+             allows them), {} out of version order, {} bodies not signed with the endpoint's secret or not \
+             readable.\n",
+            DRAIN_LIMIT.as_secs(),
+            if d.drained { "drained" } else { "NOT drained" },
             d.events,
             d.bodies,
             ratio(d.events as f64, d.bodies as f64),
             d.committed,
             d.missing,
+            d.lost,
             d.repeats,
             d.out_of_order,
             d.bad,
