@@ -18,7 +18,10 @@
 //! inventories are vacuumed and a checkpoint is taken, as pgbench does. With
 //! `--history N`, SPREAD is also measured beside a second database holding N
 //! rows of history (see `history.rs`); with `--baseline-bin PATH`, HOT and
-//! SPREAD beside the server of another build (see `baseline.rs`). Then MULTI: a catalogue spread over 4
+//! SPREAD beside the server of another build (see `baseline.rs`); with
+//! `--webhook`, HOT and SPREAD beside a server of this build with one webhook
+//! endpoint, the events' lag over `--webhook-secs` and a check that every
+//! change arrived (see `webhook.rs`). Then MULTI: a catalogue spread over 4
 //! locations, reserved 1–3 units at a time, against the limit of the server's
 //! multi-location reserve statement (`scenarios/multi.rs`). Then it compares strategies on HOT (plain
 //! `reserve` vs `expectedVersion` with re-read and up to 3 retries) and one
@@ -73,6 +76,7 @@ mod load;
 mod measure;
 mod report;
 mod scenarios;
+mod webhook;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -125,6 +129,15 @@ struct Args {
     /// on a database of its own (see `baseline.rs`).
     #[arg(long)]
     baseline_bin: Option<PathBuf>,
+    /// HOT and SPREAD also beside a server of this build with one webhook
+    /// endpoint taking every event (to a receiver in this process), then
+    /// SPREAD x64 on it alone for `--webhook-secs`: the events' lag, and
+    /// whether every change arrived (see `webhook.rs`).
+    #[arg(long)]
+    webhook: bool,
+    /// Seconds of the `--webhook` sustained run (the smoke's: 2).
+    #[arg(long, default_value_t = 60)]
+    webhook_secs: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -160,6 +173,8 @@ pub struct Settings {
     pub history: u64,
     /// Every reserve carries a fresh idempotency key.
     pub keyed: bool,
+    /// The `--webhook` sustained run's length, when asked for.
+    pub webhook: Option<Duration>,
 }
 
 impl Settings {
@@ -181,7 +196,11 @@ impl Settings {
             (None, false) => Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/results")),
         };
         let history = if args.smoke { 0 } else { args.history };
-        Ok(Self { duration, warmup, rounds, clients, smoke: args.smoke, out, history, keyed: args.keyed })
+        if args.webhook && args.webhook_secs == 0 {
+            bail!("--webhook-secs must be at least 1");
+        }
+        let webhook = args.webhook.then(|| Duration::from_secs(if args.smoke { 2 } else { args.webhook_secs }));
+        Ok(Self { duration, warmup, rounds, clients, smoke: args.smoke, out, history, keyed: args.keyed, webhook })
     }
 
     /// Clients of the strategy comparison: 64 when measured, else the most measured.
@@ -327,6 +346,11 @@ async fn main_matrix(
         None => None,
     };
 
+    let webhook = match bench.settings.webhook {
+        Some(_) => Some(webhook::compare(&mut bench, server, server_bin, database_url_base, secret).await?),
+        None => None,
+    };
+
     let history = if bench.settings.history > 0 {
         Some(history::compare(&mut bench, server, server_bin, database_url_base, secret).await?)
     } else {
@@ -367,6 +391,7 @@ async fn main_matrix(
         main_hwm_kb,
         history: history.as_ref(),
         baseline: baseline.as_ref(),
+        webhook: webhook.as_ref(),
     };
     let markdown = report.markdown();
     if let Some(out) = &bench.settings.out {
@@ -385,6 +410,11 @@ async fn main_matrix(
                 .filter(|c| c.stockguard.successes == 0 || c.limit.successes == 0)
                 .map(|c| format!("MULTI x{}", c.clients)),
         )
+        .chain(
+            (webhook.iter().flat_map(|w| &w.cells))
+                .filter(|c| c.with.successes == 0 || c.without.successes == 0)
+                .map(|c| format!("{} x{} with and without a webhook endpoint", c.scenario.name(), c.clients)),
+        )
         .collect();
     if !idle.is_empty() {
         eprintln!("bench: no successful reservation in {}", idle.join(", "));
@@ -395,7 +425,11 @@ async fn main_matrix(
     } else {
         eprintln!("bench: invariant: VIOLATED ({} drifts)", invariant.violations.len());
     }
-    let ok = invariant.violations.is_empty() && idle.is_empty();
+    let delivered = webhook.as_ref().is_none_or(|w| w.delivered.held());
+    if !delivered {
+        eprintln!("bench: webhook: a committed change did not arrive, or arrived out of order or unsigned");
+    }
+    let ok = invariant.violations.is_empty() && idle.is_empty() && delivered;
     bench.shop.db.close().await?;
     Ok((markdown, ok))
 }

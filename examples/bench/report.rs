@@ -10,6 +10,7 @@ use crate::{
     history::Probes,
     measure::Stats,
     scenarios::{Invariant, MultiCell, Scenario},
+    webhook::Webhook,
 };
 
 /// One reserve cell: a scenario at a client count, both sides.
@@ -122,6 +123,8 @@ pub struct Report<'a> {
     pub history: Option<&'a History>,
     /// The comparison with another build, if one was made.
     pub baseline: Option<&'a Baseline>,
+    /// The `--webhook` run, if one was made.
+    pub webhook: Option<&'a Webhook>,
 }
 
 impl Report<'_> {
@@ -140,7 +143,7 @@ impl Report<'_> {
             + (self.baseline.iter().flat_map(|b| &b.cells)).map(|c| c.after.errors + c.before.errors).sum::<u64>();
         let strategy: u64 =
             self.strategy.expected.errors + self.strategy.orders.iter().map(|(_, s)| s.errors).sum::<u64>();
-        cells + multi + history + strategy
+        cells + multi + history + strategy + self.webhook.map_or(0, Webhook::errors)
     }
 
     /// (target, measured, met or None when not measured).
@@ -222,6 +225,7 @@ impl Report<'_> {
             )),
             None => out.push((target, "not measured".into(), None)),
         }
+        out.extend(self.webhook.iter().flat_map(|w| w.targets()));
         let errors = self.total_errors();
         out.push(("zero errors".into(), format!("{errors} errors"), Some(errors == 0)));
         let v = self.invariant.violations.len();
@@ -343,6 +347,9 @@ impl Report<'_> {
 
         if let Some(b) = self.baseline {
             md.push_str(&b.markdown());
+        }
+        if let Some(w) = self.webhook {
+            md.push_str(&w.markdown());
         }
         if let Some(h) = self.history {
             let _ = writeln!(

@@ -377,8 +377,9 @@ impl Bench {
         Ok(measured.map(|m| m.stats(seconds)))
     }
 
-    /// `reserve` over HTTP for `measured`: one task per client, each with its own token.
-    async fn stockguard(
+    /// `reserve` over HTTP for `measured` (after the warm-up): one task per
+    /// client, each with its own token.
+    pub async fn stockguard(
         &self,
         server: &ServerProcess,
         shop: &Shop,
