@@ -247,7 +247,11 @@ async fn cut(db: &DatabaseConnection, me: Uuid, endpoint_id: Uuid) -> Result<Opt
 WITH e AS MATERIALIZED (
     SELECT sent_through, events FROM webhook_endpoints WHERE id = $1 AND leased_by = $2 FOR UPDATE
 ), next AS MATERIALIZED (
-    SELECT o.seq, o.id FROM outbox o, e WHERE o.seq > e.sent_through AND o.type = ANY(e.events) ORDER BY o.seq LIMIT $3
+    -- The cursor as a scalar, so that it bounds the scan of the outbox's
+    -- key (as a join filter it walked the key from the first row).
+    SELECT o.seq, o.id FROM outbox o
+     WHERE o.seq > (SELECT sent_through FROM e) AND o.type = ANY((SELECT events FROM e)::text[])
+     ORDER BY o.seq LIMIT $3
 ), cut AS (
     INSERT INTO webhook_deliveries (endpoint_id, seqs, event_ids)
     SELECT $1, array_agg(seq ORDER BY seq), array_agg(id ORDER BY seq) FROM next HAVING count(*) > 0
