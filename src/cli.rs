@@ -77,14 +77,18 @@ enum Command {
 /// Runs the command line on a runtime of the configured size.
 pub fn run() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    telemetry::init(cli.process.log_format);
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     runtime.worker_threads(match cli.process.worker_threads {
         0 => default_worker_threads(cores, cli.database.database_url.as_deref()),
         threads => threads,
     });
-    runtime.enable_all().build().context("cannot start the runtime")?.block_on(dispatch(cli))
+    runtime.enable_all().build().context("cannot start the runtime")?.block_on(async {
+        let traces = telemetry::init(cli.process.log_format);
+        let result = dispatch(cli).await;
+        traces.shutdown().await;
+        result
+    })
 }
 
 /// A thread per core, but one core left to PostgreSQL when it runs on this

@@ -28,8 +28,10 @@ use sea_orm::{
     },
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tracing::Instrument;
 
 use super::{DbFailure, classify};
+use crate::telemetry;
 
 /// A connection idle for longer than this is pinged before its next statement,
 /// so one that died in the quiet (a database restart) is replaced instead of
@@ -120,20 +122,36 @@ impl StatementPool {
         }
     }
 
-    /// Runs `query` and returns its first row, if any.
-    pub async fn fetch_optional(&self, query: Query<'_, Postgres, PgArguments>) -> Result<Option<QueryResult>, DbErr> {
-        let mut lease = self.inner.lease().await?;
-        let result = query.fetch_optional(lease.conn()).await.map_err(query_err);
-        lease.give_back_unless_broken(result.as_ref().err());
-        result.map(|row| row.map(QueryResult::from))
+    /// Runs the statement `name` and returns its first row, if any.
+    pub async fn fetch_optional(
+        &self,
+        name: &'static str,
+        query: Query<'_, Postgres, PgArguments>,
+    ) -> Result<Option<QueryResult>, DbErr> {
+        async {
+            let mut lease = self.inner.lease().await?;
+            let result = query.fetch_optional(lease.conn()).await.map_err(query_err);
+            lease.give_back_unless_broken(result.as_ref().err());
+            result.map(|row| row.map(QueryResult::from))
+        }
+        .instrument(telemetry::statement(name))
+        .await
     }
 
-    /// Runs `query` and returns all its rows.
-    pub async fn fetch_all(&self, query: Query<'_, Postgres, PgArguments>) -> Result<Vec<QueryResult>, DbErr> {
-        let mut lease = self.inner.lease().await?;
-        let result = query.fetch_all(lease.conn()).await.map_err(query_err);
-        lease.give_back_unless_broken(result.as_ref().err());
-        result.map(|rows| rows.into_iter().map(QueryResult::from).collect())
+    /// Runs the statement `name` and returns all its rows.
+    pub async fn fetch_all(
+        &self,
+        name: &'static str,
+        query: Query<'_, Postgres, PgArguments>,
+    ) -> Result<Vec<QueryResult>, DbErr> {
+        async {
+            let mut lease = self.inner.lease().await?;
+            let result = query.fetch_all(lease.conn()).await.map_err(query_err);
+            lease.give_back_unless_broken(result.as_ref().err());
+            result.map(|rows| rows.into_iter().map(QueryResult::from).collect())
+        }
+        .instrument(telemetry::statement(name))
+        .await
     }
 
     /// Open connections not in use right now.

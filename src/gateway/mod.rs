@@ -217,7 +217,7 @@ impl Gateway {
             meter: meter.clone(),
         };
         // Each operation gets its own DataLoaders, so nothing is cached past it.
-        let request = (self.request_data)(request.data(caller.viewer.clone()).data(meter));
+        let request = (self.request_data)(request.data(caller.viewer.clone()).data(meter).data(kind));
         Ok(Prepared { request, schema, completion, in_flight: self.in_flight.clone(), fair: self.fair.clone() })
     }
 

@@ -77,7 +77,10 @@ pub fn router(server: &Server, graphiql_token: Option<&str>) -> Router {
     let requests = Router::new()
         .route("/", get(graphiql_page))
         .route("/graphiql/{version}/{name}", get(graphiql::asset))
-        .route("/graphql", get(graphql::get).post(graphql::post))
+        .route(
+            "/graphql",
+            get(graphql::get).post(graphql::post).layer(middleware::from_fn(crate::telemetry::http_request)),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

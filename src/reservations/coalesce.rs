@@ -47,6 +47,7 @@ use std::{
 
 use sea_orm::DatabaseConnection;
 use tokio::sync::oneshot;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::{
@@ -60,6 +61,7 @@ use crate::{
     error::AppError,
     idempotency::{self, Key},
     stock::coalesced::{CoalescedReserve, Turn},
+    telemetry,
 };
 
 /// One caller waiting for its batch.
@@ -74,6 +76,8 @@ struct Waiting {
     arrived: Instant,
     /// Where its answer goes.
     reply: oneshot::Sender<Result<ReserveOutcome, AppError>>,
+    /// Its span, for the batch's link to it (none with traces off).
+    span: tracing::Span,
 }
 
 impl Waiting {
@@ -82,7 +86,8 @@ impl Waiting {
         let ReserveRequest { inventory_id, quantity, expected_version, .. } = *request;
         let key = (request.idempotency_key.clone())
             .map(|key| Key::reserve(key, inventory_id, quantity, expected_version, &request.allocating));
-        Self { user_id: user_id.to_owned(), request: request.clone(), key, arrived: Instant::now(), reply }
+        let span = telemetry::caller_span();
+        Self { user_id: user_id.to_owned(), request: request.clone(), key, arrived: Instant::now(), reply, span }
     }
 }
 
@@ -298,7 +303,7 @@ impl Coalescer {
 
     /// A queued caller served alone, answered.
     async fn waiting_alone(&self, waiting: Waiting) {
-        let result = self.alone(&waiting.user_id, &waiting.request).await;
+        let result = self.alone(&waiting.user_id, &waiting.request).instrument(waiting.span.clone()).await;
         let _ = waiting.reply.send(result);
     }
 
@@ -334,7 +339,10 @@ impl Coalescer {
             ttl_secs: &ttl_secs,
             across_levels,
         };
+        let span = telemetry::batch(batch.len());
+        telemetry::link_callers(&span, batch.iter().map(|w| &w.span));
         let turns = match store::reserve_coalesced(&self.statements, &self.collisions, &reserve)
+            .instrument(span)
             .await
             .map(Attempted::done)
         {

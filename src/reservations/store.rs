@@ -38,7 +38,12 @@ pub async fn reserve(
     reserve: &Reserve<'_>,
 ) -> Result<Attempted<Option<ReservationChange>>, DbErr> {
     let run = || async {
-        statements.fetch_optional(reserve.query()).await?.as_ref().map(ReservationChange::from_row).transpose()
+        statements
+            .fetch_optional("reserve", reserve.query())
+            .await?
+            .as_ref()
+            .map(ReservationChange::from_row)
+            .transpose()
     };
     collisions.run(reserve.inventory_id, run).await
 }
@@ -51,7 +56,7 @@ pub async fn reserve_allocating(
     reserve: &Reserve<'_>,
 ) -> Result<Attempted<Option<ReservationChange>>, DbErr> {
     let run = || async {
-        let row = statements.fetch_optional(reserve.allocating_query()).await?;
+        let row = statements.fetch_optional("reserve across locations", reserve.allocating_query()).await?;
         row.as_ref().map(ReservationChange::from_row).transpose()
     };
     collisions.run(reserve.inventory_id, run).await
@@ -88,7 +93,9 @@ pub async fn reserve_coalesced(
     collisions: &Collisions,
     reserve: &CoalescedReserve<'_>,
 ) -> Result<Attempted<Vec<Turn>>, DbErr> {
-    let run = || async { statements.fetch_all(reserve.query()).await?.iter().map(Turn::from_row).collect() };
+    let run = || async {
+        statements.fetch_all("reserve coalesced", reserve.query()).await?.iter().map(Turn::from_row).collect()
+    };
     let key = reserve.inventory_ids.first().copied().unwrap_or_default();
     collisions.run(key, run).await
 }

@@ -129,7 +129,7 @@ async fn a_connection_lost_mid_statement_is_unavailable_and_the_pool_recovers() 
 
 /// The backend pid of the connection a statement of `pool` ran on.
 async fn backend_pid(pool: &StatementPool) -> Result<i32, DbErr> {
-    let row = pool.fetch_optional(sqlx::query("SELECT pg_backend_pid() AS pid")).await?;
+    let row = pool.fetch_optional("test", sqlx::query("SELECT pg_backend_pid() AS pid")).await?;
     row.expect("one row").try_get::<i32>("", "pid")
 }
 
@@ -142,7 +142,7 @@ async fn the_statement_pool_keeps_a_connection_through_sql_errors_and_replaces_a
     assert_eq!(backend_pid(&pool).await.expect("second statement"), first, "and was used again");
 
     // An SQL error leaves the connection usable: it is kept.
-    let error = pool.fetch_optional(sqlx::query("SELECT 1 / 0")).await.expect_err("division by zero");
+    let error = pool.fetch_optional("test", sqlx::query("SELECT 1 / 0")).await.expect_err("division by zero");
     assert_eq!(classify(&error), DbFailure::Other);
     assert_eq!(backend_pid(&pool).await.expect("after an SQL error"), first);
 
@@ -180,7 +180,7 @@ async fn a_full_statement_pool_fails_fast_as_unavailable() {
     let busy = {
         let pool = pool.clone();
         tokio::spawn(async move {
-            pool.fetch_optional(sqlx::query("SELECT pg_sleep(5) /* holds the one connection */")).await
+            pool.fetch_optional("test", sqlx::query("SELECT pg_sleep(5) /* holds the one connection */")).await
         })
     };
     let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \

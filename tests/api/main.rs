@@ -44,6 +44,7 @@ mod process;
 mod quantities;
 mod queries;
 mod stock_states;
+mod traces;
 mod transfers;
 mod webhooks;
 mod ws;

@@ -46,13 +46,13 @@ async fn the_coalesced_reserve_is_planned_once_however_its_batches_vary() {
             ttl_secs: &inventories.iter().map(|_| 900).collect::<Vec<_>>(),
             across_levels: false,
         };
-        let turns = pool.fetch_all(reserve.query()).await.expect("coalesced reserve");
+        let turns = pool.fetch_all("test", reserve.query()).await.expect("coalesced reserve");
         assert_eq!(turns.len(), inventories.len());
     }
     // One statement at a time: the pool hands out the same connection again.
     for (statement, prefix) in [("distinct", "\nWITH req"), ("walk", "\nWITH RECURSIVE req")] {
         let plans = sea_orm::sqlx::query(PLANS).bind(prefix);
-        let row = pool.fetch_optional(plans).await.expect("plans").expect("a row");
+        let row = pool.fetch_optional("test", plans).await.expect("plans").expect("a row");
         let (generic, custom): (i64, i64) =
             (row.try_get_by_index(0).expect("generic"), row.try_get_by_index(1).expect("custom"));
         assert_eq!((generic, custom), (10, 0), "10 batches of the {statement} statement: generic and custom plans");
@@ -154,7 +154,7 @@ async fn a_batch_of_distinct_inventories_reaches_them_in_id_order_on_any_catalog
         "PREPARE distinct_batch(uuid[], uuid[], text[], integer[], integer[], uuid[], text[], text[], integer[]) AS {}",
         *DISTINCT_RESERVE_SQL
     );
-    pool.fetch_all(sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(prepare))).await.expect("prepare");
+    pool.fetch_all("test", sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(prepare))).await.expect("prepare");
     let mut catalogue = 0;
     for size in [3, 300, 5000] {
         let more = format!(
@@ -177,7 +177,7 @@ async fn a_batch_of_distinct_inventories_reaches_them_in_id_order_on_any_catalog
             uuids(3),
             uuids(3)
         );
-        let row = pool.fetch_optional(sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(explain))).await;
+        let row = pool.fetch_optional("test", sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(explain))).await;
         let plan: serde_json::Value = row.expect("explain").expect("a plan").try_get_by_index(0).expect("plan");
         let mut reached = Vec::new();
         inventory_scans(&plan[0]["Plan"], &mut reached);
@@ -218,7 +218,7 @@ async fn the_statement_pool_s_reserves_read_every_table_by_an_index_and_compile_
     ];
     for (name, sql) in statements {
         let prepare = format!("PREPARE {name}({types}) AS {sql}");
-        pool.fetch_all(sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(prepare))).await.expect("prepare");
+        pool.fetch_all("test", sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(prepare))).await.expect("prepare");
         let explain = format!(
             "EXPLAIN (FORMAT JSON) EXECUTE {name}(ARRAY['{id}', '{id}']::uuid[], ARRAY['{}', '{}']::uuid[], \
              ARRAY['a', 'b'], ARRAY[1, 1], ARRAY[900, 900], ARRAY['{}', '{}']::uuid[], ARRAY[NULL, NULL]::text[], \
@@ -228,13 +228,13 @@ async fn the_statement_pool_s_reserves_read_every_table_by_an_index_and_compile_
             Uuid::now_v7(),
             Uuid::now_v7()
         );
-        let row = pool.fetch_optional(sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(explain))).await;
+        let row = pool.fetch_optional("test", sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(explain))).await;
         let plan: serde_json::Value = row.expect("explain").expect("a plan").try_get_by_index(0).expect("plan");
         let mut sequential = Vec::new();
         sequential_scans(&plan[0]["Plan"], &mut sequential);
         assert!(sequential.is_empty(), "the {name} statement scans {sequential:?} sequentially: {plan:#}");
     }
-    let jit = pool.fetch_optional(sea_orm::sqlx::query("SHOW jit")).await.expect("show").expect("a row");
+    let jit = pool.fetch_optional("test", sea_orm::sqlx::query("SHOW jit")).await.expect("show").expect("a row");
     assert_eq!(jit.try_get_by_index::<String>(0).expect("jit"), "off");
 }
 

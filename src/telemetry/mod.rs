@@ -5,7 +5,9 @@
 //! GraphQL operation runs in a `graphql` span with its name and outcome.
 //! Metrics are kept in-process and served at `/metrics` in Prometheus' text
 //! format; label values come from the schema and fixed lists only, never from
-//! client input, so their number stays bounded.
+//! client input, so their number stays bounded. Traces: see `traces.rs`.
+
+mod traces;
 
 use std::{
     sync::{Arc, OnceLock},
@@ -15,23 +17,34 @@ use std::{
 use async_graphql::{
     OutputType, Response, ServerResult, Value,
     extensions::{Extension, ExtensionContext, ExtensionFactory, NextExecute, NextResolve, ResolveInfo},
+    parser::types::OperationType,
 };
 use metrics::{counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use sea_orm::DatabaseConnection;
 use tracing::Instrument;
-use tracing_subscriber::{EnvFilter, fmt};
+use tracing_subscriber::{EnvFilter, Layer, fmt, layer::SubscriberExt, util::SubscriberInitExt};
 
-use crate::config::LogFormat;
+pub use self::traces::{Traces, batch, caller_span, http_request, link_callers, statement};
+use crate::{
+    auth::{Role, Viewer},
+    config::LogFormat,
+};
 
-/// Installs the global log subscriber; a second call is a no-op.
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+/// Installs the global subscriber: log lines on stderr and, when the
+/// environment asks for them, traces to an OpenTelemetry collector (see
+/// `traces.rs`). A second call is a no-op. Must run on the runtime.
+pub fn init(format: LogFormat) -> Traces {
+    // The ORM's per-statement spans are for traces, not for log lines.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,sea_orm=warn"));
+    let logs = fmt::layer().with_writer(std::io::stderr);
+    let logs = match format {
+        LogFormat::Text => logs.boxed(),
+        LogFormat::Json => logs.json().boxed(),
     };
+    let (spans, traces) = traces::layer();
+    let _ = tracing_subscriber::registry().with(spans).with(logs.with_filter(filter)).try_init();
+    traces
 }
 
 /// How often recorded histogram samples are folded into their buckets.
@@ -166,9 +179,27 @@ impl Extension for ObserveExtension {
         operation_name: Option<&str>,
         next: NextExecute<'_>,
     ) -> Response {
+        // By the semantic conventions' names; the role, never the token, and
+        // never a variable's value.
+        let kind = match ctx.data_opt::<OperationType>() {
+            Some(OperationType::Query) => "query",
+            Some(OperationType::Mutation) => "mutation",
+            Some(OperationType::Subscription) => "subscription",
+            None => "unknown",
+        };
+        let role = match ctx.data_opt::<Viewer>() {
+            Some(Viewer::User(user)) if user.role == Role::Operator => "operator",
+            Some(Viewer::User(_)) => "customer",
+            Some(Viewer::Invalid(_)) => "invalid",
+            Some(Viewer::Anonymous) | None => "anonymous",
+        };
+        let operation = operation_name.unwrap_or("anonymous");
         let span = tracing::info_span!(
             "graphql",
-            operation = operation_name.unwrap_or("anonymous"),
+            otel.name = %format_args!("{kind} {operation}"),
+            graphql.operation.name = operation,
+            graphql.operation.type = kind,
+            stockguard.role = role,
             outcome = tracing::field::Empty
         );
         let response = next.run(ctx, operation_name).instrument(span.clone()).await;
