@@ -19,26 +19,13 @@ use std::{
 use anyhow::Context as _;
 
 use crate::{
-    measure::Stats,
-    report::cpu_per_reservation,
-    scenarios::{Bench, By, Scenario, Shop, Side},
+    pairs::{self, Pair, Server},
+    scenarios::{Bench, Shop},
 };
 use stockguard_support::{
     database::ThrowAway,
     process::{Log, ServerProcess},
 };
-
-/// One cell: the same scenario and clients on both builds.
-pub struct BaselineCell {
-    /// HOT or SPREAD.
-    pub scenario: Scenario,
-    /// Concurrent clients.
-    pub clients: usize,
-    /// This build.
-    pub after: Stats,
-    /// The other build.
-    pub before: Stats,
-}
 
 /// The comparison with another build.
 pub struct Baseline {
@@ -46,8 +33,8 @@ pub struct Baseline {
     pub bin: PathBuf,
     /// Its `stockguard --version`, or what it printed instead.
     pub version: String,
-    /// Its cells.
-    pub cells: Vec<BaselineCell>,
+    /// Its cells: the other build first, this build second.
+    pub cells: Vec<Pair>,
     /// What its `stockguard check` said of its database at the end.
     pub check: String,
 }
@@ -84,29 +71,16 @@ async fn measure_both(
     server: &ServerProcess,
     other: &ServerProcess,
     database_url: &str,
-) -> anyhow::Result<Vec<BaselineCell>> {
+) -> anyhow::Result<Vec<Pair>> {
     eprintln!("bench: baseline: seeding HOT and SPREAD through its API");
     let shop = Shop::open_through_api(database_url, other, &bench.keys).await?;
-    let mut cells = Vec::new();
-    for scenario in [Scenario::Hot, Scenario::Spread] {
-        for clients in bench.settings.clients.clone() {
-            eprintln!(
-                "bench: {} x{clients}: this build and the baseline, {} rounds",
-                scenario.name(),
-                bench.settings.rounds
-            );
-            let sides = [
-                Side { label: "this build", shop: &bench.shop, by: By::Http(server) },
-                Side { label: "baseline", shop: &shop, by: By::Http(other) },
-            ];
-            let [after, before] = bench.rounds(&sides, scenario, clients).await?;
-            let after_run = format!("{} x{clients}, this build and the baseline", scenario.name());
-            bench.invariant.check(&bench.shop.db, &after_run).await?;
-            cells.push(BaselineCell { scenario, clients, after, before });
-        }
-    }
+    let servers = [
+        Server { label: "before", process: other, shop: Some(&shop), checked: false },
+        Server { label: "this build", process: server, shop: None, checked: true },
+    ];
+    let cells = bench.pairs(servers, "the baseline and this build").await;
     shop.db.close().await?;
-    Ok(cells)
+    cells
 }
 
 /// The other build's `stockguard check` on its database: its last line of
@@ -138,29 +112,13 @@ impl Baseline {
             "\n## The single-location cells before and after this build\n\n\
              The same cells on the server of another build (`{}`, {}), on a database of its own migrated by \
              it and seeded the same way through its API, taking turns with this build round by round. \
-             After / before = this build's res/s over the other's. Its database after the cells, by its own \
-             `stockguard check`: {}.\n\n\
-             | scenario | clients | this build res/s | before res/s | after / before | p99 ms after / before | \
-             CPU µs/res server after / before | CPU µs/res PostgreSQL after / before |\n\
-             |---|--:|--:|--:|--:|--:|--:|--:|\n",
+             Its database after the cells, by its own `stockguard check`: {}; \
+             this build / before = this build's res/s over the other's.\n\n",
             self.bin.display(),
             self.version,
             self.check
         );
-        for c in &self.cells {
-            let (a, b) = (&c.after, &c.before);
-            let ((a_server, a_pg), (b_server, b_pg)) = (cpu_per_reservation(a), cpu_per_reservation(b));
-            let (a_rate, b_rate) = (a.per_sec(a.successes), b.per_sec(b.successes));
-            md.push_str(&format!(
-                "| {} | {} | {a_rate:.0} | {b_rate:.0} | {:.2} | {:.2} / {:.2} | {a_server:.0} / {b_server:.0} | \
-                 {a_pg:.0} / {b_pg:.0} |\n",
-                c.scenario.name(),
-                c.clients,
-                a_rate / b_rate.max(1.0),
-                a.p99_ms,
-                b.p99_ms,
-            ));
-        }
+        md.push_str(&pairs::table(&self.cells, ["before", "this build"]));
         md.push('\n');
         md
     }

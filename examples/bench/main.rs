@@ -21,7 +21,9 @@
 //! SPREAD beside the server of another build (see `baseline.rs`); with
 //! `--webhook`, HOT and SPREAD beside a server of this build with one webhook
 //! endpoint, the events' lag over `--webhook-secs` and a check that every
-//! change arrived (see `webhook.rs`). Then MULTI: a catalogue spread over 4
+//! change arrived (see `webhook.rs`); with `--traces RATIO`, HOT and SPREAD
+//! beside a server of this build exporting that share of its traces (see
+//! `traces.rs`). Then MULTI: a catalogue spread over 4
 //! locations, reserved 1–3 units at a time, against the limit of the server's
 //! multi-location reserve statement (`scenarios/multi.rs`). Then it compares strategies on HOT (plain
 //! `reserve` vs `expectedVersion` with re-read and up to 3 retries) and one
@@ -74,8 +76,10 @@ mod baseline;
 mod history;
 mod load;
 mod measure;
+mod pairs;
 mod report;
 mod scenarios;
+mod traces;
 mod webhook;
 
 #[derive(Parser, Debug)]
@@ -135,6 +139,11 @@ struct Args {
     /// whether every change arrived (see `webhook.rs`).
     #[arg(long)]
     webhook: bool,
+    /// HOT and SPREAD also beside a server of this build exporting this
+    /// share (0 to 1) of its traces to an OTLP collector in this process:
+    /// what traces cost (see `traces.rs`).
+    #[arg(long)]
+    traces: Option<f64>,
     /// Seconds of the `--webhook` sustained run (the smoke's: 2).
     #[arg(long, default_value_t = 60)]
     webhook_secs: u64,
@@ -175,6 +184,8 @@ pub struct Settings {
     pub keyed: bool,
     /// The `--webhook` sustained run's length, when asked for.
     pub webhook: Option<Duration>,
+    /// The `--traces` sampling ratio, when asked for.
+    pub traces: Option<f64>,
 }
 
 impl Settings {
@@ -200,7 +211,11 @@ impl Settings {
             bail!("--webhook-secs must be at least 1");
         }
         let webhook = args.webhook.then(|| Duration::from_secs(if args.smoke { 2 } else { args.webhook_secs }));
-        Ok(Self { duration, warmup, rounds, clients, smoke: args.smoke, out, history, keyed: args.keyed, webhook })
+        if args.traces.is_some_and(|ratio| !(0.0..=1.0).contains(&ratio)) {
+            bail!("--traces takes a sampling ratio from 0 to 1");
+        }
+        let (smoke, keyed, traces) = (args.smoke, args.keyed, args.traces);
+        Ok(Self { duration, warmup, rounds, clients, smoke, out, history, keyed, webhook, traces })
     }
 
     /// Clients of the strategy comparison: 64 when measured, else the most measured.
@@ -351,6 +366,11 @@ async fn main_matrix(
         None => None,
     };
 
+    let traces = match bench.settings.traces {
+        Some(ratio) => Some(traces::compare(&mut bench, server, server_bin, database_url_base, secret, ratio).await?),
+        None => None,
+    };
+
     let history = if bench.settings.history > 0 {
         Some(history::compare(&mut bench, server, server_bin, database_url_base, secret).await?)
     } else {
@@ -392,6 +412,7 @@ async fn main_matrix(
         history: history.as_ref(),
         baseline: baseline.as_ref(),
         webhook: webhook.as_ref(),
+        traces: traces.as_ref(),
     };
     let markdown = report.markdown();
     if let Some(out) = &bench.settings.out {
@@ -412,8 +433,13 @@ async fn main_matrix(
         )
         .chain(
             (webhook.iter().flat_map(|w| &w.cells))
-                .filter(|c| c.with.successes == 0 || c.without.successes == 0)
+                .filter(|c| c.idle())
                 .map(|c| format!("{} x{} with and without a webhook endpoint", c.scenario.name(), c.clients)),
+        )
+        .chain(
+            (traces.iter().flat_map(|t| &t.cells))
+                .filter(|c| c.idle())
+                .map(|c| format!("{} x{} with traces off and on", c.scenario.name(), c.clients)),
         )
         .collect();
     if !idle.is_empty() {

@@ -9,7 +9,9 @@ use crate::{
     baseline::Baseline,
     history::Probes,
     measure::Stats,
+    pairs::{self, Pair},
     scenarios::{Invariant, MultiCell, Scenario},
+    traces::Traces,
     webhook::Webhook,
 };
 
@@ -125,6 +127,8 @@ pub struct Report<'a> {
     pub baseline: Option<&'a Baseline>,
     /// The `--webhook` run, if one was made.
     pub webhook: Option<&'a Webhook>,
+    /// The `--traces` run, if one was made.
+    pub traces: Option<&'a Traces>,
 }
 
 impl Report<'_> {
@@ -140,10 +144,15 @@ impl Report<'_> {
         let history: u64 = (self.history.iter().flat_map(|h| &h.cells))
             .map(|c| c.without.stockguard.errors + c.without.raw.errors + c.with.stockguard.errors + c.with.raw.errors)
             .sum::<u64>()
-            + (self.baseline.iter().flat_map(|b| &b.cells)).map(|c| c.after.errors + c.before.errors).sum::<u64>();
+            + (self.baseline.iter().flat_map(|b| &b.cells)).map(Pair::errors).sum::<u64>();
         let strategy: u64 =
             self.strategy.expected.errors + self.strategy.orders.iter().map(|(_, s)| s.errors).sum::<u64>();
-        cells + multi + history + strategy + self.webhook.map_or(0, Webhook::errors)
+        cells
+            + multi
+            + history
+            + strategy
+            + self.webhook.map_or(0, Webhook::errors)
+            + self.traces.map_or(0, Traces::errors)
     }
 
     /// (target, measured, met or None when not measured).
@@ -214,9 +223,7 @@ impl Report<'_> {
             None => out.push((target, "not measured".into(), None)),
         }
         let target = "HOT and SPREAD within 10 % of the build before (--baseline-bin), in the same rounds".to_owned();
-        let worst = (self.baseline.iter().flat_map(|b| &b.cells))
-            .map(|c| (c, ratio(c.after.per_sec(c.after.successes), c.before.per_sec(c.before.successes))))
-            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let worst = self.baseline.and_then(|b| pairs::worst(&b.cells));
         match worst {
             Some((c, r)) => out.push((
                 target,
@@ -350,6 +357,9 @@ impl Report<'_> {
         }
         if let Some(w) = self.webhook {
             md.push_str(&w.markdown());
+        }
+        if let Some(t) = self.traces {
+            md.push_str(&t.markdown());
         }
         if let Some(h) = self.history {
             let _ = writeln!(

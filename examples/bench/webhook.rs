@@ -40,7 +40,8 @@ use uuid::Uuid;
 use self::receiver::Receiver;
 use crate::{
     measure::Stats,
-    scenarios::{Bench, By, Scenario, Shop, Side},
+    pairs::{Pair, Server},
+    scenarios::{Bench, Scenario, Shop},
 };
 use stockguard_support::{
     client::Gql,
@@ -57,19 +58,6 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
 const CREATE_WEBHOOK: &str = "mutation($input: CreateWebhookInput!) { createWebhook(input: $input) {
   endpoint { id } secret } }";
-
-/// One cell: the same scenario and clients on the server with the endpoint
-/// and on the one without.
-pub struct WebhookCell {
-    /// HOT or SPREAD.
-    pub scenario: Scenario,
-    /// Concurrent clients.
-    pub clients: usize,
-    /// The server with one endpoint.
-    pub with: Stats,
-    /// The main server, no endpoint.
-    pub without: Stats,
-}
 
 /// Arrival minus `occurredAt` of the stock changes committed in a span of
 /// the sustained run, in ms. A change that had not arrived when the drain
@@ -174,8 +162,8 @@ impl Delivered {
 
 /// The `--webhook` run.
 pub struct Webhook {
-    /// HOT and SPREAD with and without the endpoint.
-    pub cells: Vec<WebhookCell>,
+    /// HOT and SPREAD without the endpoint (the main server) and with it.
+    pub cells: Vec<Pair>,
     /// The sustained run.
     pub lag: LagRun,
     /// The correctness check.
@@ -223,27 +211,11 @@ async fn measure_with(
         // be ahead of its own (an endpoint's deliveries go one at a time, in order).
         let lag = sustained(bench, with, &shop, endpoint, receiver).await?;
         bench.invariant.check(&shop.db, "the sustained run with a webhook endpoint").await?;
-        let scenarios: &[Scenario] =
-            if bench.settings.smoke { &[Scenario::Spread] } else { &[Scenario::Hot, Scenario::Spread] };
-        let mut cells = Vec::new();
-        for &scenario in scenarios {
-            for clients in bench.settings.clients.clone() {
-                eprintln!(
-                    "bench: {} x{clients}: without and with a webhook endpoint, {} rounds",
-                    scenario.name(),
-                    bench.settings.rounds
-                );
-                let sides = [
-                    Side { label: "no endpoint", shop: &bench.shop, by: By::Http(server) },
-                    Side { label: "one endpoint", shop: &shop, by: By::Http(with) },
-                ];
-                let [without, with] = bench.rounds(&sides, scenario, clients).await?;
-                let after = format!("{} x{clients}, without and with a webhook endpoint", scenario.name());
-                bench.invariant.check(&bench.shop.db, &after).await?;
-                bench.invariant.check(&shop.db, &format!("{after} (the endpoint's database)")).await?;
-                cells.push(WebhookCell { scenario, clients, with, without });
-            }
-        }
+        let servers = [
+            Server { label: "no endpoint", process: server, shop: None, checked: true },
+            Server { label: "one endpoint", process: with, shop: Some(&shop), checked: true },
+        ];
+        let cells = bench.pairs(servers, "without and with a webhook endpoint").await?;
         let (end, drained) = drain(&shop.db, endpoint, Instant::now()).await?;
         let delivered = delivered(&shop.db, endpoint, &since, &end, drained, receiver).await?;
         anyhow::Ok(Webhook { cells, lag, delivered })

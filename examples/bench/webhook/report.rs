@@ -1,7 +1,10 @@
 //! The `--webhook` section of the report and its lines of the targets.
 
-use super::{DRAIN_LIMIT, LagWindow, Webhook, WebhookCell};
-use crate::report::{cpu_per_reservation, ratio};
+use super::{DRAIN_LIMIT, LagWindow, Webhook};
+use crate::{
+    pairs::{self, Pair},
+    report::ratio,
+};
 
 /// A lag for the report.
 fn ms(lag: Option<f64>) -> String {
@@ -11,14 +14,12 @@ fn ms(lag: Option<f64>) -> String {
 impl Webhook {
     /// Errors over its runs.
     pub fn errors(&self) -> u64 {
-        self.cells.iter().map(|c| c.with.errors + c.without.errors).sum::<u64>() + self.lag.load.errors
+        self.cells.iter().map(Pair::errors).sum::<u64>() + self.lag.load.errors
     }
 
     /// The lowest with / without res/s ratio of its cells.
-    fn worst(&self) -> Option<(&WebhookCell, f64)> {
-        (self.cells.iter())
-            .map(|c| (c, ratio(c.with.per_sec(c.with.successes), c.without.per_sec(c.without.successes))))
-            .min_by(|a, b| a.1.total_cmp(&b.1))
+    fn worst(&self) -> Option<(&Pair, f64)> {
+        pairs::worst(&self.cells)
     }
 
     /// Whether the lag grows over the sustained run: the last window's p99
@@ -87,25 +88,9 @@ impl Webhook {
              the older database: the cells before ran on it). With / without = res/s with the endpoint over \
              res/s without. CPU µs per reservation as in the first table; the endpoint's server's PostgreSQL \
              CPU includes the event pump's and the dispatcher's backends, and the receiver's CPU falls on \
-             the load generator.\n\n\
-             | scenario | clients | without res/s | with res/s | with / without | p99 ms without / with | \
-             CPU µs/res server without / with | CPU µs/res PostgreSQL without / with |\n\
-             |---|--:|--:|--:|--:|--:|--:|--:|\n",
+             the load generator.\n\n",
         );
-        for c in &self.cells {
-            let (w, o) = (&c.with, &c.without);
-            let ((w_server, w_pg), (o_server, o_pg)) = (cpu_per_reservation(w), cpu_per_reservation(o));
-            let (w_rate, o_rate) = (w.per_sec(w.successes), o.per_sec(o.successes));
-            md.push_str(&format!(
-                "| {} | {} | {o_rate:.0} | {w_rate:.0} | {:.2} | {:.2} / {:.2} | {o_server:.0} / {w_server:.0} | \
-                 {o_pg:.0} / {w_pg:.0} |\n",
-                c.scenario.name(),
-                c.clients,
-                ratio(w_rate, o_rate),
-                o.p99_ms,
-                w.p99_ms,
-            ));
-        }
+        md.push_str(&pairs::table(&self.cells, ["without", "with"]));
         let lag = &self.lag;
         let (l, all) = (&lag.load, &lag.lags);
         md.push_str(&format!(
