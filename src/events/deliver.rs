@@ -132,9 +132,10 @@ struct Endpoint {
 /// A delivery to attempt.
 struct Delivery {
     id: Uuid,
-    seqs: Vec<i64>,
     attempts: i32,
     next_attempt_at: DateTime<Utc>,
+    /// Its body, exactly as it is signed and sent; none while it is not due.
+    body: Option<String>,
 }
 
 /// Serves one endpoint while this process holds its lease.
@@ -145,13 +146,14 @@ async fn serve(
     delivering: &Delivering,
     mut stop: watch::Receiver<bool>,
 ) {
+    let mut task = Task { db, me, endpoint_id, delivering, client: Client::default(), delivered: None };
     loop {
         if *stop.borrow() {
-            return;
+            break;
         }
-        let pause = match step(db, me, endpoint_id, delivering).await {
+        let pause = match task.step().await {
             Ok(Step::Held(pause)) => pause,
-            Ok(Step::Lost) => return,
+            Ok(Step::Lost) => break,
             Err(err) => {
                 tracing::warn!(error = %err, endpoint = %endpoint_id, "a webhook delivery step failed; trying again");
                 delivering.poll
@@ -160,10 +162,11 @@ async fn serve(
         if !pause.is_zero() {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
-                _ = stop.changed() => return,
+                _ = stop.changed() => break,
             }
         }
     }
+    task.flush().await;
 }
 
 /// What one step came to.
@@ -174,66 +177,67 @@ enum Step {
     Lost,
 }
 
-/// Renews the lease, then attempts the endpoint's current delivery (cutting
-/// the next one from the outbox when none is pending) if it is due.
-async fn step(db: &DatabaseConnection, me: Uuid, endpoint_id: Uuid, delivering: &Delivering) -> Result<Step, DbErr> {
-    let Some(endpoint) = renew(db, me, endpoint_id, delivering.lease).await? else {
-        return Ok(Step::Lost);
-    };
-    let delivery = match pending(db, endpoint_id).await? {
-        Some(delivery) => delivery,
-        None => match cut(db, me, endpoint_id).await? {
-            Some(delivery) => delivery,
-            None => return Ok(Step::Held(delivering.poll)),
-        },
-    };
-    let wait = (delivery.next_attempt_at - Utc::now()).to_std().unwrap_or_default();
-    if !wait.is_zero() {
-        return Ok(Step::Held(wait.min(delivering.poll.max(Duration::from_secs(1)))));
-    }
-    let body = body(db, &delivery.seqs).await?;
-    let outcome = send(&endpoint, delivery.id, &body, delivering).await;
-    record(db, &delivery, &outcome, delivering).await?;
-    Ok(Step::Held(Duration::ZERO))
+/// A delivery that was sent and answered 2xx, not yet recorded: the next
+/// step's statement records it (one round trip a body instead of two).
+struct Delivered {
+    id: Uuid,
+    attempts: i32,
+    status: Option<u16>,
 }
 
-/// Renews the lease on `endpoint_id` if this process still holds it and it
-/// is active; its URL and secret.
-async fn renew(
-    db: &DatabaseConnection,
+/// One endpoint's task.
+struct Task<'a> {
+    db: &'a DatabaseConnection,
     me: Uuid,
     endpoint_id: Uuid,
-    lease: Duration,
-) -> Result<Option<Endpoint>, DbErr> {
-    let sql = "UPDATE webhook_endpoints SET leased_until = now() + make_interval(secs => $3)
-                WHERE id = $1 AND leased_by = $2 AND active AND leased_until > now()
-            RETURNING url, secret";
-    let values: [Value; 3] = [endpoint_id.into(), me.into(), lease.as_secs_f64().into()];
-    let row = db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
-    row.map(|row| Ok(Endpoint { url: row.try_get("", "url")?, secret: row.try_get("", "secret")? })).transpose()
+    delivering: &'a Delivering,
+    client: Client,
+    delivered: Option<Delivered>,
 }
 
-fn delivery(row: &sea_orm::QueryResult) -> Result<Delivery, DbErr> {
-    Ok(Delivery {
-        id: row.try_get("", "id")?,
-        seqs: row.try_get("", "seqs")?,
-        attempts: row.try_get("", "attempts")?,
-        next_attempt_at: row.try_get("", "next_attempt_at")?,
-    })
+impl Task<'_> {
+    /// Records the last delivery sent, renews the lease and takes the
+    /// endpoint's current delivery (cutting the next one from the outbox
+    /// when none is pending) in one statement, then attempts it if it is due.
+    async fn step(&mut self) -> Result<Step, DbErr> {
+        let delivering = self.delivering;
+        let taken = next(self.db, self.me, self.endpoint_id, delivering.lease, self.delivered.as_ref()).await?;
+        self.delivered = None;
+        let Some((endpoint, delivery)) = taken else { return Ok(Step::Lost) };
+        let Some(delivery) = delivery else { return Ok(Step::Held(delivering.poll)) };
+        let Some(body) = &delivery.body else {
+            let wait = (delivery.next_attempt_at - Utc::now()).to_std().unwrap_or_default();
+            return Ok(Step::Held(wait.min(delivering.poll.max(Duration::from_secs(1)))));
+        };
+        let outcome = send(&mut self.client, &endpoint, delivery.id, body, delivering).await;
+        if outcome.error.is_none() {
+            let (id, attempts) = (delivery.id, delivery.attempts + 1);
+            self.delivered = Some(Delivered { id, attempts, status: outcome.status });
+        } else {
+            record(self.db, &delivery, &outcome, delivering).await?;
+        }
+        Ok(Step::Held(Duration::ZERO))
+    }
+
+    /// Records the last delivery sent, if the task stops before its next step.
+    async fn flush(&mut self) {
+        let Some(Delivered { id, attempts, status }) = self.delivered.take() else { return };
+        let delivery = Delivery { id, attempts: attempts - 1, next_attempt_at: Utc::now(), body: None };
+        let outcome = Attempt { status, error: None };
+        if let Err(err) = record(self.db, &delivery, &outcome, self.delivering).await {
+            tracing::warn!(error = %err, delivery = %id, "a delivered webhook could not be recorded; it will be sent again");
+        }
+    }
 }
 
-/// The endpoint's oldest PENDING delivery.
-async fn pending(db: &DatabaseConnection, endpoint_id: Uuid) -> Result<Option<Delivery>, DbErr> {
-    let sql = "SELECT id, seqs, attempts, next_attempt_at FROM webhook_deliveries
-                WHERE endpoint_id = $1 AND status = 'PENDING' ORDER BY created_at, id LIMIT 1";
-    let row = db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, [endpoint_id.into()])).await?;
-    row.as_ref().map(delivery).transpose()
-}
-
-/// Cuts the next body from the outbox for an endpoint this process holds:
-/// up to [`MAX_EVENTS_PER_BODY`] events after its cursor of the types it
+/// Records `delivered` as DELIVERED, renews the lease on `endpoint_id` if
+/// this process still holds it and it is active, and takes its oldest
+/// PENDING delivery or, when none is
+/// pending, cuts the next body from the outbox: up to
+/// [`MAX_EVENTS_PER_BODY`] events after its cursor of the types it
 /// subscribes to, recorded as a PENDING delivery with the cursor moved past
-/// them, in one statement. None when nothing new is there.
+/// them. None when the lease is gone; the endpoint, and the delivery
+/// (with its body when it is due) if there is one.
 ///
 /// A cut that takes fewer than a full body has taken every event it
 /// subscribes to that the outbox holds, so the cursor moves to the
@@ -242,38 +246,121 @@ async fn pending(db: &DatabaseConnection, endpoint_id: Uuid) -> Result<Option<De
 /// own event would keep the rest forever). The pump numbers a pass's rows
 /// in one transaction, above every row before it, so no row below the last
 /// one seen here can still appear.
-async fn cut(db: &DatabaseConnection, me: Uuid, endpoint_id: Uuid) -> Result<Option<Delivery>, DbErr> {
+///
+/// One statement, where recording, renewing, finding, cutting and reading
+/// the body were five (the dispatcher fell behind at SPREAD x64: each
+/// round trip waits for a backend among the load's; bench/results). The
+/// delivery just recorded is still PENDING to this statement's snapshot,
+/// so it is passed over by id. The endpoint's row is written once (the lease and the
+/// cursor in one UPDATE): PostgreSQL does not let one statement update a
+/// row twice.
+async fn next(
+    db: &DatabaseConnection,
+    me: Uuid,
+    endpoint_id: Uuid,
+    lease: Duration,
+    delivered: Option<&Delivered>,
+) -> Result<Option<(Endpoint, Option<Delivery>)>, DbErr> {
     let sql = "
-WITH e AS MATERIALIZED (
-    SELECT sent_through, events FROM webhook_endpoints WHERE id = $1 AND leased_by = $2 FOR UPDATE
+WITH recorded AS (
+    UPDATE webhook_deliveries
+       SET status = 'DELIVERED', attempts = $6, last_attempt_at = now(), last_response_status = $7,
+           last_error = NULL, next_attempt_at = now(), delivered_at = now()
+     WHERE id = $5 AND status = 'PENDING'
+), e AS MATERIALIZED (
+    SELECT url, secret, sent_through, events FROM webhook_endpoints
+     WHERE id = $1 AND leased_by = $2 AND active AND leased_until > now()
+       FOR UPDATE
+), pending AS MATERIALIZED (
+    SELECT d.id, d.seqs, d.attempts, d.next_attempt_at FROM webhook_deliveries d
+     WHERE d.endpoint_id = $1 AND d.status = 'PENDING' AND d.id IS DISTINCT FROM $5 AND EXISTS (SELECT 1 FROM e)
+     ORDER BY d.created_at, d.id LIMIT 1
 ), next AS MATERIALIZED (
     -- The cursor as a scalar, so that it bounds the scan of the outbox's
     -- key (as a join filter it walked the key from the first row).
     SELECT o.seq, o.id FROM outbox o
-     WHERE o.seq > (SELECT sent_through FROM e) AND o.type = ANY((SELECT events FROM e)::text[])
+     WHERE NOT EXISTS (SELECT 1 FROM pending)
+       AND o.seq > (SELECT sent_through FROM e) AND o.type = ANY((SELECT events FROM e)::text[])
      ORDER BY o.seq LIMIT $3
 ), cut AS (
     INSERT INTO webhook_deliveries (endpoint_id, seqs, event_ids)
     SELECT $1, array_agg(seq ORDER BY seq), array_agg(id ORDER BY seq) FROM next HAVING count(*) > 0
  RETURNING id, seqs, attempts, next_attempt_at
 ), through AS (
-    SELECT CASE WHEN (SELECT count(*) FROM next) < $3 THEN (SELECT max(seq) FROM outbox)
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM pending) THEN NULL
+                WHEN (SELECT count(*) FROM next) < $3 THEN (SELECT max(seq) FROM outbox)
                 ELSE (SELECT max(seq) FROM next) END AS seq
-), moved AS (
-    UPDATE webhook_endpoints w SET sent_through = t.seq FROM e, through t WHERE w.id = $1 AND t.seq > e.sent_through
+), renewed AS (
+    UPDATE webhook_endpoints w
+       SET leased_until = now() + make_interval(secs => $4),
+           sent_through = greatest(e.sent_through, coalesce(t.seq, e.sent_through))
+      FROM e, through t WHERE w.id = $1
+), chosen AS (
+    SELECT * FROM pending UNION ALL SELECT * FROM cut
 )
-SELECT * FROM cut";
-    let values: [Value; 3] = [endpoint_id.into(), me.into(), MAX_EVENTS_PER_BODY.into()];
-    let row = db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
-    row.as_ref().map(delivery).transpose()
+SELECT e.url, e.secret, c.id, c.attempts, c.next_attempt_at,
+       CASE WHEN c.next_attempt_at <= now() THEN
+           (SELECT jsonb_build_object('events', coalesce(jsonb_agg(o.body ORDER BY o.seq), '[]'))::text
+              FROM outbox o WHERE o.seq = ANY(c.seqs))
+       END AS body
+  FROM e LEFT JOIN chosen c ON true";
+    let values: [Value; 7] = [
+        endpoint_id.into(),
+        me.into(),
+        MAX_EVENTS_PER_BODY.into(),
+        lease.as_secs_f64().into(),
+        delivered.map(|d| d.id).into(),
+        delivered.map(|d| d.attempts).into(),
+        delivered.and_then(|d| d.status.map(i32::from)).into(),
+    ];
+    let Some(row) = db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await? else {
+        return Ok(None);
+    };
+    let endpoint = Endpoint { url: row.try_get("", "url")?, secret: row.try_get("", "secret")? };
+    let id: Option<Uuid> = row.try_get("", "id")?;
+    let delivery = match id {
+        None => None,
+        Some(id) => Some(Delivery {
+            id,
+            attempts: row.try_get("", "attempts")?,
+            next_attempt_at: row.try_get("", "next_attempt_at")?,
+            body: row.try_get("", "body")?,
+        }),
+    };
+    Ok(Some((endpoint, delivery)))
 }
 
-/// The body of the outbox rows `seqs`, exactly as it is signed and sent.
-async fn body(db: &DatabaseConnection, seqs: &[i64]) -> Result<String, DbErr> {
-    let sql = "SELECT jsonb_build_object('events', coalesce(jsonb_agg(body ORDER BY seq), '[]'))::text AS body
-                 FROM outbox WHERE seq = ANY($1)";
-    let row = db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, [seqs.to_vec().into()]));
-    row.await?.map_or(Ok(r#"{"events":[]}"#.to_owned()), |row| row.try_get("", "body"))
+/// An endpoint's HTTP client, kept from attempt to attempt so its
+/// connection is reused (a client per attempt, its TLS roots loaded and a
+/// connection opened each time, was most of a body's time on loopback); a
+/// new one when the endpoint's host or its resolved addresses change.
+#[derive(Default)]
+struct Client {
+    kept: Option<(String, Vec<std::net::SocketAddr>, reqwest::Client)>,
+}
+
+impl Client {
+    /// The client for `host` at `addresses`.
+    fn for_host(
+        &mut self,
+        host: &str,
+        addresses: &[std::net::SocketAddr],
+        timeout: Duration,
+    ) -> reqwest::Result<reqwest::Client> {
+        if let Some((kept_host, kept_addresses, client)) = &self.kept
+            && kept_host == host
+            && kept_addresses == addresses
+        {
+            return Ok(client.clone());
+        }
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(timeout)
+            .resolve_to_addrs(host, addresses)
+            .build()?;
+        self.kept = Some((host.to_owned(), addresses.to_vec(), client.clone()));
+        Ok(client)
+    }
 }
 
 /// What one attempt came to.
@@ -297,7 +384,13 @@ pub fn signature(secret: &str, t: i64, body: &str) -> Option<String> {
 /// Sends `body` once: the egress rules checked again on the resolved
 /// addresses (an endpoint's name may have come to point inside), no
 /// redirects, the whole attempt bounded by the timeout.
-async fn send(endpoint: &Endpoint, delivery_id: Uuid, body: &str, delivering: &Delivering) -> Attempt {
+async fn send(
+    client: &mut Client,
+    endpoint: &Endpoint,
+    delivery_id: Uuid,
+    body: &str,
+    delivering: &Delivering,
+) -> Attempt {
     let failed = |error: String| Attempt { status: None, error: Some(error) };
     let checked = match egress::check_url(&endpoint.url, delivering.allow_loopback) {
         Ok(checked) => checked,
@@ -311,12 +404,7 @@ async fn send(endpoint: &Endpoint, delivery_id: Uuid, body: &str, delivering: &D
         Some(host) => host,
         None => return failed("the URL has no host".into()),
     };
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(delivering.timeout)
-        .resolve_to_addrs(&host, &addresses)
-        .build();
-    let client = match client {
+    let client = match client.for_host(&host, &addresses, delivering.timeout) {
         Ok(client) => client,
         Err(err) => return failed(format!("client: {err}")),
     };
