@@ -6,8 +6,9 @@
 //! judged by those cells before and after it. Cells of two runs minutes
 //! apart differ by as much as the machine drifts (see `history.rs`), so the
 //! other build gets a database of its own (migrated by its own server, to
-//! its own schema), seeded as the first through its API, and HOT and SPREAD
-//! take turns on both servers round by round. The other build's database
+//! its own schema), and so does a second server of this build, both seeded
+//! the same way through their API, and HOT and SPREAD take turns on both
+//! servers round by round. The other build's database
 //! is checked by its own `stockguard check` at the end, since this build's
 //! invariant may not fit its schema.
 
@@ -39,47 +40,59 @@ pub struct Baseline {
     pub check: String,
 }
 
-/// Starts the other build's server on a database of its own, seeds it, and
-/// measures HOT and SPREAD at every client count on both servers.
+/// Starts the other build's server and a second server of this build, each
+/// on a fresh database of its own seeded the same way through its API, and
+/// measures HOT and SPREAD at every client count on both. Not the main
+/// server: its database has the main cells' rows by then, and a fresh one
+/// beside it measured 0.78-0.83x of it (the before side favoured by a
+/// younger database, not by its code).
 pub async fn compare(
     bench: &mut Bench,
-    server: &ServerProcess,
+    server_bin: &Path,
     baseline_bin: &Path,
     database_url_base: &str,
     secret: &str,
 ) -> anyhow::Result<Baseline> {
-    let database = ThrowAway::create(database_url_base, "bench").await?;
-    eprintln!("bench: baseline: {} on a database of its own, {}", baseline_bin.display(), database.name);
+    let before_db = ThrowAway::create(database_url_base, "bench").await?;
+    let after_db = ThrowAway::create(database_url_base, "bench").await?;
+    eprintln!("bench: baseline: {} on {}, this build on {}", baseline_bin.display(), before_db.name, after_db.name);
     let result = async {
         let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
-        let other =
-            ServerProcess::start(baseline_bin, &database.url, Some(secret), &locking, Log::Warnings(Stdio::inherit()))
-                .await?;
-        let result = measure_both(bench, server, &other, &database.url).await;
-        let result = other.stop_after(result).await;
-        let check = check(baseline_bin, &database.url).await?;
+        let start = |bin, url| ServerProcess::start(bin, url, Some(secret), &locking, Log::Warnings(Stdio::inherit()));
+        let before = start(baseline_bin, &before_db.url).await?;
+        let after = match start(server_bin, &after_db.url).await {
+            Ok(after) => after,
+            Err(err) => return before.stop_after(Err(err)).await,
+        };
+        let result = measure_both(bench, &after, &before, [&after_db.url, &before_db.url]).await;
+        let result = after.stop_after(result).await;
+        let result = before.stop_after(result).await;
+        let check = check(baseline_bin, &before_db.url).await?;
         result.map(|cells| (cells, check))
     }
     .await;
-    database.drop("bench").await;
+    before_db.drop("bench").await;
+    after_db.drop("bench").await;
     let (cells, check) = result?;
     Ok(Baseline { bin: baseline_bin.to_owned(), version: version(baseline_bin).await, cells, check })
 }
 
 async fn measure_both(
     bench: &mut Bench,
-    server: &ServerProcess,
-    other: &ServerProcess,
-    database_url: &str,
+    after: &ServerProcess,
+    before: &ServerProcess,
+    [after_url, before_url]: [&str; 2],
 ) -> anyhow::Result<Vec<Pair>> {
-    eprintln!("bench: baseline: seeding HOT and SPREAD through its API");
-    let shop = Shop::open_through_api(database_url, other, &bench.keys).await?;
+    eprintln!("bench: baseline: seeding HOT and SPREAD through each server's API");
+    let before_shop = Shop::open_through_api(before_url, before, &bench.keys).await?;
+    let after_shop = Shop::open_through_api(after_url, after, &bench.keys).await?;
     let servers = [
-        Server { label: "before", process: other, shop: Some(&shop), checked: false },
-        Server { label: "this build", process: server, shop: None, checked: true },
+        Server { label: "before", process: before, shop: Some(&before_shop), checked: false },
+        Server { label: "this build", process: after, shop: Some(&after_shop), checked: true },
     ];
     let cells = bench.pairs(servers, "the baseline and this build").await;
-    shop.db.close().await?;
+    before_shop.db.close().await?;
+    after_shop.db.close().await?;
     cells
 }
 
@@ -110,8 +123,10 @@ impl Baseline {
     pub fn markdown(&self) -> String {
         let mut md = format!(
             "\n## The single-location cells before and after this build\n\n\
-             The same cells on the server of another build (`{}`, {}), on a database of its own migrated by \
-             it and seeded the same way through its API, taking turns with this build round by round. \
+             The same cells on the server of another build (`{}`, {}) and on a second server of this build \
+             (or of the build given by `--after-bin`), \
+             each on a fresh database of its own migrated by it and seeded the same way through its API, taking \
+             turns round by round. \
              Its database after the cells, by its own `stockguard check`: {}; \
              this build / before = this build's res/s over the other's.\n\n",
             self.bin.display(),

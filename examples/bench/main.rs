@@ -133,6 +133,10 @@ struct Args {
     /// on a database of its own (see `baseline.rs`).
     #[arg(long)]
     baseline_bin: Option<PathBuf>,
+    /// With `--baseline-bin`: the server binary measured after it, instead
+    /// of this build's (two earlier commits, to put a number on one change).
+    #[arg(long, requires = "baseline_bin")]
+    after_bin: Option<PathBuf>,
     /// HOT and SPREAD also beside a server of this build with one webhook
     /// endpoint taking every event (to a receiver in this process), then
     /// SPREAD x64 on it alone for `--webhook-secs`: the events' lag, and
@@ -243,8 +247,9 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     let database = ThrowAway::create(&args.database_url_base, "bench").await?;
     eprintln!("bench: database {}, server {}", database.name, server_bin.display());
 
-    let baseline_bin = args.baseline_bin.as_deref();
-    let result = run(settings, &server_bin, baseline_bin, &args.database_url_base, &database.url).await;
+    let baseline =
+        args.baseline_bin.as_deref().map(|before| [before, args.after_bin.as_deref().unwrap_or(&server_bin)]);
+    let result = run(settings, &server_bin, baseline, &args.database_url_base, &database.url).await;
     database.drop("bench").await;
     let (markdown, ok) = result?;
     println!("{markdown}");
@@ -262,7 +267,7 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
 async fn run(
     settings: Settings,
     server_bin: &Path,
-    baseline_bin: Option<&Path>,
+    baseline: Option<[&Path; 2]>,
     database_url_base: &str,
     database_url: &str,
 ) -> anyhow::Result<(String, bool)> {
@@ -272,16 +277,17 @@ async fn run(
     let server =
         ServerProcess::start(server_bin, database_url, Some(&secret), &locking, Log::Warnings(Stdio::inherit()))
             .await?;
-    let bins = Bins { server: server_bin, baseline: baseline_bin };
+    let bins = Bins { server: server_bin, baseline };
     let result = main_matrix(settings, keys, &server, bins, database_url_base, database_url, &secret).await;
     server.stop_after(result).await
 }
 
-/// The server binaries: this build's, and another's to compare with.
+/// The server binaries: this build's, and the two of the before-and-after
+/// comparison (another build's, and this one's or a third).
 #[derive(Clone, Copy)]
 struct Bins<'a> {
     server: &'a Path,
-    baseline: Option<&'a Path>,
+    baseline: Option<[&'a Path; 2]>,
 }
 
 async fn main_matrix(
@@ -357,7 +363,7 @@ async fn main_matrix(
     let main_hwm_kb = status_kb(server.pid, "VmHWM").unwrap_or(0);
 
     let baseline = match bins.baseline {
-        Some(bin) => Some(baseline::compare(&mut bench, server, bin, database_url_base, secret).await?),
+        Some([before, after]) => Some(baseline::compare(&mut bench, after, before, database_url_base, secret).await?),
         None => None,
     };
 
