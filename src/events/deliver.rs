@@ -181,6 +181,7 @@ enum Step {
 /// step's statement records it (one round trip a body instead of two).
 struct Delivered {
     id: Uuid,
+    /// Attempts made before this one.
     attempts: i32,
     status: Option<u16>,
 }
@@ -211,10 +212,9 @@ impl Task<'_> {
         };
         let outcome = send(&mut self.client, &endpoint, delivery.id, body, delivering).await;
         if outcome.error.is_none() {
-            let (id, attempts) = (delivery.id, delivery.attempts + 1);
-            self.delivered = Some(Delivered { id, attempts, status: outcome.status });
+            self.delivered = Some(Delivered { id: delivery.id, attempts: delivery.attempts, status: outcome.status });
         } else {
-            record(self.db, &delivery, &outcome, delivering).await?;
+            record(self.db, delivery.id, delivery.attempts, &outcome, delivering).await?;
         }
         Ok(Step::Held(Duration::ZERO))
     }
@@ -222,9 +222,8 @@ impl Task<'_> {
     /// Records the last delivery sent, if the task stops before its next step.
     async fn flush(&mut self) {
         let Some(Delivered { id, attempts, status }) = self.delivered.take() else { return };
-        let delivery = Delivery { id, attempts: attempts - 1, next_attempt_at: Utc::now(), body: None };
         let outcome = Attempt { status, error: None };
-        if let Err(err) = record(self.db, &delivery, &outcome, self.delivering).await {
+        if let Err(err) = record(self.db, id, attempts, &outcome, self.delivering).await {
             tracing::warn!(error = %err, delivery = %id, "a delivered webhook could not be recorded; it will be sent again");
         }
     }
@@ -310,7 +309,7 @@ SELECT e.url, e.secret, c.id, c.attempts, c.next_attempt_at,
         MAX_EVENTS_PER_BODY.into(),
         lease.as_secs_f64().into(),
         delivered.map(|d| d.id).into(),
-        delivered.map(|d| d.attempts).into(),
+        delivered.map(|d| d.attempts + 1).into(),
         delivered.and_then(|d| d.status.map(i32::from)).into(),
     ];
     let Some(row) = db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await? else {
@@ -442,19 +441,21 @@ fn without_url(err: &reqwest::Error) -> String {
     text.chars().take(MAX_ERROR_CHARS).collect()
 }
 
-/// Records an attempt: DELIVERED on a 2xx; else the next attempt after the
-/// schedule's next wait (with jitter), or FAILED when the schedule is spent,
+/// Records the attempt after `made_before` others of delivery `id`:
+/// DELIVERED on a 2xx; else the next attempt after the schedule's next
+/// wait (with jitter), or FAILED when the schedule is spent,
 /// which also turns the endpoint off (`disabled_at`) in the same statement:
 /// every later body would wait out the whole schedule too, while the
 /// cursor keeps its place for `redeliverFailed` to resume from.
 async fn record(
     db: &DatabaseConnection,
-    delivery: &Delivery,
+    id: Uuid,
+    made_before: i32,
     attempt: &Attempt,
     delivering: &Delivering,
 ) -> Result<(), DbErr> {
-    let attempts = delivery.attempts + 1;
-    let wait = usize::try_from(delivery.attempts).ok().and_then(|i| delivering.schedule.get(i)).copied();
+    let attempts = made_before + 1;
+    let wait = usize::try_from(made_before).ok().and_then(|i| delivering.schedule.get(i)).copied();
     let (status, wait_secs) = match (&attempt.error, wait) {
         (None, _) => ("DELIVERED", 0.0),
         (Some(_), Some(wait)) => ("PENDING", wait.as_secs_f64() * rand::rng().random_range(0.8..1.2)),
@@ -472,7 +473,7 @@ async fn record(
                  FROM recorded r
                 WHERE w.id = r.endpoint_id AND $2 = 'FAILED'";
     let values: [Value; 6] = [
-        delivery.id.into(),
+        id.into(),
         status.into(),
         attempts.into(),
         attempt.status.map(i32::from).into(),
@@ -481,7 +482,7 @@ async fn record(
     ];
     db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
     if status == "FAILED" {
-        tracing::warn!(delivery = %delivery.id, attempts, "a webhook delivery spent its schedule: FAILED, endpoint off");
+        tracing::warn!(delivery = %id, attempts, "a webhook delivery spent its schedule: FAILED, endpoint off");
     }
     Ok(())
 }
