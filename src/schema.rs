@@ -58,11 +58,9 @@ pub type AppSchemaBuilder = async_graphql::SchemaBuilder<Query, Mutation, Subscr
 
 fn builder(limits: &Limits) -> AppSchemaBuilder {
     Schema::build(Query::default(), Mutation::default(), Subscription::default())
-        // Outermost, so an operation is charged only once every other check
-        // has let it through (see `gateway/cost.rs`).
-        .extension(gateway::Metering)
         // The depth and complexity bounds are kept by `ErrorCodes`, which
-        // refuses with their codes (see `gateway/codes.rs`).
+        // refuses with their codes and then charges the caller's bucket
+        // (see `gateway/codes.rs`, `gateway/cost.rs`).
         .extension(gateway::ErrorCodes::new(limits))
         // The same bound `documents.rs` checks first, so async-graphql's own
         // walk over the expanded document never goes deeper than that check.

@@ -12,10 +12,7 @@
 //! is checked by its own `stockguard check` at the end, since this build's
 //! invariant may not fit its schema.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Stdio,
-};
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 
@@ -23,10 +20,7 @@ use crate::{
     pairs::{self, Pair, Server},
     scenarios::{Bench, Shop},
 };
-use stockguard_support::{
-    database::ThrowAway,
-    process::{Log, ServerProcess},
-};
+use stockguard_support::process::ServerProcess;
 
 /// The comparison with another build.
 pub struct Baseline {
@@ -53,27 +47,18 @@ pub async fn compare(
     database_url_base: &str,
     secret: &str,
 ) -> anyhow::Result<Baseline> {
-    let before_db = ThrowAway::create(database_url_base, "bench").await?;
-    let after_db = ThrowAway::create(database_url_base, "bench").await?;
-    eprintln!("bench: baseline: {} on {}, this build on {}", baseline_bin.display(), before_db.name, after_db.name);
-    let result = async {
-        let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
-        let start = |bin, url| ServerProcess::start(bin, url, Some(secret), &locking, Log::Warnings(Stdio::inherit()));
-        let before = start(baseline_bin, &before_db.url).await?;
-        let after = match start(server_bin, &after_db.url).await {
-            Ok(after) => after,
-            Err(err) => return before.stop_after(Err(err)).await,
-        };
-        let result = measure_both(bench, &after, &before, [&after_db.url, &before_db.url]).await;
-        let result = after.stop_after(result).await;
-        let result = before.stop_after(result).await;
-        let check = check(baseline_bin, &before_db.url).await?;
-        result.map(|cells| (cells, check))
-    }
-    .await;
-    before_db.drop("bench").await;
-    after_db.drop("bench").await;
-    let (cells, check) = result?;
+    eprintln!("bench: baseline: {} beside this build", baseline_bin.display());
+    let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic")];
+    let (cells, check) =
+        pairs::beside(database_url_base, baseline_bin, secret, &locking, async |before, before_url| {
+            let cells = pairs::beside(database_url_base, server_bin, secret, &locking, async |after, after_url| {
+                measure_both(bench, after, before, [after_url, before_url]).await
+            })
+            .await?;
+            // Idle by now: the other build's own check of its database.
+            anyhow::Ok((cells, check(baseline_bin, before_url).await?))
+        })
+        .await?;
     Ok(Baseline { bin: baseline_bin.to_owned(), version: version(baseline_bin).await, cells, check })
 }
 

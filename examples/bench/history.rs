@@ -26,7 +26,7 @@
 //! (nothing due) and the first page of a user's `myReservations`, in both
 //! databases after the cells.
 
-use std::{path::Path, process::Stdio, time::Instant};
+use std::{path::Path, time::Instant};
 
 use anyhow::Context as _;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
@@ -38,13 +38,11 @@ use stockguard::{
 use uuid::Uuid;
 
 use crate::{
+    pairs,
     report::{History, HistoryCell, Sides},
     scenarios::{Bench, By, Raw, Scenario, Shop, Side},
 };
-use stockguard_support::{
-    database::ThrowAway,
-    process::{Log, ServerProcess},
-};
+use stockguard_support::process::ServerProcess;
 
 /// The history run: a second database and server, `bench.settings.history`
 /// rows of history there, then SPREAD at 16 and 64 clients in both
@@ -56,19 +54,12 @@ pub async fn compare(
     database_url_base: &str,
     secret: &str,
 ) -> anyhow::Result<History> {
-    let database = ThrowAway::create(database_url_base, "bench").await?;
-    eprintln!("bench: history: a second database {} and server", database.name);
-    let result = async {
-        let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
-        let second =
-            ServerProcess::start(server_bin, &database.url, Some(secret), &locking, Log::Warnings(Stdio::inherit()))
-                .await?;
-        let result = measure_with(bench, server, &second, &database.url).await;
-        second.stop_after(result).await
-    }
-    .await;
-    database.drop("bench").await;
-    result
+    eprintln!("bench: history: a second database and server");
+    let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic")];
+    pairs::beside(database_url_base, server_bin, secret, &locking, async |second, url| {
+        measure_with(bench, server, second, url).await
+    })
+    .await
 }
 
 /// Seeds and fills the second database, then measures both.

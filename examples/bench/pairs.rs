@@ -2,14 +2,40 @@
 //! (another build's, this build with a webhook endpoint, this build with
 //! traces on), cell by cell, so the machine's drift falls on both.
 
-use std::fmt::Write as _;
+use std::{ffi::OsStr, fmt::Write as _, path::Path, process::Stdio};
 
 use crate::{
     measure::Stats,
     report::{cpu_per_reservation, ratio},
     scenarios::{Bench, By, Scenario, Shop, Side},
 };
-use stockguard_support::process::ServerProcess;
+use stockguard_support::{
+    database::ThrowAway,
+    process::{Log, ServerProcess},
+};
+
+/// Runs `work` with a server of `bin` (started with `env`) on a fresh
+/// database of its own, given the server and the database's URL; then
+/// stops the server and drops the database, whatever `work` returned.
+pub async fn beside<T, V: AsRef<OsStr>>(
+    database_url_base: &str,
+    bin: &Path,
+    secret: &str,
+    env: &[(&str, V)],
+    work: impl AsyncFnOnce(&ServerProcess, &str) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let database = ThrowAway::create(database_url_base, "bench").await?;
+    eprintln!("bench: {} serving database {}", bin.display(), database.name);
+    let result = async {
+        let server =
+            ServerProcess::start(bin, &database.url, Some(secret), env, Log::Warnings(Stdio::inherit())).await?;
+        let result = work(&server, &database.url).await;
+        server.stop_after(result).await
+    }
+    .await;
+    database.drop("bench").await;
+    result
+}
 
 /// One server of a pair, with its database and its name in the report.
 #[derive(Clone, Copy)]

@@ -11,7 +11,6 @@
 
 use std::{
     net::SocketAddr,
-    process::Stdio,
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -26,10 +25,7 @@ use crate::{
     pairs::{self, Pair, Server},
     scenarios::{Bench, Shop},
 };
-use stockguard_support::{
-    database::ThrowAway,
-    process::{Log, ServerProcess},
-};
+use stockguard_support::process::ServerProcess;
 
 /// What the collector received.
 #[derive(Default)]
@@ -62,7 +58,6 @@ pub async fn compare(
     secret: &str,
     ratio: f64,
 ) -> anyhow::Result<Traces> {
-    let database = ThrowAway::create(database_url_base, "bench").await?;
     let received = Arc::new(Received::default());
     let app = Router::new().route("/v1/traces", post(collect)).with_state(received.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -70,49 +65,41 @@ pub async fn compare(
     let collector = tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    eprintln!("bench: traces: a second server exporting {ratio} of its traces to {addr}, database {}", database.name);
+    eprintln!("bench: traces: a second server exporting {ratio} of its traces to {addr}");
     let counts = |r: &Received| [&r.exports, &r.spans, &r.bytes].map(|n| n.load(Ordering::Relaxed));
-    let result = async {
-        let (endpoint, ratio_text) = (format!("http://{addr}"), ratio.to_string());
-        let env = [
-            ("STOCKGUARD_ORDER_LOCKING", "optimistic"),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
-            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
-            ("OTEL_TRACES_SAMPLER_ARG", ratio_text.as_str()),
-            // Every span sampled is sent: a queue that overflows drops
-            // spans (the default holds 2,048, five seconds at the default
-            // delay), and dropped spans would cost less than sent ones.
-            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
-            ("OTEL_BSP_MAX_QUEUE_SIZE", "1000000"),
+    let (endpoint, ratio_text) = (format!("http://{addr}"), ratio.to_string());
+    let env = [
+        ("STOCKGUARD_ORDER_LOCKING", "optimistic"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", ratio_text.as_str()),
+        // Every span sampled is sent: a queue that overflows drops
+        // spans (the default holds 2,048, five seconds at the default
+        // delay), and dropped spans would cost less than sent ones.
+        ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "1000000"),
+    ];
+    let measured = pairs::beside(database_url_base, server_bin, secret, &env, async |traced, url| {
+        let shop = Shop::open(url, traced, &bench.keys).await?;
+        let servers = [
+            Server { label: "traces off", process: server, shop: None, checked: true },
+            Server { label: "traces on", process: traced, shop: Some(&shop), checked: true },
         ];
-        let traced =
-            ServerProcess::start(server_bin, &database.url, Some(secret), &env, Log::Warnings(Stdio::inherit()))
-                .await?;
-        let cells = async {
-            let shop = Shop::open(&database.url, &traced, &bench.keys).await?;
-            let servers = [
-                Server { label: "traces off", process: server, shop: None, checked: true },
-                Server { label: "traces on", process: &traced, shop: Some(&shop), checked: true },
-            ];
-            // Seeding's spans are not the cells'.
-            let before = counts(&received);
-            let cells = bench.pairs(servers, "traces off and on").await;
-            shop.db.close().await?;
-            anyhow::Ok((before, cells?))
-        }
-        .await;
-        // Stopped, the server has sent its last spans.
-        let (before, cells) = traced.stop_after(cells).await?;
-        let after = counts(&received);
-        let reservations = cells.iter().map(|c| c.stats[1].successes).sum();
-        let [exports, spans, bytes] = [0, 1, 2].map(|i| after[i] - before[i]);
-        anyhow::Ok(Traces { ratio, cells, exports, spans, bytes, reservations })
-    }
+        // Seeding's spans are not the cells'.
+        let before = counts(&received);
+        let cells = bench.pairs(servers, "traces off and on").await;
+        shop.db.close().await?;
+        anyhow::Ok((before, cells?))
+    })
     .await;
+    // Stopped, the server has sent its last spans.
     collector.abort();
-    database.drop("bench").await;
-    result
+    let (before, cells) = measured?;
+    let after = counts(&received);
+    let reservations = cells.iter().map(|c| c.stats[1].successes).sum();
+    let [exports, spans, bytes] = [0, 1, 2].map(|i| after[i] - before[i]);
+    Ok(Traces { ratio, cells, exports, spans, bytes, reservations })
 }
 
 /// `POST /v1/traces`: decoded and counted.

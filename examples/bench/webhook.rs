@@ -26,7 +26,7 @@
 mod receiver;
 mod report;
 
-use std::{path::Path, process::Stdio, time::Duration};
+use std::{path::Path, time::Duration};
 
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
@@ -40,14 +40,10 @@ use uuid::Uuid;
 use self::receiver::Receiver;
 use crate::{
     measure::Stats,
-    pairs::{Pair, Server},
+    pairs::{self, Pair, Server},
     scenarios::{Bench, Scenario, Shop},
 };
-use stockguard_support::{
-    client::Gql,
-    database::ThrowAway,
-    process::{Log, ServerProcess},
-};
+use stockguard_support::{client::Gql, process::ServerProcess};
 
 /// The lag is reported per window of this many seconds of `occurredAt`.
 const WINDOW: Duration = Duration::from_secs(10);
@@ -179,19 +175,14 @@ pub async fn compare(
     database_url_base: &str,
     secret: &str,
 ) -> anyhow::Result<Webhook> {
-    let database = ThrowAway::create(database_url_base, "bench").await?;
-    eprintln!("bench: webhook: a second server with one endpoint, on a database of its own, {}", database.name);
+    eprintln!("bench: webhook: a second server with one endpoint, on a database of its own");
     let receiver = Receiver::start().await?;
-    let result = async {
-        let env = [("STOCKGUARD_ORDER_LOCKING", "optimistic"), ("STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK", "true")];
-        let with = ServerProcess::start(server_bin, &database.url, Some(secret), &env, Log::Warnings(Stdio::inherit()))
-            .await?;
-        let result = measure_with(bench, server, &with, &database.url, &receiver).await;
-        with.stop_after(result).await
-    }
+    let env = [("STOCKGUARD_ORDER_LOCKING", "optimistic"), ("STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK", "true")];
+    let result = pairs::beside(database_url_base, server_bin, secret, &env, async |with, url| {
+        measure_with(bench, server, with, url, &receiver).await
+    })
     .await;
     receiver.task.abort();
-    database.drop("bench").await;
     result
 }
 

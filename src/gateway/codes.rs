@@ -14,7 +14,9 @@
 //!   `GRAPHQL_VALIDATION_FAILED`. The depth and complexity bounds are judged
 //!   here from async-graphql's own measures of a valid document
 //!   ([`ValidationResult`]), so those refusals are made here with their codes
-//!   (the schema itself is built without those limits).
+//!   (the schema itself is built without those limits). A document within
+//!   them is then paid for from its caller's bucket, or refused with
+//!   `THROTTLED` (`cost.rs`).
 //! - **Execution**: an error located at an argument's value is a value that
 //!   does not coerce to its type (`BAD_USER_INPUT`): async-graphql reports an
 //!   argument it cannot read there, a resolver reports at its field. Every
@@ -40,6 +42,7 @@ use async_graphql::{
 };
 use futures::{StreamExt, stream::BoxStream};
 
+use super::cost::{self, Meter};
 use crate::config::Limits;
 
 /// The `extensions.code` of an error, if it has one.
@@ -57,8 +60,8 @@ pub fn coded(mut error: ServerError, code: &str) -> ServerError {
 }
 
 /// The async-graphql extension that gives every error of an operation an
-/// `extensions.code` (see the module docs), and refuses documents past the
-/// depth and complexity bounds.
+/// `extensions.code` (see the module docs), refuses documents past the
+/// depth and complexity bounds, and charges the rest to their callers.
 pub struct ErrorCodes {
     /// Most complexity points (`limits.max_complexity`).
     max_complexity: usize,
@@ -210,6 +213,8 @@ impl Extension for ErrorCodesExtension {
         if result.depth > self.max_depth {
             return Err(vec![coded(ServerError::new("Query is nested too deep.", None), "MAX_DEPTH_LIMIT")]);
         }
+        // Last: only a document every check let through is paid for.
+        cost::charge(ctx.data_opt::<Arc<Meter>>(), result.complexity).map_err(|error| vec![error])?;
         Ok(result)
     }
 

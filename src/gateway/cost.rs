@@ -4,29 +4,31 @@
 //! - **Requested** is the complexity async-graphql measures while it
 //!   validates the document, before anything runs: one point per field, a
 //!   connection's fields counted `first` times (`pagination::page_cost`).
-//!   The [`Metering`] extension takes it from the caller's bucket right
-//!   there, or refuses the operation with `THROTTLED` and `retryAfterMs`.
-//! - **Actual** is one point per field really resolved (counted by the same
-//!   extension), so a page that returned 3 of 100 rows costs its 3 rows.
-//!   When the operation ends, what it took and did not use goes back into
-//!   the bucket; it never pays more than it requested.
+//!   [`charge`] takes it from the caller's bucket right there, or refuses
+//!   the operation with `THROTTLED` and `retryAfterMs`.
+//! - **Actual** is one point per field really resolved, counted in the
+//!   response's data when the operation ends (every key of every object
+//!   but `__typename`), so a page that returned 3 of 100
+//!   rows costs its 3 rows. What the operation took and did not use goes
+//!   back into the bucket then; it never pays more than it requested.
+//!
+//! Counting in the data, not in a per-field resolve hook, keeps the meter
+//! off the path of every field: an extension's hook is a boxed future for
+//! each field resolved (bench/results/decisions.md, "Fair share, the second
+//! pass").
 //!
 //! A subscription pays its requested cost once, when it starts; each of its
 //! events reports what that event resolved.
 
 use std::{
     sync::{
-        Arc, OnceLock,
+        Arc, LazyLock,
         atomic::{AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
 };
 
-use async_graphql::{
-    Name, QueryPathSegment, Response, ServerError, ServerResult, ValidationResult, Value,
-    extensions::{Extension, ExtensionContext, ExtensionFactory, NextResolve, NextValidation, ResolveInfo},
-    indexmap::IndexMap,
-};
+use async_graphql::{Name, Response, ServerError, Value, indexmap::IndexMap};
 use rand::RngExt as _;
 
 use super::{
@@ -89,13 +91,12 @@ impl Fair {
             tier,
             requested: AtomicUsize::new(0),
             charged: AtomicUsize::new(0),
-            actual: AtomicUsize::new(0),
         })
     }
 }
 
-/// One operation's cost: what it requested, took and resolved. In the
-/// request's data, where [`Metering`] finds it.
+/// One operation's cost: what it requested and took. In the request's
+/// data, where validation finds it (see [`charge`]).
 pub struct Meter {
     fair: Arc<Fair>,
     /// Whose bucket.
@@ -105,8 +106,6 @@ pub struct Meter {
     requested: AtomicUsize,
     /// What was taken from the bucket and not settled yet.
     charged: AtomicUsize,
-    /// Fields resolved (since the last event, for a subscription).
-    actual: AtomicUsize,
 }
 
 impl Meter {
@@ -123,7 +122,7 @@ impl Meter {
     /// `response` gets its `extensions.cost`.
     pub fn settle(&self, response: &mut Response) {
         let charged = self.charged.swap(0, Ordering::Relaxed);
-        let actual = self.actual.swap(0, Ordering::Relaxed);
+        let actual = resolved(&response.data);
         let unused = charged.saturating_sub(actual) as f64;
         let status = self.fair.buckets.give_back(&self.key, self.tier, unused, Instant::now());
         self.report(response, actual, status);
@@ -131,7 +130,7 @@ impl Meter {
 
     /// One event of a subscription: what it resolved, with the bucket now.
     pub fn event(&self, response: &mut Response) {
-        let actual = self.actual.swap(0, Ordering::Relaxed);
+        let actual = resolved(&response.data);
         let status = self.fair.buckets.status(&self.key, self.tier, Instant::now());
         self.report(response, actual, status);
     }
@@ -149,19 +148,44 @@ impl Meter {
     }
 }
 
+/// The fields resolved into `data`: a point for each key of each object
+/// but `__typename`, which async-graphql answers without resolving.
+fn resolved(data: &Value) -> usize {
+    match data {
+        Value::Object(fields) => {
+            fields.iter().map(|(name, value)| usize::from(name.as_str() != "__typename") + resolved(value)).sum()
+        }
+        Value::List(items) => items.iter().map(resolved).sum(),
+        _ => 0,
+    }
+}
+
 /// `extensions.cost` as the contract names it (docs/api.md, "Fair share").
 fn report(requested: usize, actual: usize, status: Status) -> Value {
+    // The names made once: this is in every response.
+    static NAMES: LazyLock<[Name; 6]> = LazyLock::new(|| {
+        [
+            "maximumAvailable",
+            "currentlyAvailable",
+            "restoreRate",
+            "requestedQueryCost",
+            "actualQueryCost",
+            "throttleStatus",
+        ]
+        .map(Name::new)
+    });
+    let [maximum, available, rate, requested_name, actual_name, throttle_name] = NAMES.clone();
     // Two decimals: a bucket refills continuously, and more digits are noise.
     let float = |x: f64| Value::from((x * 100.0).floor() / 100.0);
     let throttle = IndexMap::from([
-        (Name::new("maximumAvailable"), float(status.maximum)),
-        (Name::new("currentlyAvailable"), float(status.available)),
-        (Name::new("restoreRate"), float(status.rate)),
+        (maximum, float(status.maximum)),
+        (available, float(status.available)),
+        (rate, float(status.rate)),
     ]);
     Value::Object(IndexMap::from([
-        (Name::new("requestedQueryCost"), Value::from(requested as u64)),
-        (Name::new("actualQueryCost"), Value::from(actual as u64)),
-        (Name::new("throttleStatus"), Value::Object(throttle)),
+        (requested_name, Value::from(requested as u64)),
+        (actual_name, Value::from(actual as u64)),
+        (throttle_name, Value::Object(throttle)),
     ]))
 }
 
@@ -180,60 +204,21 @@ pub fn throttled(message: &str, retry_after: Duration) -> ServerError {
     error
 }
 
-/// The async-graphql extension that pays an operation's requested cost
-/// from its caller's bucket after validation, and counts the fields it
-/// resolves. It must be the outermost extension, so it charges only
-/// documents that every other check let through.
-pub struct Metering;
-
-impl ExtensionFactory for Metering {
-    fn create(&self) -> Arc<dyn Extension> {
-        Arc::new(MeteringExtension::default())
-    }
-}
-
-#[derive(Default)]
-struct MeteringExtension {
-    /// The operation's meter, found in its data at validation; none for a
-    /// schema run without the gateway (its responses carry no cost).
-    meter: OnceLock<Arc<Meter>>,
-}
-
-#[async_graphql::async_trait::async_trait]
-impl Extension for MeteringExtension {
-    async fn validation(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        next: NextValidation<'_>,
-    ) -> Result<ValidationResult, Vec<ServerError>> {
-        let result = next.run(ctx).await?;
-        let Some(meter) = ctx.data_opt::<Arc<Meter>>() else { return Ok(result) };
-        let meter = self.meter.get_or_init(|| meter.clone());
-        if let Err(wait) = meter.charge(result.complexity) {
-            crate::telemetry::throttled("cost");
-            let message = format!(
-                "this operation costs {} points and your budget holds fewer now; retry after retryAfterMs",
-                result.complexity
-            );
-            return Err(vec![throttled(&message, wait)]);
-        }
-        Ok(result)
-    }
-
-    async fn resolve(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        info: ResolveInfo<'_>,
-        next: NextResolve<'_>,
-    ) -> ServerResult<Option<Value>> {
-        // A field, not an item of a list (async-graphql resolves each item
-        // through this hook too): one point per field, as the complexity counts.
-        let field = matches!(info.path_node.segment, QueryPathSegment::Name(_));
-        if let Some(meter) = self.meter.get().filter(|_| field) {
-            meter.actual.fetch_add(1, Ordering::Relaxed);
-        }
-        next.run(ctx, info).await
-    }
+/// Pays an operation's requested `complexity` from its caller's bucket, or
+/// refuses it with `THROTTLED`. `ErrorCodes` calls it at the end of
+/// validation, so only documents that every other check let through are
+/// charged; a schema run without the gateway has no meter, and its
+/// responses carry no cost. (Not an extension of its own: each extension
+/// is a boxed future on every field resolved.)
+pub fn charge(meter: Option<&Arc<Meter>>, complexity: usize) -> Result<(), ServerError> {
+    let Some(meter) = meter else { return Ok(()) };
+    meter.charge(complexity).map_err(|wait| {
+        crate::telemetry::throttled("cost");
+        let message = format!(
+            "this operation costs {complexity} points and your budget holds fewer now; retry after retryAfterMs"
+        );
+        throttled(&message, wait)
+    })
 }
 
 #[cfg(test)]
@@ -241,6 +226,21 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
+
+    /// A key of an object is a field; an item of a list is not; `__typename` is free.
+    #[test]
+    fn actual_cost_counts_the_fields_in_the_data() {
+        let data = Value::from_json(serde_json::json!({
+            "inventories": { "__typename": "InventoryConnection", "nodes": [
+                { "id": "1", "sku": "A", "stock": { "available": 1 } },
+                { "id": "2", "sku": "B", "stock": null },
+            ] }
+        }))
+        .expect("a value");
+        // inventories, nodes, 2 × (id, sku, stock) and one available.
+        assert_eq!(resolved(&data), 1 + 1 + 2 * 3 + 1);
+        assert_eq!(resolved(&Value::Null), 0);
+    }
 
     /// Connections refused together are told to come back at different
     /// instants, none before the budget covers them.

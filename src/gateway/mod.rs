@@ -40,7 +40,7 @@ pub use self::{
     buckets::Tier,
     callers::Caller,
     codes::{ErrorCodes, code_of, coded},
-    cost::{Fairness, Metering},
+    cost::Fairness,
 };
 use self::{
     callers::Share,

@@ -51,7 +51,7 @@ use axum::{
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response as HttpResponse},
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::{
     Http,
@@ -132,17 +132,16 @@ fn respond(media: Media, response: Response) -> HttpResponse {
         _ if request_error && media == Media::GraphqlResponse => (StatusCode::BAD_REQUEST, None),
         _ => (StatusCode::OK, None),
     };
-    let body = if request_error && status != StatusCode::OK {
+    let mut answer = if request_error && status != StatusCode::OK {
         // No `data` at all: the request never ran.
         let mut body = serde_json::json!({ "errors": response.errors });
         if !response.extensions.is_empty() {
             body["extensions"] = serde_json::to_value(&response.extensions).unwrap_or_default();
         }
-        body
+        with_type(status, media, &body)
     } else {
-        serde_json::to_value(&response).unwrap_or_default()
+        with_type(status, media, &response)
     };
-    let mut answer = with_type(status, media, &body);
     if let Some(seconds) = retry_after {
         answer.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
@@ -159,8 +158,13 @@ fn retry_after_secs(response: &Response) -> u64 {
     ms.unwrap_or(1000).div_ceil(1000).max(1)
 }
 
-fn with_type(status: StatusCode, media: Media, body: &serde_json::Value) -> HttpResponse {
-    let mut response = (status, body.to_string()).into_response();
+/// `body` as JSON of `media`, written straight from the value: through a
+/// `serde_json::Value` every key was allocated twice, and the fields came
+/// out sorted instead of in the order the query asked for them.
+fn with_type(status: StatusCode, media: Media, body: &impl Serialize) -> HttpResponse {
+    // Nothing here serializes to an error (every map key is a string).
+    let body = serde_json::to_string(body).unwrap_or_else(|_| "null".to_owned());
+    let mut response = (status, body).into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, media.content_type());
     response
 }
@@ -348,8 +352,7 @@ pub async fn post(State(http): State<Http>, peer: Peer, headers: HeaderMap, body
         return respond(media, responses.into_iter().next().unwrap_or_default());
     }
     // A batch is not in the spec; every member answers in one 200.
-    let body = serde_json::to_value(&responses).unwrap_or_default();
-    with_type(StatusCode::OK, media, &body)
+    with_type(StatusCode::OK, media, &responses)
 }
 
 #[cfg(test)]

@@ -38,6 +38,25 @@ async fn batches_run_up_to_the_limit() {
     assert_eq!(post_raw(&app, Value::Array(vec![one; 11]).to_string()).await.0, 400);
 }
 
+/// The spec's order: a response's fields come in the order the query asked
+/// for them, in a single response and in a batch's members alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn fields_come_back_in_the_order_they_were_asked_for() {
+    let app = TestApp::spawn().await;
+    app.create_inventory("ORDER-OF-FIELDS", 3).await;
+    let query = "{ inventories(first: 1) { nodes { sku id name } pageInfo { hasNextPage } } }";
+    let at = |body: &str, key: &str| body.find(&format!("\"{key}\"")).unwrap_or_else(|| panic!("{key} in {body}"));
+    let (status, single) = post_raw(&app, json!({ "query": query }).to_string()).await;
+    let (_, batch) = post_raw(&app, json!([{ "query": query }]).to_string()).await;
+    assert_eq!(status, 200, "{single}");
+    for body in [single, batch] {
+        assert!(at(&body, "sku") < at(&body, "id") && at(&body, "id") < at(&body, "name"), "{body}");
+        assert!(at(&body, "nodes") < at(&body, "pageInfo"), "{body}");
+        // The response's own members: data, then the cost.
+        assert!(at(&body, "data") < at(&body, "extensions"), "{body}");
+    }
+}
+
 /// `depth` levels of `__type { fields { type ...` under `__schema`.
 fn nested_introspection(levels: usize) -> String {
     let mut query = String::from("name");
