@@ -202,6 +202,7 @@ pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -
     if !row.map_or(Ok(false), |row| row.try_get::<bool>("", "any"))? {
         return Ok(None);
     }
+    summarize(db).await;
     let txn = db.begin_with_config(Some(IsolationLevel::ReadCommitted), None).await?;
     // The pass plans as costly enough to be compiled, which took PostgreSQL
     // two seconds of CPU per pass for a statement that runs in
@@ -221,6 +222,29 @@ pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -
     let row = txn.query_one_raw(statement).await?;
     txn.commit().await?;
     row.map_or(Ok(Some(0)), |row| row.try_get("", "pumped").map(Some))
+}
+
+/// Summarizes the ledger's BRIN ranges on `txid` that have filled since
+/// the last pass, so that the next pass skips them. An unsummarized range
+/// is read by every pass, and autovacuum summarizes (`autosummarize`) only
+/// when it visits: under load it did not within a minute, every pass read
+/// the whole day's ledger again (132,295 rows for 2,404 new ones, 45 ms,
+/// under `bench --webhook`), and the pump fell further behind the longer
+/// the load went on. A range still filling is always read; a lock it cannot
+/// have at once (a vacuum of the ledger) skips the summary for this pass,
+/// so the pump never waits for it.
+async fn summarize(db: &DatabaseConnection) {
+    let sql = "SELECT sum(brin_summarize_new_values(i.inhrelid))::bigint AS ranges
+                 FROM pg_inherits i WHERE i.inhparent = 'stock_movements_txid'::regclass";
+    let summarized = async {
+        let txn = db.begin().await?;
+        txn.execute_unprepared("SET LOCAL lock_timeout = '20ms'").await?;
+        txn.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await?;
+        txn.commit().await
+    };
+    if let Err(err) = summarized.await {
+        tracing::debug!(error = %err, "the ledger's new BRIN ranges were not summarized this pass");
+    }
 }
 
 /// Pumps every `interval` until `stop` turns true; while no endpoint

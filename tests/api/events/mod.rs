@@ -6,6 +6,7 @@
 mod kills;
 mod receiver;
 mod retention;
+mod scan;
 mod sharing;
 mod units;
 
