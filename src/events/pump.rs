@@ -224,6 +224,12 @@ pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -
     row.map_or(Ok(Some(0)), |row| row.try_get("", "pumped").map(Some))
 }
 
+/// Summarizes the filled ledger ranges of the BRIN index on `txid` that no
+/// one has summarized yet, in every partition; `ranges`, how many (public
+/// so that a test can count what a pass left).
+pub const SUMMARIZE_SQL: &str = "SELECT coalesce(sum(brin_summarize_new_values(i.inhrelid)), 0)::bigint AS ranges
+  FROM pg_inherits i WHERE i.inhparent = 'stock_movements_txid'::regclass";
+
 /// Summarizes the ledger's BRIN ranges on `txid` that have filled since
 /// the last pass, so that the next pass skips them. An unsummarized range
 /// is read by every pass, and autovacuum summarizes (`autosummarize`) only
@@ -234,12 +240,10 @@ pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -
 /// have at once (a vacuum of the ledger) skips the summary for this pass,
 /// so the pump never waits for it.
 async fn summarize(db: &DatabaseConnection) {
-    let sql = "SELECT sum(brin_summarize_new_values(i.inhrelid))::bigint AS ranges
-                 FROM pg_inherits i WHERE i.inhparent = 'stock_movements_txid'::regclass";
     let summarized = async {
         let txn = db.begin().await?;
         txn.execute_unprepared("SET LOCAL lock_timeout = '20ms'").await?;
-        txn.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await?;
+        txn.query_one_raw(Statement::from_string(DbBackend::Postgres, SUMMARIZE_SQL)).await?;
         txn.commit().await
     };
     if let Err(err) = summarized.await {

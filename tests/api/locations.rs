@@ -311,8 +311,7 @@ async fn the_levels_read_reaches_only_holding_reservations_however_long_the_hist
     let row = session.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
     let plan: Value = row.expect("a plan").try_get_by_index(0).expect("plan");
     session.rollback().await.expect("rollback");
-    let mut scans = Vec::new();
-    reservation_scans(&plan[0]["Plan"], &mut scans);
+    let scans = reservation_scans(&plan[0]["Plan"]);
     assert!(!scans.is_empty(), "the plan reads reservations: {plan:#}");
     for (index, rows) in scans {
         assert_eq!(index, "reservations_held", "{plan:#}");
@@ -355,8 +354,13 @@ async fn the_levels_read_looks_allocations_up_by_key_even_before_they_are_analyz
     );
     let row = app.db.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
     let plan: Value = row.expect("a plan").try_get_by_index(0).expect("plan");
-    let mut nodes = Vec::new();
-    node_types(&plan[0]["Plan"], &mut nodes);
+    let nodes: Vec<String> = plan_nodes(&plan[0]["Plan"])
+        .into_iter()
+        .map(|node| {
+            let kind = node["Node Type"].as_str().unwrap_or("?");
+            node["Relation Name"].as_str().map_or_else(|| kind.to_owned(), |relation| format!("{kind} on {relation}"))
+        })
+        .collect();
     assert!(!nodes.iter().any(|node| node.contains("Gather")), "{nodes:?}: {plan:#}");
     assert!(!nodes.contains(&"Seq Scan on allocations".to_owned()), "{nodes:?}: {plan:#}");
     assert!(nodes.iter().any(|node| node.ends_with("on allocations")), "{nodes:?}");
@@ -364,25 +368,20 @@ async fn the_levels_read_looks_allocations_up_by_key_even_before_they_are_analyz
     assert_eq!((levels.len(), levels[0].reserved), (1, 50), "{levels:?}");
 }
 
-/// Every node of `plan` as "Node Type on relation" (or its type alone).
-fn node_types(plan: &Value, nodes: &mut Vec<String>) {
-    let kind = plan["Node Type"].as_str().unwrap_or("?");
-    nodes.push(match plan["Relation Name"].as_str() {
-        Some(relation) => format!("{kind} on {relation}"),
-        None => kind.to_owned(),
-    });
-    for child in plan["Plans"].as_array().into_iter().flatten() {
-        node_types(child, nodes);
-    }
+/// `plan` and every node under it.
+fn plan_nodes(plan: &Value) -> Vec<&Value> {
+    let children = plan["Plans"].as_array().into_iter().flatten();
+    std::iter::once(plan).chain(children.flat_map(plan_nodes)).collect()
 }
 
 /// The index and the rows read of every node of `plan` that reads `reservations`.
-fn reservation_scans(plan: &Value, scans: &mut Vec<(String, u64)>) {
-    if plan["Relation Name"] == "reservations" {
-        let rows = plan["Actual Rows"].as_u64().unwrap_or(0) * plan["Actual Loops"].as_u64().unwrap_or(1);
-        scans.push((plan["Index Name"].as_str().unwrap_or("no index").to_owned(), rows));
-    }
-    for child in plan["Plans"].as_array().into_iter().flatten() {
-        reservation_scans(child, scans);
-    }
+fn reservation_scans(plan: &Value) -> Vec<(String, u64)> {
+    plan_nodes(plan)
+        .into_iter()
+        .filter(|node| node["Relation Name"] == "reservations")
+        .map(|node| {
+            let rows = node["Actual Rows"].as_u64().unwrap_or(0) * node["Actual Loops"].as_u64().unwrap_or(1);
+            (node["Index Name"].as_str().unwrap_or("no index").to_owned(), rows)
+        })
+        .collect()
 }

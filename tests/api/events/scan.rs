@@ -18,8 +18,7 @@ use crate::helpers::eventually;
 async fn unsummarized(db: &impl ConnectionTrait) -> i64 {
     // Summarizing is the only way to count them: what it summarizes now,
     // the pump had left.
-    let sql = "SELECT coalesce(sum(brin_summarize_new_values(i.inhrelid)), 0)::bigint AS ranges
-                 FROM pg_inherits i WHERE i.inhparent = 'stock_movements_txid'::regclass";
+    let sql = stockguard::events::pump::SUMMARIZE_SQL;
     let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await.expect("summarize");
     row.expect("a row").try_get("", "ranges").expect("ranges")
 }
