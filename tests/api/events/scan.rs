@@ -3,13 +3,15 @@
 //! and autovacuum summarizes only when it visits (under load, not within a
 //! minute). So the pump summarizes the ranges that filled since its last
 //! pass itself, and a pass reads only the ranges still filling, however
-//! long the ledger has grown.
+//! long the ledger has grown. And a pass is planned so that the index
+//! bounds its read even when the plan was made before the ledger had
+//! statistics (the pump's connection keeps its first plan).
 
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
-use serde_json::json;
-use stockguard::auth::Role;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait};
+use serde_json::{Value, json};
+use stockguard::{auth::Role, events::pump};
 
 use super::{Isolation, limits, receiver::Receiver, spawn, subscribe};
 use crate::helpers::eventually;
@@ -18,15 +20,17 @@ use crate::helpers::eventually;
 async fn unsummarized(db: &impl ConnectionTrait) -> i64 {
     // Summarizing is the only way to count them: what it summarizes now,
     // the pump had left.
-    let sql = stockguard::events::pump::SUMMARIZE_SQL;
+    let sql = pump::SUMMARIZE_SQL;
     let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await.expect("summarize");
     row.expect("a row").try_get("", "ranges").expect("ranges")
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_pump_summarizes_the_ledger_ranges_filled_since_its_last_pass() {
+/// A test server whose ledger holds 30,000 rows written before its one
+/// endpoint (at `receiver`) existed, with autovacuum off for the ledger (so
+/// only the pump summarizes it, and nothing analyzes it), and one
+/// reservation after, whose events have been delivered.
+async fn a_long_ledger_then_a_change() -> (std::sync::Arc<crate::helpers::TestApp>, Receiver) {
     let app = spawn(Isolation::ReadCommitted, limits(&[1.0])).await;
-    // No autovacuum of this test's own ledger: only the pump may summarize.
     app.db
         .execute_unprepared(
             "DO $$ DECLARE p regclass; BEGIN
@@ -37,14 +41,14 @@ async fn the_pump_summarizes_the_ledger_ranges_filled_since_its_last_pass() {
         )
         .await
         .expect("autovacuum off");
-    // 30,000 ledger rows of an inventory no one reads (several ranges of
-    // 128 pages), written before any endpoint exists, so no pass pumps them.
+    // Rows of an inventory no one reads (several ranges of 128 pages),
+    // written before any endpoint exists, so no pass pumps them.
     app.db
-        .execute_unprepared(
+        .execute_unprepared(&format!(
             "INSERT INTO stock_movements (id, inventory_id, delta, reason, stock_after, version_after)
              SELECT gen_random_uuid(), '00000000-0000-0000-0000-0000000005ca', 1, 'RESTOCKED', g, g
-               FROM generate_series(1, 30000) g",
-        )
+               FROM generate_series(1, {OLD_ROWS}) g"
+        ))
         .await
         .expect("ledger rows");
     let receiver = Receiver::start().await;
@@ -56,5 +60,68 @@ async fn the_pump_summarizes_the_ledger_ranges_filled_since_its_last_pass() {
         receiver.accepted_events().len() >= 2
     })
     .await;
+    (app, receiver)
+}
+
+/// Ledger rows written before the endpoint.
+const OLD_ROWS: i64 = 30_000;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_pump_summarizes_the_ledger_ranges_filled_since_its_last_pass() {
+    let (app, _receiver) = a_long_ledger_then_a_change().await;
     assert_eq!(unsummarized(&app.db).await, 0, "every filled range summarized by the pump");
+}
+
+/// Ledger rows a pass reads, from its plan as the pump makes it (its
+/// settings, on a connection that never planned it before, so on the
+/// statistics the ledger has now: none), run and rolled back.
+async fn ledger_rows_a_pass_reads(db: &DatabaseConnection) -> i64 {
+    let txn = db.begin().await.expect("a transaction");
+    txn.execute_unprepared(pump::PASS_SETTINGS).await.expect("the pass's settings");
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", pump::PUMP_SQL.as_str());
+    let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
+    let plan: Value = row.expect("a plan").try_get("", "QUERY PLAN").expect("json");
+    txn.rollback().await.expect("rolled back");
+    fn read(node: &Value) -> i64 {
+        let count = |key: &str| node[key].as_f64().unwrap_or(0.0);
+        let own = if node["Relation Name"].as_str().is_some_and(|name| name.starts_with("stock_movements")) {
+            count("Actual Rows") * count("Actual Loops").max(1.0)
+                + count("Rows Removed by Filter")
+                + count("Rows Removed by Index Recheck")
+        } else {
+            0.0
+        };
+        own as i64 + node["Plans"].as_array().map_or(0, |plans| plans.iter().map(read).sum())
+    }
+    read(&plan[0]["Plan"])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pass_reads_only_the_ledger_it_has_not_pumped_even_without_statistics() {
+    let (app, _receiver) = a_long_ledger_then_a_change().await;
+    let read = ledger_rows_a_pass_reads(&app.db).await;
+    // What it may read: the ranges that hold the newest rows, at most a
+    // range of 128 pages, far fewer than the old rows.
+    assert!(read < OLD_ROWS / 3, "a pass with nothing new read {read} ledger rows of {OLD_ROWS} old ones");
+}
+
+/// A body lists each event's fields in the order docs/webhooks.md shows
+/// them (a receiver reading it by eye, or streaming it, sees `id` and
+/// `type` first and `data` last).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_lists_its_fields_in_the_documented_order() {
+    let app = spawn(Isolation::ReadCommitted, limits(&[1.0])).await;
+    let receiver = Receiver::start().await;
+    subscribe(&app, &receiver).await;
+    let item = app.create_inventory("ORDER-OF-KEYS", 5).await;
+    app.reserve(&app.token("keys-user", Role::Customer), json!({ "inventoryId": item, "quantity": 1 })).await;
+    eventually(Duration::from_secs(20), "the reservation's events delivered", || async {
+        receiver.accepted_events().len() >= 2
+    })
+    .await;
+    let body = receiver.received().into_iter().map(|r| r.body).find(|b| b.contains("STOCK_CHANGED")).expect("a body");
+    let event = &body[body.find("STOCK_CHANGED").and_then(|at| body[..at].rfind('{')).expect("an event")..];
+    let at = |key: &str| event.find(&format!("\"{key}\"")).unwrap_or_else(|| panic!("no {key} in {event}"));
+    let order = ["id", "type", "occurredAt", "inventoryId", "version", "data"].map(at);
+    assert!(order.is_sorted(), "fields at {order:?} in {event}");
 }
