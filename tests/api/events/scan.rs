@@ -51,16 +51,23 @@ async fn a_long_ledger_then_a_change() -> (std::sync::Arc<crate::helpers::TestAp
         ))
         .await
         .expect("ledger rows");
-    let receiver = Receiver::start().await;
-    subscribe(&app, &receiver).await;
     // A change after the endpoint, so that passes run and have rows to find.
-    let item = app.create_inventory("SCAN-1", 5).await;
+    let receiver = a_reservation_sent(&app, "SCAN-1").await;
+    (app, receiver)
+}
+
+/// A receiver, an endpoint at it, and one reservation of a new inventory
+/// `sku` whose two events it has been sent.
+async fn a_reservation_sent(app: &crate::helpers::TestApp, sku: &str) -> Receiver {
+    let receiver = Receiver::start().await;
+    subscribe(app, &receiver).await;
+    let item = app.create_inventory(sku, 5).await;
     app.reserve(&app.token("scan-user", Role::Customer), json!({ "inventoryId": item, "quantity": 1 })).await;
     eventually(Duration::from_secs(20), "the reservation's events delivered", || async {
         receiver.accepted_events().len() >= 2
     })
     .await;
-    (app, receiver)
+    receiver
 }
 
 /// Ledger rows written before the endpoint.
@@ -111,14 +118,7 @@ async fn a_pass_reads_only_the_ledger_it_has_not_pumped_even_without_statistics(
 #[tokio::test(flavor = "multi_thread")]
 async fn an_event_lists_its_fields_in_the_documented_order() {
     let app = spawn(Isolation::ReadCommitted, limits(&[1.0])).await;
-    let receiver = Receiver::start().await;
-    subscribe(&app, &receiver).await;
-    let item = app.create_inventory("ORDER-OF-KEYS", 5).await;
-    app.reserve(&app.token("keys-user", Role::Customer), json!({ "inventoryId": item, "quantity": 1 })).await;
-    eventually(Duration::from_secs(20), "the reservation's events delivered", || async {
-        receiver.accepted_events().len() >= 2
-    })
-    .await;
+    let receiver = a_reservation_sent(&app, "ORDER-OF-KEYS").await;
     let body = receiver.received().into_iter().map(|r| r.body).find(|b| b.contains("STOCK_CHANGED")).expect("a body");
     let event = &body[body.find("STOCK_CHANGED").and_then(|at| body[..at].rfind('{')).expect("an event")..];
     let at = |key: &str| event.find(&format!("\"{key}\"")).unwrap_or_else(|| panic!("no {key} in {event}"));
