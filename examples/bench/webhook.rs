@@ -412,7 +412,7 @@ async fn delivered(
                       WHERE txid >= pg_snapshot_xmin($1::pg_snapshot)::text::bigint
                         AND NOT pg_visible_in_snapshot(txid::text::xid8, $1::pg_snapshot)
                         AND pg_visible_in_snapshot(txid::text::xid8, $2::pg_snapshot)";
-    let sent = "SELECT DISTINCT (o.body->>'inventoryId')::uuid, (o.body->>'version')::bigint
+    let sent = "SELECT DISTINCT (o.body::json->>'inventoryId')::uuid, (o.body::json->>'version')::bigint
                   FROM webhook_deliveries d CROSS JOIN LATERAL unnest(d.seqs) AS s(seq) JOIN outbox o ON o.seq = s.seq
                  WHERE d.endpoint_id = $1 AND d.status = 'DELIVERED' AND o.type = 'STOCK_CHANGED'";
     let pool = db.get_postgres_connection_pool();

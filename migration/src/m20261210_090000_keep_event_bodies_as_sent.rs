@@ -1,5 +1,5 @@
-//! The outbox keeps each event's body as the text it is sent as (`json`),
-//! not as `jsonb`: a body is only ever sent, and building `jsonb` (every
+//! The outbox keeps each event's body as the text it is sent as, not as
+//! `jsonb`: a body is only ever sent, and building `jsonb` (every
 //! object sorted and encoded, every concatenation a copy, the whole body
 //! aggregated again and printed back at every delivery) was most of the
 //! event pump's and the dispatcher's work (bench/results/decisions.md,
@@ -16,7 +16,7 @@ impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
             .get_connection()
-            .execute_unprepared("ALTER TABLE outbox ALTER COLUMN body TYPE json USING body::json")
+            .execute_unprepared("ALTER TABLE outbox ALTER COLUMN body TYPE text USING body::text")
             .await?;
         Ok(())
     }

@@ -299,7 +299,7 @@ WITH recorded AS (
 )
 SELECT e.url, e.secret, c.id, c.attempts, c.next_attempt_at,
        CASE WHEN c.next_attempt_at <= now() THEN
-           (SELECT '{\"events\":[' || coalesce(string_agg(o.body::text, ',' ORDER BY o.seq), '') || ']}'
+           (SELECT '{\"events\":[' || coalesce(string_agg(o.body, ',' ORDER BY o.seq), '') || ']}'
               FROM outbox o WHERE o.seq = ANY(c.seqs))
        END AS body
   FROM e LEFT JOIN chosen c ON true";

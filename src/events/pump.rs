@@ -77,8 +77,8 @@ WITH pump AS MATERIALIZED (
            CASE WHEN count(*) > 1 AND bool_and(reason IN ('TRANSFERRED_OUT', 'TRANSFERRED_IN'))
                 THEN 'TRANSFERRED' ELSE min(reason) END AS reason,
            sum(delta) AS delta,
-           json_agg(json_build_object('locationId', coalesce(location_id, (SELECT id FROM home)), 'delta', delta)
-                    ORDER BY location_id) AS locations,
+           '[' || string_agg('{{"locationId":"' || coalesce(location_id, (SELECT id FROM home)) || '","delta":' || delta
+                             || '}}', ',' ORDER BY location_id) || ']' AS locations,
            min(stock_after) AS available,
            {on_hand} AS on_hand_delta,
            {committed} AS committed_delta,
@@ -122,11 +122,13 @@ WITH pump AS MATERIALIZED (
         ON CONFLICT (inventory_id) DO UPDATE SET on_hand = excluded.on_hand, committed = excluded.committed
 ), stock AS (
     SELECT v.inventory_id AS key, v.version, 0 AS rank, v.id, 'STOCK_CHANGED' AS type,
-           json_build_object(
-               'reason', v.reason, 'delta', v.delta, 'locations', v.locations,
-               'available', v.available, 'reserved', u.on_hand - v.available - u.committed,
-               'committed', u.committed, 'onHand', u.on_hand,
-               'reservationId', v.reservation_id, 'orderId', v.order_id) AS data,
+           '{{"reason":"' || v.reason || '","delta":' || v.delta || ',"locations":' || v.locations
+           || ',"available":' || v.available
+           || ',"reserved":' || coalesce((u.on_hand - v.available - u.committed)::text, 'null')
+           || ',"committed":' || coalesce(u.committed::text, 'null')
+           || ',"onHand":' || coalesce(u.on_hand::text, 'null')
+           || ',"reservationId":' || coalesce('"' || v.reservation_id || '"', 'null')
+           || ',"orderId":' || coalesce('"' || v.order_id || '"', 'null') || '}}' AS data,
            v.occurred_at
       FROM versions v
       JOIN (SELECT s.inventory_id, s.version, b.on_hand + sum(s.on_hand_delta) OVER w AS on_hand,
@@ -141,12 +143,10 @@ WITH pump AS MATERIALIZED (
 ), reservation AS (
     SELECT inventory_id AS key, version_after AS version, 1 AS rank,
            md5((array_agg(id ORDER BY id))[1]::text || '/reservation')::uuid AS id, 'RESERVATION_CHANGED' AS type,
-           json_build_object(
-               'reservationId', reservation_id,
-               'status', CASE min(reason) WHEN 'RESERVED' THEN 'ACTIVE' WHEN 'ORDER_CANCELLED' THEN 'RELEASED'
-                                          ELSE min(reason) END,
-               'quantity', abs(sum(delta)),
-               'orderId', (array_agg(order_id))[1]) AS data,
+           '{{"reservationId":"' || reservation_id || '","status":"'
+           || CASE min(reason) WHEN 'RESERVED' THEN 'ACTIVE' WHEN 'ORDER_CANCELLED' THEN 'RELEASED' ELSE min(reason) END
+           || '","quantity":' || abs(sum(delta))
+           || ',"orderId":' || coalesce('"' || (array_agg(order_id))[1] || '"', 'null') || '}}' AS data,
            max(created_at) AS occurred_at
       FROM moves
      WHERE reservation_id IS NOT NULL
@@ -155,21 +155,22 @@ WITH pump AS MATERIALIZED (
 ), every AS (
     SELECT *, 'inventoryId' AS subject FROM stock
     UNION ALL SELECT *, 'inventoryId' FROM reservation
-    UNION ALL SELECT key, version, rank, id, type, data::json, occurred_at,
+    UNION ALL SELECT key, version, rank, id, type, data::text, occurred_at,
                      CASE WHEN type = 'ORDER_CHANGED' THEN 'orderId' ELSE 'inventoryId' END
                 FROM recorded
 ), numbered AS (
-    -- `json`, not `jsonb`: the body is only ever sent, and `jsonb` cost
-    -- most of a pass (every object built is sorted and encoded, every `||`
-    -- copies the whole) and put its keys in its own order, not the
-    -- documented one (docs/webhooks.md).
+    -- Text put together, not `jsonb` or `json_build_object`: the body is
+    -- only ever sent, and building it was most of a pass (`jsonb` sorts
+    -- and encodes every object and copies the whole at every `||`;
+    -- `json_build_object` looks up every argument's type at every call),
+    -- bench/results/decisions.md. Every value is a number, a uuid, a
+    -- timestamp, one of a few fixed words or JSON already, so none needs
+    -- escaping; keys come in the documented order (docs/webhooks.md).
     SELECT pump.last_seq + row_number() OVER (ORDER BY e.key, e.version, e.rank, e.id) AS seq, e.id, e.type,
-           CASE WHEN e.version < 2147483647
-                THEN json_build_object('id', e.id, 'type', e.type, 'occurredAt', e.occurred_at, e.subject, e.key,
-                                       'version', e.version, 'data', e.data)
-                ELSE json_build_object('id', e.id, 'type', e.type, 'occurredAt', e.occurred_at, e.subject, e.key,
-                                       'data', e.data)
-           END AS body
+           ('{{"id":"' || e.id || '","type":"' || e.type || '","occurredAt":' || to_json(e.occurred_at)
+            || ',"' || e.subject || '":"' || e.key || '"'
+            || CASE WHEN e.version < 2147483647 THEN ',"version":' || e.version ELSE '' END
+            || ',"data":' || e.data || '}}') AS body
       FROM every e, pump
 ), written AS (
     INSERT INTO outbox (seq, id, type, body) SELECT seq, id, type, body FROM numbered
