@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use stockguard::auth::Role;
 use uuid::Uuid;
 
-use crate::helpers::{Isolation, TestApp, address, error_code, uuid};
+use crate::helpers::{Isolation, TestApp, address, error_code, plan_nodes, uuid};
 
 pub const CREATE_LOCATION: &str = "mutation($input: CreateLocationInput!) {
   createLocation(input: $input) { id nodeId code name priority active } }";
@@ -366,12 +366,6 @@ async fn the_levels_read_looks_allocations_up_by_key_even_before_they_are_analyz
     assert!(nodes.iter().any(|node| node.ends_with("on allocations")), "{nodes:?}");
     let levels = stockguard::locations::store::levels(&app.db, &[item]).await.expect("levels");
     assert_eq!((levels.len(), levels[0].reserved), (1, 50), "{levels:?}");
-}
-
-/// `plan` and every node under it.
-fn plan_nodes(plan: &Value) -> Vec<&Value> {
-    let children = plan["Plans"].as_array().into_iter().flatten();
-    std::iter::once(plan).chain(children.flat_map(plan_nodes)).collect()
 }
 
 /// The index and the rows read of every node of `plan` that reads `reservations`.

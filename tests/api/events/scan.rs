@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use stockguard::{auth::Role, events::pump};
 
 use super::{Isolation, limits, receiver::Receiver, spawn, subscribe};
-use crate::helpers::eventually;
+use crate::helpers::{eventually, plan_nodes};
 
 /// Filled ledger ranges of this test's database that no one summarized.
 async fn unsummarized(db: &impl ConnectionTrait) -> i64 {
@@ -90,20 +90,20 @@ async fn ledger_a_pass_reads(db: &DatabaseConnection) -> (i64, bool) {
     let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
     let plan: Value = row.expect("a plan").try_get("", "QUERY PLAN").expect("json");
     txn.rollback().await.expect("rolled back");
-    fn read(node: &Value, whole: &mut bool) -> i64 {
-        let count = |key: &str| node[key].as_f64().unwrap_or(0.0);
-        let own = if node["Relation Name"].as_str().is_some_and(|name| name.starts_with("stock_movements")) {
-            *whole |= node["Node Type"] == "Seq Scan";
+    let ledger: Vec<&Value> = plan_nodes(&plan[0]["Plan"])
+        .into_iter()
+        .filter(|node| node["Relation Name"].as_str().is_some_and(|name| name.starts_with("stock_movements")))
+        .collect();
+    let whole = ledger.iter().any(|node| node["Node Type"] == "Seq Scan");
+    let rows = ledger
+        .iter()
+        .map(|node| {
+            let count = |key: &str| node[key].as_f64().unwrap_or(0.0);
             count("Actual Rows") * count("Actual Loops").max(1.0)
                 + count("Rows Removed by Filter")
                 + count("Rows Removed by Index Recheck")
-        } else {
-            0.0
-        };
-        own as i64 + node["Plans"].as_array().map_or(0, |plans| plans.iter().map(|plan| read(plan, whole)).sum())
-    }
-    let mut whole = false;
-    let rows = read(&plan[0]["Plan"], &mut whole);
+        })
+        .sum::<f64>() as i64;
     (rows, whole)
 }
 

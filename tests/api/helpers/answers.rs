@@ -106,3 +106,9 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Every node of an `EXPLAIN (FORMAT JSON)` plan, `plan` first.
+pub fn plan_nodes(plan: &Value) -> Vec<&Value> {
+    let children = plan["Plans"].as_array().into_iter().flatten();
+    std::iter::once(plan).chain(children.flat_map(plan_nodes)).collect()
+}

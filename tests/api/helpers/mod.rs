@@ -28,7 +28,9 @@ use stockguard::{
 };
 use uuid::Uuid;
 
-pub use self::answers::{address, at_once, count, error_code, eventually, named, names, order_lines, sweep_all, uuid};
+pub use self::answers::{
+    address, at_once, count, error_code, eventually, named, names, order_lines, plan_nodes, sweep_all, uuid,
+};
 use self::template::copy_of_template;
 pub use crate::documents::RESERVE;
 use crate::documents::{
