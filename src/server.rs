@@ -9,7 +9,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use async_graphql::{Request, dataloader::DataLoader};
+use async_graphql::Request;
 use tokio::{
     sync::{Semaphore, watch},
     task::JoinHandle,
@@ -17,6 +17,7 @@ use tokio::{
 
 use crate::{
     app::AppState,
+    context::Loaders,
     db,
     documents::Bounds,
     events::{
@@ -24,23 +25,11 @@ use crate::{
         pump,
     },
     gateway::{Fairness, Gateway, Setup},
-    inventory::{
-        self, InventoryRow,
-        loader::{InventoryBySkuLoader, InventoryLoader, MovementLoader},
-        service::InventoryService,
-    },
+    inventory::{self, InventoryRow, service::InventoryService},
     live::{Feed, Live},
-    locations::{
-        loader::{AllocationsLoader, LevelsLoader, LocationLoader},
-        service::LocationService,
-    },
-    orders::{
-        self,
-        domain::Order,
-        loader::{OrderLinesLoader, OrderLoader},
-        service::OrderService,
-    },
-    reservations::{loader::ReservationLoader, service::ReservationService, sweeper},
+    locations::service::LocationService,
+    orders::{self, domain::Order, service::OrderService},
+    reservations::{service::ReservationService, sweeper},
     schema::{self, AppSchema, Services},
     stock::partitions,
     webhooks::service::WebhookService,
@@ -168,17 +157,7 @@ impl Server {
 /// `request` with its own DataLoaders over `state`'s pool, so nothing is
 /// cached past it. The transport adds the caller.
 pub fn request_data(state: &AppState, request: Request) -> Request {
-    let db = &state.db;
-    request
-        .data(DataLoader::new(InventoryLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(InventoryBySkuLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(ReservationLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(OrderLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(OrderLinesLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(MovementLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(LocationLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(LevelsLoader { db: db.clone() }, tokio::spawn))
-        .data(DataLoader::new(AllocationsLoader { db: db.clone() }, tokio::spawn))
+    request.data(Loaders::new(state.db.clone()))
 }
 
 /// The background tasks of a server process.

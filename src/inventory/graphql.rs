@@ -2,9 +2,7 @@
 //! parse the input and call the [`InventoryService`] (or, for the fields a
 //! response may ask for many times, the request's DataLoaders).
 
-use async_graphql::{
-    Context, Enum, ErrorExtensions, ID, InputObject, Object, SimpleObject, Subscription, Union, dataloader::DataLoader,
-};
+use async_graphql::{Context, Enum, ErrorExtensions, ID, InputObject, Object, SimpleObject, Subscription, Union};
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, stream::BoxStream};
 use uuid::Uuid;
@@ -296,14 +294,14 @@ impl From<InventoryRow> for Inventory {
 /// `Inventory.movements`).
 pub async fn movement(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<StockMovement>> {
     ctx.operator()?;
-    let loader = ctx.part::<DataLoader<MovementLoader>>()?;
+    let loader = ctx.loader::<MovementLoader>()?;
     Ok(loader.load_one(id).await.gql()?.map(StockMovement))
 }
 
 /// Loads one inventory through the request's DataLoader, so that all the
 /// `inventory` fields of one response cost one statement.
 pub async fn load(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Inventory>> {
-    let loader = ctx.part::<DataLoader<InventoryLoader>>()?;
+    let loader = ctx.loader::<InventoryLoader>()?;
     let row = loader.load_one(id).await.gql()?;
     Ok(row.map(Inventory))
 }
@@ -399,7 +397,7 @@ impl InventoryQuery {
         if sku.contains('\0') {
             return Ok(None);
         }
-        let loader = ctx.part::<DataLoader<InventoryBySkuLoader>>()?;
+        let loader = ctx.loader::<InventoryBySkuLoader>()?;
         let row = loader.load_one(sku).await.gql()?;
         Ok(row.map(Inventory))
     }

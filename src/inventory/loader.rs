@@ -14,11 +14,18 @@ use sea_orm::{DatabaseConnection, DbErr};
 use uuid::Uuid;
 
 use super::InventoryRow as Model;
+use crate::context::FromPool;
 
 /// Loads inventories by id in batches.
 pub struct InventoryLoader {
     /// The pool the batch statement runs on.
-    pub db: DatabaseConnection,
+    db: DatabaseConnection,
+}
+
+impl FromPool for InventoryLoader {
+    fn from_pool(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
 }
 
 impl Loader<Uuid> for InventoryLoader {
@@ -35,7 +42,13 @@ impl Loader<Uuid> for InventoryLoader {
 /// cost one statement however many there are.
 pub struct InventoryBySkuLoader {
     /// The pool the batch statement runs on.
-    pub db: DatabaseConnection,
+    db: DatabaseConnection,
+}
+
+impl FromPool for InventoryBySkuLoader {
+    fn from_pool(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
 }
 
 impl Loader<String> for InventoryBySkuLoader {
@@ -51,7 +64,13 @@ impl Loader<String> for InventoryBySkuLoader {
 /// Loads ledger rows by id in batches (for `node(id:)`).
 pub struct MovementLoader {
     /// The pool the batch statement runs on.
-    pub db: DatabaseConnection,
+    db: DatabaseConnection,
+}
+
+impl FromPool for MovementLoader {
+    fn from_pool(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
 }
 
 impl Loader<Uuid> for MovementLoader {

@@ -3,7 +3,7 @@
 //! [`LocationService`] (or, for the fields a response may ask for many
 //! times, the request's DataLoaders). Anyone may read; operators change.
 
-use async_graphql::{Context, ErrorExtensions, ID, InputObject, Object, SimpleObject, Union, dataloader::DataLoader};
+use async_graphql::{Context, ErrorExtensions, ID, InputObject, Object, SimpleObject, Union};
 use uuid::Uuid;
 
 use super::{
@@ -125,7 +125,7 @@ impl Allocation {
 
 /// One location through the request's DataLoader.
 pub async fn load(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Location>> {
-    let loader = ctx.part::<DataLoader<LocationLoader>>()?;
+    let loader = ctx.loader::<LocationLoader>()?;
     Ok(loader.load_one(id).await.gql()?.map(Location))
 }
 
@@ -138,7 +138,7 @@ pub async fn levels(ctx: &Context<'_>, inventory_id: Uuid) -> GqlResult<Vec<Stoc
 /// request's DataLoader: every field that asks for them in one response
 /// shares one statement, so they come from one snapshot.
 pub async fn level_states(ctx: &Context<'_>, inventory_id: Uuid) -> GqlResult<Vec<LevelState>> {
-    let loader = ctx.part::<DataLoader<LevelsLoader>>()?;
+    let loader = ctx.loader::<LevelsLoader>()?;
     Ok(loader.load_one(inventory_id).await.gql()?.unwrap_or_default())
 }
 
@@ -150,7 +150,7 @@ pub async fn level(ctx: &Context<'_>, inventory_id: Uuid, location_id: Uuid) -> 
 /// A reservation's (or order line's) allocations, by priority then code,
 /// through the request's DataLoader.
 pub async fn allocations(ctx: &Context<'_>, reservation_id: Uuid) -> GqlResult<Vec<Allocation>> {
-    let loader = ctx.part::<DataLoader<AllocationsLoader>>()?;
+    let loader = ctx.loader::<AllocationsLoader>()?;
     Ok(loader.load_one(reservation_id).await.gql()?.unwrap_or_default().into_iter().map(Allocation).collect())
 }
 

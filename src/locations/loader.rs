@@ -13,12 +13,18 @@ use sea_orm::{DatabaseConnection, DbErr};
 use uuid::Uuid;
 
 use super::{LocationRow, store, store::LevelState};
-use crate::stock::rows::AllocationRow;
+use crate::{context::FromPool, stock::rows::AllocationRow};
 
 /// Loads locations by id in batches.
 pub struct LocationLoader {
     /// The pool the batch statement runs on.
-    pub db: DatabaseConnection,
+    db: DatabaseConnection,
+}
+
+impl FromPool for LocationLoader {
+    fn from_pool(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
 }
 
 impl Loader<Uuid> for LocationLoader {
@@ -35,7 +41,13 @@ impl Loader<Uuid> for LocationLoader {
 /// inventory's by priority then code; an inventory with none has an empty list.
 pub struct LevelsLoader {
     /// The pool the batch statement runs on.
-    pub db: DatabaseConnection,
+    db: DatabaseConnection,
+}
+
+impl FromPool for LevelsLoader {
+    fn from_pool(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
 }
 
 impl Loader<Uuid> for LevelsLoader {
@@ -55,7 +67,13 @@ impl Loader<Uuid> for LevelsLoader {
 /// id in batches, each reservation's by priority then code.
 pub struct AllocationsLoader {
     /// The pool the batch statement runs on.
-    pub db: DatabaseConnection,
+    db: DatabaseConnection,
+}
+
+impl FromPool for AllocationsLoader {
+    fn from_pool(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
 }
 
 impl Loader<Uuid> for AllocationsLoader {

@@ -2,9 +2,7 @@
 //! unions are in `results`. Resolvers check the caller, parse the input and
 //! call the [`OrderService`].
 
-use async_graphql::{
-    Context, Enum, ErrorExtensions, ID, InputObject, Object, SimpleObject, Subscription, dataloader::DataLoader,
-};
+use async_graphql::{Context, Enum, ErrorExtensions, ID, InputObject, Object, SimpleObject, Subscription};
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, stream::BoxStream};
 use uuid::Uuid;
@@ -97,7 +95,7 @@ impl Order {
 
     /// The lines, one per inventory (batched per request).
     async fn items(&self, ctx: &Context<'_>) -> GqlResult<Vec<OrderItem>> {
-        let loader = ctx.part::<DataLoader<OrderLinesLoader>>()?;
+        let loader = ctx.loader::<OrderLinesLoader>()?;
         let lines = loader.load_one(self.0.id).await.gql()?;
         Ok(lines.unwrap_or_default().into_iter().map(OrderItem).collect())
     }
@@ -284,7 +282,7 @@ async fn transition<R: TransitionResult>(
 /// a token.
 pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Order>> {
     let user = ctx.user()?;
-    let loader = ctx.part::<DataLoader<OrderLoader>>()?;
+    let loader = ctx.loader::<OrderLoader>()?;
     let order = loader.load_one(id).await.gql()?;
     Ok(order.filter(|order| user.may_see(&order.user_id)).map(Order))
 }

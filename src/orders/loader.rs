@@ -9,12 +9,18 @@ use sea_orm::{DatabaseConnection, DbErr};
 use uuid::Uuid;
 
 use super::domain::Order;
-use crate::reservations::ReservationRow;
+use crate::{context::FromPool, reservations::ReservationRow};
 
 /// Loads orders by id in batches.
 pub struct OrderLoader {
     /// The pool the batch statement runs on.
-    pub db: DatabaseConnection,
+    db: DatabaseConnection,
+}
+
+impl FromPool for OrderLoader {
+    fn from_pool(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
 }
 
 impl Loader<Uuid> for OrderLoader {
@@ -30,7 +36,13 @@ impl Loader<Uuid> for OrderLoader {
 /// Loads order lines by order id in batches.
 pub struct OrderLinesLoader {
     /// The pool the batch statement runs on.
-    pub db: DatabaseConnection,
+    db: DatabaseConnection,
+}
+
+impl FromPool for OrderLinesLoader {
+    fn from_pool(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
 }
 
 impl Loader<Uuid> for OrderLinesLoader {

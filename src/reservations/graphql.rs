@@ -1,9 +1,7 @@
 //! GraphQL types and resolvers for reservations. Resolvers check the caller,
 //! parse the input and call the [`ReservationService`].
 
-use async_graphql::{
-    Context, Enum, ErrorExtensions, ID, InputObject, Object, SimpleObject, Union, dataloader::DataLoader,
-};
+use async_graphql::{Context, Enum, ErrorExtensions, ID, InputObject, Object, SimpleObject, Union};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -190,7 +188,7 @@ impl ReserveResult {
 /// without a token.
 pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Reservation>> {
     let user = ctx.user()?;
-    let loader = ctx.part::<DataLoader<ReservationLoader>>()?;
+    let loader = ctx.loader::<ReservationLoader>()?;
     let row = loader.load_one(id).await.gql()?;
     Ok(row.filter(|row| user.may_see(&row.user_id)).map(Reservation))
 }

@@ -9,11 +9,18 @@ use sea_orm::{DatabaseConnection, DbErr};
 use uuid::Uuid;
 
 use super::ReservationRow;
+use crate::context::FromPool;
 
 /// Loads reservations by id in batches.
 pub struct ReservationLoader {
     /// The pool the batch statement runs on.
-    pub db: DatabaseConnection,
+    db: DatabaseConnection,
+}
+
+impl FromPool for ReservationLoader {
+    fn from_pool(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
 }
 
 impl Loader<Uuid> for ReservationLoader {
