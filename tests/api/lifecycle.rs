@@ -226,3 +226,25 @@ async fn the_ledger_reads_back_every_change_for_operators_only() {
     assert_eq!(error_code(&as_customer), Some("FORBIDDEN"), "{as_customer}");
     app.assert_invariant().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stopped_sweeper_ends_after_the_sweep_it_is_in_not_after_its_tick() {
+    let app = TestApp::without_sweeper(Isolation::ReadCommitted).await;
+    let id = app.create_inventory("SWEEP-STOP", 300).await;
+    let alice = app.token("alice", Role::Customer);
+    for _ in 0..300 {
+        let reserved = app.reserve(&alice, json!({ "inventoryId": id })).await;
+        assert_eq!(reserved["__typename"], "Reserved", "{reserved}");
+    }
+    app.db.execute_unprepared("UPDATE reservations SET expires_at = now() - interval '1 second'").await.expect("due");
+    // One reservation a sweep: a tick runs up to a hundred sweeps back to back.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let sweeping = sweeper::spawn(app.db.clone(), Duration::from_millis(1), 1, stopped);
+    let expired = "SELECT count(*) FROM reservations WHERE status = 'EXPIRED'";
+    eventually(Duration::from_secs(10), "the first sweep", || async { app.count(expired).await > 0 }).await;
+    stop.send(true).expect("the sweeper listens");
+    sweeping.await.expect("the sweeper ends");
+    let swept = app.count(expired).await;
+    assert!(swept < 100, "{swept} expired: the sweeper went on with its tick after the stop");
+    app.assert_invariant().await;
+}
