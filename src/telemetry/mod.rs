@@ -183,9 +183,9 @@ impl Extension for ObserveExtension {
         // The log line's context is the operation's name; what a trace
         // shows of it besides (by the semantic conventions' names: the
         // role, never the token, and never a variable's value) is recorded
-        // only while traces are on. Recorded always, the log layer formatted
-        // those four fields into a string at every operation (2 % of the
-        // server's CPU under `bench load reserve`).
+        // only while traces are on. Recorded always, those three fields were
+        // formatted into a string by the log layer at every operation (2 %
+        // of the server's CPU under `bench load reserve`).
         let span = tracing::info_span!(
             "graphql",
             graphql.operation.name = operation,
