@@ -168,9 +168,13 @@ async fn spans_of_one_request_reach_the_receiver(protocol: &str) {
     assert_eq!(parts[1], trace_id, "the response names the caller's trace");
     assert_ne!(parts[2], caller_span, "and a span of the server's");
 
+    // Each span is exported when it ends, the statement's first and the
+    // HTTP request's last, possibly in a later export: wait for all three.
     let spans = receiver
-        .until("the request's statement span arrives", |spans| {
-            spans.iter().any(|s| s.trace_id == trace_id && s.name == "reserve")
+        .until("the request's HTTP, operation and statement spans arrive", |spans| {
+            ["POST /graphql", "mutation ReserveForTheTrace", "reserve"]
+                .iter()
+                .all(|name| spans.iter().any(|s| s.trace_id == trace_id && s.name == *name))
         })
         .await;
     let ours: Vec<&Received> = spans.iter().filter(|s| s.trace_id == trace_id).collect();
