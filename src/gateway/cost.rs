@@ -28,12 +28,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use async_graphql::{Name, Response, ServerError, Value, indexmap::IndexMap};
+use async_graphql::{Name, Response, ServerError, Value};
 use rand::RngExt as _;
 
 use super::{
-    buckets::{Buckets, Status, Tier},
-    callers::{Caller, CallerKey, Shares},
+    accounts::{Account, Accounts, Share, Status, Tier},
+    callers::Caller,
 };
 use crate::config::Limits;
 
@@ -64,9 +64,9 @@ impl Fairness {
 
 /// Every caller's budget and in-flight share in this process.
 pub struct Fair {
-    buckets: Buckets,
-    /// Operations in flight per caller.
-    pub shares: Arc<Shares>,
+    accounts: Accounts,
+    /// Most operations one caller may have in flight.
+    per_caller: usize,
     customer: Tier,
     operator: Tier,
 }
@@ -75,32 +75,36 @@ impl Fair {
     /// Budgets and shares by `fairness`.
     pub fn new(fairness: Fairness) -> Self {
         Self {
-            buckets: Buckets::new(fairness.max_buckets),
-            shares: Shares::new(fairness.per_caller),
+            accounts: Accounts::new(fairness.max_buckets),
+            per_caller: fairness.per_caller.max(1),
             customer: fairness.customer,
             operator: fairness.operator,
         }
     }
 
-    /// The meter of one operation by `caller`.
-    pub fn meter(self: &Arc<Self>, caller: &Caller) -> Arc<Meter> {
+    /// The meter of one operation by `caller`, on its caller's account.
+    pub fn meter(&self, caller: &Caller) -> Arc<Meter> {
         let tier = if caller.is_operator() { self.operator } else { self.customer };
         Arc::new(Meter {
-            fair: self.clone(),
-            key: caller.key(),
+            account: self.accounts.account(&caller.key(), tier, Instant::now()),
             tier,
             requested: AtomicUsize::new(0),
             charged: AtomicUsize::new(0),
         })
+    }
+
+    /// A place in the share of `meter`'s caller, or none when it holds its
+    /// whole share.
+    pub fn share(&self, meter: &Meter) -> Option<Share> {
+        Share::take(&meter.account, self.per_caller)
     }
 }
 
 /// One operation's cost: what it requested and took. In the request's
 /// data, where validation finds it (see [`charge`]).
 pub struct Meter {
-    fair: Arc<Fair>,
-    /// Whose bucket.
-    pub key: CallerKey,
+    /// The caller's bucket and in-flight count.
+    account: Arc<Account>,
     tier: Tier,
     /// The complexity measured in validation (0 until then).
     requested: AtomicUsize,
@@ -113,7 +117,7 @@ impl Meter {
     fn charge(&self, requested: usize) -> Result<(), Duration> {
         self.requested.store(requested, Ordering::Relaxed);
         let cost = requested as f64;
-        self.fair.buckets.take(&self.key, self.tier, cost, Instant::now())?;
+        self.account.take(self.tier, cost, Instant::now())?;
         self.charged.store(requested, Ordering::Relaxed);
         Ok(())
     }
@@ -124,14 +128,14 @@ impl Meter {
         let charged = self.charged.swap(0, Ordering::Relaxed);
         let actual = resolved(&response.data);
         let unused = charged.saturating_sub(actual) as f64;
-        let status = self.fair.buckets.give_back(&self.key, self.tier, unused, Instant::now());
+        let status = self.account.give_back(self.tier, unused, Instant::now());
         self.report(response, actual, status);
     }
 
     /// One event of a subscription: what it resolved, with the bucket now.
     pub fn event(&self, response: &mut Response) {
         let actual = resolved(&response.data);
-        let status = self.fair.buckets.status(&self.key, self.tier, Instant::now());
+        let status = self.account.status(self.tier, Instant::now());
         self.report(response, actual, status);
     }
 
@@ -143,7 +147,7 @@ impl Meter {
     /// The cost of an operation refused before it was measured: nothing
     /// requested, nothing resolved, the bucket as it is.
     pub fn unmeasured(&self, response: &mut Response) {
-        let status = self.fair.buckets.status(&self.key, self.tier, Instant::now());
+        let status = self.account.status(self.tier, Instant::now());
         self.report(response, 0, status);
     }
 }
@@ -162,31 +166,30 @@ fn resolved(data: &Value) -> usize {
 
 /// `extensions.cost` as the contract names it (docs/api.md, "Fair share").
 fn report(requested: usize, actual: usize, status: Status) -> Value {
-    // The names made once: this is in every response.
-    static NAMES: LazyLock<[Name; 6]> = LazyLock::new(|| {
-        [
-            "maximumAvailable",
-            "currentlyAvailable",
-            "restoreRate",
-            "requestedQueryCost",
-            "actualQueryCost",
-            "throttleStatus",
-        ]
-        .map(Name::new)
+    // The shape is made once and its values put in by position: this is in
+    // every response, and a clone copies each key's hash where building the
+    // maps anew hashed every key again.
+    static SHAPE: LazyLock<Value> = LazyLock::new(|| {
+        let object = |names: [&str; 3], mut values: Vec<Value>| {
+            values.resize(3, Value::Null);
+            Value::Object(names.into_iter().map(Name::new).zip(values).collect())
+        };
+        let throttle = object(["maximumAvailable", "currentlyAvailable", "restoreRate"], vec![]);
+        object(["requestedQueryCost", "actualQueryCost", "throttleStatus"], vec![Value::Null, Value::Null, throttle])
     });
-    let [maximum, available, rate, requested_name, actual_name, throttle_name] = NAMES.clone();
     // Two decimals: a bucket refills continuously, and more digits are noise.
     let float = |x: f64| Value::from((x * 100.0).floor() / 100.0);
-    let throttle = IndexMap::from([
-        (maximum, float(status.maximum)),
-        (available, float(status.available)),
-        (rate, float(status.rate)),
-    ]);
-    Value::Object(IndexMap::from([
-        (requested_name, Value::from(requested as u64)),
-        (actual_name, Value::from(actual as u64)),
-        (throttle_name, Value::Object(throttle)),
-    ]))
+    let mut cost = SHAPE.clone();
+    if let Value::Object(fields) = &mut cost {
+        fields[0] = Value::from(requested as u64);
+        fields[1] = Value::from(actual as u64);
+        if let Value::Object(throttle) = &mut fields[2] {
+            throttle[0] = float(status.maximum);
+            throttle[1] = float(status.available);
+            throttle[2] = float(status.rate);
+        }
+    }
+    cost
 }
 
 /// The `THROTTLED` error: the caller's budget (or share) does not cover the
@@ -240,6 +243,16 @@ mod tests {
         // inventories, nodes, 2 × (id, sku, stock) and one available.
         assert_eq!(resolved(&data), 1 + 1 + 2 * 3 + 1);
         assert_eq!(resolved(&Value::Null), 0);
+    }
+
+    /// The names, their order and two decimals, as docs/api.md shows them.
+    #[test]
+    fn the_cost_reads_as_the_contract_names_it() {
+        let status = Status { maximum: 1000.0, available: 987.654, rate: 50.0 };
+        assert_eq!(
+            serde_json::to_string(&report(12, 3, status)).expect("text"),
+            r#"{"requestedQueryCost":12,"actualQueryCost":3,"throttleStatus":{"maximumAvailable":1000.0,"currentlyAvailable":987.65,"restoreRate":50.0}}"#
+        );
     }
 
     /// Connections refused together are told to come back at different

@@ -5,14 +5,14 @@
 //! checked within the bounds of `documents.rs` (parsed once and kept), the
 //! operation picked by name, the caller, a fresh set of per-request
 //! DataLoaders, the schema with the right depth bound, and a permit of the
-//! in-flight limit and of its caller's share of it (`callers.rs`). The
+//! in-flight limit and of its caller's share of it (`accounts.rs`). The
 //! permit travels with the work ([`Admitted::execute`]) and is given back
 //! only when the work really ends, even if the client went away first.
 //! Subscriptions are long-lived, so they hold a place under their own caps
 //! instead (see `ws.rs`).
 //!
 //! Every response carries `extensions.cost`, and an operation is paid from
-//! its caller's bucket before it runs (`cost.rs`, `buckets.rs`).
+//! its caller's bucket before it runs (`cost.rs`, `accounts.rs`).
 //!
 //! Every error an operation can end in carries an `extensions.code`
 //! ([`ErrorCodes`]); `docs/operations.md` lists them.
@@ -22,7 +22,7 @@
 //! data) by `server.rs`, and imports neither, so `schema.rs` can use its
 //! [`ErrorCodes`] without a cycle.
 
-mod buckets;
+mod accounts;
 mod callers;
 mod codes;
 mod cost;
@@ -36,17 +36,17 @@ use std::{
     task::{Context, Poll},
 };
 
-pub use self::{
-    buckets::Tier,
-    callers::Caller,
-    codes::{ErrorCodes, code_of, coded},
-    cost::Fairness,
-};
 use self::{
-    callers::Share,
+    accounts::Share,
     cost::{Fair, Meter},
     persisted::Persisted,
     shapes::Shapes,
+};
+pub use self::{
+    accounts::Tier,
+    callers::Caller,
+    codes::{ErrorCodes, code_of, coded},
+    cost::Fairness,
 };
 
 use async_graphql::{
@@ -306,7 +306,7 @@ impl Prepared {
     /// so a caller that fills the server is told it is its own doing
     /// (`THROTTLED`), and the others still find permits.
     pub fn admit(self) -> Result<Admitted, Refusal> {
-        let Some(share) = self.fair.shares.take(&self.completion.meter.key) else {
+        let Some(share) = self.fair.share(&self.completion.meter) else {
             crate::telemetry::throttled("in_flight");
             return Err(Refusal::Throttled);
         };
