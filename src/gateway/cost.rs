@@ -170,12 +170,11 @@ fn report(requested: usize, actual: usize, status: Status) -> Value {
     // every response, and a clone copies each key's hash where building the
     // maps anew hashed every key again.
     static SHAPE: LazyLock<Value> = LazyLock::new(|| {
-        let object = |names: [&str; 3], mut values: Vec<Value>| {
-            values.resize(3, Value::Null);
+        let object = |names: [&str; 3], values: [Value; 3]| {
             Value::Object(names.into_iter().map(Name::new).zip(values).collect())
         };
-        let throttle = object(["maximumAvailable", "currentlyAvailable", "restoreRate"], vec![]);
-        object(["requestedQueryCost", "actualQueryCost", "throttleStatus"], vec![Value::Null, Value::Null, throttle])
+        let throttle = object(["maximumAvailable", "currentlyAvailable", "restoreRate"], Default::default());
+        object(["requestedQueryCost", "actualQueryCost", "throttleStatus"], [Value::Null, Value::Null, throttle])
     });
     // Two decimals: a bucket refills continuously, and more digits are noise.
     let float = |x: f64| Value::from((x * 100.0).floor() / 100.0);
