@@ -412,9 +412,13 @@ async fn delivered(
                       WHERE txid >= pg_snapshot_xmin($1::pg_snapshot)::text::bigint
                         AND NOT pg_visible_in_snapshot(txid::text::xid8, $1::pg_snapshot)
                         AND pg_visible_in_snapshot(txid::text::xid8, $2::pg_snapshot)";
-    let sent = "SELECT DISTINCT (o.body::json->>'inventoryId')::uuid, (o.body::json->>'version')::bigint
-                  FROM webhook_deliveries d CROSS JOIN LATERAL unnest(d.seqs) AS s(seq) JOIN outbox o ON o.seq = s.seq
-                 WHERE d.endpoint_id = $1 AND d.status = 'DELIVERED' AND o.type = 'STOCK_CHANGED'";
+    let sent = "SELECT DISTINCT (u.e->>'inventoryId')::uuid, (u.e->>'version')::bigint
+                  FROM webhook_deliveries d
+                  JOIN LATERAL (SELECT * FROM outbox WHERE seq >= d.seqs[1] ORDER BY seq LIMIT 1) o
+                    ON o.first_seq <= d.seqs[1]
+                 CROSS JOIN LATERAL json_array_elements(('[' || o.body || ']')::json) WITH ORDINALITY AS u(e, i)
+                 WHERE d.endpoint_id = $1 AND d.status = 'DELIVERED' AND o.first_seq + u.i - 1 = ANY(d.seqs)
+                   AND u.e->>'type' = 'STOCK_CHANGED'";
     let pool = db.get_postgres_connection_pool();
     // The changes recorded as DELIVERED are read before what arrived is
     // taken: the receiver records a body before it answers, the server marks

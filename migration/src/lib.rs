@@ -28,6 +28,7 @@ mod m20261207_090000_keep_stock_per_location;
 mod m20261208_090000_send_events_out;
 mod m20261209_090000_bound_what_events_keep;
 mod m20261210_090000_keep_event_bodies_as_sent;
+mod m20261211_090000_keep_a_bodys_events_in_one_row;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -52,6 +53,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261208_090000_send_events_out::Migration),
             Box::new(m20261209_090000_bound_what_events_keep::Migration),
             Box::new(m20261210_090000_keep_event_bodies_as_sent::Migration),
+            Box::new(m20261211_090000_keep_a_bodys_events_in_one_row::Migration),
         ]
     }
 }

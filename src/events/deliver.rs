@@ -1,5 +1,5 @@
 //! Delivery: each active endpoint's outbox rows, in order, in bodies of up
-//! to 100 events, signed, at least once.
+//! to 100 events (an outbox row's), signed, at least once.
 //!
 //! Every process leases the endpoints nobody holds (`leased_until` in the
 //! past) and runs one task per endpoint it holds, so an endpoint is served
@@ -47,9 +47,6 @@ pub struct Delivering {
     /// How often an idle endpoint looks for new events, and the process for endpoints to lease.
     pub poll: Duration,
 }
-
-/// Most events in one body.
-const MAX_EVENTS_PER_BODY: i64 = 100;
 
 /// Most bytes of a receiver's answer kept in `last_error`.
 const MAX_ERROR_CHARS: usize = 300;
@@ -231,20 +228,19 @@ impl Task<'_> {
 
 /// Records `delivered` as DELIVERED, renews the lease on `endpoint_id` if
 /// this process still holds it and it is active, and takes its oldest
-/// PENDING delivery or, when none is
-/// pending, cuts the next body from the outbox: up to
-/// [`MAX_EVENTS_PER_BODY`] events after its cursor of the types it
-/// subscribes to, recorded as a PENDING delivery with the cursor moved past
-/// them. None when the lease is gone; the endpoint, and the delivery
-/// (with its body when it is due) if there is one.
+/// PENDING delivery or, when none is pending, cuts the next body from the
+/// outbox: the events of the types it subscribes to in the first outbox
+/// row after its cursor that holds any (a row holds up to
+/// [`super::render::EVENTS_PER_ROW`] events), recorded as a PENDING delivery with the
+/// cursor moved past the row. None when the lease is gone; the endpoint,
+/// and the delivery (with its body when it is due) if there is one.
 ///
-/// A cut that takes fewer than a full body has taken every event it
-/// subscribes to that the outbox holds, so the cursor moves to the
-/// outbox's last row, past the events of other types too (the pump keeps
-/// every row after any endpoint's cursor; a cursor that stopped at its last
-/// own event would keep the rest forever). The pump numbers a pass's rows
-/// in one transaction, above every row before it, so no row below the last
-/// one seen here can still appear.
+/// When no row after the cursor holds an event it subscribes to, the
+/// cursor moves to the outbox's last row, past the events of other types
+/// (the pump keeps every row after any endpoint's cursor; a cursor that
+/// stopped at its last own event would keep the rest forever). The pump
+/// numbers a pass's rows in one transaction, above every row before it, so
+/// no row below the last one seen here can still appear.
 ///
 /// One statement, where recording, renewing, finding, cutting and reading
 /// the body were five (the dispatcher fell behind at SPREAD x64: each
@@ -263,35 +259,39 @@ async fn next(
     let sql = "
 WITH recorded AS (
     UPDATE webhook_deliveries
-       SET status = 'DELIVERED', attempts = $6, last_attempt_at = now(), last_response_status = $7,
+       SET status = 'DELIVERED', attempts = $5, last_attempt_at = now(), last_response_status = $6,
            last_error = NULL, next_attempt_at = now(), delivered_at = now()
-     WHERE id = $5 AND status = 'PENDING'
+     WHERE id = $4 AND status = 'PENDING'
 ), e AS MATERIALIZED (
     SELECT url, secret, sent_through, events FROM webhook_endpoints
      WHERE id = $1 AND leased_by = $2 AND active AND leased_until > now()
        FOR UPDATE
 ), pending AS MATERIALIZED (
     SELECT d.id, d.seqs, d.attempts, d.next_attempt_at FROM webhook_deliveries d
-     WHERE d.endpoint_id = $1 AND d.status = 'PENDING' AND d.id IS DISTINCT FROM $5 AND EXISTS (SELECT 1 FROM e)
+     WHERE d.endpoint_id = $1 AND d.status = 'PENDING' AND d.id IS DISTINCT FROM $4 AND EXISTS (SELECT 1 FROM e)
      ORDER BY d.created_at, d.id LIMIT 1
 ), next AS MATERIALIZED (
     -- The cursor as a scalar, so that it bounds the scan of the outbox's
     -- key (as a join filter it walked the key from the first row).
-    SELECT o.seq, o.id FROM outbox o
+    SELECT o.seq, o.first_seq, o.ids, o.types FROM outbox o
      WHERE NOT EXISTS (SELECT 1 FROM pending)
-       AND o.seq > (SELECT sent_through FROM e) AND o.type = ANY((SELECT events FROM e)::text[])
-     ORDER BY o.seq LIMIT $3
+       AND o.seq > (SELECT sent_through FROM e) AND o.types && (SELECT events FROM e)::text[]
+     ORDER BY o.seq LIMIT 1
+), picked AS (
+    SELECT array_agg(n.first_seq + u.i - 1 ORDER BY u.i) AS seqs, array_agg(u.id ORDER BY u.i) AS ids
+      FROM next n, unnest(n.ids, n.types) WITH ORDINALITY AS u(id, type, i)
+     WHERE u.type = ANY((SELECT events FROM e)::text[]) AND n.first_seq + u.i - 1 > (SELECT sent_through FROM e)
 ), cut AS (
     INSERT INTO webhook_deliveries (endpoint_id, seqs, event_ids)
-    SELECT $1, array_agg(seq ORDER BY seq), array_agg(id ORDER BY seq) FROM next HAVING count(*) > 0
+    SELECT $1, seqs, ids FROM picked WHERE seqs IS NOT NULL
  RETURNING id, seqs, attempts, next_attempt_at
 ), through AS (
     SELECT CASE WHEN EXISTS (SELECT 1 FROM pending) THEN NULL
-                WHEN (SELECT count(*) FROM next) < $3 THEN (SELECT max(seq) FROM outbox)
-                ELSE (SELECT max(seq) FROM next) END AS seq
+                WHEN EXISTS (SELECT 1 FROM next) THEN (SELECT seq FROM next)
+                ELSE (SELECT max(seq) FROM outbox) END AS seq
 ), renewed AS (
     UPDATE webhook_endpoints w
-       SET leased_until = now() + make_interval(secs => $4),
+       SET leased_until = now() + make_interval(secs => $3),
            sent_through = greatest(e.sent_through, coalesce(t.seq, e.sent_through))
       FROM e, through t WHERE w.id = $1
 ), chosen AS (
@@ -299,14 +299,19 @@ WITH recorded AS (
 )
 SELECT e.url, e.secret, c.id, c.attempts, c.next_attempt_at,
        CASE WHEN c.next_attempt_at <= now() THEN
-           (SELECT '{\"events\":[' || coalesce(string_agg(o.body, ',' ORDER BY o.seq), '') || ']}'
-              FROM outbox o WHERE o.seq = ANY(c.seqs))
+           '{\"events\":[' || coalesce((SELECT CASE WHEN cardinality(o.ids) = cardinality(c.seqs) THEN o.body ELSE (
+               -- An endpoint subscribed to some of the row's types: its events, cut out.
+               SELECT string_agg(substr(o.body, CASE WHEN u.i = 1 THEN 1 ELSE o.ends[u.i - 1] + 2 END,
+                                        o.ends[u.i] - CASE WHEN u.i = 1 THEN 0 ELSE o.ends[u.i - 1] + 1 END),
+                                 ',' ORDER BY u.i)
+                 FROM generate_subscripts(o.ids, 1) AS u(i) WHERE o.first_seq + u.i - 1 = ANY(c.seqs)) END
+              FROM (SELECT * FROM outbox WHERE seq >= c.seqs[1] ORDER BY seq LIMIT 1) o
+             WHERE o.first_seq <= c.seqs[1]), '') || ']}'
        END AS body
   FROM e LEFT JOIN chosen c ON true";
-    let values: [Value; 7] = [
+    let values: [Value; 6] = [
         endpoint_id.into(),
         me.into(),
-        MAX_EVENTS_PER_BODY.into(),
         lease.as_secs_f64().into(),
         delivered.map(|d| d.id).into(),
         delivered.map(|d| d.attempts + 1).into(),

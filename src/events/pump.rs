@@ -6,203 +6,121 @@
 //! snapshot did not (`pg_visible_in_snapshot`): each committed transaction
 //! is pumped once, in whatever order transactions took their ids and
 //! committed, so none is skipped (the failure of an outbox read by id or
-//! sequence) and none is pumped twice. It makes one event per change: one
-//! `STOCK_CHANGED` per inventory version (whatever number of locations it
-//! touched), one `RESERVATION_CHANGED` per status change a ledger row
-//! records, and the recorded `ORDER_CHANGED` and checkout events. They are
-//! numbered in delivery order, per inventory and per order by version:
-//! within a pass by sorting, and across passes because a later version is
-//! written by a transaction that waited for the earlier one's commit, so a
-//! snapshot that shows the later shows the earlier too. The pass writes
-//! the outbox rows and keeps its snapshot in one statement, after locking
-//! the pump's row (so its snapshot is newer than any pass before), so one
-//! process pumps at a time, and a pass that is killed wrote nothing. It
-//! also deletes the outbox rows every endpoint has been sent, so the outbox
-//! holds the backlog, not the history. While no endpoint exists it reads
-//! nothing.
+//! sequence) and none is pumped twice. It makes one event per change
+//! (`render.rs`) and numbers them in delivery order, per inventory and per
+//! order by version: within a pass by sorting, and across passes because a
+//! later version is written by a transaction that waited for the earlier
+//! one's commit, so a snapshot that shows the later shows the earlier too.
+//!
+//! A pass is one REPEATABLE READ transaction, so its reads and the snapshot
+//! it keeps are one snapshot, and it begins by locking the pump's row: one
+//! process pumps at a time, a pass whose snapshot is older than another
+//! process's committed pass fails to lock (a serialization failure) and
+//! writes nothing, and a pass that is killed wrote nothing. It writes the
+//! events up to 100 to an outbox row, keeps its snapshot, and deletes the
+//! outbox rows every endpoint has been sent, so the outbox holds the
+//! backlog, not the history. While no endpoint exists it reads nothing.
+//!
+//! The events are made in the server, not in SQL: made by a statement,
+//! they cost PostgreSQL a dozen plan nodes and an outbox row written and
+//! deleted per event, a third of the reserve path's throughput with one
+//! endpoint (bench/results/decisions.md, "Events out: a body's events in
+//! one row").
 
-use std::{sync::LazyLock, time::Duration};
+use std::{collections::HashMap, sync::LazyLock, time::Duration};
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, IsolationLevel, Statement, TransactionTrait};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, QueryResult, Statement,
+    TransactionTrait, Value,
+};
 use tokio::{sync::watch, task::JoinHandle};
+use uuid::Uuid;
 
+use super::render::{Made, Move, Pass, Recorded, Units};
 use crate::stock::{
     fragments,
     rows::{ReservationStatus, sql},
 };
 
-/// One pass; how many events it numbered (0 when nothing was committed
-/// since the last pass). Run with the pump's row locked.
+/// The ledger rows of the transactions committed since the last pass.
 ///
-/// A `STOCK_CHANGED` event carries the inventory's units after its
-/// version: `available` from its ledger rows, and `onHand` and `committed`
-/// kept per inventory in `event_stock` from pass to pass (each version
-/// adds what its ledger rows changed of them: receipts, transfers and
-/// shipments the units on hand, orders, cancellations and shipments the
-/// committed ones), so a pass reads no reservation of an inventory it
-/// already follows, however many it holds; `reserved` is the rest. An
-/// inventory the pump does not follow yet starts from what it holds now,
-/// less what the pass changed. A checkout moves units from reserved to
-/// committed without a version of the inventory (no stock moves), and
-/// commit order is not known: it counts from the first version after its
-/// reservation's last change that the same pass numbers (see
-/// `checkouts`), so no event shows units committed before they were
-/// reserved, or shipped before they were committed.
-pub static PUMP_SQL: LazyLock<String> = LazyLock::new(|| {
+/// The horizon is a scalar (an InitPlan), so that it bounds the BRIN index
+/// scan and prunes the partitions whatever the statistics: as a join with
+/// the pump's row, an unanalyzed ledger was read whole by every pass.
+pub const LEDGER_SQL: &str = "
+SELECT m.id, m.inventory_id, m.version_after, m.reason, m.delta, m.location_id, m.stock_after,
+       m.reservation_id, m.order_id, m.created_at
+  FROM stock_movements m
+ WHERE m.txid >= (SELECT pg_snapshot_xmin(seen)::text::bigint FROM event_pump)
+   AND NOT pg_visible_in_snapshot(m.txid::text::xid8, (SELECT seen FROM event_pump))";
+
+/// The events recorded by the transactions committed since the last pass.
+const RECORDED_SQL: &str = "
+SELECT e.id, e.type, e.subject_id, e.version, e.data::text AS data, e.occurred_at,
+       (e.data->>'reservationId')::uuid AS reservation_id, (e.data->>'quantity')::bigint AS quantity
+  FROM events e
+ WHERE e.txid >= (SELECT pg_snapshot_xmin(seen)::text::bigint FROM event_pump)
+   AND NOT pg_visible_in_snapshot(e.txid::text::xid8, (SELECT seen FROM event_pump))";
+
+/// Each touched inventory's units on hand and committed: as the pump kept
+/// them, or, for one it does not follow yet, as it holds them now (its
+/// stock and its holding reservations), which the pass reads at the same
+/// snapshot as the changes.
+static UNITS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
-        r#"
-WITH pump AS MATERIALIZED (
-    SELECT seen, last_seq FROM event_pump
-), now_seen AS MATERIALIZED (
-    SELECT pg_current_snapshot() AS seen FROM pump
-), wanted AS MATERIALIZED (
-    SELECT EXISTS (SELECT 1 FROM webhook_endpoints) AS yes
-), moves AS MATERIALIZED (
-    -- The horizon as a scalar (an InitPlan), so that it bounds the index
-    -- scan and prunes the partitions whatever the statistics: as a join
-    -- with `pump`, an unanalyzed ledger was read whole by every pass.
-    SELECT m.* FROM stock_movements m
-     WHERE (SELECT yes FROM wanted) AND m.txid >= (SELECT pg_snapshot_xmin(seen)::text::bigint FROM pump)
-       AND NOT pg_visible_in_snapshot(m.txid::text::xid8, (SELECT seen FROM pump))
-), recorded AS MATERIALIZED (
-    SELECT e.subject_id AS key, e.version, CASE WHEN e.type = 'ORDER_CHANGED' THEN 0 ELSE 2 END AS rank, e.id,
-           e.type, e.data, e.occurred_at
-      FROM events e
-     WHERE (SELECT yes FROM wanted) AND e.txid >= (SELECT pg_snapshot_xmin(seen)::text::bigint FROM pump)
-       AND NOT pg_visible_in_snapshot(e.txid::text::xid8, (SELECT seen FROM pump))
-), home AS (
-    SELECT id FROM locations WHERE code = 'default'
-), versions AS MATERIALIZED (
-    SELECT inventory_id, version_after AS version, (array_agg(id ORDER BY id))[1] AS id,
-           CASE WHEN count(*) > 1 AND bool_and(reason IN ('TRANSFERRED_OUT', 'TRANSFERRED_IN'))
-                THEN 'TRANSFERRED' ELSE min(reason) END AS reason,
-           sum(delta) AS delta,
-           '[' || string_agg('{{"locationId":"' || coalesce(location_id, (SELECT id FROM home)) || '","delta":' || delta
-                             || '}}', ',' ORDER BY location_id) || ']' AS locations,
-           min(stock_after) AS available,
-           {on_hand} AS on_hand_delta,
-           {committed} AS committed_delta,
-           (array_agg(reservation_id))[1] AS reservation_id, (array_agg(order_id))[1] AS order_id,
-           max(created_at) AS occurred_at
-      FROM moves
-     GROUP BY inventory_id, version_after
-), checkouts AS (
-    -- A checkout counts right after its reservation's last change in this
-    -- pass (taken, or its quantity changed), or before the pass's versions
-    -- when there is none: never before the units it commits were
-    -- reserved, and before the order's cancellation or shipment.
-    SELECT c.key AS inventory_id, (c.data->>'quantity')::bigint AS units,
-           coalesce((SELECT max(m.version_after) FROM moves m
-                      WHERE m.reservation_id = (c.data->>'reservationId')::uuid
-                        AND m.reason IN ('RESERVED', 'QUANTITY_CHANGED')), 0) AS version
-      FROM recorded c WHERE c.type = 'RESERVATION_CHANGED'
-), touched AS (
-    SELECT inventory_id, coalesce(p.on_hand, 0) AS on_hand_delta,
-           coalesce(p.committed, 0) + coalesce(c.units, 0) AS committed_delta
-      FROM (SELECT inventory_id, sum(on_hand_delta) AS on_hand, sum(committed_delta) AS committed
-              FROM versions GROUP BY inventory_id) p
-      FULL JOIN (SELECT inventory_id, sum(units) AS units FROM checkouts GROUP BY inventory_id) c USING (inventory_id)
-), before AS MATERIALIZED (
-    -- Each touched inventory's units on hand and committed before this pass.
-    SELECT t.*, coalesce(s.on_hand, h.on_hand - t.on_hand_delta) AS on_hand,
-           coalesce(s.committed, h.committed - t.committed_delta) AS committed
-      FROM touched t
-      LEFT JOIN event_stock s USING (inventory_id)
-      LEFT JOIN LATERAL (
-        SELECT i.stock + coalesce(sum(r.quantity), 0) AS on_hand,
-               coalesce(sum(r.quantity) FILTER (WHERE r.status = {ordered}), 0) AS committed
-          FROM inventories i
-          LEFT JOIN reservations r ON r.inventory_id = i.id AND r.status IN {holding}
-         WHERE i.id = t.inventory_id AND s.inventory_id IS NULL
-         GROUP BY i.stock
-      ) h ON true
-), kept AS (
-    INSERT INTO event_stock (inventory_id, on_hand, committed)
-    SELECT inventory_id, on_hand + on_hand_delta, committed + committed_delta FROM before
-        ON CONFLICT (inventory_id) DO UPDATE SET on_hand = excluded.on_hand, committed = excluded.committed
-), stock AS (
-    SELECT v.inventory_id AS key, v.version, 0 AS rank, v.id, 'STOCK_CHANGED' AS type,
-           '{{"reason":"' || v.reason || '","delta":' || v.delta || ',"locations":' || v.locations
-           || ',"available":' || v.available
-           || ',"reserved":' || coalesce((u.on_hand - v.available - u.committed)::text, 'null')
-           || ',"committed":' || coalesce(u.committed::text, 'null')
-           || ',"onHand":' || coalesce(u.on_hand::text, 'null')
-           || ',"reservationId":' || coalesce('"' || v.reservation_id || '"', 'null')
-           || ',"orderId":' || coalesce('"' || v.order_id || '"', 'null') || '}}' AS data,
-           v.occurred_at
-      FROM versions v
-      JOIN (SELECT s.inventory_id, s.version, b.on_hand + sum(s.on_hand_delta) OVER w AS on_hand,
-                   b.committed + sum(s.committed_delta) OVER w AS committed, s.checkout
-              FROM (SELECT inventory_id, version, false AS checkout, on_hand_delta, committed_delta FROM versions
-                    UNION ALL
-                    SELECT inventory_id, version, true, 0, units FROM checkouts) s
-              JOIN before b USING (inventory_id)
-            WINDOW w AS (PARTITION BY s.inventory_id ORDER BY s.version, s.checkout
-                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)) u
-        ON u.inventory_id = v.inventory_id AND u.version = v.version AND NOT u.checkout
-), reservation AS (
-    SELECT inventory_id AS key, version_after AS version, 1 AS rank,
-           md5((array_agg(id ORDER BY id))[1]::text || '/reservation')::uuid AS id, 'RESERVATION_CHANGED' AS type,
-           '{{"reservationId":"' || reservation_id || '","status":"'
-           || CASE min(reason) WHEN 'RESERVED' THEN 'ACTIVE' WHEN 'ORDER_CANCELLED' THEN 'RELEASED' ELSE min(reason) END
-           || '","quantity":' || abs(sum(delta))
-           || ',"orderId":' || coalesce('"' || (array_agg(order_id))[1] || '"', 'null') || '}}' AS data,
-           max(created_at) AS occurred_at
-      FROM moves
-     WHERE reservation_id IS NOT NULL
-       AND reason IN ('RESERVED', 'RELEASED', 'EXPIRED', 'ORDERED', 'ORDER_CANCELLED', 'FULFILLED')
-     GROUP BY inventory_id, version_after, reservation_id
-), every AS (
-    SELECT *, 'inventoryId' AS subject FROM stock
-    UNION ALL SELECT *, 'inventoryId' FROM reservation
-    UNION ALL SELECT key, version, rank, id, type, data::text, occurred_at,
-                     CASE WHEN type = 'ORDER_CHANGED' THEN 'orderId' ELSE 'inventoryId' END
-                FROM recorded
-), numbered AS (
-    -- Text put together, not `jsonb` or `json_build_object`: the body is
-    -- only ever sent, and building it was most of a pass (`jsonb` sorts
-    -- and encodes every object and copies the whole at every `||`;
-    -- `json_build_object` looks up every argument's type at every call),
-    -- bench/results/decisions.md. Every value is a number, a uuid, a
-    -- timestamp, one of a few fixed words or JSON already, so none needs
-    -- escaping; keys come in the documented order (docs/webhooks.md).
-    SELECT pump.last_seq + row_number() OVER (ORDER BY e.key, e.version, e.rank, e.id) AS seq, e.id, e.type,
-           ('{{"id":"' || e.id || '","type":"' || e.type || '","occurredAt":' || to_json(e.occurred_at)
-            || ',"' || e.subject || '":"' || e.key || '"'
-            || CASE WHEN e.version < 2147483647 THEN ',"version":' || e.version ELSE '' END
-            || ',"data":' || e.data || '}}') AS body
-      FROM every e, pump
-), written AS (
-    INSERT INTO outbox (seq, id, type, body) SELECT seq, id, type, body FROM numbered
-), pumped AS (
-    -- What this pass (or an earlier one) has pumped; later passes skip it.
-    DELETE FROM events e USING now_seen WHERE pg_visible_in_snapshot(e.txid::text::xid8, now_seen.seen)
-), needed AS (
-    -- The first event some endpoint still needs: after its cursor (on or
-    -- off), or in a delivery not yet DELIVERED (to be sent, sent again, or
-    -- replayed). A body is cut, and the cursor moved past it, in one
-    -- statement, so this snapshot sees either the old cursor or the new
-    -- delivery.
-    SELECT least((SELECT min(sent_through) FROM webhook_endpoints) + 1,
-                 (SELECT min(seqs[1]) FROM webhook_deliveries WHERE status <> 'DELIVERED')) AS seq
-), pruned AS (
-    DELETE FROM outbox o USING needed, pump WHERE o.seq < needed.seq
-)
-UPDATE event_pump p
-   SET seen = now_seen.seen, last_seq = p.last_seq + (SELECT count(*) FROM numbered)
-  FROM now_seen
-RETURNING (SELECT count(*) FROM numbered)::bigint AS pumped"#,
-        on_hand = fragments::ledger_on_hand(),
-        committed = fragments::ledger_committed(),
+        "
+SELECT t.id, s.on_hand AS kept_on_hand, s.committed AS kept_committed, h.on_hand AS held_on_hand,
+       h.committed AS held_committed
+  FROM unnest($1::uuid[]) AS t(id)
+  LEFT JOIN event_stock s ON s.inventory_id = t.id
+  LEFT JOIN LATERAL (
+    SELECT i.stock + coalesce(sum(r.quantity), 0) AS on_hand,
+           coalesce(sum(r.quantity) FILTER (WHERE r.status = {ordered}), 0) AS committed
+      FROM inventories i
+      LEFT JOIN reservations r ON r.inventory_id = i.id AND r.status IN {holding}
+     WHERE i.id = t.id AND s.inventory_id IS NULL
+     GROUP BY i.stock
+  ) h ON true",
         ordered = sql(ReservationStatus::Ordered),
         holding = fragments::holding(),
     )
 });
 
-/// Runs one pass on `db` at READ COMMITTED whatever the pool's default (a
-/// serializable reader of the ledger's newest rows would make every
-/// writer's insert a read-write conflict); how many events it numbered, or
-/// None when no endpoint exists and it read nothing.
+/// Writes a pass: its outbox rows (`$1`..`$7`: each row's first and last
+/// number, where its ids start in `$7`, its types and ends as text lists,
+/// its body; the ids of all its events), each touched inventory's units
+/// (`$8`..`$10`), and its snapshot (`$11`) and last number (`$12`); deletes
+/// the recorded events it pumped, and the outbox rows no endpoint needs.
+///
+/// The first event some endpoint still needs is after its cursor (on or
+/// off), or in a delivery not yet DELIVERED (to be sent, sent again, or
+/// replayed). A body is cut, and the cursor moved past it, in one
+/// statement, so the pass's snapshot sees either the old cursor or the new
+/// delivery; an older snapshot only keeps more.
+const WRITE_SQL: &str = "
+WITH written AS (
+    INSERT INTO outbox (seq, first_seq, ids, types, ends, body)
+    SELECT r.seq, r.first_seq, ($7::uuid[])[r.start : r.start + (r.seq - r.first_seq)::integer],
+           string_to_array(r.types, ','), string_to_array(r.ends, ',')::integer[], r.body
+      FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::text[], $5::text[], $6::text[])
+           AS r(first_seq, seq, start, types, ends, body)
+), kept AS (
+    INSERT INTO event_stock (inventory_id, on_hand, committed)
+    SELECT * FROM unnest($8::uuid[], $9::bigint[], $10::bigint[])
+        ON CONFLICT (inventory_id) DO UPDATE SET on_hand = excluded.on_hand, committed = excluded.committed
+), pumped AS (
+    DELETE FROM events e WHERE pg_visible_in_snapshot(e.txid::text::xid8, $11::text::pg_snapshot)
+), needed AS (
+    SELECT least((SELECT min(sent_through) FROM webhook_endpoints) + 1,
+                 (SELECT min(seqs[1]) FROM webhook_deliveries WHERE status <> 'DELIVERED')) AS seq
+), pruned AS (
+    DELETE FROM outbox o USING needed WHERE o.seq < needed.seq
+)
+UPDATE event_pump SET seen = $11::text::pg_snapshot, last_seq = $12";
+
+/// Runs one pass on `db`; how many events it numbered (0 when nothing was
+/// committed since the last pass, or another process is pumping), or None
+/// when no endpoint exists and it read nothing.
 pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -> Result<Option<i64>, DbErr> {
     // No endpoint, no pass: it would lock every day of the ledger for
     // nothing. Whoever creates the first endpoint moves the pump's snapshot
@@ -216,22 +134,126 @@ pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -
         return Ok(None);
     }
     summarize(db).await;
-    let txn = db.begin_with_config(Some(IsolationLevel::ReadCommitted), None).await?;
-    txn.execute_unprepared(PASS_SETTINGS).await?;
-    // The pump's row is locked by a statement of its own, before the pass
-    // takes its snapshot: locked inside the pass, a pass whose snapshot was
-    // taken before another process's pass committed would still get the
-    // row after it and write its older snapshot back, and the next pass
-    // would number those transactions' events a second time.
-    let lock = "SELECT true AS mine FROM event_pump FOR UPDATE SKIP LOCKED";
-    if txn.query_one_raw(Statement::from_string(DbBackend::Postgres, lock)).await?.is_none() {
-        txn.commit().await?;
-        return Ok(Some(0));
+    match pass(db).await {
+        // Another process's pass committed after this one's snapshot: it
+        // pumped what this one would have.
+        Err(err) if crate::db::classify(&err).is_collision() => Ok(Some(0)),
+        pumped => pumped.map(Some),
     }
-    let statement = Statement::from_string(DbBackend::Postgres, PUMP_SQL.as_str());
-    let row = txn.query_one_raw(statement).await?;
+}
+
+/// One pass (see the module's comment).
+async fn pass(db: &DatabaseConnection) -> Result<i64, DbErr> {
+    // REPEATABLE READ, not SERIALIZABLE: a serializable reader of the
+    // ledger's newest rows would make every writer's insert a read-write
+    // conflict.
+    let txn = db.begin_with_config(Some(IsolationLevel::RepeatableRead), None).await?;
+    txn.execute_unprepared(PASS_SETTINGS).await?;
+    let lock = "SELECT last_seq, pg_current_snapshot()::text AS now_seen,
+                       EXISTS (SELECT 1 FROM webhook_endpoints) AS wanted,
+                       (SELECT id FROM locations WHERE code = 'default') AS home
+                  FROM event_pump FOR UPDATE SKIP LOCKED";
+    let Some(pump) = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, lock)).await? else {
+        txn.commit().await?;
+        return Ok(0);
+    };
+    let last_seq: i64 = pump.try_get("", "last_seq")?;
+    let now_seen: String = pump.try_get("", "now_seen")?;
+    // The last endpoint may have gone since the look: the snapshot moves on
+    // and nothing is made.
+    let (moves, recorded) = if pump.try_get::<bool>("", "wanted")? {
+        (
+            read(&txn, LEDGER_SQL, Vec::new(), read_move).await?,
+            read(&txn, RECORDED_SQL, Vec::new(), read_recorded).await?,
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let pass = Pass { moves: &moves, recorded: &recorded, home: pump.try_get("", "home")? };
+    let touched = pass.touched();
+    let units = if touched.is_empty() {
+        HashMap::new()
+    } else {
+        read(&txn, &UNITS_SQL, vec![touched.into()], read_units).await?.into_iter().collect()
+    };
+    let made = pass.make(last_seq, &units);
+    let statement =
+        Statement::from_sql_and_values(DbBackend::Postgres, WRITE_SQL, write_values(&made, last_seq, now_seen));
+    txn.execute_raw(statement).await?;
     txn.commit().await?;
-    row.map_or(Ok(Some(0)), |row| row.try_get("", "pumped").map(Some))
+    Ok(made.events)
+}
+
+/// The rows of `sql` with `values`, each read by `each`.
+async fn read<T>(
+    txn: &DatabaseTransaction,
+    sql: &str,
+    values: Vec<Value>,
+    each: fn(&QueryResult) -> Result<T, DbErr>,
+) -> Result<Vec<T>, DbErr> {
+    let rows = txn.query_all_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
+    rows.iter().map(each).collect()
+}
+
+fn read_move(row: &QueryResult) -> Result<Move, DbErr> {
+    Ok(Move {
+        id: row.try_get("", "id")?,
+        inventory_id: row.try_get("", "inventory_id")?,
+        version: row.try_get("", "version_after")?,
+        reason: row.try_get("", "reason")?,
+        delta: row.try_get("", "delta")?,
+        location_id: row.try_get("", "location_id")?,
+        stock_after: row.try_get("", "stock_after")?,
+        reservation_id: row.try_get("", "reservation_id")?,
+        order_id: row.try_get("", "order_id")?,
+        created_at: row.try_get("", "created_at")?,
+    })
+}
+
+fn read_recorded(row: &QueryResult) -> Result<Recorded, DbErr> {
+    Ok(Recorded {
+        id: row.try_get("", "id")?,
+        kind: row.try_get("", "type")?,
+        subject_id: row.try_get("", "subject_id")?,
+        version: row.try_get("", "version")?,
+        data: row.try_get("", "data")?,
+        occurred_at: row.try_get("", "occurred_at")?,
+        reservation_id: row.try_get("", "reservation_id")?,
+        quantity: row.try_get("", "quantity")?,
+    })
+}
+
+fn read_units(row: &QueryResult) -> Result<(Uuid, Units), DbErr> {
+    let pair = |on_hand: Option<i64>, committed: Option<i64>| on_hand.zip(committed);
+    Ok((
+        row.try_get("", "id")?,
+        Units {
+            kept: pair(row.try_get("", "kept_on_hand")?, row.try_get("", "kept_committed")?),
+            held: pair(row.try_get("", "held_on_hand")?, row.try_get("", "held_committed")?),
+        },
+    ))
+}
+
+/// The values of [`WRITE_SQL`] for `made`.
+fn write_values(made: &Made, last_seq: i64, now_seen: String) -> Vec<Value> {
+    let rows = &made.rows;
+    vec![
+        rows.iter().map(|r| r.first_seq).collect::<Vec<i64>>().into(),
+        rows.iter().map(|r| r.last_seq).collect::<Vec<i64>>().into(),
+        rows.iter().map(|r| i32::try_from(r.first_seq - last_seq).unwrap_or(i32::MAX)).collect::<Vec<i32>>().into(),
+        rows.iter().map(|r| r.types.join(",")).collect::<Vec<String>>().into(),
+        rows.iter()
+            .map(|r| r.ends.iter().map(i32::to_string).collect::<Vec<_>>().join(","))
+            .collect::<Vec<String>>()
+            .into(),
+        rows.iter().map(|r| r.body.clone()).collect::<Vec<String>>().into(),
+        rows.iter().flat_map(|r| r.ids.iter().copied()).collect::<Vec<Uuid>>().into(),
+        made.units.iter().map(|u| u.0).collect::<Vec<Uuid>>().into(),
+        made.units.iter().map(|u| u.1).collect::<Vec<i64>>().into(),
+        made.units.iter().map(|u| u.2).collect::<Vec<i64>>().into(),
+        now_seen.into(),
+        (last_seq + made.events).into(),
+    ]
 }
 
 /// The settings a pass runs with (public so that a test can plan the pass

@@ -16,8 +16,8 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
 /// What [`archive`] deleted.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Aged {
-    /// Events: numbered for delivery (outbox rows), or recorded and never
-    /// numbered because no endpoint existed.
+    /// Events: numbered for delivery (in outbox rows), or recorded and
+    /// never numbered because no endpoint existed.
     pub events: u64,
     /// Deliveries, whatever their status.
     pub deliveries: u64,
@@ -31,13 +31,21 @@ pub struct Aged {
 pub async fn archive(db: &DatabaseConnection, cutoff: DateTime<Utc>, batch: u64) -> Result<Aged, DbErr> {
     // Oldest first by each table's own order (`seq` and `txid` grow with
     // time), so a batch is found by a short index scan that stops at the
-    // first row inside the retention.
-    const OUTBOX: &str = "DELETE FROM outbox WHERE seq IN (
-        SELECT seq FROM outbox WHERE created_at < $1 ORDER BY seq LIMIT $2)";
-    const DELIVERIES: &str = "DELETE FROM webhook_deliveries WHERE id IN (
-        SELECT id FROM webhook_deliveries WHERE created_at < $1 ORDER BY created_at LIMIT $2)";
-    const EVENTS: &str = "DELETE FROM events WHERE id IN (
-        SELECT id FROM events WHERE occurred_at < $1 ORDER BY occurred_at LIMIT $2)";
+    // first row inside the retention. Each says how many rows it deleted
+    // and how many events they held (an outbox row holds up to 100).
+    const OUTBOX: &str = "WITH gone AS (
+        DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE created_at < $1 ORDER BY seq LIMIT $2)
+        RETURNING cardinality(ids) AS events)
+        SELECT count(*) AS rows, coalesce(sum(events), 0)::bigint AS events FROM gone";
+    const DELIVERIES: &str = "WITH gone AS (
+        DELETE FROM webhook_deliveries WHERE id IN (
+            SELECT id FROM webhook_deliveries WHERE created_at < $1 ORDER BY created_at LIMIT $2)
+        RETURNING 1)
+        SELECT count(*) AS rows, count(*) AS events FROM gone";
+    const EVENTS: &str = "WITH gone AS (
+        DELETE FROM events WHERE id IN (SELECT id FROM events WHERE occurred_at < $1 ORDER BY occurred_at LIMIT $2)
+        RETURNING 1)
+        SELECT count(*) AS rows, count(*) AS events FROM gone";
     let (outbox, outbox_statements) = in_batches(db, OUTBOX, cutoff, batch).await?;
     let (deliveries, deliveries_statements) = in_batches(db, DELIVERIES, cutoff, batch).await?;
     let (recorded, recorded_statements) = in_batches(db, EVENTS, cutoff, batch).await?;
@@ -49,7 +57,7 @@ pub async fn archive(db: &DatabaseConnection, cutoff: DateTime<Utc>, batch: u64)
 }
 
 /// Runs the batch delete `sql` (`$1` the cutoff, `$2` the batch) until a
-/// batch comes up short; the rows deleted and the statements run.
+/// batch comes up short; the events deleted and the statements run.
 async fn in_batches(
     db: &DatabaseConnection,
     sql: &str,
@@ -57,14 +65,18 @@ async fn in_batches(
     batch: u64,
 ) -> Result<(u64, u64), DbErr> {
     let batch = batch.clamp(1, i64::MAX as u64);
-    let (mut rows, mut statements) = (0, 0);
+    let (mut events, mut statements) = (0, 0);
     loop {
         let values = [cutoff.into(), (batch as i64).into()];
-        let deleted = db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
-        rows += deleted.rows_affected();
+        let deleted = db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
+        let (rows, held) = match deleted {
+            Some(row) => (row.try_get::<i64>("", "rows")?, row.try_get::<i64>("", "events")?),
+            None => (0, 0),
+        };
+        events += held.max(0) as u64;
         statements += 1;
-        if deleted.rows_affected() < batch {
-            return Ok((rows, statements));
+        if (rows.max(0) as u64) < batch {
+            return Ok((events, statements));
         }
     }
 }

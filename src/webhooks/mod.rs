@@ -11,7 +11,7 @@ pub mod service;
 pub mod store;
 
 /// The types of event an endpoint may take, as `webhook_endpoints.events`,
-/// `outbox.type` and a body's `type` spell them.
+/// `outbox.types` and a body's `type` spell them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventType {
     /// A change of an inventory's stock (one ledger change).

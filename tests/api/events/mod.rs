@@ -4,6 +4,7 @@
 //! was committed.
 
 mod kills;
+mod migrated;
 mod receiver;
 mod retention;
 mod scan;

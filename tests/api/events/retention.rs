@@ -108,7 +108,11 @@ async fn the_outbox_holds_only_what_an_endpoint_still_needs(isolation: Isolation
         format!("SELECT p.last_seq - w.sent_through FROM event_pump p, webhook_endpoints w WHERE w.id = '{paused}'");
     let backlog = app.count(&backlog).await;
     assert!(backlog >= committed.len() as i64, "every change is in the paused endpoint's backlog: {backlog}");
-    assert_eq!(app.count("SELECT count(*) FROM outbox").await, backlog, "the outbox holds its backlog, all of it");
+    assert_eq!(
+        app.count("SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox").await,
+        backlog,
+        "the outbox holds its backlog, all of it"
+    );
     assert!(off.received().is_empty(), "nothing sent while off");
 
     app.mutate(&app.operator(), "updateWebhook", UPDATE, update(true)).await;
@@ -116,7 +120,7 @@ async fn the_outbox_holds_only_what_an_endpoint_still_needs(isolation: Isolation
     assert_in_order(&first_arrivals(&off.accepted_events()));
     eventually(Duration::from_secs(10), "the outbox empty once both were sent it all", || {
         let app = app.clone();
-        async move { app.count("SELECT count(*) FROM outbox").await == 0 }
+        async move { app.count("SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox").await == 0 }
     })
     .await;
 }
@@ -161,7 +165,7 @@ async fn the_archive_ages_out_events_and_deliveries_with_the_ledger(isolation: I
         }
     })
     .await;
-    let outbox = app.count("SELECT count(*) FROM outbox").await;
+    let outbox = app.count("SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox").await;
     assert!(outbox >= 8, "the endpoint that is off keeps its events: {outbox}");
     let deliveries = app.count("SELECT count(*) FROM webhook_deliveries").await;
     age(&app, "outbox", "created_at").await;
@@ -183,7 +187,7 @@ async fn the_archive_ages_out_events_and_deliveries_with_the_ledger(isolation: I
         left,
         "only new deliveries are left"
     );
-    assert!(app.count("SELECT count(*) FROM outbox").await >= 1, "the restock's events stay");
+    assert!(app.count("SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox").await >= 1, "the restock's events stay");
 }
 
 /// Makes every row of `table` 100 days old.

@@ -86,7 +86,7 @@ async fn the_pump_summarizes_the_ledger_ranges_filled_since_its_last_pass() {
 async fn ledger_a_pass_reads(db: &DatabaseConnection) -> (i64, bool) {
     let txn = db.begin().await.expect("a transaction");
     txn.execute_unprepared(pump::PASS_SETTINGS).await.expect("the pass's settings");
-    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", pump::PUMP_SQL.as_str());
+    let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", pump::LEDGER_SQL);
     let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
     let plan: Value = row.expect("a plan").try_get("", "QUERY PLAN").expect("json");
     txn.rollback().await.expect("rolled back");

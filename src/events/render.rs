@@ -1,0 +1,464 @@
+//! What a pass of the pump makes of the changes it found: one event per
+//! change, in delivery order, rendered as sent, cut into the outbox's rows
+//! of up to 100 events. Pure: the pump reads the changes and writes what
+//! this returns (`pump.rs`).
+//!
+//! One `STOCK_CHANGED` per inventory version (whatever number of locations
+//! it touched), one `RESERVATION_CHANGED` per status change a ledger row
+//! records, and the recorded `ORDER_CHANGED` and checkout events, ordered
+//! per inventory and per order by version (a version's stock change first,
+//! then its reservations' changes, then checkouts; an order's change before
+//! the stock it moved). A `STOCK_CHANGED` event carries the inventory's
+//! units after its version: `available` from its ledger rows, `onHand` and
+//! `committed` carried from the units the pump kept for it (`event_stock`)
+//! by what each version changed of them, `reserved` the rest.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write as _,
+};
+
+use chrono::{DateTime, Timelike as _, Utc};
+use md5::{Digest as _, Md5};
+use uuid::Uuid;
+
+/// Most events in one outbox row, and so in one body.
+pub const EVENTS_PER_ROW: usize = 100;
+
+/// One ledger row of a transaction the pass found committed.
+#[derive(Debug, Clone)]
+pub struct Move {
+    pub id: Uuid,
+    pub inventory_id: Uuid,
+    pub version: i32,
+    pub reason: String,
+    pub delta: i32,
+    pub location_id: Option<Uuid>,
+    pub stock_after: i32,
+    pub reservation_id: Option<Uuid>,
+    pub order_id: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// An event a trigger recorded (an order's new version, a checkout).
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub id: Uuid,
+    pub kind: String,
+    /// The order, or the inventory of a checked-out reservation.
+    pub subject_id: Uuid,
+    pub version: i32,
+    /// Its `data`, as PostgreSQL prints the `jsonb`.
+    pub data: String,
+    pub occurred_at: DateTime<Utc>,
+    /// A checkout's reservation and units.
+    pub reservation_id: Option<Uuid>,
+    pub quantity: Option<i64>,
+}
+
+/// An inventory's units on hand and committed before the pass: as the pump
+/// kept them, or (an inventory it does not follow yet) as it holds them at
+/// the pass's snapshot, which includes what the pass's changes did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Units {
+    pub kept: Option<(i64, i64)>,
+    pub held: Option<(i64, i64)>,
+}
+
+/// The version checkouts carry: recorded without one, they are placed by
+/// the ledger instead (see [`Pass::checkouts`]).
+const UNVERSIONED: i32 = i32::MAX;
+
+/// An event, ready to be numbered.
+struct Event {
+    key: Uuid,
+    version: i32,
+    rank: u8,
+    id: Uuid,
+    kind: &'static str,
+    subject: &'static str,
+    occurred_at: DateTime<Utc>,
+    data: String,
+}
+
+/// One outbox row: events `first_seq..=last_seq`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub first_seq: i64,
+    pub last_seq: i64,
+    pub ids: Vec<Uuid>,
+    pub types: Vec<&'static str>,
+    /// Where each event's text ends in `body`, in characters from its start.
+    pub ends: Vec<i32>,
+    /// The events, joined with commas.
+    pub body: String,
+}
+
+/// What a pass writes.
+#[derive(Debug, Default)]
+pub struct Made {
+    pub rows: Vec<Row>,
+    /// Each touched inventory's units on hand and committed after the pass.
+    pub units: Vec<(Uuid, i64, i64)>,
+    pub events: i64,
+}
+
+/// The changes a pass found.
+pub struct Pass<'a> {
+    pub moves: &'a [Move],
+    pub recorded: &'a [Recorded],
+    /// The `default` location, named for ledger rows from before locations.
+    pub home: Option<Uuid>,
+}
+
+/// A version's ledger rows, summed.
+struct Version<'a> {
+    rows: Vec<&'a Move>,
+    on_hand: i64,
+    committed: i64,
+}
+
+impl<'a> Pass<'a> {
+    /// The inventories whose units the pass needs.
+    pub fn touched(&self) -> Vec<Uuid> {
+        let mut ids: Vec<Uuid> = self.moves.iter().map(|m| m.inventory_id).collect();
+        ids.extend(self.checkouts().into_iter().map(|(inventory, ..)| inventory));
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// The checkouts: inventory, units, and the version they count from,
+    /// right after their reservation's last change in this pass (taken, or
+    /// its quantity changed), or before the pass's versions when there is
+    /// none: never before the units they commit were reserved, and before
+    /// the order's cancellation or shipment.
+    fn checkouts(&self) -> Vec<(Uuid, i64, i32)> {
+        let recorded = self.recorded.iter().filter(|r| r.kind == "RESERVATION_CHANGED");
+        if recorded.clone().next().is_none() {
+            return Vec::new();
+        }
+        let mut taken: HashMap<Uuid, i32> = HashMap::new();
+        for m in self.moves.iter().filter(|m| matches!(m.reason.as_str(), "RESERVED" | "QUANTITY_CHANGED")) {
+            if let Some(reservation) = m.reservation_id {
+                let version = taken.entry(reservation).or_insert(m.version);
+                *version = (*version).max(m.version);
+            }
+        }
+        recorded
+            .map(|r| {
+                let version = r.reservation_id.and_then(|id| taken.get(&id).copied()).unwrap_or(0);
+                (r.subject_id, r.quantity.unwrap_or(0), version)
+            })
+            .collect()
+    }
+
+    /// The pass's events, numbered from `last_seq + 1` into rows; `units`,
+    /// the touched inventories' units before it.
+    pub fn make(&self, last_seq: i64, units: &HashMap<Uuid, Units>) -> Made {
+        let mut versions: BTreeMap<(Uuid, i32), Version<'a>> = BTreeMap::new();
+        for m in self.moves {
+            let version = versions.entry((m.inventory_id, m.version)).or_insert(Version {
+                rows: Vec::new(),
+                on_hand: 0,
+                committed: 0,
+            });
+            let delta = i64::from(m.delta);
+            match m.reason.as_str() {
+                "CREATED" | "RESTOCKED" | "TRANSFERRED_IN" | "TRANSFERRED_OUT" => version.on_hand += delta,
+                "FULFILLED" => {
+                    version.on_hand += delta;
+                    version.committed += delta;
+                }
+                "ORDERED" | "ORDER_CANCELLED" => version.committed -= delta,
+                _ => {}
+            }
+            version.rows.push(m);
+        }
+        // Each inventory's steps in order: its versions, and the checkouts
+        // after the version they count from.
+        let mut steps: BTreeMap<Uuid, Vec<(i32, bool, i64, i64)>> = BTreeMap::new();
+        for (&(inventory, number), version) in &versions {
+            steps.entry(inventory).or_default().push((number, false, version.on_hand, version.committed));
+        }
+        for (inventory, committed, number) in self.checkouts() {
+            steps.entry(inventory).or_default().push((number, true, 0, committed));
+        }
+        let mut after: HashMap<(Uuid, i32), (Option<i64>, Option<i64>)> = HashMap::new();
+        let mut kept = Vec::with_capacity(steps.len());
+        for (inventory, mut steps) in steps {
+            steps.sort_by_key(|&(number, checkout, ..)| (number, checkout));
+            let (on_hand_delta, committed_delta) = steps.iter().fold((0, 0), |(h, c), s| (h + s.2, c + s.3));
+            let found = units.get(&inventory).copied().unwrap_or_default();
+            let before = found.kept.or(found.held.map(|(h, c)| (h - on_hand_delta, c - committed_delta)));
+            let (mut on_hand, mut committed) = (before.map(|b| b.0), before.map(|b| b.1));
+            for (number, checkout, h, c) in steps {
+                on_hand = on_hand.map(|u| u + h);
+                committed = committed.map(|u| u + c);
+                if !checkout {
+                    after.insert((inventory, number), (on_hand, committed));
+                }
+            }
+            if let (Some(on_hand), Some(committed)) = (on_hand, committed) {
+                kept.push((inventory, on_hand, committed));
+            }
+        }
+
+        let mut events = Vec::with_capacity(self.moves.len() * 2 + self.recorded.len());
+        for (&(inventory, number), version) in &mut versions {
+            let (on_hand, committed) = after.get(&(inventory, number)).copied().unwrap_or((None, None));
+            events.push(self.stock_changed(inventory, number, version, on_hand, committed));
+            reservation_changes(inventory, number, &version.rows, &mut events);
+        }
+        for r in self.recorded {
+            let (rank, subject) = if r.kind == "ORDER_CHANGED" { (0, "orderId") } else { (2, "inventoryId") };
+            let kind = if r.kind == "ORDER_CHANGED" { "ORDER_CHANGED" } else { "RESERVATION_CHANGED" };
+            events.push(Event {
+                key: r.subject_id,
+                version: r.version,
+                rank,
+                id: r.id,
+                kind,
+                subject,
+                occurred_at: r.occurred_at,
+                data: r.data.clone(),
+            });
+        }
+        events.sort_by_key(|e| (e.key, e.version, e.rank, e.id));
+        Made { events: events.len() as i64, rows: rows(last_seq, &events), units: kept }
+    }
+
+    /// The `STOCK_CHANGED` event of one version.
+    fn stock_changed(
+        &self,
+        inventory: Uuid,
+        number: i32,
+        version: &mut Version<'_>,
+        on_hand: Option<i64>,
+        committed: Option<i64>,
+    ) -> Event {
+        // Locations in id order, rows from before locations (none) last.
+        version.rows.sort_by_key(|m| (m.location_id.is_none(), m.location_id));
+        let rows = &version.rows;
+        let transfer = rows.len() > 1 && rows.iter().all(|m| m.reason.starts_with("TRANSFERRED_"));
+        let reason = if transfer { "TRANSFERRED" } else { rows.iter().map(|m| m.reason.as_str()).min().unwrap_or("") };
+        let delta: i64 = rows.iter().map(|m| i64::from(m.delta)).sum();
+        let available = rows.iter().map(|m| m.stock_after).min().unwrap_or(0);
+        let mut data = format!(r#"{{"reason":"{reason}","delta":{delta},"locations":["#);
+        let mut first = true;
+        for m in rows.iter() {
+            let Some(location) = m.location_id.or(self.home) else { continue };
+            if !first {
+                data.push(',');
+            }
+            first = false;
+            let _ = write!(data, r#"{{"locationId":"{location}","delta":{}}}"#, m.delta);
+        }
+        let _ = write!(data, r#"],"available":{available},"reserved":"#);
+        match (on_hand, committed) {
+            (Some(on_hand), Some(committed)) => {
+                let reserved = on_hand - i64::from(available) - committed;
+                let _ = write!(data, r#"{reserved},"committed":{committed},"onHand":{on_hand}"#);
+            }
+            _ => data.push_str(r#"null,"committed":null,"onHand":null"#),
+        }
+        data.push_str(r#","reservationId":"#);
+        push_id(&mut data, rows.first().and_then(|m| m.reservation_id));
+        data.push_str(r#","orderId":"#);
+        push_id(&mut data, rows.first().and_then(|m| m.order_id));
+        data.push('}');
+        Event {
+            key: inventory,
+            version: number,
+            rank: 0,
+            id: rows.iter().map(|m| m.id).min().unwrap_or_default(),
+            kind: "STOCK_CHANGED",
+            subject: "inventoryId",
+            occurred_at: rows.iter().map(|m| m.created_at).max().unwrap_or_default(),
+            data,
+        }
+    }
+}
+
+/// The `RESERVATION_CHANGED` events a version's ledger rows record: one per
+/// reservation whose status they change. Its id is made from its first
+/// ledger row's, so a pass run again names it the same.
+fn reservation_changes(inventory: Uuid, number: i32, rows: &[&Move], events: &mut Vec<Event>) {
+    let mut by_reservation: BTreeMap<Uuid, Vec<&Move>> = BTreeMap::new();
+    for m in rows {
+        let changes_status = matches!(
+            m.reason.as_str(),
+            "RESERVED" | "RELEASED" | "EXPIRED" | "ORDERED" | "ORDER_CANCELLED" | "FULFILLED"
+        );
+        if let (Some(reservation), true) = (m.reservation_id, changes_status) {
+            by_reservation.entry(reservation).or_default().push(m);
+        }
+    }
+    for (reservation, rows) in by_reservation {
+        let reason = rows.iter().map(|m| m.reason.as_str()).min().unwrap_or("");
+        let status = match reason {
+            "RESERVED" => "ACTIVE",
+            "ORDER_CANCELLED" => "RELEASED",
+            other => other,
+        };
+        let quantity = rows.iter().map(|m| i64::from(m.delta)).sum::<i64>().abs();
+        let mut data =
+            format!(r#"{{"reservationId":"{reservation}","status":"{status}","quantity":{quantity},"orderId":"#);
+        push_id(&mut data, rows.first().and_then(|m| m.order_id));
+        data.push('}');
+        let first = rows.iter().map(|m| m.id).min().unwrap_or_default();
+        let mut id = [0; 16];
+        id.copy_from_slice(&Md5::digest(format!("{first}/reservation").as_bytes()));
+        events.push(Event {
+            key: inventory,
+            version: number,
+            rank: 1,
+            id: Uuid::from_bytes(id),
+            kind: "RESERVATION_CHANGED",
+            subject: "inventoryId",
+            occurred_at: rows.iter().map(|m| m.created_at).max().unwrap_or_default(),
+            data,
+        });
+    }
+}
+
+/// `"<id>"`, or `null`.
+fn push_id(out: &mut String, id: Option<Uuid>) {
+    match id {
+        Some(id) => {
+            let _ = write!(out, r#""{id}""#);
+        }
+        None => out.push_str("null"),
+    }
+}
+
+/// `events`, numbered from `last_seq + 1`, rendered and cut into rows.
+fn rows(last_seq: i64, events: &[Event]) -> Vec<Row> {
+    let mut rows = Vec::with_capacity(events.len().div_ceil(EVENTS_PER_ROW));
+    for (n, chunk) in events.chunks(EVENTS_PER_ROW).enumerate() {
+        let first_seq = last_seq + (n * EVENTS_PER_ROW) as i64 + 1;
+        let mut row = Row {
+            first_seq,
+            last_seq: first_seq + chunk.len() as i64 - 1,
+            ids: Vec::with_capacity(chunk.len()),
+            types: Vec::with_capacity(chunk.len()),
+            ends: Vec::with_capacity(chunk.len()),
+            body: String::with_capacity(chunk.len() * 400),
+        };
+        for event in chunk {
+            if !row.body.is_empty() {
+                row.body.push(',');
+            }
+            render(event, &mut row.body);
+            row.ids.push(event.id);
+            row.types.push(event.kind);
+            // Every character of a body is ASCII (numbers, ids, fixed
+            // words, timestamps), so bytes count characters.
+            row.ends.push(i32::try_from(row.body.len()).unwrap_or(i32::MAX));
+        }
+        rows.push(row);
+    }
+    rows
+}
+
+/// One event as sent, its keys in the documented order (docs/webhooks.md).
+fn render(e: &Event, out: &mut String) {
+    let _ = write!(out, r#"{{"id":"{}","type":"{}","occurredAt":""#, e.id, e.kind);
+    timestamp(e.occurred_at, out);
+    let _ = write!(out, r#"","{}":"{}""#, e.subject, e.key);
+    if e.version != UNVERSIONED {
+        let _ = write!(out, r#","version":{}"#, e.version);
+    }
+    let _ = write!(out, r#","data":{}}}"#, e.data);
+}
+
+/// `at` as PostgreSQL writes a `timestamptz` in JSON in UTC: microseconds
+/// without their trailing zeros, none when whole.
+fn timestamp(at: DateTime<Utc>, out: &mut String) {
+    let _ = write!(out, "{}", at.format("%Y-%m-%dT%H:%M:%S"));
+    let micros = at.nanosecond() / 1_000 % 1_000_000;
+    if micros != 0 {
+        let digits = format!("{micros:06}");
+        out.push('.');
+        out.push_str(digits.trim_end_matches('0'));
+    }
+    out.push_str("+00:00");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(micros: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp_micros(1_796_000_000_000_000 + micros).expect("a time")
+    }
+
+    fn moved(
+        inventory: Uuid,
+        version: i32,
+        reason: &str,
+        delta: i32,
+        stock_after: i32,
+        reservation: Option<Uuid>,
+    ) -> Move {
+        Move {
+            id: Uuid::new_v4(),
+            inventory_id: inventory,
+            version,
+            reason: reason.into(),
+            delta,
+            location_id: None,
+            stock_after,
+            reservation_id: reservation,
+            order_id: None,
+            created_at: at(i64::from(version)),
+        }
+    }
+
+    #[test]
+    fn timestamps_read_as_postgresql_writes_them() {
+        let mut out = String::new();
+        timestamp(at(120_000), &mut out);
+        assert!(out.ends_with(":20.12+00:00"), "{out}");
+        out.clear();
+        timestamp(at(0), &mut out);
+        assert!(out.ends_with(":20+00:00"), "{out}");
+    }
+
+    #[test]
+    fn a_reservation_is_a_stock_change_then_a_reservation_change_in_one_row() {
+        let (item, home, held) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let moves = [moved(item, 2, "RESERVED", -1, 4, Some(held))];
+        let pass = Pass { moves: &moves, recorded: &[], home: Some(home) };
+        let units = HashMap::from([(item, Units { kept: None, held: Some((5, 0)) })]);
+        let made = pass.make(7, &units);
+        assert_eq!(made.events, 2);
+        let [row] = made.rows.as_slice() else { panic!("one row: {:?}", made.rows) };
+        assert_eq!((row.first_seq, row.last_seq), (8, 9));
+        assert_eq!(row.types, ["STOCK_CHANGED", "RESERVATION_CHANGED"]);
+        let body: serde_json::Value = serde_json::from_str(&format!("[{}]", row.body)).expect("JSON");
+        assert_eq!(body[0]["data"]["available"], 4);
+        assert_eq!(body[0]["data"]["reserved"], 1);
+        assert_eq!(body[0]["data"]["onHand"], 5);
+        assert_eq!(body[0]["data"]["locations"][0]["locationId"], home.to_string());
+        assert_eq!(body[1]["data"]["status"], "ACTIVE");
+        assert_eq!(row.ends[0] as usize, row.body.find(",{\"id\"").expect("a second event"));
+        assert_eq!(row.ends[1] as usize, row.body.len());
+        assert_eq!(made.units, [(item, 5, 0)]);
+    }
+
+    #[test]
+    fn many_events_are_cut_into_rows_of_a_hundred() {
+        let item = Uuid::new_v4();
+        let moves: Vec<Move> = (2..=151).map(|v| moved(item, v, "RESTOCKED", 1, v, None)).collect();
+        let pass = Pass { moves: &moves, recorded: &[], home: None };
+        let units = HashMap::from([(item, Units { kept: Some((1, 0)), held: None })]);
+        let made = pass.make(0, &units);
+        let bounds: Vec<(i64, i64)> = made.rows.iter().map(|r| (r.first_seq, r.last_seq)).collect();
+        assert_eq!(bounds, [(1, 100), (101, 150)]);
+        let last: serde_json::Value = serde_json::from_str(&format!("[{}]", made.rows[1].body)).expect("JSON");
+        assert_eq!(last[49]["version"], 151);
+        assert_eq!(last[49]["data"]["onHand"], 151);
+        assert_eq!(made.units, [(item, 151, 0)]);
+    }
+}
