@@ -177,11 +177,11 @@ async fn pass(db: &DatabaseConnection) -> Result<i64, DbErr> {
         read(&txn, &UNITS_SQL, vec![touched.into()], read_units).await?.into_iter().collect()
     };
     let made = pass.make(last_seq, &units);
-    let statement =
-        Statement::from_sql_and_values(DbBackend::Postgres, WRITE_SQL, write_values(&made, last_seq, now_seen));
-    txn.execute_raw(statement).await?;
+    let events = made.events;
+    let values = write_values(made, last_seq, now_seen);
+    txn.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, WRITE_SQL, values)).await?;
     txn.commit().await?;
-    Ok(made.events)
+    Ok(events)
 }
 
 /// The rows of `sql` with `values`, each read by `each`.
@@ -234,8 +234,10 @@ fn read_units(row: &QueryResult) -> Result<(Uuid, Units), DbErr> {
     ))
 }
 
-/// The values of [`WRITE_SQL`] for `made`.
-fn write_values(made: &Made, last_seq: i64, now_seen: String) -> Vec<Value> {
+/// The values of [`WRITE_SQL`] for `made` (its bodies moved, not copied).
+fn write_values(mut made: Made, last_seq: i64, now_seen: String) -> Vec<Value> {
+    let ids: Vec<Uuid> = made.rows.iter().flat_map(|r| r.ids.iter().copied()).collect();
+    let bodies: Vec<String> = made.rows.iter_mut().map(|r| std::mem::take(&mut r.body)).collect();
     let rows = &made.rows;
     vec![
         rows.iter().map(|r| r.first_seq).collect::<Vec<i64>>().into(),
@@ -246,8 +248,8 @@ fn write_values(made: &Made, last_seq: i64, now_seen: String) -> Vec<Value> {
             .map(|r| r.ends.iter().map(i32::to_string).collect::<Vec<_>>().join(","))
             .collect::<Vec<String>>()
             .into(),
-        rows.iter().map(|r| r.body.clone()).collect::<Vec<String>>().into(),
-        rows.iter().flat_map(|r| r.ids.iter().copied()).collect::<Vec<Uuid>>().into(),
+        bodies.into(),
+        ids.into(),
         made.units.iter().map(|u| u.0).collect::<Vec<Uuid>>().into(),
         made.units.iter().map(|u| u.1).collect::<Vec<i64>>().into(),
         made.units.iter().map(|u| u.2).collect::<Vec<i64>>().into(),

@@ -18,7 +18,7 @@ use std::{
     fmt::Write as _,
 };
 
-use chrono::{DateTime, Timelike as _, Utc};
+use chrono::{DateTime, Datelike as _, Timelike as _, Utc};
 use md5::{Digest as _, Md5};
 use uuid::Uuid;
 
@@ -184,7 +184,10 @@ impl<'a> Pass<'a> {
         for (inventory, committed, number) in self.checkouts() {
             steps.entry(inventory).or_default().push((number, true, 0, committed));
         }
-        let mut after: HashMap<(Uuid, i32), (Option<i64>, Option<i64>)> = HashMap::new();
+        // Both in (inventory, version) order: each inventory's versions
+        // come out of `in_order` as its steps reach them.
+        let mut events = Vec::with_capacity(self.moves.len() * 2 + self.recorded.len());
+        let mut in_order = versions.iter_mut();
         let mut kept = Vec::with_capacity(steps.len());
         for (inventory, mut steps) in steps {
             steps.sort_by_key(|&(number, checkout, ..)| (number, checkout));
@@ -195,8 +198,9 @@ impl<'a> Pass<'a> {
             for (number, checkout, h, c) in steps {
                 on_hand = on_hand.map(|u| u + h);
                 committed = committed.map(|u| u + c);
-                if !checkout {
-                    after.insert((inventory, number), (on_hand, committed));
+                if !checkout && let Some((_, version)) = in_order.next() {
+                    events.push(self.stock_changed(inventory, number, version, on_hand, committed));
+                    reservation_changes(inventory, number, &version.rows, &mut events);
                 }
             }
             if let (Some(on_hand), Some(committed)) = (on_hand, committed) {
@@ -204,12 +208,6 @@ impl<'a> Pass<'a> {
             }
         }
 
-        let mut events = Vec::with_capacity(self.moves.len() * 2 + self.recorded.len());
-        for (&(inventory, number), version) in &mut versions {
-            let (on_hand, committed) = after.get(&(inventory, number)).copied().unwrap_or((None, None));
-            events.push(self.stock_changed(inventory, number, version, on_hand, committed));
-            reservation_changes(inventory, number, &version.rows, &mut events);
-        }
         for r in self.recorded {
             let (rank, subject) = if r.kind == "ORDER_CHANGED" { (0, "orderId") } else { (2, "inventoryId") };
             let kind = if r.kind == "ORDER_CHANGED" { "ORDER_CHANGED" } else { "RESERVATION_CHANGED" };
@@ -252,7 +250,9 @@ impl<'a> Pass<'a> {
                 data.push(',');
             }
             first = false;
-            let _ = write!(data, r#"{{"locationId":"{location}","delta":{}}}"#, m.delta);
+            data.push_str(r#"{"locationId":""#);
+            push_uuid(&mut data, location);
+            let _ = write!(data, r#"","delta":{}}}"#, m.delta);
         }
         let _ = write!(data, r#"],"available":{available},"reserved":"#);
         match (on_hand, committed) {
@@ -302,8 +302,10 @@ fn reservation_changes(inventory: Uuid, number: i32, rows: &[&Move], events: &mu
             other => other,
         };
         let quantity = rows.iter().map(|m| i64::from(m.delta)).sum::<i64>().abs();
-        let mut data =
-            format!(r#"{{"reservationId":"{reservation}","status":"{status}","quantity":{quantity},"orderId":"#);
+        let mut data = String::with_capacity(120);
+        data.push_str(r#"{"reservationId":""#);
+        push_uuid(&mut data, reservation);
+        let _ = write!(data, r#"","status":"{status}","quantity":{quantity},"orderId":"#);
         push_id(&mut data, rows.first().and_then(|m| m.order_id));
         data.push('}');
         let first = rows.iter().map(|m| m.id).min().unwrap_or_default();
@@ -326,10 +328,18 @@ fn reservation_changes(inventory: Uuid, number: i32, rows: &[&Move], events: &mu
 fn push_id(out: &mut String, id: Option<Uuid>) {
     match id {
         Some(id) => {
-            let _ = write!(out, r#""{id}""#);
+            out.push('"');
+            push_uuid(out, id);
+            out.push('"');
         }
         None => out.push_str("null"),
     }
+}
+
+/// `id` in its hyphenated lower-case form, as PostgreSQL prints a uuid
+/// (without going through `fmt`).
+fn push_uuid(out: &mut String, id: Uuid) {
+    out.push_str(id.hyphenated().encode_lower(&mut Uuid::encode_buffer()));
 }
 
 /// `events`, numbered from `last_seq + 1`, rendered and cut into rows.
@@ -363,9 +373,17 @@ fn rows(last_seq: i64, events: &[Event]) -> Vec<Row> {
 
 /// One event as sent, its keys in the documented order (docs/webhooks.md).
 fn render(e: &Event, out: &mut String) {
-    let _ = write!(out, r#"{{"id":"{}","type":"{}","occurredAt":""#, e.id, e.kind);
+    out.push_str(r#"{"id":""#);
+    push_uuid(out, e.id);
+    out.push_str(r#"","type":""#);
+    out.push_str(e.kind);
+    out.push_str(r#"","occurredAt":""#);
     timestamp(e.occurred_at, out);
-    let _ = write!(out, r#"","{}":"{}""#, e.subject, e.key);
+    out.push_str(r#"",""#);
+    out.push_str(e.subject);
+    out.push_str(r#"":""#);
+    push_uuid(out, e.key);
+    out.push('"');
     if e.version != UNVERSIONED {
         let _ = write!(out, r#","version":{}"#, e.version);
     }
@@ -373,9 +391,12 @@ fn render(e: &Event, out: &mut String) {
 }
 
 /// `at` as PostgreSQL writes a `timestamptz` in JSON in UTC: microseconds
-/// without their trailing zeros, none when whole.
+/// without their trailing zeros, none when whole. (Not `format`, whose
+/// pattern is parsed at every call: a tenth of a pass.)
 fn timestamp(at: DateTime<Utc>, out: &mut String) {
-    let _ = write!(out, "{}", at.format("%Y-%m-%dT%H:%M:%S"));
+    let (year, month, day) = (at.year(), at.month(), at.day());
+    let (hour, minute, second) = (at.hour(), at.minute(), at.second());
+    let _ = write!(out, "{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}");
     let micros = at.nanosecond() / 1_000 % 1_000_000;
     if micros != 0 {
         let digits = format!("{micros:06}");
