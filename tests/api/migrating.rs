@@ -5,13 +5,12 @@
 //! releases, expiries and cancels that keep it holding. And a shop that
 //! never makes a location sees what it saw before, plus the new fields.
 
-use migration::{Migrator, MigratorTrait};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::{auth::Role, config::Limits, invariant};
 use uuid::Uuid;
 
-use crate::helpers::{Options, TestApp, drop_database, server_url, sweep_all, uuid};
+use crate::helpers::{BeforeMigration, Options, TestApp, sweep_all, uuid};
 
 const A: Uuid = Uuid::from_u128(0xa1);
 const B: Uuid = Uuid::from_u128(0xb1);
@@ -141,38 +140,16 @@ async fn numbers(db: &DatabaseConnection) -> Value {
     serde_json::from_str(&text(db, NUMBERS).await).expect("json")
 }
 
-/// Drops the database at its URL on drop, so one a test made goes when the
-/// test fails before a [`TestApp`] serves it (the app drops it after that).
-struct Dropped(Option<String>);
-
-impl Drop for Dropped {
-    fn drop(&mut self) {
-        if let Some(url) = &self.0 {
-            drop_database(url);
-        }
-    }
-}
-
 /// A database of [`BEFORE_LOCATIONS`], migrated up to the migration to
 /// locations, written, and then migrated the rest of the way, with what the
 /// migration must have done checked; served by an app whose sweeper keeps
 /// out of the way (tests sweep by hand); and the numbers of before.
 async fn migrated() -> (TestApp, Value) {
-    let server = server_url();
-    let name = format!("sg_test_{}", Uuid::new_v4().simple());
-    let admin = sea_orm::Database::connect(format!("{server}/postgres")).await.expect("connect");
-    admin.execute_unprepared(&format!("CREATE DATABASE \"{name}\"")).await.expect("create the database");
-    admin.close().await.expect("close");
-    let mut dropped = Dropped(Some(format!("{server}/{name}")));
-    let db = sea_orm::Database::connect(format!("{server}/{name}")).await.expect("connect");
-    let locations = Migrator::migrations()
-        .iter()
-        .position(|m| m.name() == "m20261207_090000_keep_stock_per_location")
-        .expect("the migration to locations");
-    Migrator::up(&db, Some(locations as u32)).await.expect("the migrations before locations");
+    let before_locations = BeforeMigration::new("m20261207_090000_keep_stock_per_location").await;
+    let db = &before_locations.db;
     db.execute_unprepared(BEFORE_LOCATIONS).await.expect("write as main wrote");
-    assert_eq!(text(&db, CHECK_BEFORE_LOCATIONS).await, "", "the check of then holds before");
-    let before = numbers(&db).await;
+    assert_eq!(text(db, CHECK_BEFORE_LOCATIONS).await, "", "the check of then holds before");
+    let before = numbers(db).await;
     assert_eq!(
         before,
         json!([
@@ -183,12 +160,12 @@ async fn migrated() -> (TestApp, Value) {
         ])
     );
 
-    Migrator::up(&db, None).await.expect("the migration to locations");
-    assert_eq!(numbers(&db).await, before, "no number changed");
+    before_locations.migrate().await;
+    assert_eq!(numbers(db).await, before, "no number changed");
     let levels = "SELECT json_agg(json_build_array(i.sku, l.code, s.available = i.stock, i.sole_location_id = l.id) \
                   ORDER BY i.sku)::text \
                   FROM inventories i JOIN stock_levels s ON s.inventory_id = i.id JOIN locations l ON l.id = s.location_id";
-    let levels: Value = serde_json::from_str(&text(&db, levels).await).expect("json");
+    let levels: Value = serde_json::from_str(&text(db, levels).await).expect("json");
     assert_eq!(
         levels,
         json!([
@@ -203,16 +180,15 @@ async fn migrated() -> (TestApp, Value) {
                      FROM reservations r LEFT JOIN LATERAL \
                      (SELECT array_agg(l.code || ':' || a.quantity) AS allocated FROM allocations a \
                        JOIN locations l ON l.id = a.location_id WHERE a.reservation_id = r.id) a ON true";
-    assert_eq!(text(&db, allocated).await, "8 8", "every reservation, one allocation of all of it at default");
+    assert_eq!(text(db, allocated).await, "8 8", "every reservation, one allocation of all of it at default");
     let checkpoint = "SELECT string_agg(l.code || ':' || c.stock || ':' || c.on_hand, ',') \
                       FROM ledger_checkpoint_levels c JOIN locations l ON l.id = c.location_id";
-    assert_eq!(text(&db, checkpoint).await, "default:10:10", "the archived sums, at the default location");
-    assert_eq!(invariant::check(&db).await.expect("check"), vec![], "the check holds after");
-    db.close().await.expect("close");
+    assert_eq!(text(db, checkpoint).await, "default:10:10", "the archived sums, at the default location");
+    assert_eq!(invariant::check(db).await.expect("check"), vec![], "the check holds after");
+    let name = before_locations.hand_over().await;
 
     let limits = Limits { sweep_interval_ms: 3_600_000, ..Limits::default() };
     let app = TestApp::spawn_with_options(Options { database: Some(name), limits, ..Options::default() }).await;
-    dropped.0 = None;
     (app, before)
 }
 

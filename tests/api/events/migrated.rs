@@ -3,29 +3,17 @@
 //! sent its backlog whole, once, in order, and only its types, and what is
 //! made after follows it.
 
-use migration::{Migrator, MigratorTrait};
 use sea_orm::ConnectionTrait;
 use serde_json::json;
 use stockguard::auth::Role;
 use uuid::Uuid;
 
 use super::{limits, receiver::Receiver, verifies};
-use crate::helpers::{Options, TestApp, drop_database, eventually, server_url};
+use crate::helpers::{BeforeMigration, Options, TestApp, eventually};
 
 /// Three events as the pump of before wrote them, one outbox row each.
 const BACKLOG: [(i64, u128, &str); 3] =
     [(1, 0xe1, "STOCK_CHANGED"), (2, 0xe2, "RESERVATION_CHANGED"), (3, 0xe3, "STOCK_CHANGED")];
-
-/// Drops the database on drop, until a test app serves it (which drops it then).
-struct Dropped(Option<String>);
-
-impl Drop for Dropped {
-    fn drop(&mut self) {
-        if let Some(url) = &self.0 {
-            drop_database(url);
-        }
-    }
-}
 
 /// The body of before's event `seq`.
 fn body(seq: i64, id: Uuid, kind: &str) -> String {
@@ -45,19 +33,8 @@ fn body(seq: i64, id: Uuid, kind: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_backlog_of_a_row_per_event_is_sent_whole_after_the_migration() {
-    let server = server_url();
-    let name = format!("sg_test_{}", Uuid::new_v4().simple());
-    let admin = sea_orm::Database::connect(format!("{server}/postgres")).await.expect("connect");
-    admin.execute_unprepared(&format!("CREATE DATABASE \"{name}\"")).await.expect("create the database");
-    admin.close().await.expect("close");
-    let mut dropped = Dropped(Some(format!("{server}/{name}")));
-    let db = sea_orm::Database::connect(format!("{server}/{name}")).await.expect("connect");
-    let rows = Migrator::migrations()
-        .iter()
-        .position(|m| m.name() == "m20261211_090000_keep_a_bodys_events_in_one_row")
-        .expect("the migration to rows of events");
-    Migrator::up(&db, Some(rows as u32)).await.expect("the migrations before");
-
+    let before = BeforeMigration::new("m20261211_090000_keep_a_bodys_events_in_one_row").await;
+    let db = &before.db;
     let (every, stock) = (Receiver::start().await, Receiver::start().await);
     let mut written = String::from("INSERT INTO outbox (seq, id, type, body) VALUES ");
     for (n, (seq, id, kind)) in BACKLOG.into_iter().enumerate() {
@@ -75,17 +52,15 @@ async fn a_backlog_of_a_row_per_event_is_sent_whole_after_the_migration() {
     ))
     .await
     .expect("a backlog as before wrote it");
-    Migrator::up(&db, None).await.expect("the migration to rows of events");
+    before.migrate().await;
     let kept = "SELECT count(*) FROM outbox WHERE first_seq = seq AND cardinality(ids) = 1";
     let row = db.query_one_raw(sea_orm::Statement::from_string(sea_orm::DbBackend::Postgres, kept)).await;
     let kept: i64 = row.expect("count").expect("a row").try_get("", "count").expect("count");
     assert_eq!(kept, 3, "each event of before is a row of its one event");
-    db.close().await.expect("close");
-
+    let name = before.hand_over().await;
     let app =
         TestApp::spawn_with_options(Options { database: Some(name), limits: limits(&[1.0]), ..Options::default() })
             .await;
-    dropped.0 = None;
     let ids = |receiver: &Receiver| -> Vec<Uuid> {
         receiver
             .accepted_events()

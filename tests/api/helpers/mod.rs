@@ -427,3 +427,53 @@ impl Drop for TestApp {
         drop_database(&self.database_url);
     }
 }
+
+/// A database of its own, migrated up to just before one migration, for a
+/// test to write as the `main` of before wrote it and then migrate the rest
+/// of the way; dropped on drop until handed to a test app.
+pub struct BeforeMigration {
+    pub name: String,
+    pub db: DatabaseConnection,
+    /// Its URL while this drops it.
+    dropped: Option<String>,
+}
+
+impl BeforeMigration {
+    /// A new database with every migration before `migration` applied.
+    pub async fn new(migration: &str) -> Self {
+        use migration::{Migrator, MigratorTrait};
+        let server = server_url();
+        let name = format!("sg_test_{}", Uuid::new_v4().simple());
+        let admin = sea_orm::Database::connect(format!("{server}/postgres")).await.expect("connect");
+        admin.execute_unprepared(&format!("CREATE DATABASE \"{name}\"")).await.expect("create the database");
+        admin.close().await.expect("close");
+        let url = format!("{server}/{name}");
+        let db = sea_orm::Database::connect(&url).await.expect("connect");
+        let this = Self { name, db, dropped: Some(url) };
+        let before = Migrator::migrations().iter().position(|m| m.name() == migration).expect("the migration");
+        Migrator::up(&this.db, Some(before as u32)).await.expect("the migrations before");
+        this
+    }
+
+    /// Applies the rest of the migrations.
+    pub async fn migrate(&self) {
+        use migration::{Migrator, MigratorTrait};
+        Migrator::up(&self.db, None).await.expect("the migrations from there on");
+    }
+
+    /// Closes its connections and hands it over to a test app, which drops
+    /// it when it goes; its name.
+    pub async fn hand_over(mut self) -> String {
+        self.db.clone().close().await.expect("close");
+        self.dropped = None;
+        std::mem::take(&mut self.name)
+    }
+}
+
+impl Drop for BeforeMigration {
+    fn drop(&mut self) {
+        if let Some(url) = &self.dropped {
+            drop_database(url);
+        }
+    }
+}
