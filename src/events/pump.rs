@@ -169,7 +169,7 @@ async fn pass(db: &DatabaseConnection) -> Result<i64, DbErr> {
     } else {
         (Vec::new(), Vec::new())
     };
-    let pass = Pass { moves: &moves, recorded: &recorded, home: pump.try_get("", "home")? };
+    let pass = Pass::new(&moves, &recorded, pump.try_get("", "home")?);
     let touched = pass.touched();
     let units = if touched.is_empty() {
         HashMap::new()

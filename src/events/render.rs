@@ -20,7 +20,13 @@ use std::{
 
 use chrono::{DateTime, Datelike as _, Timelike as _, Utc};
 use md5::{Digest as _, Md5};
+use sea_orm::ActiveEnum as _;
 use uuid::Uuid;
+
+use crate::stock::{
+    fragments::{COMMITTING_MOVES, ON_HAND_MOVES},
+    rows::MovementReason,
+};
 
 /// Most events in one outbox row, and so in one body.
 pub const EVENTS_PER_ROW: usize = 100;
@@ -105,10 +111,13 @@ pub struct Made {
 
 /// The changes a pass found.
 pub struct Pass<'a> {
-    pub moves: &'a [Move],
-    pub recorded: &'a [Recorded],
+    moves: &'a [Move],
+    recorded: &'a [Recorded],
     /// The `default` location, named for ledger rows from before locations.
-    pub home: Option<Uuid>,
+    home: Option<Uuid>,
+    /// Each checkout's inventory, units, and the version it counts from
+    /// (see [`checkouts`]).
+    checkouts: Vec<(Uuid, i64, i32)>,
 }
 
 /// A version's ledger rows, summed.
@@ -118,39 +127,45 @@ struct Version<'a> {
     committed: i64,
 }
 
+/// The checkouts among `recorded`: inventory, units, and the version they
+/// count from, right after their reservation's last change in `moves`
+/// (taken, or its quantity changed), or before the pass's versions when
+/// there is none: never before the units they commit were reserved, and
+/// before the order's cancellation or shipment.
+fn checkouts(moves: &[Move], recorded: &[Recorded]) -> Vec<(Uuid, i64, i32)> {
+    let recorded = recorded.iter().filter(|r| r.kind == "RESERVATION_CHANGED");
+    if recorded.clone().next().is_none() {
+        return Vec::new();
+    }
+    let mut taken: HashMap<Uuid, i32> = HashMap::new();
+    for m in moves.iter().filter(|m| matches!(m.reason.as_str(), "RESERVED" | "QUANTITY_CHANGED")) {
+        if let Some(reservation) = m.reservation_id {
+            let version = taken.entry(reservation).or_insert(m.version);
+            *version = (*version).max(m.version);
+        }
+    }
+    recorded
+        .map(|r| {
+            let version = r.reservation_id.and_then(|id| taken.get(&id).copied()).unwrap_or(0);
+            (r.subject_id, r.quantity.unwrap_or(0), version)
+        })
+        .collect()
+}
+
 impl<'a> Pass<'a> {
+    /// The changes a pass found: the ledger rows `moves`, the `recorded`
+    /// events, and the `home` location.
+    pub fn new(moves: &'a [Move], recorded: &'a [Recorded], home: Option<Uuid>) -> Self {
+        Self { moves, recorded, home, checkouts: checkouts(moves, recorded) }
+    }
+
     /// The inventories whose units the pass needs.
     pub fn touched(&self) -> Vec<Uuid> {
         let mut ids: Vec<Uuid> = self.moves.iter().map(|m| m.inventory_id).collect();
-        ids.extend(self.checkouts().into_iter().map(|(inventory, ..)| inventory));
+        ids.extend(self.checkouts.iter().map(|&(inventory, ..)| inventory));
         ids.sort_unstable();
         ids.dedup();
         ids
-    }
-
-    /// The checkouts: inventory, units, and the version they count from,
-    /// right after their reservation's last change in this pass (taken, or
-    /// its quantity changed), or before the pass's versions when there is
-    /// none: never before the units they commit were reserved, and before
-    /// the order's cancellation or shipment.
-    fn checkouts(&self) -> Vec<(Uuid, i64, i32)> {
-        let recorded = self.recorded.iter().filter(|r| r.kind == "RESERVATION_CHANGED");
-        if recorded.clone().next().is_none() {
-            return Vec::new();
-        }
-        let mut taken: HashMap<Uuid, i32> = HashMap::new();
-        for m in self.moves.iter().filter(|m| matches!(m.reason.as_str(), "RESERVED" | "QUANTITY_CHANGED")) {
-            if let Some(reservation) = m.reservation_id {
-                let version = taken.entry(reservation).or_insert(m.version);
-                *version = (*version).max(m.version);
-            }
-        }
-        recorded
-            .map(|r| {
-                let version = r.reservation_id.and_then(|id| taken.get(&id).copied()).unwrap_or(0);
-                (r.subject_id, r.quantity.unwrap_or(0), version)
-            })
-            .collect()
     }
 
     /// The pass's events, numbered from `last_seq + 1` into rows; `units`,
@@ -163,15 +178,17 @@ impl<'a> Pass<'a> {
                 on_hand: 0,
                 committed: 0,
             });
+            // As `fragments::ledger_on_hand` and `ledger_committed` sum them.
             let delta = i64::from(m.delta);
-            match m.reason.as_str() {
-                "CREATED" | "RESTOCKED" | "TRANSFERRED_IN" | "TRANSFERRED_OUT" => version.on_hand += delta,
-                "FULFILLED" => {
+            if let Ok(reason) = MovementReason::try_from_value(&m.reason) {
+                if ON_HAND_MOVES.contains(&reason) {
                     version.on_hand += delta;
+                }
+                if COMMITTING_MOVES.contains(&reason) {
+                    version.committed -= delta;
+                } else if reason == MovementReason::Fulfilled {
                     version.committed += delta;
                 }
-                "ORDERED" | "ORDER_CANCELLED" => version.committed -= delta,
-                _ => {}
             }
             version.rows.push(m);
         }
@@ -181,7 +198,7 @@ impl<'a> Pass<'a> {
         for (&(inventory, number), version) in &versions {
             steps.entry(inventory).or_default().push((number, false, version.on_hand, version.committed));
         }
-        for (inventory, committed, number) in self.checkouts() {
+        for &(inventory, committed, number) in &self.checkouts {
             steps.entry(inventory).or_default().push((number, true, 0, committed));
         }
         // Both in (inventory, version) order: each inventory's versions
@@ -450,7 +467,7 @@ mod tests {
     fn a_reservation_is_a_stock_change_then_a_reservation_change_in_one_row() {
         let (item, home, held) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         let moves = [moved(item, 2, "RESERVED", -1, 4, Some(held))];
-        let pass = Pass { moves: &moves, recorded: &[], home: Some(home) };
+        let pass = Pass::new(&moves, &[], Some(home));
         let units = HashMap::from([(item, Units { kept: None, held: Some((5, 0)) })]);
         let made = pass.make(7, &units);
         assert_eq!(made.events, 2);
@@ -472,7 +489,7 @@ mod tests {
     fn many_events_are_cut_into_rows_of_a_hundred() {
         let item = Uuid::new_v4();
         let moves: Vec<Move> = (2..=151).map(|v| moved(item, v, "RESTOCKED", 1, v, None)).collect();
-        let pass = Pass { moves: &moves, recorded: &[], home: None };
+        let pass = Pass::new(&moves, &[], None);
         let units = HashMap::from([(item, Units { kept: Some((1, 0)), held: None })]);
         let made = pass.make(0, &units);
         let bounds: Vec<(i64, i64)> = made.rows.iter().map(|r| (r.first_seq, r.last_seq)).collect();

@@ -233,28 +233,36 @@ pub fn ledger_location(alias: &str) -> String {
     format!("coalesce({alias}location_id, (SELECT id FROM locations WHERE code = '{default}'))")
 }
 
-/// The ledger rows' sum of changes of on-hand units (the units in the
-/// building: received, moved between locations, shipped), 0 for none. Over
-/// one location's rows, it is what that location should hold: available
-/// plus what its allocations hold.
+/// The ledger rows whose `delta` is a change of the units on hand (the
+/// units in the building: received, moved between locations, shipped).
+pub const ON_HAND_MOVES: [MovementReason; 5] = [
+    MovementReason::Created,
+    MovementReason::Restocked,
+    MovementReason::TransferredIn,
+    MovementReason::TransferredOut,
+    MovementReason::Fulfilled,
+];
+
+/// The ledger rows whose `delta` is the opposite of a change of committed
+/// units (those of order lines): placed by an order (stock taken),
+/// given back by its cancellation. A shipment (FULFILLED) changes them by
+/// its `delta`; a checkout, which commits reserved units, writes no ledger
+/// row.
+pub const COMMITTING_MOVES: [MovementReason; 2] = [MovementReason::Ordered, MovementReason::OrderCancelled];
+
+/// The ledger rows' sum of changes of on-hand units ([`ON_HAND_MOVES`]), 0
+/// for none. Over one location's rows, it is what that location should
+/// hold: available plus what its allocations hold.
 pub fn ledger_on_hand() -> String {
-    let moved = sql_list([
-        MovementReason::Created,
-        MovementReason::Restocked,
-        MovementReason::TransferredIn,
-        MovementReason::TransferredOut,
-        MovementReason::Fulfilled,
-    ]);
-    format!("coalesce(sum(delta) FILTER (WHERE reason IN {moved}), 0)")
+    format!("coalesce(sum(delta) FILTER (WHERE reason IN {}), 0)", sql_list(ON_HAND_MOVES))
 }
 
-/// The ledger rows' sum of changes of committed units (those of order
-/// lines): placed by an order, given back by its cancellation, shipped; 0
-/// for none. A checkout, which commits reserved units, writes no ledger row.
+/// The ledger rows' sum of changes of committed units
+/// ([`COMMITTING_MOVES`] and shipments), 0 for none.
 pub fn ledger_committed() -> String {
     format!(
         "coalesce(-sum(delta) FILTER (WHERE reason IN {}), 0) + coalesce(sum(delta) FILTER (WHERE reason = {}), 0)",
-        sql_list([MovementReason::Ordered, MovementReason::OrderCancelled]),
+        sql_list(COMMITTING_MOVES),
         sql(MovementReason::Fulfilled)
     )
 }
