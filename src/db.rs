@@ -326,10 +326,11 @@ pub async fn connect(url: &str, config: &DatabaseConfig) -> Result<DatabaseConne
 /// when used and closed after a second idle (an idle shop's processes hold
 /// none: PostgreSQL's connections are shared by every process). It follows the server `db`'s
 /// pool used when it was made (not a later failover; its work fails until
-/// the process restarts, and requests are not affected).
-pub fn side_pool(db: &DatabaseConnection, name: &str, size: u32) -> DatabaseConnection {
+/// the process restarts, and requests are not affected). Its connections
+/// run with `settings` (PostgreSQL parameters, as `SET` would take them).
+pub fn side_pool(db: &DatabaseConnection, name: &str, size: u32, settings: &[(&str, &str)]) -> DatabaseConnection {
     let pool = db.get_postgres_connection_pool();
-    let options = pool.connect_options().as_ref().clone().application_name(name);
+    let options = pool.connect_options().as_ref().clone().application_name(name).options(settings.iter().copied());
     let side = sqlx::postgres::PgPoolOptions::new()
         .max_connections(size)
         .min_connections(0)
