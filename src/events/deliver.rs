@@ -28,7 +28,7 @@ use hmac::{Hmac, Mac};
 use rand::RngExt as _;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, Value};
 use sha2::Sha256;
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::{sync::watch, task::JoinHandle, time::Instant};
 use uuid::Uuid;
 
 use crate::webhooks::egress;
@@ -143,7 +143,7 @@ async fn serve(
     delivering: &Delivering,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut task = Task { db, me, endpoint_id, delivering, client: Client::default(), delivered: None };
+    let mut task = Task { db, me, endpoint_id, delivering, client: Client::default(), delivered: Vec::new() };
     loop {
         if *stop.borrow() {
             break;
@@ -175,13 +175,16 @@ enum Step {
 }
 
 /// A delivery that was sent and answered 2xx, not yet recorded: the next
-/// step's statement records it (one round trip a body instead of two).
+/// step's statement records it (one round trip a step instead of two).
 struct Delivered {
     id: Uuid,
     /// Attempts made before this one.
     attempts: i32,
-    status: Option<u16>,
+    status: u16,
 }
+
+/// Most deliveries one step takes and sends.
+const BATCH: i64 = 10;
 
 /// One endpoint's task.
 struct Task<'a> {
@@ -190,50 +193,71 @@ struct Task<'a> {
     endpoint_id: Uuid,
     delivering: &'a Delivering,
     client: Client,
-    delivered: Option<Delivered>,
+    delivered: Vec<Delivered>,
 }
 
 impl Task<'_> {
-    /// Records the last delivery sent, renews the lease and takes the
-    /// endpoint's current delivery (cutting the next one from the outbox
-    /// when none is pending) in one statement, then attempts it if it is due.
+    /// Records the deliveries sent, renews the lease and takes the
+    /// endpoint's current deliveries (cutting the next ones from the outbox
+    /// when none is pending) in one statement, then attempts them in order
+    /// while they are due and answered 2xx: one that fails is recorded, and
+    /// the ones after it wait for it (the endpoint's order).
     async fn step(&mut self) -> Result<Step, DbErr> {
         let delivering = self.delivering;
-        let taken = next(self.db, self.me, self.endpoint_id, delivering.lease, self.delivered.as_ref()).await?;
-        self.delivered = None;
-        let Some((endpoint, delivery)) = taken else { return Ok(Step::Lost) };
-        let Some(delivery) = delivery else { return Ok(Step::Held(delivering.poll)) };
-        let Some(body) = &delivery.body else {
-            let wait = (delivery.next_attempt_at - Utc::now()).to_std().unwrap_or_default();
-            return Ok(Step::Held(wait.min(delivering.poll.max(Duration::from_secs(1)))));
-        };
-        let outcome = send(&mut self.client, &endpoint, delivery.id, body, delivering).await;
-        if outcome.error.is_none() {
-            self.delivered = Some(Delivered { id: delivery.id, attempts: delivery.attempts, status: outcome.status });
-        } else {
-            record(self.db, delivery.id, delivery.attempts, &outcome, delivering).await?;
+        let taken = next(self.db, self.me, self.endpoint_id, delivering.lease, &self.delivered).await?;
+        self.delivered.clear();
+        let Some((endpoint, deliveries)) = taken else { return Ok(Step::Lost) };
+        if deliveries.is_empty() {
+            return Ok(Step::Held(delivering.poll));
+        }
+        let started = Instant::now();
+        for delivery in deliveries {
+            let Some(body) = &delivery.body else {
+                if !self.delivered.is_empty() {
+                    break;
+                }
+                let wait = (delivery.next_attempt_at - Utc::now()).to_std().unwrap_or_default();
+                return Ok(Step::Held(wait.min(delivering.poll.max(Duration::from_secs(1)))));
+            };
+            // The lease is renewed only by the statement: the rest of the
+            // batch waits for the next one rather than outlast it.
+            if !self.delivered.is_empty() && started.elapsed() > delivering.lease / 4 {
+                break;
+            }
+            let outcome = send(&mut self.client, &endpoint, delivery.id, body, delivering).await;
+            match (&outcome.error, outcome.status) {
+                (None, Some(status)) => {
+                    self.delivered.push(Delivered { id: delivery.id, attempts: delivery.attempts, status });
+                }
+                _ => {
+                    record(self.db, delivery.id, delivery.attempts, &outcome, delivering).await?;
+                    break;
+                }
+            }
         }
         Ok(Step::Held(Duration::ZERO))
     }
 
-    /// Records the last delivery sent, if the task stops before its next step.
+    /// Records the deliveries sent, if the task stops before its next step.
     async fn flush(&mut self) {
-        let Some(Delivered { id, attempts, status }) = self.delivered.take() else { return };
-        let outcome = Attempt { status, error: None };
-        if let Err(err) = record(self.db, id, attempts, &outcome, self.delivering).await {
-            tracing::warn!(error = %err, delivery = %id, "a delivered webhook could not be recorded; it will be sent again");
+        for Delivered { id, attempts, status } in std::mem::take(&mut self.delivered) {
+            let outcome = Attempt { status: Some(status), error: None };
+            if let Err(err) = record(self.db, id, attempts, &outcome, self.delivering).await {
+                tracing::warn!(error = %err, delivery = %id, "a delivered webhook could not be recorded; it will be sent again");
+            }
         }
     }
 }
 
 /// Records `delivered` as DELIVERED, renews the lease on `endpoint_id` if
 /// this process still holds it and it is active, and takes its oldest
-/// PENDING delivery or, when none is pending, cuts the next body from the
-/// outbox: the events of the types it subscribes to in the first outbox
-/// row after its cursor that holds any (a row holds up to
-/// [`super::render::EVENTS_PER_ROW`] events), recorded as a PENDING delivery with the
-/// cursor moved past the row. None when the lease is gone; the endpoint,
-/// and the delivery (with its body when it is due) if there is one.
+/// PENDING deliveries or, when none is pending, cuts the next bodies from
+/// the outbox: the events of the types it subscribes to in each of the
+/// first outbox rows after its cursor that hold any (a row holds up to
+/// [`super::render::EVENTS_PER_ROW`] events), each recorded as a PENDING
+/// delivery, with the cursor moved past the last. At most [`BATCH`]
+/// deliveries, in the order they must be sent. None when the lease is gone;
+/// the endpoint, and its deliveries (each with its body when it is due).
 ///
 /// When no row after the cursor holds an event it subscribes to, the
 /// cursor moves to the outbox's last row, past the events of other types
@@ -244,50 +268,57 @@ impl Task<'_> {
 ///
 /// One statement, where recording, renewing, finding, cutting and reading
 /// the body were five (the dispatcher fell behind at SPREAD x64: each
-/// round trip waits for a backend among the load's; bench/results). The
-/// delivery just recorded is still PENDING to this statement's snapshot,
-/// so it is passed over by id. The endpoint's row is written once (the lease and the
-/// cursor in one UPDATE): PostgreSQL does not let one statement update a
-/// row twice.
+/// round trip waits for a backend among the load's; bench/results), and
+/// one for several bodies: a statement, its commit and its round trip cost
+/// PostgreSQL about as much as the body it carries (bench/results). The
+/// deliveries just recorded are still PENDING to this statement's
+/// snapshot, so they are passed over by id. Deliveries cut by one statement
+/// share `created_at`; their first events order them. The endpoint's row
+/// is written once (the lease and the cursor in one UPDATE): PostgreSQL
+/// does not let one statement update a row twice.
 async fn next(
     db: &DatabaseConnection,
     me: Uuid,
     endpoint_id: Uuid,
     lease: Duration,
-    delivered: Option<&Delivered>,
-) -> Result<Option<(Endpoint, Option<Delivery>)>, DbErr> {
+    delivered: &[Delivered],
+) -> Result<Option<(Endpoint, Vec<Delivery>)>, DbErr> {
     let sql = "
-WITH recorded AS (
-    UPDATE webhook_deliveries
-       SET status = 'DELIVERED', attempts = $5, last_attempt_at = now(), last_response_status = $6,
+WITH delivered AS (
+    SELECT * FROM unnest($4::uuid[], $5::integer[], $6::integer[]) AS d(id, attempts, status)
+), recorded AS (
+    UPDATE webhook_deliveries w
+       SET status = 'DELIVERED', attempts = d.attempts, last_attempt_at = now(), last_response_status = d.status,
            last_error = NULL, next_attempt_at = now(), delivered_at = now()
-     WHERE id = $4 AND status = 'PENDING'
+      FROM delivered d
+     WHERE w.id = d.id AND w.status = 'PENDING'
 ), e AS MATERIALIZED (
     SELECT url, secret, sent_through, events FROM webhook_endpoints
      WHERE id = $1 AND leased_by = $2 AND active AND leased_until > now()
        FOR UPDATE
 ), pending AS MATERIALIZED (
     SELECT d.id, d.seqs, d.attempts, d.next_attempt_at FROM webhook_deliveries d
-     WHERE d.endpoint_id = $1 AND d.status = 'PENDING' AND d.id IS DISTINCT FROM $4 AND EXISTS (SELECT 1 FROM e)
-     ORDER BY d.created_at, d.id LIMIT 1
+     WHERE d.endpoint_id = $1 AND d.status = 'PENDING' AND d.id <> ALL($4::uuid[]) AND EXISTS (SELECT 1 FROM e)
+     ORDER BY d.created_at, d.seqs[1] LIMIT $7
 ), next AS MATERIALIZED (
     -- The cursor as a scalar, so that it bounds the scan of the outbox's
     -- key (as a join filter it walked the key from the first row).
     SELECT o.seq, o.first_seq, o.ids, o.types FROM outbox o
      WHERE NOT EXISTS (SELECT 1 FROM pending)
        AND o.seq > (SELECT sent_through FROM e) AND o.types && (SELECT events FROM e)::text[]
-     ORDER BY o.seq LIMIT 1
+     ORDER BY o.seq LIMIT $7
 ), picked AS (
-    SELECT array_agg(n.first_seq + u.i - 1 ORDER BY u.i) AS seqs, array_agg(u.id ORDER BY u.i) AS ids
+    SELECT n.seq, array_agg(n.first_seq + u.i - 1 ORDER BY u.i) AS seqs, array_agg(u.id ORDER BY u.i) AS ids
       FROM next n, unnest(n.ids, n.types) WITH ORDINALITY AS u(id, type, i)
      WHERE u.type = ANY((SELECT events FROM e)::text[]) AND n.first_seq + u.i - 1 > (SELECT sent_through FROM e)
+     GROUP BY n.seq
 ), cut AS (
     INSERT INTO webhook_deliveries (endpoint_id, seqs, event_ids)
-    SELECT $1, seqs, ids FROM picked WHERE seqs IS NOT NULL
+    SELECT $1, seqs, ids FROM picked ORDER BY seq
  RETURNING id, seqs, attempts, next_attempt_at
 ), through AS (
     SELECT CASE WHEN EXISTS (SELECT 1 FROM pending) THEN NULL
-                WHEN EXISTS (SELECT 1 FROM next) THEN (SELECT seq FROM next)
+                WHEN EXISTS (SELECT 1 FROM next) THEN (SELECT max(seq) FROM next)
                 ELSE (SELECT max(seq) FROM outbox) END AS seq
 ), renewed AS (
     UPDATE webhook_endpoints w
@@ -308,30 +339,31 @@ SELECT e.url, e.secret, c.id, c.attempts, c.next_attempt_at,
               FROM (SELECT * FROM outbox WHERE seq >= c.seqs[1] ORDER BY seq LIMIT 1) o
              WHERE o.first_seq <= c.seqs[1]), '') || ']}'
        END AS body
-  FROM e LEFT JOIN chosen c ON true";
-    let values: [Value; 6] = [
+  FROM e LEFT JOIN chosen c ON true
+ ORDER BY c.seqs[1]";
+    let values: [Value; 7] = [
         endpoint_id.into(),
         me.into(),
         lease.as_secs_f64().into(),
-        delivered.map(|d| d.id).into(),
-        delivered.map(|d| d.attempts + 1).into(),
-        delivered.and_then(|d| d.status.map(i32::from)).into(),
+        delivered.iter().map(|d| d.id).collect::<Vec<Uuid>>().into(),
+        delivered.iter().map(|d| d.attempts + 1).collect::<Vec<i32>>().into(),
+        delivered.iter().map(|d| i32::from(d.status)).collect::<Vec<i32>>().into(),
+        BATCH.into(),
     ];
-    let Some(row) = db.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await? else {
-        return Ok(None);
-    };
-    let endpoint = Endpoint { url: row.try_get("", "url")?, secret: row.try_get("", "secret")? };
-    let id: Option<Uuid> = row.try_get("", "id")?;
-    let delivery = match id {
-        None => None,
-        Some(id) => Some(Delivery {
+    let rows = db.query_all_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
+    let Some(first) = rows.first() else { return Ok(None) };
+    let endpoint = Endpoint { url: first.try_get("", "url")?, secret: first.try_get("", "secret")? };
+    let mut deliveries = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let Some(id) = row.try_get::<Option<Uuid>>("", "id")? else { continue };
+        deliveries.push(Delivery {
             id,
             attempts: row.try_get("", "attempts")?,
             next_attempt_at: row.try_get("", "next_attempt_at")?,
             body: row.try_get("", "body")?,
-        }),
-    };
-    Ok(Some((endpoint, delivery)))
+        });
+    }
+    Ok(Some((endpoint, deliveries)))
 }
 
 /// An endpoint's HTTP client, kept from attempt to attempt so its

@@ -249,7 +249,74 @@ async fn failures_and_timeouts_are_retried_until_accepted(isolation: Isolation) 
     .await;
 }
 
+const UPDATE_WEBHOOK: &str = "mutation($input: UpdateWebhookInput!) { updateWebhook(input: $input) { id active } }";
+
+/// A backlog of several bodies (made while the endpoint was off) is cut
+/// into deliveries several at a time, and the receiver fails the second
+/// body twice: each failed body comes again before any body after it,
+/// every change arrives in version order, and the bodies were cut together
+/// (deliveries sharing their `created_at`: one statement cut them).
+async fn a_failing_body_holds_the_bodies_cut_with_it(isolation: Isolation) {
+    let app = spawn(isolation, limits(&[0.05, 0.05, 0.05, 0.05])).await;
+    let receiver = Receiver::start().await;
+    let input = json!({ "url": receiver.url, "events": ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"] });
+    let created = app.mutate(&app.operator(), "createWebhook", CREATE_WEBHOOK, json!({ "input": input })).await;
+    let endpoint = created["endpoint"]["id"].as_str().unwrap_or_else(|| panic!("no endpoint: {created}")).to_owned();
+    let switch = |active: bool| {
+        let (app, endpoint) = (app.clone(), endpoint.clone());
+        async move {
+            let input = json!({ "input": { "id": endpoint, "active": active } });
+            let changed = app.mutate(&app.operator(), "updateWebhook", UPDATE_WEBHOOK, input).await;
+            assert_eq!(changed["active"], active, "{changed}");
+        }
+    };
+    switch(false).await;
+    let item = app.create_inventory("EV-BATCH", 1000).await;
+    let calls = (0..160).map(|n| {
+        let app = app.clone();
+        async move {
+            let token = app.token(&format!("ev-batch-{n}"), Role::Customer);
+            app.reserve(&token, json!({ "inventoryId": item, "quantity": 1 })).await
+        }
+        .boxed()
+    });
+    for reserved in at_once(calls.collect()).await {
+        assert_eq!(reserved["__typename"], "Reserved", "{reserved}");
+    }
+    let committed = committed_changes(&app, &[item]).await;
+    let numbered = format!(
+        "SELECT CASE WHEN sum(cardinality(array_positions(o.types, 'STOCK_CHANGED'))) >= {} THEN count(*) ELSE 0 END
+           FROM outbox o, webhook_endpoints w WHERE w.id = '{endpoint}' AND o.seq > w.sent_through",
+        committed.len()
+    );
+    eventually(Duration::from_secs(30), "every change numbered into three rows or more", || {
+        let (app, numbered) = (app.clone(), numbered.clone());
+        async move { app.count(&numbered).await >= 3 }
+    })
+    .await;
+    receiver.script(&[Answer::Accept, Answer::Fail(500), Answer::Fail(503)]);
+    switch(true).await;
+    until_delivered(&receiver, &committed, Duration::from_secs(30), "every change delivered").await;
+
+    let received = receiver.received();
+    for (attempt, after) in received.iter().zip(&received[1..]) {
+        if attempt.answered != Answer::Accept {
+            assert_eq!(after.delivery, attempt.delivery, "a failed body is sent again before any after it");
+        }
+    }
+    assert_eq!(received.iter().filter(|r| r.answered != Answer::Accept).count(), 2, "the script's two failures");
+    let first = first_arrivals(&receiver.accepted_events());
+    assert_eq!(stock_changes(&first).into_iter().collect::<BTreeSet<_>>(), committed, "one per change");
+    assert_in_order(&first);
+    let together = format!(
+        "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM webhook_deliveries
+            WHERE endpoint_id = '{endpoint}' GROUP BY created_at) cut"
+    );
+    assert!(app.count(&together).await >= 2, "several bodies cut by one statement");
+}
+
 at_every_isolation! {
     every_committed_change_arrives_once_in_order_and_signed;
     failures_and_timeouts_are_retried_until_accepted;
+    a_failing_body_holds_the_bodies_cut_with_it;
 }
