@@ -88,7 +88,7 @@ SELECT t.id, s.on_hand AS kept_on_hand, s.committed AS kept_committed, h.on_hand
 
 /// Writes a pass: its outbox rows (`$1`..`$7`: each row's first and last
 /// number, where its ids start in `$7`, its types and ends as text lists,
-/// its body; the ids of all its events), each touched inventory's units
+/// its body; the ids of all its events), the units that changed
 /// (`$8`..`$10`), and its snapshot (`$11`) and last number (`$12`); deletes
 /// the recorded events it pumped, and the outbox rows no endpoint needs.
 ///
@@ -118,10 +118,32 @@ WITH written AS (
 )
 UPDATE event_pump SET seen = $11::text::pg_snapshot, last_seq = $12";
 
+/// Each touched inventory's units on hand and committed as this process's
+/// last pass left them in `event_stock`, valid while the pump's row still
+/// holds that pass's snapshot: no other pass (of any process) and no wake
+/// (which forgets `event_stock`) has come since, as each moves the
+/// snapshot. A pass reads the units of the inventories it does not hold
+/// here, and writes the units that changed: at SPREAD, reading and writing
+/// every touched inventory's units was a fifth of the pump's statements'
+/// time, though a reservation changes neither (bench/results/decisions.md).
+#[derive(Default)]
+pub struct Kept {
+    /// The snapshot the pump's row held after the pass that left `units`.
+    seen: Option<String>,
+    units: HashMap<Uuid, (i64, i64)>,
+}
+
+/// Most inventories [`Kept`] holds; past it, it starts again (memory).
+const MOST_KEPT: usize = 200_000;
+
 /// Runs one pass on `db`; how many events it numbered (0 when nothing was
 /// committed since the last pass, or another process is pumping), or None
 /// when no endpoint exists and it read nothing.
-pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -> Result<Option<i64>, DbErr> {
+pub async fn pump_once(
+    requests: &DatabaseConnection,
+    db: &DatabaseConnection,
+    kept: &mut Kept,
+) -> Result<Option<i64>, DbErr> {
     // No endpoint, no pass: it would lock every day of the ledger for
     // nothing. Whoever creates the first endpoint moves the pump's snapshot
     // to that moment (src/webhooks/store.rs). An endpoint that is off still
@@ -134,7 +156,7 @@ pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -
         return Ok(None);
     }
     summarize(db).await;
-    match pass(db).await {
+    match pass(db, kept).await {
         // Another process's pass committed after this one's snapshot: it
         // pumped what this one would have.
         Err(err) if crate::db::classify(&err).is_collision() => Ok(Some(0)),
@@ -143,13 +165,13 @@ pub async fn pump_once(requests: &DatabaseConnection, db: &DatabaseConnection) -
 }
 
 /// One pass (see the module's comment).
-async fn pass(db: &DatabaseConnection) -> Result<i64, DbErr> {
+async fn pass(db: &DatabaseConnection, kept: &mut Kept) -> Result<i64, DbErr> {
     // REPEATABLE READ, not SERIALIZABLE: a serializable reader of the
     // ledger's newest rows would make every writer's insert a read-write
     // conflict.
     let txn = db.begin_with_config(Some(IsolationLevel::RepeatableRead), None).await?;
     txn.execute_unprepared(PASS_SETTINGS).await?;
-    let lock = "SELECT last_seq, pg_current_snapshot()::text AS now_seen,
+    let lock = "SELECT last_seq, seen::text AS seen, pg_current_snapshot()::text AS now_seen,
                        EXISTS (SELECT 1 FROM webhook_endpoints) AS wanted,
                        (SELECT id FROM locations WHERE code = 'default') AS home
                   FROM event_pump FOR UPDATE SKIP LOCKED";
@@ -159,6 +181,9 @@ async fn pass(db: &DatabaseConnection) -> Result<i64, DbErr> {
     };
     let last_seq: i64 = pump.try_get("", "last_seq")?;
     let now_seen: String = pump.try_get("", "now_seen")?;
+    if kept.seen.as_deref() != Some(pump.try_get::<String>("", "seen")?.as_str()) || kept.units.len() > MOST_KEPT {
+        kept.units.clear();
+    }
     // The last endpoint may have gone since the look: the snapshot moves on
     // and nothing is made.
     let (moves, recorded) = if pump.try_get::<bool>("", "wanted")? {
@@ -170,17 +195,24 @@ async fn pass(db: &DatabaseConnection) -> Result<i64, DbErr> {
         (Vec::new(), Vec::new())
     };
     let pass = Pass::new(&moves, &recorded, pump.try_get("", "home")?);
-    let touched = pass.touched();
-    let units = if touched.is_empty() {
+    let (known, unknown): (Vec<Uuid>, Vec<Uuid>) =
+        pass.touched().into_iter().partition(|id| kept.units.contains_key(id));
+    let mut units: HashMap<Uuid, Units> = if unknown.is_empty() {
         HashMap::new()
     } else {
-        read(&txn, &UNITS_SQL, vec![touched.into()], read_units).await?.into_iter().collect()
+        read(&txn, &UNITS_SQL, vec![unknown.into()], read_units).await?.into_iter().collect()
     };
-    let made = pass.make(last_seq, &units);
+    units.extend(known.into_iter().map(|id| (id, Units { kept: kept.units.get(&id).copied(), held: None })));
+    let mut made = pass.make(last_seq, &units);
+    let after = std::mem::take(&mut made.units);
+    made.units =
+        after.iter().copied().filter(|&(id, h, c)| units.get(&id).and_then(|u| u.kept) != Some((h, c))).collect();
     let events = made.events;
-    let values = write_values(made, last_seq, now_seen);
+    let values = write_values(made, last_seq, now_seen.clone());
     txn.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, WRITE_SQL, values)).await?;
     txn.commit().await?;
+    kept.seen = Some(now_seen);
+    kept.units.extend(after.into_iter().map(|(id, h, c)| (id, (h, c))));
     Ok(events)
 }
 
@@ -309,8 +341,9 @@ pub fn spawn(
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
+        let mut kept = Kept::default();
         loop {
-            let pause = match pump_once(&requests, &db).await {
+            let pause = match pump_once(&requests, &db, &mut kept).await {
                 Ok(Some(_)) => interval,
                 Ok(None) => IDLE.max(interval),
                 Err(err) => {

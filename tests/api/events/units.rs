@@ -120,6 +120,55 @@ async fn stock_events_carry_the_units_after_each_change(isolation: Isolation) {
     app.assert_invariant().await;
 }
 
+/// The units the pump keeps of an inventory (`event_stock`), with the
+/// row version that wrote them.
+async fn kept(app: &crate::helpers::TestApp, item: Uuid) -> Value {
+    let sql =
+        format!("SELECT xmin::text AS written, on_hand, committed FROM event_stock WHERE inventory_id = '{item}'");
+    app.rows(&sql).await.pop().unwrap_or_else(|| panic!("no units kept of {item}"))
+}
+
+/// Waits until the receiver has the stock change of `item`'s current version.
+async fn until_sent(app: &crate::helpers::TestApp, receiver: &Receiver, item: Uuid) {
+    let version = i64::from(app.stock_and_version(item).await.1);
+    eventually(Duration::from_secs(30), "the last change delivered", || {
+        let receiver = receiver.clone();
+        async move { stock_changes(&receiver.accepted_events()).contains(&(item, version)) }
+    })
+    .await;
+}
+
+/// Reservations, made at once, change neither the units on hand nor the
+/// committed ones: the pump sends their events without writing the units
+/// it keeps again; a restock changes them, and they are written.
+async fn reservations_leave_the_kept_units_unwritten(isolation: Isolation) {
+    let app = spawn(isolation, limits(&[0.05, 0.05, 0.05])).await;
+    let receiver = Receiver::start().await;
+    subscribe(&app, &receiver).await;
+    let item = app.create_inventory("EV-KEPT", 30).await;
+    until_sent(&app, &receiver, item).await;
+    let before = kept(&app, item).await;
+    let reserves = (0..12).map(|n| {
+        let app = app.clone();
+        async move {
+            let token = app.token(&format!("ev-kept-{n}"), Role::Customer);
+            app.reserve(&token, json!({ "inventoryId": item, "quantity": 1 })).await
+        }
+        .boxed()
+    });
+    for reserved in at_once(reserves.collect()).await {
+        assert_eq!(reserved["__typename"], "Reserved", "{reserved}");
+    }
+    until_sent(&app, &receiver, item).await;
+    assert_eq!(kept(&app, item).await, before, "the units kept, as they were");
+    app.restock(&app.operator(), json!({ "inventoryId": item, "quantity": 5 })).await;
+    until_sent(&app, &receiver, item).await;
+    let after = kept(&app, item).await;
+    assert_ne!(after["written"], before["written"], "written again");
+    assert_eq!(after["on_hand"].as_i64(), before["on_hand"].as_i64().map(|units| units + 5), "{after}");
+}
+
 at_every_isolation! {
     stock_events_carry_the_units_after_each_change;
+    reservations_leave_the_kept_units_unwritten;
 }
