@@ -133,14 +133,8 @@ impl Server {
         let partitions = partitions::spawn(self.state.db.clone(), stopped.clone());
         // Events work on connections of their own, so a pass never waits
         // for (or starves) the requests' pool; only the looks for active
-        // endpoints (once a second) use it. Their commits do not wait for
-        // the disk: one that a crash of PostgreSQL undoes was a pass that
-        // is made again from the ledger (whose commits do wait), or a
-        // delivery cut or recorded that is sent again, so nothing is lost
-        // and at worst an event is sent twice, which at least once allows;
-        // a flush a pass and a body cost the events' backends a tenth of
-        // their CPU (bench/results/decisions.md).
-        let events = db::side_pool(&self.state.db, "stockguard-events", 2, &[("synchronous_commit", "off")]);
+        // endpoints (once a second) use it.
+        let events = db::side_pool(&self.state.db, "stockguard-events", 2, &crate::events::SETTINGS);
         let poll = Duration::from_millis(limits.event_poll_ms);
         let pump = pump::spawn(self.state.db.clone(), events.clone(), poll, stopped.clone());
         let delivering = Delivering {

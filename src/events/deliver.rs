@@ -249,41 +249,10 @@ impl Task<'_> {
     }
 }
 
-/// Records `delivered` as DELIVERED, renews the lease on `endpoint_id` if
-/// this process still holds it and it is active, and takes its oldest
-/// PENDING deliveries or, when none is pending, cuts the next bodies from
-/// the outbox: the events of the types it subscribes to in each of the
-/// first outbox rows after its cursor that hold any (a row holds up to
-/// [`super::render::EVENTS_PER_ROW`] events), each recorded as a PENDING
-/// delivery, with the cursor moved past the last. At most [`BATCH`]
-/// deliveries, in the order they must be sent. None when the lease is gone;
-/// the endpoint, and its deliveries (each with its body when it is due).
-///
-/// When no row after the cursor holds an event it subscribes to, the
-/// cursor moves to the outbox's last row, past the events of other types
-/// (the pump keeps every row after any endpoint's cursor; a cursor that
-/// stopped at its last own event would keep the rest forever). The pump
-/// numbers a pass's rows in one transaction, above every row before it, so
-/// no row below the last one seen here can still appear.
-///
-/// One statement, where recording, renewing, finding, cutting and reading
-/// the body were five (the dispatcher fell behind at SPREAD x64: each
-/// round trip waits for a backend among the load's; bench/results), and
-/// one for several bodies: a statement, its commit and its round trip cost
-/// PostgreSQL about as much as the body it carries (bench/results). The
-/// deliveries just recorded are still PENDING to this statement's
-/// snapshot, so they are passed over by id. Deliveries cut by one statement
-/// share `created_at`; their first events order them. The endpoint's row
-/// is written once (the lease and the cursor in one UPDATE): PostgreSQL
-/// does not let one statement update a row twice.
-async fn next(
-    db: &DatabaseConnection,
-    me: Uuid,
-    endpoint_id: Uuid,
-    lease: Duration,
-    delivered: &[Delivered],
-) -> Result<Option<(Endpoint, Vec<Delivery>)>, DbErr> {
-    let sql = "
+/// The statement of [`next`] (public so that a test can plan it as a task
+/// does): `$1` the endpoint, `$2` this process, `$3` the lease in seconds,
+/// `$4`..`$6` the deliveries sent (ids, attempts, statuses), `$7` [`BATCH`].
+pub const STEP_SQL: &str = "
 WITH delivered AS (
     SELECT * FROM unnest($4::uuid[], $5::integer[], $6::integer[]) AS d(id, attempts, status)
 ), recorded AS (
@@ -341,6 +310,41 @@ SELECT e.url, e.secret, c.id, c.attempts, c.next_attempt_at,
        END AS body
   FROM e LEFT JOIN chosen c ON true
  ORDER BY c.seqs[1]";
+
+/// Records `delivered` as DELIVERED, renews the lease on `endpoint_id` if
+/// this process still holds it and it is active, and takes its oldest
+/// PENDING deliveries or, when none is pending, cuts the next bodies from
+/// the outbox: the events of the types it subscribes to in each of the
+/// first outbox rows after its cursor that hold any (a row holds up to
+/// [`super::render::EVENTS_PER_ROW`] events), each recorded as a PENDING
+/// delivery, with the cursor moved past the last. At most [`BATCH`]
+/// deliveries, in the order they must be sent. None when the lease is gone;
+/// the endpoint, and its deliveries (each with its body when it is due).
+///
+/// When no row after the cursor holds an event it subscribes to, the
+/// cursor moves to the outbox's last row, past the events of other types
+/// (the pump keeps every row after any endpoint's cursor; a cursor that
+/// stopped at its last own event would keep the rest forever). The pump
+/// numbers a pass's rows in one transaction, above every row before it, so
+/// no row below the last one seen here can still appear.
+///
+/// One statement, where recording, renewing, finding, cutting and reading
+/// the body were five (the dispatcher fell behind at SPREAD x64: each
+/// round trip waits for a backend among the load's; bench/results), and
+/// one for several bodies: a statement, its commit and its round trip cost
+/// PostgreSQL about as much as the body it carries (bench/results). The
+/// deliveries just recorded are still PENDING to this statement's
+/// snapshot, so they are passed over by id. Deliveries cut by one statement
+/// share `created_at`; their first events order them. The endpoint's row
+/// is written once (the lease and the cursor in one UPDATE): PostgreSQL
+/// does not let one statement update a row twice.
+async fn next(
+    db: &DatabaseConnection,
+    me: Uuid,
+    endpoint_id: Uuid,
+    lease: Duration,
+    delivered: &[Delivered],
+) -> Result<Option<(Endpoint, Vec<Delivery>)>, DbErr> {
     let values: [Value; 7] = [
         endpoint_id.into(),
         me.into(),
@@ -350,7 +354,7 @@ SELECT e.url, e.secret, c.id, c.attempts, c.next_attempt_at,
         delivered.iter().map(|d| i32::from(d.status)).collect::<Vec<i32>>().into(),
         BATCH.into(),
     ];
-    let rows = db.query_all_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
+    let rows = db.query_all_raw(Statement::from_sql_and_values(DbBackend::Postgres, STEP_SQL, values)).await?;
     let Some(first) = rows.first() else { return Ok(None) };
     let endpoint = Endpoint { url: first.try_get("", "url")?, secret: first.try_get("", "secret")? };
     let mut deliveries = Vec::with_capacity(rows.len());

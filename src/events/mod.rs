@@ -14,3 +14,25 @@ pub mod deliver;
 pub mod pump;
 pub mod render;
 pub mod retention;
+
+/// The settings of the connections events work on (`stockguard-events`,
+/// src/server.rs), where every pass and every delivery runs.
+///
+/// - Commits that do not wait for the disk: a crash or failover of
+///   PostgreSQL can undo only the last of them, and an undone pass is made
+///   again from the ledger (whose commits do wait), an undone delivery is
+///   sent again; nothing is lost, and at worst an event arrives twice,
+///   which at least once allows. A flush a pass and a step cost the events'
+///   backends a tenth of their CPU (bench/results/decisions.md).
+/// - No JIT: a pass plans as costly enough to be compiled, which took
+///   PostgreSQL two seconds of CPU per pass for a statement that runs in
+///   milliseconds.
+/// - No sequential scans: the statements are planned once per connection,
+///   often while the day's ledger partition or the outbox is still empty.
+///   A pass that scanned the partition whole read every row written since
+///   (40,006 rows, 40 ms, for a pass that found none, under `bench load
+///   reserve`); a delivery that scanned the outbox for its body visited
+///   every row the pump had deleted since the last vacuum, a quarter of
+///   the events' backends' CPU under load. The ledger's BRIN index and the
+///   outbox's key bound the reads whatever the statistics said.
+pub const SETTINGS: [(&str, &str); 3] = [("synchronous_commit", "off"), ("jit", "off"), ("enable_seqscan", "off")];

@@ -170,7 +170,6 @@ async fn pass(db: &DatabaseConnection, kept: &mut Kept) -> Result<i64, DbErr> {
     // ledger's newest rows would make every writer's insert a read-write
     // conflict.
     let txn = db.begin_with_config(Some(IsolationLevel::RepeatableRead), None).await?;
-    txn.execute_unprepared(PASS_SETTINGS).await?;
     let lock = "SELECT last_seq, seen::text AS seen, pg_current_snapshot()::text AS now_seen,
                        EXISTS (SELECT 1 FROM webhook_endpoints) AS wanted,
                        (SELECT id FROM locations WHERE code = 'default') AS home
@@ -289,20 +288,6 @@ fn write_values(mut made: Made, last_seq: i64, now_seen: String) -> Vec<Value> {
         (last_seq + made.events).into(),
     ]
 }
-
-/// The settings a pass runs with (public so that a test can plan the pass
-/// as the pump does).
-///
-/// - No JIT: the pass plans as costly enough to be compiled, which took
-///   PostgreSQL two seconds of CPU per pass for a statement that runs in
-///   milliseconds.
-/// - No sequential scans: the pass is planned once per connection, often
-///   while the day's ledger partition is still empty, and a plan that
-///   scans it whole read every row written since (40,006 rows, 40 ms, for
-///   a pass that found none, under `bench load reserve`). With the ledger's
-///   horizon a scalar, its BRIN index bounds the read whatever the
-///   statistics said when the plan was made.
-pub const PASS_SETTINGS: &str = "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true)";
 
 /// Summarizes the filled ledger ranges of the BRIN index on `txid` that no
 /// one has summarized yet, in every partition; `ranges`, how many (public

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait};
 use serde_json::{Value, json};
-use stockguard::{auth::Role, events::pump};
+use stockguard::{
+    auth::Role,
+    events::{self, deliver, pump},
+};
 
 use super::{Isolation, limits, receiver::Receiver, spawn, subscribe};
 use crate::helpers::{eventually, plan_nodes};
@@ -85,7 +88,9 @@ async fn the_pump_summarizes_the_ledger_ranges_filled_since_its_last_pass() {
 /// and whether it scanned a partition whole.
 async fn ledger_a_pass_reads(db: &DatabaseConnection) -> (i64, bool) {
     let txn = db.begin().await.expect("a transaction");
-    txn.execute_unprepared(pump::PASS_SETTINGS).await.expect("the pass's settings");
+    for (name, value) in events::SETTINGS {
+        txn.execute_unprepared(&format!("SET LOCAL {name} = '{value}'")).await.expect("the pass's settings");
+    }
     let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", pump::LEDGER_SQL);
     let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
     let plan: Value = row.expect("a plan").try_get("", "QUERY PLAN").expect("json");
@@ -137,4 +142,31 @@ async fn an_event_lists_its_fields_in_the_documented_order() {
     let at = |key: &str| event.find(&format!("\"{key}\"")).unwrap_or_else(|| panic!("no {key} in {event}"));
     let order = ["id", "type", "occurredAt", "inventoryId", "version", "data"].map(at);
     assert!(order.is_sorted(), "fields at {order:?} in {event}");
+}
+
+/// A task's step reads the outbox by its key, as its connection plans it
+/// (the events' settings, the generic plan a connection keeps, made while
+/// the outbox had no statistics): scanned whole, each body's read visited
+/// every row the pump had deleted since the last vacuum, a quarter of the
+/// events' backends' CPU under load (bench/results/decisions.md).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_step_reads_the_outbox_by_its_key_even_without_statistics() {
+    let app = spawn(Isolation::ReadCommitted, limits(&[1.0])).await;
+    let txn = app.db.begin().await.expect("a transaction");
+    for (name, value) in events::SETTINGS.into_iter().chain([("plan_cache_mode", "force_generic_plan")]) {
+        txn.execute_unprepared(&format!("SET LOCAL {name} = '{value}'")).await.expect("a setting");
+    }
+    let prepare =
+        format!("PREPARE step(uuid, uuid, float8, uuid[], integer[], integer[], bigint) AS {}", deliver::STEP_SQL);
+    txn.execute_unprepared(&prepare).await.expect("prepared");
+    let explain = "EXPLAIN (FORMAT JSON) EXECUTE step(gen_random_uuid(), gen_random_uuid(), 30, '{}', '{}', '{}', 10)";
+    let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
+    let plan: Value = row.expect("a plan").try_get("", "QUERY PLAN").expect("json");
+    txn.execute_unprepared("DEALLOCATE step").await.expect("deallocated");
+    txn.rollback().await.expect("rolled back");
+    let scans: Vec<&Value> = plan_nodes(&plan[0]["Plan"])
+        .into_iter()
+        .filter(|node| node["Relation Name"] == "outbox" && node["Node Type"] == "Seq Scan")
+        .collect();
+    assert!(scans.is_empty(), "the outbox scanned whole: {scans:?}");
 }
