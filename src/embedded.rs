@@ -65,19 +65,8 @@ impl EmbeddedPostgres {
     /// [`Self::data_dir`] says where.
     pub fn new(data_dir: &Path, port: u16) -> Result<Self, EmbeddedError> {
         let bin_dir = find_bin_dir().ok_or(EmbeddedError::NoBinaries)?;
-        std::fs::create_dir_all(data_dir)?;
-        let mut data_dir = data_dir.canonicalize()?;
-        let as_postgres_user = std::fs::metadata("/proc/self").map(|m| m.uid() == 0).unwrap_or(false);
-        if as_postgres_user && !postgres_can_enter(&data_dir) {
-            let reachable = reachable_home(&data_dir)?;
-            tracing::info!(
-                wanted = %data_dir.display(),
-                data_dir = %reachable.display(),
-                "the postgres account cannot enter the wanted folder: the private PostgreSQL lives in data_dir"
-            );
-            data_dir = reachable;
-        }
-        Ok(Self { bin_dir, data_dir, port, as_postgres_user })
+        let data_dir = reachable_by_postgres(data_dir)?;
+        Ok(Self { bin_dir, data_dir, port, as_postgres_user: is_root() })
     }
 
     /// Where the cluster's files are.
@@ -156,6 +145,31 @@ impl EmbeddedPostgres {
             Err(EmbeddedError::Tool { tool: tool.to_owned(), output: output.trim().to_owned() })
         }
     }
+}
+
+/// Whether this process runs as root (and so runs PostgreSQL's tools as `postgres`).
+pub fn is_root() -> bool {
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// The folder (made if missing) where files wanted in `wanted` go so that
+/// PostgreSQL, run as the `postgres` account, can reach them: `wanted`, or,
+/// when this process runs as root and `postgres` cannot enter `wanted` (a
+/// parent of mode 0700), `/var/tmp/stockguard-<uid>-<hash of wanted's
+/// path>`, the same on every run from the same folder.
+pub fn reachable_by_postgres(wanted: &Path) -> Result<PathBuf, EmbeddedError> {
+    std::fs::create_dir_all(wanted)?;
+    let wanted = wanted.canonicalize()?;
+    if !is_root() || postgres_can_enter(&wanted) {
+        return Ok(wanted);
+    }
+    let reachable = reachable_home(&wanted)?;
+    tracing::info!(
+        wanted = %wanted.display(),
+        reachable = %reachable.display(),
+        "the postgres account cannot enter the wanted folder: PostgreSQL's files go to the reachable one"
+    );
+    Ok(reachable)
 }
 
 /// Whether the `postgres` account can enter `dir` (every folder above it
@@ -249,10 +263,6 @@ mod tests {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
-    }
-
-    fn is_root() -> bool {
-        std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
     }
 
     #[test]

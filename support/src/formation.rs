@@ -17,6 +17,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use sea_orm::sqlx::{self, Connection as _, postgres::PgConnection};
+use stockguard::embedded::is_root;
 
 /// Loopback ports, from `base`: the monitor, the two nodes, HAProxy, the apps.
 #[derive(Debug, Clone, Copy)]
@@ -105,10 +106,6 @@ fn which(tool: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn is_root() -> bool {
-    std::process::Command::new("id").arg("-u").output().is_ok_and(|out| out.stdout.starts_with(b"0\n"))
-}
-
 impl Formation {
     /// The formation in `dir` on ports from `base`; `Err` when a tool is missing.
     pub fn new(dir: &Path, base: u16) -> anyhow::Result<Self> {
@@ -116,9 +113,13 @@ impl Formation {
         Ok(Self { dir: dir.to_path_buf(), ports: Ports { base }, bindir, as_postgres: is_root() })
     }
 
-    /// The default folder: `target/cluster` of this checkout.
+    /// The default folder: `target/cluster` of this checkout, or, as root
+    /// from a checkout the `postgres` account cannot enter (a parent of
+    /// mode 0700), `cluster` in the folder the private PostgreSQL would use
+    /// instead (`stockguard::embedded::reachable_by_postgres`).
     pub fn default_dir() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("target/cluster")
+        let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+        stockguard::embedded::reachable_by_postgres(&target).unwrap_or(target).join("cluster")
     }
 
     fn pgdata(&self, name: &str) -> PathBuf {
