@@ -249,6 +249,18 @@ async fn failures_and_timeouts_are_retried_until_accepted(isolation: Isolation) 
     .await;
 }
 
+/// `count` reserves of a unit of `item` at once, each by a customer of its
+/// own (`<who>-<n>`); every one is granted.
+async fn reserve_at_once(app: &Arc<TestApp>, item: Uuid, count: usize, who: &str) {
+    let calls = (0..count).map(|n| {
+        let (app, token) = (app.clone(), app.token(&format!("{who}-{n}"), Role::Customer));
+        async move { app.reserve(&token, json!({ "inventoryId": item, "quantity": 1 })).await }.boxed()
+    });
+    for reserved in at_once(calls.collect()).await {
+        assert_eq!(reserved["__typename"], "Reserved", "{reserved}");
+    }
+}
+
 const UPDATE_WEBHOOK: &str = "mutation($input: UpdateWebhookInput!) { updateWebhook(input: $input) { id active } }";
 
 /// A backlog of several bodies (made while the endpoint was off) is cut
@@ -272,17 +284,7 @@ async fn a_failing_body_holds_the_bodies_cut_with_it(isolation: Isolation) {
     };
     switch(false).await;
     let item = app.create_inventory("EV-BATCH", 1000).await;
-    let calls = (0..160).map(|n| {
-        let app = app.clone();
-        async move {
-            let token = app.token(&format!("ev-batch-{n}"), Role::Customer);
-            app.reserve(&token, json!({ "inventoryId": item, "quantity": 1 })).await
-        }
-        .boxed()
-    });
-    for reserved in at_once(calls.collect()).await {
-        assert_eq!(reserved["__typename"], "Reserved", "{reserved}");
-    }
+    reserve_at_once(&app, item, 160, "ev-batch").await;
     let committed = committed_changes(&app, &[item]).await;
     let numbered = format!(
         "SELECT CASE WHEN sum(cardinality(array_positions(o.types, 'STOCK_CHANGED'))) >= {} THEN count(*) ELSE 0 END

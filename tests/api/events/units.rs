@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use stockguard::auth::Role;
 use uuid::Uuid;
 
-use super::{Isolation, first_arrivals, limits, receiver::Receiver, spawn, stock_changes, subscribe};
+use super::{Isolation, first_arrivals, limits, receiver::Receiver, reserve_at_once, spawn, stock_changes, subscribe};
 use crate::helpers::{address, at_every_isolation, at_once, eventually, uuid};
 
 /// Reserves, releases, changes of quantity, checkouts, orders placed,
@@ -148,17 +148,7 @@ async fn reservations_leave_the_kept_units_unwritten(isolation: Isolation) {
     let item = app.create_inventory("EV-KEPT", 30).await;
     until_sent(&app, &receiver, item).await;
     let before = kept(&app, item).await;
-    let reserves = (0..12).map(|n| {
-        let app = app.clone();
-        async move {
-            let token = app.token(&format!("ev-kept-{n}"), Role::Customer);
-            app.reserve(&token, json!({ "inventoryId": item, "quantity": 1 })).await
-        }
-        .boxed()
-    });
-    for reserved in at_once(reserves.collect()).await {
-        assert_eq!(reserved["__typename"], "Reserved", "{reserved}");
-    }
+    reserve_at_once(&app, item, 12, "ev-kept").await;
     until_sent(&app, &receiver, item).await;
     assert_eq!(kept(&app, item).await, before, "the units kept, as they were");
     app.restock(&app.operator(), json!({ "inventoryId": item, "quantity": 5 })).await;
