@@ -6,16 +6,17 @@
 //! by one process at a time (no double send in normal operation), a slow or
 //! dead endpoint holds up only its own task, and the endpoints of a process
 //! that died are taken over when its leases run out. A task works through
-//! its endpoint's deliveries one at a time, oldest first: the next body is
+//! its endpoint's deliveries in order, oldest first: the next bodies are
 //! cut from the outbox (the events after the endpoint's cursor that it
-//! subscribes to) and recorded as a PENDING delivery, with the cursor moved,
-//! in one statement, before it is sent; it is retried until a 2xx answers
-//! or the schedule is spent (FAILED, which turns the endpoint off until
-//! `redeliverFailed` sends it again), and only then does the next one go.
-//! So an endpoint sees each inventory's and each order's events in version
-//! order, within and across bodies, and a process killed mid-send leaves a
-//! PENDING delivery that whoever leases the endpoint next sends again. A
-//! task holds one body at a time, whatever the backlog.
+//! subscribes to, a body per outbox row) and recorded as PENDING
+//! deliveries, with the cursor moved, in one statement, before they are
+//! sent; each is sent only after the one before it was answered 2xx, and is
+//! retried until a 2xx answers or the schedule is spent (FAILED, which
+//! turns the endpoint off until `redeliverFailed` sends it again). So an
+//! endpoint sees each inventory's and each order's events in version order,
+//! within and across bodies, and a process killed mid-send leaves PENDING
+//! deliveries that whoever leases the endpoint next sends again. A task
+//! holds at most `BATCH` bodies, whatever the backlog.
 
 use std::{
     collections::HashSet,
@@ -249,9 +250,10 @@ impl Task<'_> {
     }
 }
 
-/// The statement of [`next`] (public so that a test can plan it as a task
-/// does): `$1` the endpoint, `$2` this process, `$3` the lease in seconds,
-/// `$4`..`$6` the deliveries sent (ids, attempts, statuses), `$7` [`BATCH`].
+/// The statement of a task's step, `next` (public so that a test can plan
+/// it as a task does): `$1` the endpoint, `$2` this process, `$3` the lease
+/// in seconds, `$4`..`$6` the deliveries sent (ids, attempts, statuses),
+/// `$7` the most deliveries to take (`BATCH`).
 pub const STEP_SQL: &str = "
 WITH delivered AS (
     SELECT * FROM unnest($4::uuid[], $5::integer[], $6::integer[]) AS d(id, attempts, status)
