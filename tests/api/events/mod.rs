@@ -3,6 +3,7 @@
 //! `createWebhook`, and what arrived compared with what the database says
 //! was committed.
 
+mod crash;
 mod kills;
 mod migrated;
 mod receiver;

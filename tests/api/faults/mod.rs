@@ -6,7 +6,7 @@
 //! the server recovers by itself.
 
 mod lost_responses;
-mod restart;
+pub(crate) mod restart;
 mod storm;
 
 use self::lost_responses::*;

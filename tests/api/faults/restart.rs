@@ -5,7 +5,7 @@ use super::*;
 
 /// A private cluster that is never left running or on disk, even when the
 /// test fails half-way.
-pub(super) struct PrivateCluster {
+pub(crate) struct PrivateCluster {
     pub(super) cluster: EmbeddedPostgres,
     pub(super) dir: PathBuf,
     pub(super) port: u16,
@@ -15,7 +15,7 @@ impl PrivateCluster {
     /// A fresh cluster on a port PostgreSQL could bind: PostgreSQL cannot
     /// be given a listening socket nor report a port it chose, so a port
     /// someone took between [`free_port`] and the start is replaced by another.
-    pub(super) async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let dir = std::env::temp_dir().join(format!("stockguard-faults-{}", Uuid::new_v4().simple()));
         let mut failures = Vec::new();
         for _ in 0..5 {
@@ -33,7 +33,7 @@ impl PrivateCluster {
         panic!("the cluster did not start on any of 5 free ports: {failures:#?}");
     }
 
-    pub(super) fn server_url(&self) -> String {
+    pub(crate) fn server_url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}", self.port)
     }
 }
