@@ -23,7 +23,7 @@ use super::{
     until_delivered, verifies,
 };
 use crate::{
-    faults::restart::PrivateCluster,
+    faults::restart::{PrivateCluster, any},
     helpers::{Options, TestApp, eventually},
 };
 
@@ -32,7 +32,7 @@ const SEED: u64 = 0x2738;
 
 /// Whether the database answers.
 async fn answers(app: &TestApp) -> bool {
-    app.db.query_one_raw(Statement::from_string(DbBackend::Postgres, "SELECT 1")).await.is_ok()
+    any(&app.db, "SELECT 1::bigint").await
 }
 
 /// Kills one of the cluster's backends with SIGKILL, the events' own when
@@ -52,15 +52,7 @@ async fn crash(app: &TestApp) -> bool {
 async fn a_crash_of_postgresql_under_load_loses_no_event() {
     let cluster = PrivateCluster::start().await;
     let app = Arc::new(
-        TestApp::spawn_with_options(Options {
-            server_url: Some(cluster.server_url()),
-            limits: limits(&[0.05; 20]),
-            acquire_timeout_ms: 500,
-            statement_timeout_ms: 2000,
-            pool_size: 6,
-            ..Options::default()
-        })
-        .await,
+        TestApp::spawn_with_options(Options { limits: limits(&[0.05; 20]), pool_size: 6, ..cluster.options() }).await,
     );
     let receiver = Receiver::start().await;
     let secret = subscribe(&app, &receiver).await;

@@ -46,20 +46,29 @@ async fn spawn(isolation: Isolation, limits: Limits) -> Arc<TestApp> {
     Arc::new(TestApp::spawn_with_options(Options { isolation, limits, pool_size: 6, ..Options::default() }).await)
 }
 
+/// `createWebhook`'s variables for an endpoint of every event type at `receiver`.
+fn every_event_to(receiver: &Receiver) -> Value {
+    json!({ "input": { "url": receiver.url, "events": ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"] } })
+}
+
+/// An endpoint for every event type at `receiver`: what `createWebhook`
+/// answered (the endpoint and its secret).
+async fn create_endpoint(app: &TestApp, receiver: &Receiver) -> Value {
+    app.mutate(&app.operator(), "createWebhook", CREATE_WEBHOOK, every_event_to(receiver)).await
+}
+
 /// An endpoint for every event type at `receiver`; its secret.
 async fn subscribe(app: &TestApp, receiver: &Receiver) -> String {
-    let input = json!({ "url": receiver.url, "events": ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"] });
-    let created = app.mutate(&app.operator(), "createWebhook", CREATE_WEBHOOK, json!({ "input": input })).await;
+    let created = create_endpoint(app, receiver).await;
     created["secret"].as_str().unwrap_or_else(|| panic!("no secret: {created}")).to_owned()
 }
 
 /// An endpoint for every event type at `receiver`, made through server
 /// process `process`; its secret.
 async fn subscribe_process(process: &crate::process::Process, receiver: &Receiver) -> String {
-    let input = json!({ "url": receiver.url, "events": ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"] });
     let operator = process.token("operator", Role::Operator);
     let (_, created) =
-        process.graphql(Some(&operator), CREATE_WEBHOOK, json!({ "input": input })).await.expect("create");
+        process.graphql(Some(&operator), CREATE_WEBHOOK, every_event_to(receiver)).await.expect("create");
     created["data"]["createWebhook"]["secret"].as_str().expect("a secret").to_owned()
 }
 
@@ -272,8 +281,7 @@ const UPDATE_WEBHOOK: &str = "mutation($input: UpdateWebhookInput!) { updateWebh
 async fn a_failing_body_holds_the_bodies_cut_with_it(isolation: Isolation) {
     let app = spawn(isolation, limits(&[0.05, 0.05, 0.05, 0.05])).await;
     let receiver = Receiver::start().await;
-    let input = json!({ "url": receiver.url, "events": ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"] });
-    let created = app.mutate(&app.operator(), "createWebhook", CREATE_WEBHOOK, json!({ "input": input })).await;
+    let created = create_endpoint(&app, &receiver).await;
     let endpoint = created["endpoint"]["id"].as_str().unwrap_or_else(|| panic!("no endpoint: {created}")).to_owned();
     let switch = |active: bool| {
         let (app, endpoint) = (app.clone(), endpoint.clone());

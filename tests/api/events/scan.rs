@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, Statement, TransactionTrait};
 use serde_json::{Value, json};
 use stockguard::{
     auth::Role,
@@ -82,15 +82,21 @@ async fn the_pump_summarizes_the_ledger_ranges_filled_since_its_last_pass() {
     assert_eq!(unsummarized(&app.db).await, 0, "every filled range summarized by the pump");
 }
 
+/// Sets `settings` for the rest of `txn` (the events' connections have
+/// [`events::SETTINGS`]).
+async fn set_local<'a>(txn: &DatabaseTransaction, settings: impl IntoIterator<Item = (&'a str, &'a str)>) {
+    for (name, value) in settings {
+        txn.execute_unprepared(&format!("SET LOCAL {name} = '{value}'")).await.expect("a setting");
+    }
+}
+
 /// What a pass reads of the ledger, from its plan as the pump makes it (its
 /// settings, on a connection that never planned it before, so on the
 /// statistics the ledger has now: none), run and rolled back: the rows,
 /// and whether it scanned a partition whole.
 async fn ledger_a_pass_reads(db: &DatabaseConnection) -> (i64, bool) {
     let txn = db.begin().await.expect("a transaction");
-    for (name, value) in events::SETTINGS {
-        txn.execute_unprepared(&format!("SET LOCAL {name} = '{value}'")).await.expect("the pass's settings");
-    }
+    set_local(&txn, events::SETTINGS).await;
     let explain = format!("EXPLAIN (ANALYZE, FORMAT JSON) {}", pump::LEDGER_SQL);
     let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
     let plan: Value = row.expect("a plan").try_get("", "QUERY PLAN").expect("json");
@@ -153,9 +159,7 @@ async fn an_event_lists_its_fields_in_the_documented_order() {
 async fn a_step_reads_the_outbox_by_its_key_even_without_statistics() {
     let app = spawn(Isolation::ReadCommitted, limits(&[1.0])).await;
     let txn = app.db.begin().await.expect("a transaction");
-    for (name, value) in events::SETTINGS.into_iter().chain([("plan_cache_mode", "force_generic_plan")]) {
-        txn.execute_unprepared(&format!("SET LOCAL {name} = '{value}'")).await.expect("a setting");
-    }
+    set_local(&txn, events::SETTINGS.into_iter().chain([("plan_cache_mode", "force_generic_plan")])).await;
     let prepare =
         format!("PREPARE step(uuid, uuid, float8, uuid[], integer[], integer[], bigint) AS {}", deliver::STEP_SQL);
     txn.execute_unprepared(&prepare).await.expect("prepared");

@@ -4,14 +4,20 @@
 //! `committed` and `onHand` add up, and each inventory's last event says
 //! what the API says it holds.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use futures::FutureExt;
 use serde_json::{Value, json};
 use stockguard::auth::Role;
 use uuid::Uuid;
 
-use super::{Isolation, first_arrivals, limits, receiver::Receiver, reserve_at_once, spawn, stock_changes, subscribe};
+use super::{
+    Isolation, first_arrivals, limits, receiver::Receiver, reserve_at_once, spawn, stock_changes, subscribe,
+    until_delivered,
+};
 use crate::helpers::{address, at_every_isolation, at_once, eventually, uuid};
 
 /// Reserves, releases, changes of quantity, checkouts, orders placed,
@@ -131,11 +137,8 @@ async fn kept(app: &crate::helpers::TestApp, item: Uuid) -> Value {
 /// Waits until the receiver has the stock change of `item`'s current version.
 async fn until_sent(app: &crate::helpers::TestApp, receiver: &Receiver, item: Uuid) {
     let version = i64::from(app.stock_and_version(item).await.1);
-    eventually(Duration::from_secs(30), "the last change delivered", || {
-        let receiver = receiver.clone();
-        async move { stock_changes(&receiver.accepted_events()).contains(&(item, version)) }
-    })
-    .await;
+    until_delivered(receiver, &BTreeSet::from([(item, version)]), Duration::from_secs(30), "the last change delivered")
+        .await;
 }
 
 /// Reservations, made at once, change neither the units on hand nor the

@@ -36,6 +36,17 @@ impl PrivateCluster {
     pub(crate) fn server_url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:{}", self.port)
     }
+
+    /// A test server's options on this cluster: it gives up fast while the
+    /// database is away.
+    pub(crate) fn options(&self) -> Options {
+        Options {
+            server_url: Some(self.server_url()),
+            acquire_timeout_ms: 500,
+            statement_timeout_ms: 2000,
+            ..Options::default()
+        }
+    }
 }
 
 impl Drop for PrivateCluster {
@@ -65,7 +76,7 @@ pub(super) async fn subscribe(address: &str, id: Uuid) -> Socket {
 }
 
 /// Whether `sql` counts more than zero, false while the database is away.
-pub(super) async fn any(db: &DatabaseConnection, sql: &str) -> bool {
+pub(crate) async fn any(db: &DatabaseConnection, sql: &str) -> bool {
     match db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await {
         Ok(Some(row)) => row.try_get_by_index::<i64>(0).is_ok_and(|n| n > 0),
         _ => false,
@@ -80,15 +91,7 @@ pub(super) async fn readyz(app: &TestApp) -> u16 {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_database_restart_is_survived_without_restarting_the_server() {
     let cluster = PrivateCluster::start().await;
-    let app = Arc::new(
-        TestApp::spawn_with_options(Options {
-            server_url: Some(cluster.server_url()),
-            acquire_timeout_ms: 500,
-            statement_timeout_ms: 2000,
-            ..Options::default()
-        })
-        .await,
-    );
+    let app = Arc::new(TestApp::spawn_with_options(cluster.options()).await);
     let load = app.create_inventory("RESTART-LOAD", 1_000_000).await;
     let watched = app.create_inventory("RESTART-WATCHED", 100).await;
     let alice = app.token("alice", Role::Customer);
