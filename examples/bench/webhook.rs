@@ -182,7 +182,7 @@ pub async fn compare(
         measure_with(bench, server, with, url, &receiver).await
     })
     .await;
-    receiver.task.abort();
+    drop(receiver);
     result
 }
 

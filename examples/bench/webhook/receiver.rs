@@ -1,8 +1,14 @@
 //! The webhook receiver of `--webhook`: answers every POST with 204 and
-//! records what arrived and when, cheaply (the bench's one thread also
-//! drives the load): the lag of each event, the stock changes received, a
-//! repeat or a version out of order, a body not signed with the endpoint's
-//! secret.
+//! records what arrived and when: the lag of each event, the stock changes
+//! received, a repeat or a version out of order, a body not signed with the
+//! endpoint's secret.
+//!
+//! It stands for a shop's system on another machine, so it takes as little
+//! of this one as it can while the load runs: it listens on a thread of its
+//! own (not the load's), and it only keeps each body with its arrival time
+//! and signature, as docs/webhooks.md tells receivers to (answer, then
+//! work); the bodies are checked when what arrived is read, between the
+//! measured runs.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -15,7 +21,7 @@ use axum::{
     Router,
     body::Bytes,
     extract::State,
-    http::{HeaderMap, StatusCode},
+    http::{HeaderMap, HeaderValue, StatusCode},
     routing::post,
 };
 use chrono::{DateTime, Utc};
@@ -49,14 +55,28 @@ pub(super) struct Receiver {
     pub(super) url: String,
     /// The endpoint's signing secret, once created.
     pub(super) secret: Arc<OnceLock<String>>,
-    arrivals: Arc<Mutex<Arrivals>>,
-    pub(super) task: tokio::task::JoinHandle<()>,
+    shared: Arc<Shared>,
+    /// Stops the receiver's thread when dropped.
+    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-#[derive(Clone)]
-struct Hook {
+/// Most bytes of bodies kept unchecked: past them the receiver checks what
+/// it kept before it answers (a long run's bodies would not fit in memory).
+const MOST_KEPT_BYTES: usize = 256 << 20;
+
+#[derive(Default)]
+struct Shared {
     secret: Arc<OnceLock<String>>,
-    arrivals: Arc<Mutex<Arrivals>>,
+    /// The bodies not yet checked, and their bytes.
+    kept: Mutex<(Vec<Kept>, usize)>,
+    arrivals: Mutex<Arrivals>,
+}
+
+/// A body as it arrived, not yet checked.
+struct Kept {
+    at: DateTime<Utc>,
+    signature: Option<HeaderValue>,
+    body: Bytes,
 }
 
 /// A body as sent; `data` and the other fields are not read.
@@ -76,64 +96,99 @@ struct Event {
 }
 
 impl Receiver {
-    /// Listens on a free loopback port.
+    /// Listens on a free loopback port, on a thread of its own.
     pub(super) async fn start() -> anyhow::Result<Self> {
-        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+        let listener = std::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        listener.set_nonblocking(true)?;
         let port = listener.local_addr()?.port();
-        let hook = Hook { secret: Arc::default(), arrivals: Arc::default() };
-        let app = Router::new().route("/hook", post(receive)).with_state(hook.clone());
-        let task = tokio::spawn(async move {
-            if let Err(err) = axum::serve(listener, app).await {
-                eprintln!("bench: webhook: the receiver stopped: {err}");
-            }
-        });
-        Ok(Self { url: format!("http://127.0.0.1:{port}/hook"), secret: hook.secret, arrivals: hook.arrivals, task })
+        let shared = Arc::new(Shared::default());
+        let app = Router::new().route("/hook", post(receive)).with_state(shared.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name("webhook-receiver".into()).spawn(move || {
+            runtime.block_on(async move {
+                let served = async {
+                    let listener = tokio::net::TcpListener::from_std(listener)?;
+                    axum::serve(listener, app).with_graceful_shutdown(async { drop(stopped.await) }).await
+                };
+                if let Err(err) = served.await {
+                    eprintln!("bench: webhook: the receiver stopped: {err}");
+                }
+            });
+        })?;
+        let url = format!("http://127.0.0.1:{port}/hook");
+        Ok(Self { url, secret: shared.secret.clone(), shared, _stop: stop })
     }
 
-    /// What arrived so far.
+    /// What arrived so far, every body kept until now checked.
     pub(super) fn inner(&self) -> std::sync::MutexGuard<'_, Arrivals> {
-        self.arrivals.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared.check_kept()
     }
 }
 
-async fn receive(State(hook): State<Hook>, headers: HeaderMap, body: Bytes) -> StatusCode {
-    let now = Utc::now();
-    let signature = headers.get("stockguard-signature").and_then(|v| v.to_str().ok()).unwrap_or_default();
-    let signed = signed(hook.secret.get().map(String::as_str), signature, &body);
-    let parsed = serde_json::from_slice::<Body>(&body);
-    let mut arrivals = hook.arrivals.lock().unwrap_or_else(PoisonError::into_inner);
-    arrivals.bodies += 1;
-    let events = match parsed {
-        Ok(parsed) if signed => parsed.events,
-        _ => {
-            arrivals.bad += 1;
-            return StatusCode::NO_CONTENT;
-        }
+async fn receive(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+    let body = Kept { at: Utc::now(), signature: headers.get("stockguard-signature").cloned(), body };
+    let full = {
+        let mut kept = shared.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        kept.1 += body.body.len();
+        kept.0.push(body);
+        kept.1 > MOST_KEPT_BYTES
     };
-    let from = arrivals.lags_from;
-    for event in events {
-        arrivals.events += 1;
-        let (Some(inventory), Some(version)) = (event.inventory_id, event.version) else { continue };
-        if event.kind != "STOCK_CHANGED" {
-            continue;
-        }
-        if !arrivals.stock.insert((inventory, version)) {
-            arrivals.repeats += 1;
-            continue;
-        }
-        if let Some(from) = from.filter(|from| event.occurred_at >= *from) {
-            let at = (event.occurred_at - from).to_std().unwrap_or_default();
-            let lag_ms = (now - event.occurred_at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0;
-            arrivals.lags.push((at, lag_ms));
-        }
-        let newest = arrivals.newest.entry(inventory).or_insert(i64::MIN);
-        let in_order = version > *newest;
-        *newest = version.max(*newest);
-        if !in_order {
-            arrivals.out_of_order += 1;
-        }
+    if full {
+        drop(shared.check_kept());
     }
     StatusCode::NO_CONTENT
+}
+
+impl Shared {
+    /// Checks the bodies kept; what arrived.
+    fn check_kept(&self) -> std::sync::MutexGuard<'_, Arrivals> {
+        let (kept, _) = std::mem::take(&mut *self.kept.lock().unwrap_or_else(PoisonError::into_inner));
+        let mut arrivals = self.arrivals.lock().unwrap_or_else(PoisonError::into_inner);
+        let secret = self.secret.get().map(String::as_str);
+        for body in kept {
+            arrivals.check(secret, body);
+        }
+        arrivals
+    }
+}
+
+impl Arrivals {
+    /// Records a body that arrived `kept.at`.
+    fn check(&mut self, secret: Option<&str>, kept: Kept) {
+        let signature = kept.signature.as_ref().and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let signed = signed(secret, signature, &kept.body);
+        self.bodies += 1;
+        let events = match serde_json::from_slice::<Body>(&kept.body) {
+            Ok(parsed) if signed => parsed.events,
+            _ => {
+                self.bad += 1;
+                return;
+            }
+        };
+        for event in events {
+            self.events += 1;
+            let (Some(inventory), Some(version)) = (event.inventory_id, event.version) else { continue };
+            if event.kind != "STOCK_CHANGED" {
+                continue;
+            }
+            if !self.stock.insert((inventory, version)) {
+                self.repeats += 1;
+                continue;
+            }
+            if let Some(from) = self.lags_from.filter(|from| event.occurred_at >= *from) {
+                let at = (event.occurred_at - from).to_std().unwrap_or_default();
+                let lag_ms = (kept.at - event.occurred_at).num_microseconds().unwrap_or(i64::MAX) as f64 / 1000.0;
+                self.lags.push((at, lag_ms));
+            }
+            let newest = self.newest.entry(inventory).or_insert(i64::MIN);
+            let in_order = version > *newest;
+            *newest = version.max(*newest);
+            if !in_order {
+                self.out_of_order += 1;
+            }
+        }
+    }
 }
 
 /// Whether `header` is the signature of `body` with `secret`

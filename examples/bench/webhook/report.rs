@@ -84,11 +84,11 @@ impl Webhook {
              A second server of this build, on a database of its own seeded the same way, with one endpoint \
              subscribed to every event type (made through `createWebhook`; `STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK=true` \
              so it may be `http://127.0.0.1`), pointing at a receiver in the benchmark process that answers \
-             every body with 204. After the sustained run below, it took turns round by round with the main server, which has no endpoint (and \
+             every body with 204 (on a thread of its own, keeping each body to be checked after the cells, as \
+             docs/webhooks.md tells receivers: answer, then work). After the sustained run below, it took turns round by round with the main server, which has no endpoint (and \
              the older database: the cells before ran on it). With / without = res/s with the endpoint over \
              res/s without. CPU µs per reservation as in the first table; the endpoint's server's PostgreSQL \
-             CPU includes the event pump's and the dispatcher's backends, and the receiver's CPU falls on \
-             the load generator.\n\n",
+             CPU includes the event pump's and the dispatcher's backends; the receiver's CPU is in neither.\n\n",
         );
         md.push_str(&pairs::table(&self.cells, ["without", "with"]));
         let lag = &self.lag;
