@@ -18,12 +18,8 @@ use tokio::{
 use crate::{
     app::AppState,
     context::Loaders,
-    db,
     documents::Bounds,
-    events::{
-        deliver::{self, Delivering},
-        pump,
-    },
+    events::{self, deliver::Delivering},
     gateway::{Fairness, Gateway, Setup},
     inventory::{self, InventoryRow, service::InventoryService},
     live::{Feed, Live},
@@ -131,12 +127,6 @@ impl Server {
             stopped.clone(),
         );
         let partitions = partitions::spawn(self.state.db.clone(), stopped.clone());
-        // Events work on connections of their own, so a pass never waits
-        // for (or starves) the requests' pool; only the looks for active
-        // endpoints (once a second) use it.
-        let events = db::side_pool(&self.state.db, "stockguard-events", 2, &crate::events::SETTINGS);
-        let poll = Duration::from_millis(limits.event_poll_ms);
-        let pump = pump::spawn(self.state.db.clone(), events.clone(), poll, stopped.clone());
         let delivering = Delivering {
             lease: Duration::from_secs(limits.webhook_lease_secs),
             timeout: Duration::from_millis(limits.webhook_timeout_ms),
@@ -146,11 +136,11 @@ impl Server {
                 .map(|&secs| Duration::from_secs_f64(secs.max(0.0)))
                 .collect(),
             allow_loopback: limits.webhook_allow_loopback,
-            poll,
+            poll: Duration::from_millis(limits.event_poll_ms),
         };
-        let deliveries = deliver::spawn(self.state.db.clone(), events, delivering, stopped.clone());
+        let events = events::spawn(self.state.db.clone(), delivering, stopped.clone());
         let listener = self.live.spawn_listener(self.state.db.clone(), stopped);
-        Workers { stop, tasks: vec![sweeper, partitions, pump, deliveries, listener] }
+        Workers { stop, tasks: vec![sweeper, partitions, events, listener] }
     }
 }
 

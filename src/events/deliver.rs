@@ -18,18 +18,18 @@
 //! deliveries that whoever leases the endpoint next sends again. A task
 //! holds at most `BATCH` bodies, whatever the backlog.
 
-use std::{
-    collections::HashSet,
-    sync::{Arc, Mutex, PoisonError},
-    time::Duration,
-};
+use std::{collections::HashSet, time::Duration};
 
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
 use rand::RngExt as _;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, Value};
 use sha2::Sha256;
-use tokio::{sync::watch, task::JoinHandle, time::Instant};
+use tokio::{
+    sync::watch,
+    task::{JoinHandle, JoinSet},
+    time::Instant,
+};
 use uuid::Uuid;
 
 use crate::webhooks::egress;
@@ -53,9 +53,10 @@ pub struct Delivering {
 const MAX_ERROR_CHARS: usize = 300;
 
 /// Leases the endpoints nobody holds (or this process holds) and starts a
-/// task for each one not already served here, every `poll`, until `stop`.
-/// Leasing goes through `requests` (the requests' pool, open anyway);
-/// the endpoints' tasks work on `db`.
+/// task for each one not already served here, every `poll`, until `stop`;
+/// then waits (briefly) for the tasks to record what they sent, and gives
+/// the leases back. Leasing goes through `requests` (the requests' pool,
+/// open anyway); the endpoints' tasks work on `db`.
 pub fn spawn(
     requests: DatabaseConnection,
     db: DatabaseConnection,
@@ -64,7 +65,10 @@ pub fn spawn(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let me = Uuid::new_v4();
-        let serving: Arc<Mutex<HashSet<Uuid>>> = Arc::default();
+        // The endpoints served here, each by its task (which ends, with its
+        // endpoint's id, when the lease is lost).
+        let mut serving: HashSet<Uuid> = HashSet::new();
+        let mut tasks: JoinSet<Uuid> = JoinSet::new();
         let mut stop_outer = stop.clone();
         // New endpoints are looked for about as often as an idle pump looks,
         // and this process's leases renewed at least three times a lease:
@@ -79,6 +83,11 @@ pub fn spawn(
                 _ = ticks.tick() => {}
                 _ = stop_outer.changed() => break,
             }
+            while let Some(ended) = tasks.try_join_next() {
+                if let Ok(endpoint) = ended {
+                    serving.remove(&endpoint);
+                }
+            }
             let leased = match lease(&requests, me, delivering.lease).await {
                 Ok(leased) => leased,
                 Err(err) => {
@@ -87,20 +96,24 @@ pub fn spawn(
                 }
             };
             for endpoint in leased {
-                let fresh = serving.lock().unwrap_or_else(PoisonError::into_inner).insert(endpoint);
-                if fresh {
-                    let (db, delivering, serving, stop) =
-                        (db.clone(), delivering.clone(), serving.clone(), stop.clone());
-                    tokio::spawn(async move {
+                if serving.insert(endpoint) {
+                    let (db, delivering, stop) = (db.clone(), delivering.clone(), stop.clone());
+                    tasks.spawn(async move {
                         serve(&db, me, endpoint, &delivering, stop).await;
-                        serving.lock().unwrap_or_else(PoisonError::into_inner).remove(&endpoint);
+                        endpoint
                     });
                 }
             }
         }
-        // Leases lapse on their own; giving them back lets another process
-        // take over at once. Bounded: a stopping process does not wait for
-        // a database that does not answer.
+        // Each task records what it sent before it ends; one still waiting
+        // for a receiver is cut off, and its delivery sent again by whoever
+        // leases the endpoint next (at least once). Leases lapse on their
+        // own; giving them back lets another process take over at once.
+        // Bounded: a stopping process does not wait for a receiver or a
+        // database that does not answer.
+        let ended = async { while tasks.join_next().await.is_some() {} };
+        let _ = tokio::time::timeout(Duration::from_secs(1), ended).await;
+        tasks.abort_all();
         let release = "UPDATE webhook_endpoints SET leased_until = '-infinity' WHERE leased_by = $1";
         let release = requests.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, release, [me.into()]));
         let _ = tokio::time::timeout(Duration::from_secs(1), release).await;

@@ -15,6 +15,9 @@ pub mod pump;
 pub mod render;
 pub mod retention;
 
+use sea_orm::DatabaseConnection;
+use tokio::{sync::watch, task::JoinHandle};
+
 /// The settings of the connections events work on (`stockguard-events`,
 /// src/server.rs), where every pass and every delivery runs.
 ///
@@ -36,3 +39,48 @@ pub mod retention;
 ///   the events' backends' CPU under load. The ledger's BRIN index and the
 ///   outbox's key bound the reads whatever the statistics said.
 pub const SETTINGS: [(&str, &str); 3] = [("synchronous_commit", "off"), ("jit", "off"), ("enable_seqscan", "off")];
+
+/// Starts the event pump and the webhook deliveries on a thread of their
+/// own ([`THREAD`]), with connections of their own (`stockguard-events`),
+/// until `stop` turns true; the handle ends when both have stopped.
+///
+/// Not on the requests' runtime: a pass makes thousands of events at a
+/// time, and a delivery step reads and signs bodies of up to 100, each
+/// without a pause; on the requests' one thread (two cores shared with
+/// PostgreSQL, src/cli.rs) every request waited out each of them. On a
+/// thread of their own the kernel shares the cores between the two instead.
+/// Their connections are the thread's too, so neither runtime wakes the
+/// other for them; only the looks for endpoints (once a second) go through
+/// `requests`' pool, which is open anyway.
+pub fn spawn(
+    requests: DatabaseConnection,
+    delivering: deliver::Delivering,
+    stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let (done, stopped) = tokio::sync::oneshot::channel::<()>();
+    let work = move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        runtime.block_on(async move {
+            let events = crate::db::side_pool(&requests, "stockguard-events", 2, &SETTINGS);
+            let pump = pump::spawn(requests.clone(), events.clone(), delivering.poll, stop.clone());
+            let deliveries = deliver::spawn(requests, events, delivering, stop);
+            let _ = tokio::join!(pump, deliveries);
+        });
+        drop(done);
+        std::io::Result::Ok(())
+    };
+    let started = std::thread::Builder::new().name(THREAD.into()).spawn(move || {
+        if let Err(err) = work() {
+            tracing::error!(error = %err, "the events' runtime could not start: no events are sent");
+        }
+    });
+    if let Err(err) = started {
+        tracing::error!(error = %err, "the events' thread could not start: no events are sent");
+    }
+    tokio::spawn(async move {
+        let _ = stopped.await;
+    })
+}
+
+/// The name of the events' thread (as `top -H` shows it).
+pub const THREAD: &str = "sg-events";

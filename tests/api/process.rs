@@ -131,6 +131,15 @@ impl Process {
         self.server.status_kb("VmRSS").unwrap_or(0)
     }
 
+    /// The names of the process's threads (`/proc/<pid>/task/*/comm`).
+    pub fn thread_names(&self) -> Vec<String> {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.server.pid)).expect("the process's threads");
+        tasks
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .map(|name| name.trim().to_owned())
+            .collect()
+    }
+
     /// Fails the test unless the process still runs and `/healthz` answers
     /// within `within`; returns how long it took.
     pub async fn assert_serving(&mut self, within: Duration) -> Duration {

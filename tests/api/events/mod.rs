@@ -10,6 +10,7 @@ mod receiver;
 mod retention;
 mod scan;
 mod sharing;
+mod thread;
 mod units;
 
 use std::{
