@@ -292,9 +292,18 @@ WITH delivered AS (
        AND o.seq > (SELECT sent_through FROM e) AND o.types && (SELECT events FROM e)::text[]
      ORDER BY o.seq LIMIT $7
 ), picked AS (
-    SELECT n.seq, array_agg(n.first_seq + u.i - 1 ORDER BY u.i) AS seqs, array_agg(u.id ORDER BY u.i) AS ids
-      FROM next n, unnest(n.ids, n.types) WITH ORDINALITY AS u(id, type, i)
-     WHERE u.type = ANY((SELECT events FROM e)::text[]) AND n.first_seq + u.i - 1 > (SELECT sent_through FROM e)
+    -- A row all of whose events the endpoint takes (it subscribes to each
+    -- of their types, and its cursor is before them) is its body as it is:
+    -- taking it apart event by event was half of this statement's time.
+    SELECT n.seq, ARRAY(SELECT generate_series(n.first_seq, n.seq)) AS seqs, n.ids
+      FROM next n
+     WHERE n.types <@ (SELECT events FROM e)::text[] AND n.first_seq > (SELECT sent_through FROM e)
+     UNION ALL
+    SELECT n.seq, array_agg(n.first_seq + apart.i - 1 ORDER BY apart.i), array_agg(apart.id ORDER BY apart.i)
+      FROM next n, unnest(n.ids, n.types) WITH ORDINALITY AS apart(id, type, i)
+     WHERE NOT (n.types <@ (SELECT events FROM e)::text[] AND n.first_seq > (SELECT sent_through FROM e))
+       AND apart.type = ANY((SELECT events FROM e)::text[])
+       AND n.first_seq + apart.i - 1 > (SELECT sent_through FROM e)
      GROUP BY n.seq
 ), cut AS (
     INSERT INTO webhook_deliveries (endpoint_id, seqs, event_ids)

@@ -174,3 +174,68 @@ async fn a_step_reads_the_outbox_by_its_key_even_without_statistics() {
         .collect();
     assert!(scans.is_empty(), "the outbox scanned whole: {scans:?}");
 }
+
+/// A step cuts an outbox row whose events its endpoint all takes as the row
+/// is (its numbers and ids, its body): taking each row apart event by event
+/// and putting it together again was half of the step's time under load
+/// (bench/results/decisions.md). A row with events of a type the endpoint
+/// does not take is still taken apart, and only its own events are cut.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_step_cuts_a_row_whose_events_the_endpoint_all_takes_whole() {
+    let app = spawn(Isolation::ReadCommitted, limits(&[1.0])).await;
+    let me = uuid::Uuid::new_v4();
+    // All in one transaction, rolled back: no process's dispatcher or pump
+    // sees the endpoint, which this test holds the lease of anyway.
+    let txn = app.db.begin().await.expect("a transaction");
+    let endpoint = format!(
+        "INSERT INTO webhook_endpoints (url, events, secret, sent_through, leased_by, leased_until)
+         VALUES ('https://hooks.example.com/in', ARRAY['STOCK_CHANGED', 'RESERVATION_CHANGED'], 'secret', 0,
+                 '{me}', now() + interval '1 hour')
+         RETURNING id::text AS id"
+    );
+    let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, endpoint)).await.expect("an endpoint");
+    let endpoint: String = row.expect("a row").try_get("", "id").expect("its id");
+    // Rows 1..=100, all of the endpoint's types, and 101..=200, every
+    // other one an ORDER_CHANGED.
+    txn.execute_unprepared(
+        "INSERT INTO outbox (seq, first_seq, ids, types, ends, body)
+         SELECT r * 100, r * 100 - 99, ARRAY(SELECT gen_random_uuid() FROM generate_series(1, 100)),
+                ARRAY(SELECT CASE WHEN r = 2 AND i % 2 = 0 THEN 'ORDER_CHANGED' ELSE 'STOCK_CHANGED' END
+                        FROM generate_series(1, 100) i),
+                ARRAY(SELECT i * 4 - 2 FROM generate_series(1, 100) i),
+                (SELECT string_agg(lpad(i::text, 3, '0'), ',' ORDER BY i) FROM generate_series(1, 100) i)
+           FROM generate_series(1, 2) r",
+    )
+    .await
+    .expect("outbox rows");
+    let prepare =
+        format!("PREPARE step(uuid, uuid, float8, uuid[], integer[], integer[], bigint) AS {}", deliver::STEP_SQL);
+    txn.execute_unprepared(&prepare).await.expect("prepared");
+    let explain =
+        format!("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE step('{endpoint}', '{me}', 30, '{{}}', '{{}}', '{{}}', 10)");
+    let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
+    let plan: Value = row.expect("a plan").try_get("", "QUERY PLAN").expect("json");
+    let taken_apart: f64 = plan_nodes(&plan[0]["Plan"])
+        .into_iter()
+        .filter(|node| node["Alias"] == "apart")
+        .map(|node| {
+            let count = |key: &str| node[key].as_f64().unwrap_or(0.0);
+            (count("Actual Rows") + count("Rows Removed by Filter")) * count("Actual Loops")
+        })
+        .sum();
+    let cut = "SELECT (SELECT seqs = ARRAY(SELECT generate_series(1, 100)::bigint) AND event_ids = o.ids
+                         FROM outbox o WHERE o.seq = 100) AS whole,
+                      seqs = ARRAY(SELECT generate_series(101, 199, 2)::bigint) AS own
+                 FROM webhook_deliveries d WHERE d.endpoint_id = $1::text::uuid ORDER BY seqs[1]";
+    let rows = txn
+        .query_all_raw(Statement::from_sql_and_values(DbBackend::Postgres, cut, [endpoint.into()]))
+        .await
+        .expect("the deliveries cut");
+    txn.rollback().await.expect("rolled back");
+    let cut: Vec<(bool, bool)> =
+        rows.iter().map(|r| (r.try_get("", "whole").expect("whole"), r.try_get("", "own").expect("own"))).collect();
+    assert_eq!(cut.len(), 2, "a delivery a row");
+    assert!(cut[0].0, "the first row's delivery is the row's numbers and ids");
+    assert!(cut[1].1, "the second row's delivery is its STOCK_CHANGED events only");
+    assert_eq!(taken_apart, 100.0, "events taken apart one by one: only the second row's 100 should be");
+}
