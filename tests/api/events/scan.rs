@@ -151,6 +151,19 @@ async fn an_event_lists_its_fields_in_the_documented_order() {
     assert!(order.is_sorted(), "fields at {order:?} in {event}");
 }
 
+/// The plan of a task's step (`STEP_SQL`), prepared in `txn` as a task's
+/// connection prepares it, explained with `options` for `arguments`.
+async fn step_plan(txn: &DatabaseTransaction, options: &str, arguments: &str) -> Value {
+    let prepare =
+        format!("PREPARE step(uuid, uuid, float8, uuid[], integer[], integer[], bigint) AS {}", deliver::STEP_SQL);
+    txn.execute_unprepared(&prepare).await.expect("prepared");
+    let explain = format!("EXPLAIN ({options}) EXECUTE step({arguments})");
+    let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
+    let plan = row.expect("a plan").try_get("", "QUERY PLAN").expect("json");
+    txn.execute_unprepared("DEALLOCATE step").await.expect("deallocated");
+    plan
+}
+
 /// A task's step reads the outbox by its key, as its connection plans it
 /// (the events' settings, the generic plan a connection keeps, made while
 /// the outbox had no statistics): scanned whole, each body's read visited
@@ -161,13 +174,7 @@ async fn a_step_reads_the_outbox_by_its_key_even_without_statistics() {
     let app = spawn(Isolation::ReadCommitted, limits(&[1.0])).await;
     let txn = app.db.begin().await.expect("a transaction");
     set_local(&txn, events::SETTINGS.into_iter().chain([("plan_cache_mode", "force_generic_plan")])).await;
-    let prepare =
-        format!("PREPARE step(uuid, uuid, float8, uuid[], integer[], integer[], bigint) AS {}", deliver::STEP_SQL);
-    txn.execute_unprepared(&prepare).await.expect("prepared");
-    let explain = "EXPLAIN (FORMAT JSON) EXECUTE step(gen_random_uuid(), gen_random_uuid(), 30, '{}', '{}', '{}', 10)";
-    let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
-    let plan: Value = row.expect("a plan").try_get("", "QUERY PLAN").expect("json");
-    txn.execute_unprepared("DEALLOCATE step").await.expect("deallocated");
+    let plan = step_plan(&txn, "FORMAT JSON", "gen_random_uuid(), gen_random_uuid(), 30, '{}', '{}', '{}', 10").await;
     txn.rollback().await.expect("rolled back");
     let scans: Vec<&Value> = plan_nodes(&plan[0]["Plan"])
         .into_iter()
@@ -209,13 +216,8 @@ async fn a_step_cuts_a_row_whose_events_the_endpoint_all_takes_whole() {
     )
     .await
     .expect("outbox rows");
-    let prepare =
-        format!("PREPARE step(uuid, uuid, float8, uuid[], integer[], integer[], bigint) AS {}", deliver::STEP_SQL);
-    txn.execute_unprepared(&prepare).await.expect("prepared");
-    let explain =
-        format!("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE step('{endpoint}', '{me}', 30, '{{}}', '{{}}', '{{}}', 10)");
-    let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
-    let plan: Value = row.expect("a plan").try_get("", "QUERY PLAN").expect("json");
+    let arguments = format!("'{endpoint}', '{me}', 30, '{{}}', '{{}}', '{{}}', 10");
+    let plan = step_plan(&txn, "ANALYZE, FORMAT JSON", &arguments).await;
     let taken_apart: f64 = plan_nodes(&plan[0]["Plan"])
         .into_iter()
         .filter(|node| node["Alias"] == "apart")
