@@ -232,7 +232,7 @@ async fn subscribe(
     let created = &answer["data"]["createWebhook"];
     let secret = created["secret"].as_str().with_context(|| format!("createWebhook answered {answer}"))?;
     let id = created["endpoint"]["id"].as_str().and_then(|id| id.parse().ok()).context("the endpoint's id")?;
-    let _ = receiver.secret.set(secret.to_owned());
+    receiver.set_secret(secret);
     Ok((id, snapshot(db).await?))
 }
 

@@ -19,7 +19,7 @@ use sea_orm::DatabaseConnection;
 use tokio::{sync::watch, task::JoinHandle};
 
 /// The settings of the connections events work on (`stockguard-events`,
-/// src/server.rs), where every pass and every delivery runs.
+/// opened by [`spawn`]), where every pass and every delivery runs.
 ///
 /// - Commits that do not wait for the disk: a crash or failover of
 ///   PostgreSQL can undo only the last of them, and an undone pass is made

@@ -53,8 +53,6 @@ pub(super) struct Arrivals {
 pub(super) struct Receiver {
     /// `http://127.0.0.1:<port>/hook`.
     pub(super) url: String,
-    /// The endpoint's signing secret, once created.
-    pub(super) secret: Arc<OnceLock<String>>,
     shared: Arc<Shared>,
     /// Stops the receiver's thread when dropped.
     _stop: tokio::sync::oneshot::Sender<()>,
@@ -66,7 +64,8 @@ const MOST_KEPT_BYTES: usize = 256 << 20;
 
 #[derive(Default)]
 struct Shared {
-    secret: Arc<OnceLock<String>>,
+    /// The endpoint's signing secret, once created.
+    secret: OnceLock<String>,
     /// The bodies not yet checked, and their bytes.
     kept: Mutex<(Vec<Kept>, usize)>,
     arrivals: Mutex<Arrivals>,
@@ -117,7 +116,12 @@ impl Receiver {
             });
         })?;
         let url = format!("http://127.0.0.1:{port}/hook");
-        Ok(Self { url, secret: shared.secret.clone(), shared, _stop: stop })
+        Ok(Self { url, shared, _stop: stop })
+    }
+
+    /// The endpoint's signing secret, once it is created.
+    pub(super) fn set_secret(&self, secret: &str) {
+        let _ = self.shared.secret.set(secret.to_owned());
     }
 
     /// What arrived so far, every body kept until now checked.
