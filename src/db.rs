@@ -320,6 +320,27 @@ pub async fn connect(url: &str, config: &DatabaseConfig) -> Result<DatabaseConne
     Ok(db)
 }
 
+/// Returns once everything committed before it, on the server `db` reaches,
+/// is as durable as a commit of this process: flushed, and held by the
+/// synchronous standby where one is required. For an answer that reports
+/// a write another request made (a replay of an idempotency key, an order
+/// already cancelled): the commit that made it may not be.
+///
+/// A commit that waits for its standby is shown to no one, but once the
+/// wait is cut short (its backend ended, the postmaster killed) it is done
+/// locally, and a primary restarted after a crash shows what its own WAL
+/// holds, sent or not. A first attempt cut off so (its client saw an
+/// error) is visible to the client's retry; a replay read from it
+/// acknowledged a write that a failover after it undid (`examples/failover`,
+/// kill-primary: an order lost). A transaction that writes WAL commits
+/// after every commit it could see, and its commit waits for the WAL up to
+/// its own record to be flushed and replicated: a transactional logical
+/// message is the least WAL there is (no table, no lock, allowed to every
+/// role).
+pub async fn durable(db: &impl ConnectionTrait) -> Result<(), DbErr> {
+    db.execute_unprepared("SELECT pg_logical_emit_message(true, 'stockguard', 'durable')").await.map(drop)
+}
+
 /// A small pool beside `db`'s, for background work that must never take a
 /// connection a request waits for: the same server and settings, named
 /// `name` in `pg_stat_activity`, at most `size` connections, opened only

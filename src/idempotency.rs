@@ -350,7 +350,9 @@ struct Claim {
 }
 
 /// The claim of this user's key, if any; `IDEMPOTENCY_KEY_REUSED` when a
-/// different request (of any operation) made it.
+/// different request (of any operation) made it. A claim of this request
+/// is returned once its first outcome is durable ([`crate::db::durable`]):
+/// every replay is answered from it.
 async fn claim(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Claim>, AppError> {
     let claim = Claim::find_by_statement(Statement::from_sql_and_values(
         DbBackend::Postgres,
@@ -361,7 +363,11 @@ async fn claim(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Opti
     .await?;
     match claim {
         Some(claim) if !key.matches(&claim.request_fingerprint) => Err(AppError::IdempotencyKeyReused),
-        claim => Ok(claim),
+        Some(claim) => {
+            crate::db::durable(db).await?;
+            Ok(Some(claim))
+        }
+        None => Ok(None),
     }
 }
 

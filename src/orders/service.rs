@@ -262,7 +262,14 @@ impl OrderService {
         let Self { db, limits, .. } = self;
         for attempt in 1..=MAX_ATTEMPTS {
             match attempt_transition(db, limits, user, id, transition).await {
-                Ok(Attempt::Finished(outcome)) => return Ok(outcome),
+                Ok(Attempt::Finished(outcome)) => {
+                    // A refusal tells the client where another request left
+                    // the order (a retried cancel finds it cancelled).
+                    if let TransitionOutcome::NotAllowed(_) = outcome {
+                        crate::db::durable(db).await?;
+                    }
+                    return Ok(outcome);
+                }
                 Ok(Attempt::LostRace) => {
                     tracing::debug!(attempt, %id, "order modified concurrently, retrying");
                     telemetry::collision_retry("order_version");

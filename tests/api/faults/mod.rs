@@ -5,6 +5,7 @@
 //! `DATABASE_UNAVAILABLE`, nothing is half-written (the invariant holds), and
 //! the server recovers by itself.
 
+mod durable;
 mod lost_responses;
 pub(crate) mod restart;
 mod storm;

@@ -1,0 +1,125 @@
+//! A write acknowledged only once it is durable, also when the answer is a
+//! replay or a refusal that reports it: on a private cluster that requires
+//! a synchronous standby which never comes. A commit waiting for it is cut
+//! off (its backend ended, as when a primary is killed mid-commit): its
+//! client is told nothing, and the commit is done locally, visible to every
+//! session and on no standby, as on a primary restarted from its own WAL.
+
+use super::*;
+use tokio::task::JoinHandle;
+
+use crate::helpers::{address, error_code};
+
+/// The cluster requires (`on`) or stops requiring a standby named `nobody`.
+async fn require_a_standby(admin: &DatabaseConnection, on: bool) {
+    let set = if on {
+        "ALTER SYSTEM SET synchronous_standby_names = 'nobody'"
+    } else {
+        "ALTER SYSTEM RESET synchronous_standby_names"
+    };
+    admin.execute_unprepared(set).await.expect("ALTER SYSTEM");
+    admin.execute_unprepared("SELECT pg_reload_conf()").await.expect("reload");
+    let wanted = if on { "nobody" } else { "" };
+    eventually(Duration::from_secs(10), "the setting is in force", || async {
+        let row = admin.query_one_raw(Statement::from_string(DbBackend::Postgres, "SHOW synchronous_standby_names"));
+        row.await.ok().flatten().and_then(|row| row.try_get_by_index::<String>(0).ok()).as_deref() == Some(wanted)
+    })
+    .await;
+}
+
+/// Ends the requests' backends waiting for the standby until `request` has
+/// answered, as a primary killed while their commits waited would: each
+/// commit is kept, and its client told nothing. What it answered.
+async fn cut_off(admin: &DatabaseConnection, database: &str, request: JoinHandle<Value>) -> Value {
+    let sql = format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+          WHERE datname = '{database}' AND wait_event = 'SyncRep' AND query NOT LIKE '%pg_logical_emit_message%'"
+    );
+    eventually(Duration::from_secs(20), "the request's commit is cut off", || async {
+        any(admin, &sql).await;
+        request.is_finished()
+    })
+    .await;
+    request.await.expect("the request")
+}
+
+/// Whether `request` came to wait for the standby (a backend of `database`
+/// waits in `SyncRep` for the durability check) without answering first:
+/// an answer before that acknowledged a write no standby holds. The
+/// caller stops requiring the standby before it fails the test, so that
+/// nothing is left waiting for it.
+async fn waits_for_the_standby(admin: &DatabaseConnection, database: &str, request: &JoinHandle<Value>) -> bool {
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE datname = '{database}' AND wait_event = 'SyncRep' AND query LIKE '%pg_logical_emit_message%'"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !request.is_finished() && Instant::now() < deadline {
+        if any(admin, &sql).await {
+            return !request.is_finished();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replayed_or_refused_write_is_answered_only_once_the_first_is_durable() {
+    let cluster = PrivateCluster::start().await;
+    let app = Arc::new(TestApp::spawn_with_options(cluster.options()).await);
+    let database = app.database_url.rsplit('/').next().expect("a database name").to_owned();
+    let admin = sea_orm::Database::connect(format!("{}/postgres", cluster.server_url())).await.expect("admin");
+    let item = app.create_inventory("DURABLE-1", 10).await;
+    let alice = app.token("alice", Role::Customer);
+    let input = json!({
+        "items": [{ "inventoryId": item, "quantity": 1 }],
+        "shippingAddress": address("1 Main St"),
+        "idempotencyKey": "durable-1",
+    });
+    let place = |app: Arc<TestApp>, token: String, input: Value| {
+        tokio::spawn(async move { app.place_order(&token, input).await })
+    };
+
+    // The first placeOrder commits, and its commit waits for the standby.
+    require_a_standby(&admin, true).await;
+    let first = place(app.clone(), alice.clone(), input.clone());
+    let placed = "SELECT count(*) FROM orders WHERE user_id = 'alice'";
+    let first = cut_off(&admin, &database, first).await;
+    // Cut off, the commit is done locally: visible to every session, on no standby.
+    assert_eq!(app.count(placed).await, 1, "the first order is committed");
+    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "the client learns nothing of the order: {first}");
+
+    // Its retry finds the key claimed: it may answer only once the claim is durable.
+    let retry = place(app.clone(), alice.clone(), input.clone());
+    let waited = waits_for_the_standby(&admin, &database, &retry).await;
+    require_a_standby(&admin, false).await;
+    let retry = retry.await.expect("the retry");
+    assert!(waited, "the replay answered before a standby held the first order: {retry}");
+    assert_eq!(retry["__typename"], "OrderPlaced", "{retry}");
+    let order: Uuid = retry["order"]["id"].as_str().and_then(|id| id.parse().ok()).expect("an order id");
+    assert_eq!(app.count(placed).await, 1, "the retry replayed the first order");
+
+    // A cancel cut off in the same way; its retry is refused (the order is
+    // cancelled), and that refusal too waits for the standby.
+    require_a_standby(&admin, true).await;
+    let cancel = {
+        let (app, alice) = (app.clone(), alice.clone());
+        tokio::spawn(async move { app.cancel(&alice, order).await })
+    };
+    let cancel = cut_off(&admin, &database, cancel).await;
+    let cancelled = format!("SELECT count(*) FROM orders WHERE id = '{order}' AND status = 'CANCELLED'");
+    assert_eq!(app.count(&cancelled).await, 1, "the cancel is committed");
+    assert_eq!(error_code(&cancel), Some("DATABASE_UNAVAILABLE"), "{cancel}");
+    let again = {
+        let (app, alice) = (app.clone(), alice.clone());
+        tokio::spawn(async move { app.cancel(&alice, order).await })
+    };
+    let waited = waits_for_the_standby(&admin, &database, &again).await;
+    require_a_standby(&admin, false).await;
+    let again = again.await.expect("the retried cancel");
+    assert!(waited, "the refusal answered before a standby held the cancel: {again}");
+    assert_eq!(again["__typename"], "OrderCannotBeCancelled", "{again}");
+    assert_eq!(again["order"]["status"], "CANCELLED", "{again}");
+    app.assert_invariant().await;
+    admin.close().await.expect("close");
+}
