@@ -61,9 +61,9 @@ pub(super) struct Receiver {
 /// Most bytes of bodies kept unchecked: past them the receiver checks what
 /// it kept before it answers (a long run's bodies would not fit in memory).
 /// Above what the cells send (about 350 MiB in the default full run, under
-/// 1 GiB at 24 s a side): a check is a burst of a second of CPU, and one that fell in a
-/// round with the endpoint counted against it (at 256 MiB, two or three
-/// fell inside the cells of every full run).
+/// 1 GiB at 24 s a side): a check is a burst of a second of CPU, and one
+/// that fell in a round with the endpoint counted against it (at 256 MiB,
+/// two or three fell inside the cells of every full run).
 const MOST_KEPT_BYTES: usize = 2 << 30;
 
 #[derive(Default)]

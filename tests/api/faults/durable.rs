@@ -76,13 +76,18 @@ async fn a_replayed_or_refused_write_is_answered_only_once_the_first_is_durable(
         "shippingAddress": address("1 Main St"),
         "idempotencyKey": "durable-1",
     });
-    let place = |app: Arc<TestApp>, token: String, input: Value| {
-        tokio::spawn(async move { app.place_order(&token, input).await })
+    let place = |input: Value| {
+        let (app, alice) = (app.clone(), alice.clone());
+        tokio::spawn(async move { app.place_order(&alice, input).await })
+    };
+    let cancel = |order: Uuid| {
+        let (app, alice) = (app.clone(), alice.clone());
+        tokio::spawn(async move { app.cancel(&alice, order).await })
     };
 
     // The first placeOrder commits, and its commit waits for the standby.
     require_a_standby(&admin, true).await;
-    let first = place(app.clone(), alice.clone(), input.clone());
+    let first = place(input.clone());
     let placed = "SELECT count(*) FROM orders WHERE user_id = 'alice'";
     let first = cut_off(&admin, &database, first).await;
     // Cut off, the commit is done locally: visible to every session, on no standby.
@@ -90,7 +95,7 @@ async fn a_replayed_or_refused_write_is_answered_only_once_the_first_is_durable(
     assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "the client learns nothing of the order: {first}");
 
     // Its retry finds the key claimed: it may answer only once the claim is durable.
-    let retry = place(app.clone(), alice.clone(), input.clone());
+    let retry = place(input);
     let waited = waits_for_the_standby(&admin, &database, &retry).await;
     require_a_standby(&admin, false).await;
     let retry = retry.await.expect("the retry");
@@ -102,18 +107,11 @@ async fn a_replayed_or_refused_write_is_answered_only_once_the_first_is_durable(
     // A cancel cut off in the same way; its retry is refused (the order is
     // cancelled), and that refusal too waits for the standby.
     require_a_standby(&admin, true).await;
-    let cancel = {
-        let (app, alice) = (app.clone(), alice.clone());
-        tokio::spawn(async move { app.cancel(&alice, order).await })
-    };
-    let cancel = cut_off(&admin, &database, cancel).await;
+    let first_cancel = cut_off(&admin, &database, cancel(order)).await;
     let cancelled = format!("SELECT count(*) FROM orders WHERE id = '{order}' AND status = 'CANCELLED'");
     assert_eq!(app.count(&cancelled).await, 1, "the cancel is committed");
-    assert_eq!(error_code(&cancel), Some("DATABASE_UNAVAILABLE"), "{cancel}");
-    let again = {
-        let (app, alice) = (app.clone(), alice.clone());
-        tokio::spawn(async move { app.cancel(&alice, order).await })
-    };
+    assert_eq!(error_code(&first_cancel), Some("DATABASE_UNAVAILABLE"), "{first_cancel}");
+    let again = cancel(order);
     let waited = waits_for_the_standby(&admin, &database, &again).await;
     require_a_standby(&admin, false).await;
     let again = again.await.expect("the retried cancel");
