@@ -110,6 +110,15 @@ pub enum Lines {
 /// began (a change of quantity that took from a new location) shows rows
 /// that do not add up to its quantity, and the statement is run again
 /// (`retry_stale_read`).
+///
+/// The allocations are found by key through an array of the lines' ids,
+/// which PostgreSQL can only look up in the index, not by joining the
+/// lines as a set: a join with lines it cannot count (an UPDATE's result)
+/// was planned, on tables never analyzed, as a sequential scan of every
+/// allocation ever made, and on 3 million of them every sweep ran into the
+/// statement timeout, so expired stock never came back
+/// (bench/results/decisions.md, "the sweeper stuck behind a plan without
+/// statistics").
 pub fn per_line(lines: &str, what: Lines, reason: MovementReason, order_id: &str, locked: bool) -> String {
     let (stock, delta, stock_after) = match what {
         Lines::Return => ("i.stock + t.quantity", "p.quantity", "n.stock - n.total + n.upto"),
@@ -131,7 +140,7 @@ pub fn per_line(lines: &str, what: Lines, reason: MovementReason, order_id: &str
     format!(
         r#"parts AS MATERIALIZED (
     SELECT reservation_id, location_id, quantity FROM allocations
-     WHERE reservation_id IN (SELECT id FROM {lines})
+     WHERE reservation_id = ANY (ARRAY(SELECT id FROM {lines}))
        FOR UPDATE
 ), checked AS (
     SELECT bool_and(CASE WHEN coalesce(p.quantity, 0) = e.quantity THEN true ELSE retry_stale_read() END) AS ok

@@ -7,7 +7,7 @@ use stockguard::{
     db::StatementPool,
     pagination::Page,
     reservations::{store, sweeper},
-    stock::{DISTINCT_RESERVE_SQL, coalesced::CoalescedReserve},
+    stock::{DISTINCT_RESERVE_SQL, coalesced::CoalescedReserve, returning, shipping},
 };
 use uuid::Uuid;
 
@@ -75,6 +75,48 @@ async fn the_sweep_is_planned_once() {
     let custom: i64 = row.try_get_by_index(1).expect("custom plans");
     assert_eq!(custom, 0, "sweeps planned one by one");
     session.rollback().await.expect("rollback");
+}
+
+/// The statements that give stock back or ship it find a line's
+/// allocations by key, whatever the tables hold and whether or not they
+/// were ever analyzed: on tables without statistics, a join of the lines
+/// with `allocations` was planned as a sequential scan of every allocation
+/// (100,000 here are enough), and with 3 million of them every sweep ran
+/// into the statement timeout, so expired stock never came back
+/// (bench/results/decisions.md, "the sweeper stuck behind a plan without
+/// statistics").
+#[tokio::test(flavor = "multi_thread")]
+async fn returning_and_shipping_read_allocations_by_key_even_without_statistics() {
+    let app = TestApp::spawn().await;
+    app.db
+        .execute_unprepared(
+            "ALTER TABLE allocations SET (autovacuum_enabled = false); \
+             ALTER TABLE reservations SET (autovacuum_enabled = false); \
+             INSERT INTO reservations (id, inventory_id, user_id, quantity, status) \
+             SELECT gen_random_uuid(), gen_random_uuid(), 'history', 1, 'RELEASED' FROM generate_series(1, 100000); \
+             INSERT INTO allocations (reservation_id, location_id, quantity) \
+             SELECT id, gen_random_uuid(), 1 FROM reservations;",
+        )
+        .await
+        .expect("history");
+    let unanalyzed = "SELECT count(*) FROM pg_stat_user_tables WHERE relname IN ('allocations', 'reservations') \
+                      AND last_analyze IS NULL AND last_autoanalyze IS NULL";
+    assert_eq!(app.count(unanalyzed).await, 2, "the tables have no statistics");
+    let id = Uuid::new_v4();
+    let statements = [
+        ("sweep", returning::sweep(500)),
+        ("release", returning::release(id, "history")),
+        ("cancel_order", returning::cancel_order(id)),
+        ("fulfil_order", shipping::fulfil_order(id)),
+    ];
+    for (name, mut statement) in statements {
+        statement.sql = format!("EXPLAIN (FORMAT JSON) {}", statement.sql);
+        let row = app.db.query_one_raw(statement).await.expect("explain").expect("a plan");
+        let plan: serde_json::Value = row.try_get_by_index(0).expect("plan");
+        let mut sequential = Vec::new();
+        sequential_scans(&plan[0]["Plan"], &mut sequential);
+        assert!(!sequential.contains(&"allocations".to_owned()), "{name} scans allocations whole: {plan:#}");
+    }
 }
 
 /// Asked for the first page of a user with many reservations among many
