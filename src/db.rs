@@ -277,9 +277,18 @@ pub async fn ensure_database(url: &str) -> Result<(), DbErr> {
 }
 
 /// Opens the pool. Every connection gets the `statement_timeout`, so no
-/// statement can hold a connection (and its locks) for longer. With several
+/// statement can hold a connection (and its locks) for longer, and runs
+/// without JIT (`jit = off`; the pools beside it inherit both). With several
 /// hosts (or `target_session_attrs=read-write`) the pool follows the primary
 /// (see [`primary`]).
+///
+/// Every statement here runs for milliseconds, so JIT never pays for
+/// itself, and PostgreSQL compiles a plan anew at every execution whose
+/// estimated cost passes `jit_above_cost`, which a plan made without
+/// statistics easily does: on 2.8 million reservations never analyzed,
+/// the sweep (finding nothing due) compiled 141 functions in 620 ms every
+/// second, two thirds of a core taken from the requests for as long as the
+/// tables went unanalyzed (bench/results/decisions.md, "JIT").
 pub async fn connect(url: &str, config: &DatabaseConfig) -> Result<DatabaseConnection, DbErr> {
     let (primary, first) = pick_host(url, config.acquire_timeout()).await?;
     let mut opts = ConnectOptions::new(first);
@@ -289,6 +298,7 @@ pub async fn connect(url: &str, config: &DatabaseConfig) -> Result<DatabaseConne
         .connect_timeout(config.acquire_timeout())
         .statement_timeout(config.statement_timeout())
         .set_application_name("stockguard")
+        .map_sqlx_postgres_opts(|options| options.options([("jit", "off")]))
         // sqlx pings every connection it hands out by default: a round trip
         // per transaction. Only one that sat idle (it may have died) is worth one.
         .test_before_acquire_if_idle_for(Duration::from_secs(1))

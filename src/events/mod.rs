@@ -19,7 +19,8 @@ use sea_orm::DatabaseConnection;
 use tokio::{sync::watch, task::JoinHandle};
 
 /// The settings of the connections events work on (`stockguard-events`,
-/// opened by [`spawn`]), where every pass and every delivery runs.
+/// opened by [`spawn`]), where every pass and every delivery runs, beyond
+/// those of every connection of the server (no JIT, `crate::db::connect`).
 ///
 /// - Commits that do not wait for the disk: a crash or failover of
 ///   PostgreSQL can undo only the last of them, and an undone pass is made
@@ -27,9 +28,6 @@ use tokio::{sync::watch, task::JoinHandle};
 ///   sent again; nothing is lost, and at worst an event arrives twice,
 ///   which at least once allows. A flush a pass and a step cost the events'
 ///   backends a tenth of their CPU (bench/results/decisions.md).
-/// - No JIT: a pass plans as costly enough to be compiled, which took
-///   PostgreSQL two seconds of CPU per pass for a statement that runs in
-///   milliseconds.
 /// - No sequential scans: the statements are planned once per connection,
 ///   often while the day's ledger partition or the outbox is still empty.
 ///   A pass that scanned the partition whole read every row written since
@@ -38,7 +36,7 @@ use tokio::{sync::watch, task::JoinHandle};
 ///   every row the pump had deleted since the last vacuum, a quarter of
 ///   the events' backends' CPU under load. The ledger's BRIN index and the
 ///   outbox's key bound the reads whatever the statistics said.
-pub const SETTINGS: [(&str, &str); 3] = [("synchronous_commit", "off"), ("jit", "off"), ("enable_seqscan", "off")];
+pub const SETTINGS: [(&str, &str); 2] = [("synchronous_commit", "off"), ("enable_seqscan", "off")];
 
 /// Starts the event pump and the webhook deliveries on a thread of their
 /// own ([`THREAD`]), with connections of their own (`stockguard-events`),
