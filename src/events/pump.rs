@@ -42,14 +42,16 @@ use crate::stock::{
     rows::{ReservationStatus, sql},
 };
 
-/// The ledger rows of the transactions committed since the last pass.
+/// The ledger rows of the transactions committed since the last pass, and
+/// where each lies (its partition and heap block, for [`summarize`]).
 ///
 /// The horizon is a scalar (an InitPlan), so that it bounds the BRIN index
 /// scan and prunes the partitions whatever the statistics: as a join with
 /// the pump's row, an unanalyzed ledger was read whole by every pass.
 pub const LEDGER_SQL: &str = "
 SELECT m.id, m.inventory_id, m.version_after, m.reason, m.delta, m.location_id, m.stock_after,
-       m.reservation_id, m.order_id, m.created_at
+       m.reservation_id, m.order_id, m.created_at,
+       m.tableoid::bigint AS partition, (m.ctid::text::point)[0]::bigint AS block
   FROM stock_movements m
  WHERE m.txid >= (SELECT pg_snapshot_xmin(seen)::text::bigint FROM event_pump)
    AND NOT pg_visible_in_snapshot(m.txid::text::xid8, (SELECT seen FROM event_pump))";
@@ -143,6 +145,7 @@ pub async fn pump_once(
     requests: &DatabaseConnection,
     db: &DatabaseConnection,
     kept: &mut Kept,
+    ranges: &mut Summarized,
 ) -> Result<Option<i64>, DbErr> {
     // No endpoint, no pass: it would lock every day of the ledger for
     // nothing. Whoever creates the first endpoint moves the pump's snapshot
@@ -155,17 +158,21 @@ pub async fn pump_once(
     if !row.map_or(Ok(false), |row| row.try_get::<bool>("", "any"))? {
         return Ok(None);
     }
-    summarize(db).await;
     match pass(db, kept).await {
         // Another process's pass committed after this one's snapshot: it
         // pumped what this one would have.
         Err(err) if crate::db::classify(&err).is_collision() => Ok(Some(0)),
-        pumped => pumped.map(Some),
+        Err(err) => Err(err),
+        Ok((events, filling)) => {
+            summarize(db, filling, ranges).await;
+            Ok(Some(events))
+        }
     }
 }
 
-/// One pass (see the module's comment).
-async fn pass(db: &DatabaseConnection, kept: &mut Kept) -> Result<i64, DbErr> {
+/// One pass (see the module's comment): how many events it numbered, and
+/// the lowest heap block of each ledger partition it read rows from.
+async fn pass(db: &DatabaseConnection, kept: &mut Kept) -> Result<(i64, HashMap<i64, i64>), DbErr> {
     // REPEATABLE READ, not SERIALIZABLE: a serializable reader of the
     // ledger's newest rows would make every writer's insert a read-write
     // conflict.
@@ -176,7 +183,7 @@ async fn pass(db: &DatabaseConnection, kept: &mut Kept) -> Result<i64, DbErr> {
                   FROM event_pump FOR UPDATE SKIP LOCKED";
     let Some(pump) = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, lock)).await? else {
         txn.commit().await?;
-        return Ok(0);
+        return Ok((0, HashMap::new()));
     };
     let last_seq: i64 = pump.try_get("", "last_seq")?;
     let now_seen: String = pump.try_get("", "now_seen")?;
@@ -185,14 +192,22 @@ async fn pass(db: &DatabaseConnection, kept: &mut Kept) -> Result<i64, DbErr> {
     }
     // The last endpoint may have gone since the look: the snapshot moves on
     // and nothing is made.
-    let (moves, recorded) = if pump.try_get::<bool>("", "wanted")? {
+    let (ledger, recorded) = if pump.try_get::<bool>("", "wanted")? {
         (
-            read(&txn, LEDGER_SQL, Vec::new(), read_move).await?,
+            read(&txn, LEDGER_SQL, Vec::new(), read_ledger_row).await?,
             read(&txn, RECORDED_SQL, Vec::new(), read_recorded).await?,
         )
     } else {
         (Vec::new(), Vec::new())
     };
+    let mut filling: HashMap<i64, i64> = HashMap::new();
+    let moves: Vec<Move> = ledger
+        .into_iter()
+        .map(|(change, (partition, block))| {
+            filling.entry(partition).and_modify(|lowest| *lowest = block.min(*lowest)).or_insert(block);
+            change
+        })
+        .collect();
     let pass = Pass::new(&moves, &recorded, pump.try_get("", "home")?);
     let (known, unknown): (Vec<Uuid>, Vec<Uuid>) =
         pass.touched().into_iter().partition(|id| kept.units.contains_key(id));
@@ -212,7 +227,7 @@ async fn pass(db: &DatabaseConnection, kept: &mut Kept) -> Result<i64, DbErr> {
     txn.commit().await?;
     kept.seen = Some(now_seen);
     kept.units.extend(after.into_iter().map(|(id, h, c)| (id, (h, c))));
-    Ok(events)
+    Ok((events, filling))
 }
 
 /// The rows of `sql` with `values`, each read by `each`.
@@ -224,6 +239,12 @@ async fn read<T>(
 ) -> Result<Vec<T>, DbErr> {
     let rows = txn.query_all_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
     rows.iter().map(each).collect()
+}
+
+/// A row of [`LEDGER_SQL`]: the change, and its partition and block.
+fn read_ledger_row(row: &QueryResult) -> Result<(Move, (i64, i64)), DbErr> {
+    let lies = (row.try_get("", "partition")?, row.try_get("", "block")?);
+    Ok((read_move(row)?, lies))
 }
 
 fn read_move(row: &QueryResult) -> Result<Move, DbErr> {
@@ -289,30 +310,74 @@ fn write_values(mut made: Made, last_seq: i64, now_seen: String) -> Vec<Value> {
     ]
 }
 
-/// Summarizes the filled ledger ranges of the BRIN index on `txid` that no
-/// one has summarized yet, in every partition; `ranges`, how many (public
-/// so that a test can count what a pass left).
-pub const SUMMARIZE_SQL: &str = "SELECT coalesce(sum(brin_summarize_new_values(i.inhrelid)), 0)::bigint AS ranges
-  FROM pg_inherits i WHERE i.inhparent = 'stock_movements_txid'::regclass";
+/// Summarizes the ranges of the ledger's BRIN index on `txid` that have
+/// filled since the last pass, so that the next pass skips them, and never
+/// the ones still filling: `$1` the partitions the pass read rows from,
+/// `$2` the lowest block it read in each, `$3` the block below which this
+/// process summarized each at its last pass (0 the first time). In those
+/// partitions it summarizes the ranges from `$3`'s up to the one holding
+/// `$2`'s block; every other partition (a past day's), whole.
+///
+/// Why not the ranges still filling: a summarized range must widen its
+/// summary for every row inserted into it (transaction ids only grow), a
+/// lock of the index page and a WAL record inside every reserve statement;
+/// unsummarized, an insert leaves the index alone. Summarizing the ledger
+/// with `brin_summarize_new_values`, which takes the last range too, every
+/// 100 ms cost the HOT chain 4.6 % of its reservations on its own
+/// (bench/results/decisions.md, "JIT"), and bought the pump nothing: the
+/// range holding the newest rows is read by every pass either way.
+///
+/// Why at all: an unsummarized range is read by every pass, and autovacuum
+/// summarizes (`autosummarize`) only when it visits: under load it did not
+/// within a minute, every pass read the whole day's ledger again (132,295
+/// rows for 2,404 new ones, 45 ms, under `bench --webhook`), and the pump
+/// fell further behind the longer the load went on.
+const SUMMARIZE_SQL: &str = "
+SELECT coalesce(sum(CASE WHEN f.partition IS NULL THEN brin_summarize_new_values(h.inhrelid) ELSE (
+           SELECT coalesce(sum(brin_summarize_range(h.inhrelid, b)), 0)
+             FROM generate_series(f.done / r.pages * r.pages, f.lowest / r.pages * r.pages - r.pages, r.pages) AS b
+       ) END), 0)::bigint AS ranges
+  FROM pg_inherits h
+  JOIN pg_index x ON x.indexrelid = h.inhrelid
+  JOIN pg_class c ON c.oid = h.inhrelid
+  CROSS JOIN LATERAL (
+    SELECT coalesce((SELECT option_value::bigint FROM pg_options_to_table(c.reloptions)
+                      WHERE option_name = 'pages_per_range'), 128) AS pages
+  ) r
+  LEFT JOIN unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS f(partition, lowest, done)
+    ON f.partition = x.indrelid::bigint
+ WHERE h.inhparent = 'stock_movements_txid'::regclass";
 
-/// Summarizes the ledger's BRIN ranges on `txid` that have filled since
-/// the last pass, so that the next pass skips them. An unsummarized range
-/// is read by every pass, and autovacuum summarizes (`autosummarize`) only
-/// when it visits: under load it did not within a minute, every pass read
-/// the whole day's ledger again (132,295 rows for 2,404 new ones, 45 ms,
-/// under `bench --webhook`), and the pump fell further behind the longer
-/// the load went on. A range still filling is always read; a lock it cannot
-/// have at once (a vacuum of the ledger) skips the summary for this pass,
-/// so the pump never waits for it.
-async fn summarize(db: &DatabaseConnection) {
+/// Where this process's pump has summarized the ledger: the partitions
+/// its last pass with rows read them from, each with the lowest block it
+/// read there, below which every range is summarized (see [`summarize`]).
+#[derive(Default)]
+pub struct Summarized {
+    below: HashMap<i64, i64>,
+}
+
+/// Summarizes the ranges below the ones still filling (see
+/// [`SUMMARIZE_SQL`]); `filling`, the lowest block a pass read in each
+/// partition. A pass that read no rows leaves the partitions of the last
+/// one that did as they are (they are still filling: a pause in the load
+/// is no reason to summarize the ranges the next reserves write to); a
+/// pass that read rows summarizes whole every other partition (yesterday's,
+/// after midnight). A lock it cannot have at once (a vacuum of the ledger)
+/// skips the summary for this pass, so the pump never waits for it.
+async fn summarize(db: &DatabaseConnection, filling: HashMap<i64, i64>, ranges: &mut Summarized) {
+    let listed = if filling.is_empty() { ranges.below.clone() } else { filling };
+    let (partitions, lowest): (Vec<i64>, Vec<i64>) = listed.iter().map(|(&p, &b)| (p, b)).unzip();
+    let done: Vec<i64> = partitions.iter().map(|p| ranges.below.get(p).copied().unwrap_or(0)).collect();
     let summarized = async {
         let txn = db.begin().await?;
         txn.execute_unprepared("SET LOCAL lock_timeout = '20ms'").await?;
-        txn.query_one_raw(Statement::from_string(DbBackend::Postgres, SUMMARIZE_SQL)).await?;
+        let values: [Value; 3] = [partitions.into(), lowest.into(), done.into()];
+        txn.query_one_raw(Statement::from_sql_and_values(DbBackend::Postgres, SUMMARIZE_SQL, values)).await?;
         txn.commit().await
     };
-    if let Err(err) = summarized.await {
-        tracing::debug!(error = %err, "the ledger's new BRIN ranges were not summarized this pass");
+    match summarized.await {
+        Ok(()) => ranges.below = listed,
+        Err(err) => tracing::debug!(error = %err, "the ledger's filled BRIN ranges were not summarized this pass"),
     }
 }
 
@@ -326,9 +391,9 @@ pub fn spawn(
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut kept = Kept::default();
+        let (mut kept, mut ranges) = (Kept::default(), Summarized::default());
         loop {
-            let pause = match pump_once(&requests, &db, &mut kept).await {
+            let pause = match pump_once(&requests, &db, &mut kept, &mut ranges).await {
                 Ok(Some(_)) => interval,
                 Ok(None) => IDLE.max(interval),
                 Err(err) => {

@@ -19,13 +19,25 @@ use stockguard::{
 use super::{Isolation, limits, receiver::Receiver, spawn, subscribe};
 use crate::helpers::{eventually, plan_nodes};
 
-/// Filled ledger ranges of this test's database that no one summarized.
-async fn unsummarized(db: &impl ConnectionTrait) -> i64 {
-    // Summarizing is the only way to count them: what it summarizes now,
-    // the pump had left.
-    let sql = pump::SUMMARIZE_SQL;
+/// The ranges of the ledger's BRIN index that no one summarized, in the
+/// partition of its newest row: those below the range that holds that row,
+/// and that range itself (0 or 1). Summarizing is the only way to count
+/// them: what it summarizes now, the pump had left.
+async fn unsummarized(db: &impl ConnectionTrait) -> (i64, i64) {
+    let sql = "
+WITH newest AS (
+    SELECT tableoid, (ctid::text::point)[0]::bigint AS block FROM stock_movements ORDER BY txid DESC LIMIT 1
+), ledger AS (
+    SELECT x.indexrelid AS index, n.block / 16 * 16 AS filling
+      FROM newest n JOIN pg_index x ON x.indrelid = n.tableoid
+      JOIN pg_inherits h ON h.inhrelid = x.indexrelid AND h.inhparent = 'stock_movements_txid'::regclass
+)
+SELECT (SELECT coalesce(sum(brin_summarize_range(l.index, b)), 0) FROM generate_series(0, l.filling - 16, 16) b)::bigint AS filled,
+       brin_summarize_range(l.index, l.filling)::bigint AS filling
+  FROM ledger l";
     let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await.expect("summarize");
-    row.expect("a row").try_get("", "ranges").expect("ranges")
+    let row = row.expect("a row");
+    (row.try_get("", "filled").expect("filled"), row.try_get("", "filling").expect("filling"))
 }
 
 /// A test server whose ledger holds 30,000 rows written before its one
@@ -76,10 +88,18 @@ async fn a_reservation_sent(app: &crate::helpers::TestApp, sku: &str) -> Receive
 /// Ledger rows written before the endpoint.
 const OLD_ROWS: i64 = 30_000;
 
+/// The pump summarizes every range of the ledger below the one its newest
+/// rows are written to, and leaves that one alone: a summarized range must
+/// widen its summary for every row inserted into it, inside every reserve
+/// statement (4.6 % of the HOT chain's reservations, bench/results).
 #[tokio::test(flavor = "multi_thread")]
-async fn the_pump_summarizes_the_ledger_ranges_filled_since_its_last_pass() {
+async fn the_pump_summarizes_the_ledger_ranges_filled_and_not_the_one_filling() {
     let (app, _receiver) = a_long_ledger_then_a_change().await;
-    assert_eq!(unsummarized(&app.db).await, 0, "every filled range summarized by the pump");
+    // Passes with nothing new have come since the change's was pumped.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (filled, filling) = unsummarized(&app.db).await;
+    assert_eq!(filled, 0, "every filled range summarized by the pump");
+    assert_eq!(filling, 1, "the range still filling was left unsummarized");
 }
 
 /// Sets `settings` for the rest of `txn` (the events' connections have
