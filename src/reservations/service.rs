@@ -276,7 +276,7 @@ impl ReservationService {
         }
         Ok(match store::find(&self.db, id).await?.filter(|r| r.user_id == owner) {
             None => ReleaseOutcome::NotFound,
-            Some(reservation) => ReleaseOutcome::NotActive(reservation),
+            Some(reservation) => ReleaseOutcome::NotActive(self.reported(reservation).await?),
         })
     }
 
@@ -297,11 +297,11 @@ impl ReservationService {
                 return Ok(ChangeOutcome::NotFound);
             };
             if domain::status_at(&reservation, Utc::now()) != ReservationStatus::Active {
-                return Ok(ChangeOutcome::NotActive(reservation));
+                return Ok(ChangeOutcome::NotActive(self.reported(reservation).await?));
             }
             let needed = quantity - reservation.quantity;
             if needed == 0 {
-                return Ok(ChangeOutcome::Changed { reservation, inventory });
+                return Ok(ChangeOutcome::Changed { reservation: self.reported(reservation).await?, inventory });
             }
             let available = store::available_for_more(&self.db, &reservation).await?;
             if needed > available {
@@ -332,8 +332,17 @@ impl ReservationService {
         }
         Ok(match store::find(&self.db, id).await?.filter(|r| r.user_id == owner) {
             None => ExtendOutcome::NotFound,
-            Some(reservation) => ExtendOutcome::NotActive(reservation),
+            Some(reservation) => ExtendOutcome::NotActive(self.reported(reservation).await?),
         })
+    }
+
+    /// `reservation`, as another request left it (a retried release finds
+    /// it released by the first attempt), once that request's commit is
+    /// durable: an answer that reports a write must not come before it
+    /// (`crate::db::durable`).
+    async fn reported(&self, reservation: ReservationRow) -> Result<ReservationRow, AppError> {
+        crate::db::durable(&self.db).await?;
+        Ok(reservation)
     }
 }
 

@@ -121,3 +121,66 @@ async fn a_replayed_or_refused_write_is_answered_only_once_the_first_is_durable(
     app.assert_invariant().await;
     admin.close().await.expect("close");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_retried_change_or_release_reports_the_first_only_once_it_is_durable() {
+    let cluster = PrivateCluster::start().await;
+    let app = Arc::new(TestApp::spawn_with_options(cluster.options()).await);
+    let database = app.database_url.rsplit('/').next().expect("a database name").to_owned();
+    let admin = sea_orm::Database::connect(format!("{}/postgres", cluster.server_url())).await.expect("admin");
+    let item = app.create_inventory("DURABLE-2", 10).await;
+    let alice = app.token("alice", Role::Customer);
+    let reserved = app.reserve(&alice, json!({ "inventoryId": item, "quantity": 2 })).await;
+    let held: Uuid = reserved["reservation"]["id"].as_str().and_then(|id| id.parse().ok()).expect("a reservation");
+    let change = |quantity: i32| {
+        let (app, alice) = (app.clone(), alice.clone());
+        tokio::spawn(async move { app.change_quantity(&alice, held, quantity).await })
+    };
+    let release = || {
+        let (app, alice) = (app.clone(), alice.clone());
+        tokio::spawn(async move { app.release(&alice, held).await })
+    };
+
+    // A change to 3 units cut off; its retry finds the reservation at 3
+    // already, and that answer waits for the standby.
+    require_a_standby(&admin, true).await;
+    let first = cut_off(&admin, &database, change(3)).await;
+    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "{first}");
+    let three = format!("SELECT count(*) FROM reservations WHERE id = '{held}' AND quantity = 3");
+    assert_eq!(app.count(&three).await, 1, "the change is committed");
+    let again = change(3);
+    let waited = waits_for_the_standby(&admin, &database, &again).await;
+    require_a_standby(&admin, false).await;
+    let again = again.await.expect("the retried change");
+    assert!(waited, "the retry answered before a standby held the change: {again}");
+    assert_eq!(again["__typename"], "ReservationChanged", "{again}");
+    assert_eq!(again["reservation"]["quantity"], 3, "{again}");
+
+    // A release cut off; its retry finds the reservation released.
+    require_a_standby(&admin, true).await;
+    let first = cut_off(&admin, &database, release()).await;
+    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "{first}");
+    let released = format!("SELECT count(*) FROM reservations WHERE id = '{held}' AND status = 'RELEASED'");
+    assert_eq!(app.count(&released).await, 1, "the release is committed");
+    let again = release();
+    let waited = waits_for_the_standby(&admin, &database, &again).await;
+    require_a_standby(&admin, false).await;
+    let again = again.await.expect("the retried release");
+    assert!(waited, "the refusal answered before a standby held the release: {again}");
+    assert_eq!(again["__typename"], "ReservationNotActive", "{again}");
+    assert_eq!(again["reservation"]["status"], "RELEASED", "{again}");
+
+    // An extension of it is refused on the release's word, and waits too.
+    require_a_standby(&admin, true).await;
+    let extend = {
+        let (app, alice) = (app.clone(), alice.clone());
+        tokio::spawn(async move { app.extend(&alice, held, 60).await })
+    };
+    let waited = waits_for_the_standby(&admin, &database, &extend).await;
+    require_a_standby(&admin, false).await;
+    let extend = extend.await.expect("the extension");
+    assert!(waited, "the refusal answered before a standby held the release: {extend}");
+    assert_eq!(extend["__typename"], "ReservationNotActive", "{extend}");
+    app.assert_invariant().await;
+    admin.close().await.expect("close");
+}
