@@ -18,7 +18,7 @@
 //! deliveries that whoever leases the endpoint next sends again. A task
 //! holds at most `BATCH` bodies, whatever the backlog.
 
-use std::{collections::HashSet, time::Duration};
+use std::{collections::HashMap, time::Duration};
 
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
@@ -27,7 +27,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, 
 use sha2::Sha256;
 use tokio::{
     sync::watch,
-    task::{JoinHandle, JoinSet},
+    task::{self, JoinHandle, JoinSet},
     time::Instant,
 };
 use uuid::Uuid;
@@ -65,10 +65,7 @@ pub fn spawn(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let me = Uuid::new_v4();
-        // The endpoints served here, each by its task (which ends, with its
-        // endpoint's id, when the lease is lost).
-        let mut serving: HashSet<Uuid> = HashSet::new();
-        let mut tasks: JoinSet<Uuid> = JoinSet::new();
+        let mut serving = Serving::default();
         let mut stop_outer = stop.clone();
         // New endpoints are looked for about as often as an idle pump looks,
         // and this process's leases renewed at least three times a lease:
@@ -83,11 +80,7 @@ pub fn spawn(
                 _ = ticks.tick() => {}
                 _ = stop_outer.changed() => break,
             }
-            while let Some(ended) = tasks.try_join_next() {
-                if let Ok(endpoint) = ended {
-                    serving.remove(&endpoint);
-                }
-            }
+            serving.reap();
             let leased = match lease(&requests, me, delivering.lease).await {
                 Ok(leased) => leased,
                 Err(err) => {
@@ -96,12 +89,9 @@ pub fn spawn(
                 }
             };
             for endpoint in leased {
-                if serving.insert(endpoint) {
+                if !serving.serves(endpoint) {
                     let (db, delivering, stop) = (db.clone(), delivering.clone(), stop.clone());
-                    tasks.spawn(async move {
-                        serve(&db, me, endpoint, &delivering, stop).await;
-                        endpoint
-                    });
+                    serving.start(endpoint, async move { serve(&db, me, endpoint, &delivering, stop).await });
                 }
             }
         }
@@ -111,13 +101,49 @@ pub fn spawn(
         // own; giving them back lets another process take over at once.
         // Bounded: a stopping process does not wait for a receiver or a
         // database that does not answer.
-        let ended = async { while tasks.join_next().await.is_some() {} };
+        let ended = async { while serving.tasks.join_next().await.is_some() {} };
         let _ = tokio::time::timeout(Duration::from_secs(1), ended).await;
-        tasks.abort_all();
+        serving.tasks.abort_all();
         let release = "UPDATE webhook_endpoints SET leased_until = '-infinity' WHERE leased_by = $1";
         let release = requests.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, release, [me.into()]));
         let _ = tokio::time::timeout(Duration::from_secs(1), release).await;
     })
+}
+
+/// The endpoints served here, each by its task, which ends when the lease
+/// is lost.
+#[derive(Default)]
+struct Serving {
+    tasks: JoinSet<()>,
+    endpoints: HashMap<task::Id, Uuid>,
+}
+
+impl Serving {
+    fn serves(&self, endpoint: Uuid) -> bool {
+        self.endpoints.values().any(|&served| served == endpoint)
+    }
+
+    fn start(&mut self, endpoint: Uuid, serve: impl Future<Output = ()> + Send + 'static) {
+        let started = self.tasks.spawn(serve);
+        self.endpoints.insert(started.id(), endpoint);
+    }
+
+    /// Forgets the endpoints whose task has ended, so that the next lease
+    /// starts each one again: one whose lease was lost, and one whose task
+    /// panicked. A panicked task's endpoint, kept, would have its lease
+    /// renewed by this process for ever and be served by none.
+    fn reap(&mut self) {
+        while let Some(ended) = self.tasks.try_join_next_with_id() {
+            let id = match ended {
+                Ok((id, ())) => id,
+                Err(err) => {
+                    tracing::error!(error = %err, "a webhook endpoint's task ended abnormally; it starts again");
+                    err.id()
+                }
+            };
+            self.endpoints.remove(&id);
+        }
+    }
 }
 
 /// Leases (or renews) every active endpoint that is free or already this
@@ -552,4 +578,26 @@ async fn record(
         tracing::warn!(delivery = %id, attempts, "a webhook delivery spent its schedule: FAILED, endpoint off");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_endpoint_whose_task_panicked_is_served_again_and_the_others_still_are() {
+        let (failing, lasting) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut serving = Serving::default();
+        serving.start(failing, async { panic!("a bug in a delivery") });
+        serving.start(lasting, std::future::pending());
+        for _ in 0..1000 {
+            tokio::task::yield_now().await;
+            serving.reap();
+            if !serving.serves(failing) {
+                break;
+            }
+        }
+        assert!(!serving.serves(failing), "the panicked task's endpoint is still taken as served");
+        assert!(serving.serves(lasting), "a running task's endpoint is forgotten");
+    }
 }
