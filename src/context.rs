@@ -61,6 +61,25 @@ pub trait FromPool: Send + Sync + 'static {
     fn from_pool(db: DatabaseConnection) -> Self;
 }
 
+/// Declares a loader that holds nothing but the pool its batch statements
+/// run on (every loader so far), made by [`FromPool`]; its `Loader` impl
+/// reads through `self.db`.
+macro_rules! pool_loader {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        pub struct $name {
+            db: sea_orm::DatabaseConnection,
+        }
+
+        impl $crate::context::FromPool for $name {
+            fn from_pool(db: sea_orm::DatabaseConnection) -> Self {
+                Self { db }
+            }
+        }
+    };
+}
+pub(crate) use pool_loader;
+
 /// A request's DataLoaders, each made the first time one of its resolvers
 /// asks for it. Made up front, the nine of them (and their places in the
 /// request's data) were allocated for every operation, most of which use

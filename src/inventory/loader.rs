@@ -10,22 +10,15 @@
 use std::{collections::HashMap, sync::Arc};
 
 use async_graphql::dataloader::Loader;
-use sea_orm::{DatabaseConnection, DbErr};
+use sea_orm::DbErr;
 use uuid::Uuid;
 
 use super::InventoryRow as Model;
-use crate::context::FromPool;
+use crate::context::pool_loader;
 
-/// Loads inventories by id in batches.
-pub struct InventoryLoader {
-    /// The pool the batch statement runs on.
-    db: DatabaseConnection,
-}
-
-impl FromPool for InventoryLoader {
-    fn from_pool(db: DatabaseConnection) -> Self {
-        Self { db }
-    }
+pool_loader! {
+    /// Loads inventories by id in batches.
+    InventoryLoader
 }
 
 impl Loader<Uuid> for InventoryLoader {
@@ -38,17 +31,10 @@ impl Loader<Uuid> for InventoryLoader {
     }
 }
 
-/// Loads inventories by SKU in batches, so aliased `inventoryBySku` fields
-/// cost one statement however many there are.
-pub struct InventoryBySkuLoader {
-    /// The pool the batch statement runs on.
-    db: DatabaseConnection,
-}
-
-impl FromPool for InventoryBySkuLoader {
-    fn from_pool(db: DatabaseConnection) -> Self {
-        Self { db }
-    }
+pool_loader! {
+    /// Loads inventories by SKU in batches, so aliased `inventoryBySku` fields
+    /// cost one statement however many there are.
+    InventoryBySkuLoader
 }
 
 impl Loader<String> for InventoryBySkuLoader {
@@ -61,16 +47,9 @@ impl Loader<String> for InventoryBySkuLoader {
     }
 }
 
-/// Loads ledger rows by id in batches (for `node(id:)`).
-pub struct MovementLoader {
-    /// The pool the batch statement runs on.
-    db: DatabaseConnection,
-}
-
-impl FromPool for MovementLoader {
-    fn from_pool(db: DatabaseConnection) -> Self {
-        Self { db }
-    }
+pool_loader! {
+    /// Loads ledger rows by id in batches (for `node(id:)`).
+    MovementLoader
 }
 
 impl Loader<Uuid> for MovementLoader {

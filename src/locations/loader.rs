@@ -9,22 +9,15 @@
 use std::{collections::HashMap, sync::Arc};
 
 use async_graphql::dataloader::Loader;
-use sea_orm::{DatabaseConnection, DbErr};
+use sea_orm::DbErr;
 use uuid::Uuid;
 
 use super::{LocationRow, store, store::LevelState};
-use crate::{context::FromPool, stock::rows::AllocationRow};
+use crate::{context::pool_loader, stock::rows::AllocationRow};
 
-/// Loads locations by id in batches.
-pub struct LocationLoader {
-    /// The pool the batch statement runs on.
-    db: DatabaseConnection,
-}
-
-impl FromPool for LocationLoader {
-    fn from_pool(db: DatabaseConnection) -> Self {
-        Self { db }
-    }
+pool_loader! {
+    /// Loads locations by id in batches.
+    LocationLoader
 }
 
 impl Loader<Uuid> for LocationLoader {
@@ -37,17 +30,10 @@ impl Loader<Uuid> for LocationLoader {
     }
 }
 
-/// Loads the levels of inventories by inventory id in batches, each
-/// inventory's by priority then code; an inventory with none has an empty list.
-pub struct LevelsLoader {
-    /// The pool the batch statement runs on.
-    db: DatabaseConnection,
-}
-
-impl FromPool for LevelsLoader {
-    fn from_pool(db: DatabaseConnection) -> Self {
-        Self { db }
-    }
+pool_loader! {
+    /// Loads the levels of inventories by inventory id in batches, each
+    /// inventory's by priority then code; an inventory with none has an empty list.
+    LevelsLoader
 }
 
 impl Loader<Uuid> for LevelsLoader {
@@ -63,17 +49,10 @@ impl Loader<Uuid> for LevelsLoader {
     }
 }
 
-/// Loads the allocations of reservations (and order lines) by reservation
-/// id in batches, each reservation's by priority then code.
-pub struct AllocationsLoader {
-    /// The pool the batch statement runs on.
-    db: DatabaseConnection,
-}
-
-impl FromPool for AllocationsLoader {
-    fn from_pool(db: DatabaseConnection) -> Self {
-        Self { db }
-    }
+pool_loader! {
+    /// Loads the allocations of reservations (and order lines) by reservation
+    /// id in batches, each reservation's by priority then code.
+    AllocationsLoader
 }
 
 impl Loader<Uuid> for AllocationsLoader {

@@ -5,22 +5,15 @@
 use std::{collections::HashMap, sync::Arc};
 
 use async_graphql::dataloader::Loader;
-use sea_orm::{DatabaseConnection, DbErr};
+use sea_orm::DbErr;
 use uuid::Uuid;
 
 use super::domain::Order;
-use crate::{context::FromPool, reservations::ReservationRow};
+use crate::{context::pool_loader, reservations::ReservationRow};
 
-/// Loads orders by id in batches.
-pub struct OrderLoader {
-    /// The pool the batch statement runs on.
-    db: DatabaseConnection,
-}
-
-impl FromPool for OrderLoader {
-    fn from_pool(db: DatabaseConnection) -> Self {
-        Self { db }
-    }
+pool_loader! {
+    /// Loads orders by id in batches.
+    OrderLoader
 }
 
 impl Loader<Uuid> for OrderLoader {
@@ -33,16 +26,9 @@ impl Loader<Uuid> for OrderLoader {
     }
 }
 
-/// Loads order lines by order id in batches.
-pub struct OrderLinesLoader {
-    /// The pool the batch statement runs on.
-    db: DatabaseConnection,
-}
-
-impl FromPool for OrderLinesLoader {
-    fn from_pool(db: DatabaseConnection) -> Self {
-        Self { db }
-    }
+pool_loader! {
+    /// Loads order lines by order id in batches.
+    OrderLinesLoader
 }
 
 impl Loader<Uuid> for OrderLinesLoader {

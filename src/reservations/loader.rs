@@ -5,22 +5,15 @@
 use std::{collections::HashMap, sync::Arc};
 
 use async_graphql::dataloader::Loader;
-use sea_orm::{DatabaseConnection, DbErr};
+use sea_orm::DbErr;
 use uuid::Uuid;
 
 use super::ReservationRow;
-use crate::context::FromPool;
+use crate::context::pool_loader;
 
-/// Loads reservations by id in batches.
-pub struct ReservationLoader {
-    /// The pool the batch statement runs on.
-    db: DatabaseConnection,
-}
-
-impl FromPool for ReservationLoader {
-    fn from_pool(db: DatabaseConnection) -> Self {
-        Self { db }
-    }
+pool_loader! {
+    /// Loads reservations by id in batches.
+    ReservationLoader
 }
 
 impl Loader<Uuid> for ReservationLoader {
