@@ -18,7 +18,7 @@
 //! deliveries that whoever leases the endpoint next sends again. A task
 //! holds at most `BATCH` bodies, whatever the backlog.
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::LazyLock, time::Duration};
 
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
@@ -223,6 +223,18 @@ struct Delivered {
     status: u16,
 }
 
+impl Delivered {
+    /// The values [`recording_delivered`] reads `delivered` from: their
+    /// ids, the attempt each was answered at, and the statuses.
+    fn values(delivered: &[Self]) -> [Value; 3] {
+        [
+            delivered.iter().map(|d| d.id).collect::<Vec<Uuid>>().into(),
+            delivered.iter().map(|d| d.attempts + 1).collect::<Vec<i32>>().into(),
+            delivered.iter().map(|d| i32::from(d.status)).collect::<Vec<i32>>().into(),
+        ]
+    }
+}
+
 /// Most deliveries one step takes and sends.
 const BATCH: i64 = 10;
 
@@ -270,7 +282,7 @@ impl Task<'_> {
                     self.delivered.push(Delivered { id: delivery.id, attempts: delivery.attempts, status });
                 }
                 _ => {
-                    record(self.db, delivery.id, delivery.attempts, &outcome, delivering).await?;
+                    record_failure(self.db, delivery.id, delivery.attempts, &outcome, delivering).await?;
                     break;
                 }
             }
@@ -280,28 +292,43 @@ impl Task<'_> {
 
     /// Records the deliveries sent, if the task stops before its next step.
     async fn flush(&mut self) {
-        for Delivered { id, attempts, status } in std::mem::take(&mut self.delivered) {
-            let outcome = Attempt { status: Some(status), error: None };
-            if let Err(err) = record(self.db, id, attempts, &outcome, self.delivering).await {
-                tracing::warn!(error = %err, delivery = %id, "a delivered webhook could not be recorded; it will be sent again");
-            }
+        let delivered = std::mem::take(&mut self.delivered);
+        if delivered.is_empty() {
+            return;
+        }
+        let sql = recording_delivered("unnest($1::uuid[], $2::integer[], $3::integer[]) AS d(id, attempts, status)");
+        let values = Delivered::values(&delivered);
+        if let Err(err) = self.db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await {
+            tracing::warn!(error = %err, deliveries = delivered.len(), "delivered webhooks could not be recorded; they will be sent again");
         }
     }
+}
+
+/// Records as DELIVERED the deliveries that `sent` (a `FROM` item `d` of
+/// `id`, `attempts` and `status`) says were answered 2xx at that attempt,
+/// if still PENDING: in a task's step ([`STEP_SQL`]), and on its own when
+/// a task stops ([`Task::flush`]).
+fn recording_delivered(sent: &str) -> String {
+    format!(
+        "UPDATE webhook_deliveries w
+            SET status = 'DELIVERED', attempts = d.attempts, last_attempt_at = now(), last_response_status = d.status,
+                last_error = NULL, next_attempt_at = now(), delivered_at = now()
+           FROM {sent}
+          WHERE w.id = d.id AND w.status = 'PENDING'"
+    )
 }
 
 /// The statement of a task's step, `next` (public so that a test can plan
 /// it as a task does): `$1` the endpoint, `$2` this process, `$3` the lease
 /// in seconds, `$4`..`$6` the deliveries sent (ids, attempts, statuses),
 /// `$7` the most deliveries to take (`BATCH`).
-pub const STEP_SQL: &str = "
+pub static STEP_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "
 WITH delivered AS (
     SELECT * FROM unnest($4::uuid[], $5::integer[], $6::integer[]) AS d(id, attempts, status)
 ), recorded AS (
-    UPDATE webhook_deliveries w
-       SET status = 'DELIVERED', attempts = d.attempts, last_attempt_at = now(), last_response_status = d.status,
-           last_error = NULL, next_attempt_at = now(), delivered_at = now()
-      FROM delivered d
-     WHERE w.id = d.id AND w.status = 'PENDING'
+    {recorded}
 ), e AS MATERIALIZED (
     SELECT url, secret, sent_through, events FROM webhook_endpoints
      WHERE id = $1 AND leased_by = $2 AND active AND leased_until > now()
@@ -351,17 +378,20 @@ WITH delivered AS (
 )
 SELECT e.url, e.secret, c.id, c.attempts, c.next_attempt_at,
        CASE WHEN c.next_attempt_at <= now() THEN
-           '{\"events\":[' || coalesce((SELECT CASE WHEN cardinality(o.ids) = cardinality(c.seqs) THEN o.body ELSE (
+           '{{\"events\":[' || coalesce((SELECT CASE WHEN cardinality(o.ids) = cardinality(c.seqs) THEN o.body ELSE (
                -- An endpoint subscribed to some of the row's types: its events, cut out.
                SELECT string_agg(substr(o.body, CASE WHEN u.i = 1 THEN 1 ELSE o.ends[u.i - 1] + 2 END,
                                         o.ends[u.i] - CASE WHEN u.i = 1 THEN 0 ELSE o.ends[u.i - 1] + 1 END),
                                  ',' ORDER BY u.i)
                  FROM generate_subscripts(o.ids, 1) AS u(i) WHERE o.first_seq + u.i - 1 = ANY(c.seqs)) END
               FROM (SELECT * FROM outbox WHERE seq >= c.seqs[1] ORDER BY seq LIMIT 1) o
-             WHERE o.first_seq <= c.seqs[1]), '') || ']}'
+             WHERE o.first_seq <= c.seqs[1]), '') || ']}}'
        END AS body
   FROM e LEFT JOIN chosen c ON true
- ORDER BY c.seqs[1]";
+ ORDER BY c.seqs[1]",
+        recorded = recording_delivered("delivered d"),
+    )
+});
 
 /// Records `delivered` as DELIVERED, renews the lease on `endpoint_id` if
 /// this process still holds it and it is active, and takes its oldest
@@ -397,16 +427,10 @@ async fn next(
     lease: Duration,
     delivered: &[Delivered],
 ) -> Result<Option<(Endpoint, Vec<Delivery>)>, DbErr> {
-    let values: [Value; 7] = [
-        endpoint_id.into(),
-        me.into(),
-        lease.as_secs_f64().into(),
-        delivered.iter().map(|d| d.id).collect::<Vec<Uuid>>().into(),
-        delivered.iter().map(|d| d.attempts + 1).collect::<Vec<i32>>().into(),
-        delivered.iter().map(|d| i32::from(d.status)).collect::<Vec<i32>>().into(),
-        BATCH.into(),
-    ];
-    let rows = db.query_all_raw(Statement::from_sql_and_values(DbBackend::Postgres, STEP_SQL, values)).await?;
+    let [ids, attempts, statuses] = Delivered::values(delivered);
+    let values: [Value; 7] =
+        [endpoint_id.into(), me.into(), lease.as_secs_f64().into(), ids, attempts, statuses, BATCH.into()];
+    let rows = db.query_all_raw(Statement::from_sql_and_values(DbBackend::Postgres, STEP_SQL.as_str(), values)).await?;
     let Some(first) = rows.first() else { return Ok(None) };
     let endpoint = Endpoint { url: first.try_get("", "url")?, secret: first.try_get("", "secret")? };
     let mut deliveries = Vec::with_capacity(rows.len());
@@ -534,13 +558,14 @@ fn without_url(err: &reqwest::Error) -> String {
     text.chars().take(MAX_ERROR_CHARS).collect()
 }
 
-/// Records the attempt after `made_before` others of delivery `id`:
-/// DELIVERED on a 2xx; else the next attempt after the schedule's next
-/// wait (with jitter), or FAILED when the schedule is spent,
-/// which also turns the endpoint off (`disabled_at`) in the same statement:
-/// every later body would wait out the whole schedule too, while the
-/// cursor keeps its place for `redeliverFailed` to resume from.
-async fn record(
+/// Records the failed attempt after `made_before` others of delivery
+/// `id` (a 2xx is recorded by [`recording_delivered`]): the next attempt
+/// after the schedule's next wait (with jitter), or FAILED when the
+/// schedule is spent, which also turns the endpoint off (`disabled_at`) in
+/// the same statement: every later body would wait out the whole schedule
+/// too, while the cursor keeps its place for `redeliverFailed` to resume
+/// from.
+async fn record_failure(
     db: &DatabaseConnection,
     id: Uuid,
     made_before: i32,
@@ -549,16 +574,14 @@ async fn record(
 ) -> Result<(), DbErr> {
     let attempts = made_before + 1;
     let wait = usize::try_from(made_before).ok().and_then(|i| delivering.schedule.get(i)).copied();
-    let (status, wait_secs) = match (&attempt.error, wait) {
-        (None, _) => ("DELIVERED", 0.0),
-        (Some(_), Some(wait)) => ("PENDING", wait.as_secs_f64() * rand::rng().random_range(0.8..1.2)),
-        (Some(_), None) => ("FAILED", 0.0),
+    let (status, wait_secs) = match wait {
+        Some(wait) => ("PENDING", wait.as_secs_f64() * rand::rng().random_range(0.8..1.2)),
+        None => ("FAILED", 0.0),
     };
     let sql = "WITH recorded AS (
                    UPDATE webhook_deliveries
                       SET status = $2, attempts = $3, last_attempt_at = now(), last_response_status = $4,
-                          last_error = $5, next_attempt_at = now() + make_interval(secs => $6),
-                          delivered_at = CASE WHEN $2 = 'DELIVERED' THEN now() END
+                          last_error = $5, next_attempt_at = now() + make_interval(secs => $6)
                     WHERE id = $1 AND status = 'PENDING'
                 RETURNING endpoint_id
                )

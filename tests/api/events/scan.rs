@@ -174,8 +174,10 @@ async fn an_event_lists_its_fields_in_the_documented_order() {
 /// The plan of a task's step (`STEP_SQL`), prepared in `txn` as a task's
 /// connection prepares it, explained with `options` for `arguments`.
 async fn step_plan(txn: &DatabaseTransaction, options: &str, arguments: &str) -> Value {
-    let prepare =
-        format!("PREPARE step(uuid, uuid, float8, uuid[], integer[], integer[], bigint) AS {}", deliver::STEP_SQL);
+    let prepare = format!(
+        "PREPARE step(uuid, uuid, float8, uuid[], integer[], integer[], bigint) AS {}",
+        deliver::STEP_SQL.as_str()
+    );
     txn.execute_unprepared(&prepare).await.expect("prepared");
     let explain = format!("EXPLAIN ({options}) EXECUTE step({arguments})");
     let row = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, explain)).await.expect("explain");
