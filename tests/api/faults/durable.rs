@@ -63,12 +63,54 @@ async fn waits_for_the_standby(admin: &DatabaseConnection, database: &str, reque
     false
 }
 
+/// A server on a private cluster that requires a standby at times, and an
+/// admin connection to the cluster.
+struct OnACluster {
+    app: Arc<TestApp>,
+    /// The name of the server's database.
+    database: String,
+    admin: DatabaseConnection,
+    /// Dropped last: the cluster stops with it.
+    _cluster: PrivateCluster,
+}
+
+impl OnACluster {
+    async fn start() -> Self {
+        let cluster = PrivateCluster::start().await;
+        let app = Arc::new(TestApp::spawn_with_options(cluster.options()).await);
+        let database = app.database_url.rsplit('/').next().expect("a database name").to_owned();
+        let admin = sea_orm::Database::connect(format!("{}/postgres", cluster.server_url())).await.expect("admin");
+        Self { app, database, admin, _cluster: cluster }
+    }
+
+    /// Sends `first` while a standby is required, and cuts its commit off:
+    /// done locally, its client told nothing. The standby stays required.
+    async fn cut_off(&self, first: impl FnOnce() -> JoinHandle<Value>) -> Value {
+        require_a_standby(&self.admin, true).await;
+        cut_off(&self.admin, &self.database, first()).await
+    }
+
+    /// Sends `request` while a standby is required, and stops requiring it
+    /// once `request` waits for it (or has answered). Its answer, and
+    /// whether it waited for the standby before it answered.
+    async fn waits(&self, request: impl FnOnce() -> JoinHandle<Value>) -> (Value, bool) {
+        require_a_standby(&self.admin, true).await;
+        let request = request();
+        let waited = waits_for_the_standby(&self.admin, &self.database, &request).await;
+        require_a_standby(&self.admin, false).await;
+        (request.await.expect("the request"), waited)
+    }
+
+    async fn finish(self) {
+        self.app.assert_invariant().await;
+        self.admin.close().await.expect("close");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replayed_or_refused_write_is_answered_only_once_the_first_is_durable() {
-    let cluster = PrivateCluster::start().await;
-    let app = Arc::new(TestApp::spawn_with_options(cluster.options()).await);
-    let database = app.database_url.rsplit('/').next().expect("a database name").to_owned();
-    let admin = sea_orm::Database::connect(format!("{}/postgres", cluster.server_url())).await.expect("admin");
+    let on = OnACluster::start().await;
+    let app = on.app.clone();
     let item = app.create_inventory("DURABLE-1", 10).await;
     let alice = app.token("alice", Role::Customer);
     let input = json!({
@@ -76,29 +118,24 @@ async fn a_replayed_or_refused_write_is_answered_only_once_the_first_is_durable(
         "shippingAddress": address("1 Main St"),
         "idempotencyKey": "durable-1",
     });
-    let place = |input: Value| {
-        let (app, alice) = (app.clone(), alice.clone());
+    let place = || {
+        let (app, alice, input) = (app.clone(), alice.clone(), input.clone());
         tokio::spawn(async move { app.place_order(&alice, input).await })
     };
     let cancel = |order: Uuid| {
         let (app, alice) = (app.clone(), alice.clone());
-        tokio::spawn(async move { app.cancel(&alice, order).await })
+        move || tokio::spawn(async move { app.cancel(&alice, order).await })
     };
 
-    // The first placeOrder commits, and its commit waits for the standby.
-    require_a_standby(&admin, true).await;
-    let first = place(input.clone());
+    // The first placeOrder is cut off: its commit is done locally, visible
+    // to every session, on no standby.
+    let first = on.cut_off(place).await;
     let placed = "SELECT count(*) FROM orders WHERE user_id = 'alice'";
-    let first = cut_off(&admin, &database, first).await;
-    // Cut off, the commit is done locally: visible to every session, on no standby.
     assert_eq!(app.count(placed).await, 1, "the first order is committed");
     assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "the client learns nothing of the order: {first}");
 
     // Its retry finds the key claimed: it may answer only once the claim is durable.
-    let retry = place(input);
-    let waited = waits_for_the_standby(&admin, &database, &retry).await;
-    require_a_standby(&admin, false).await;
-    let retry = retry.await.expect("the retry");
+    let (retry, waited) = on.waits(place).await;
     assert!(waited, "the replay answered before a standby held the first order: {retry}");
     assert_eq!(retry["__typename"], "OrderPlaced", "{retry}");
     let order: Uuid = retry["order"]["id"].as_str().and_then(|id| id.parse().ok()).expect("an order id");
@@ -106,81 +143,62 @@ async fn a_replayed_or_refused_write_is_answered_only_once_the_first_is_durable(
 
     // A cancel cut off in the same way; its retry is refused (the order is
     // cancelled), and that refusal too waits for the standby.
-    require_a_standby(&admin, true).await;
-    let first_cancel = cut_off(&admin, &database, cancel(order)).await;
+    let first = on.cut_off(cancel(order)).await;
     let cancelled = format!("SELECT count(*) FROM orders WHERE id = '{order}' AND status = 'CANCELLED'");
     assert_eq!(app.count(&cancelled).await, 1, "the cancel is committed");
-    assert_eq!(error_code(&first_cancel), Some("DATABASE_UNAVAILABLE"), "{first_cancel}");
-    let again = cancel(order);
-    let waited = waits_for_the_standby(&admin, &database, &again).await;
-    require_a_standby(&admin, false).await;
-    let again = again.await.expect("the retried cancel");
+    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "{first}");
+    let (again, waited) = on.waits(cancel(order)).await;
     assert!(waited, "the refusal answered before a standby held the cancel: {again}");
     assert_eq!(again["__typename"], "OrderCannotBeCancelled", "{again}");
     assert_eq!(again["order"]["status"], "CANCELLED", "{again}");
-    app.assert_invariant().await;
-    admin.close().await.expect("close");
+    on.finish().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_retried_change_or_release_reports_the_first_only_once_it_is_durable() {
-    let cluster = PrivateCluster::start().await;
-    let app = Arc::new(TestApp::spawn_with_options(cluster.options()).await);
-    let database = app.database_url.rsplit('/').next().expect("a database name").to_owned();
-    let admin = sea_orm::Database::connect(format!("{}/postgres", cluster.server_url())).await.expect("admin");
+    let on = OnACluster::start().await;
+    let app = on.app.clone();
     let item = app.create_inventory("DURABLE-2", 10).await;
     let alice = app.token("alice", Role::Customer);
     let reserved = app.reserve(&alice, json!({ "inventoryId": item, "quantity": 2 })).await;
     let held: Uuid = reserved["reservation"]["id"].as_str().and_then(|id| id.parse().ok()).expect("a reservation");
-    let change = |quantity: i32| {
+    let change = || {
         let (app, alice) = (app.clone(), alice.clone());
-        tokio::spawn(async move { app.change_quantity(&alice, held, quantity).await })
+        tokio::spawn(async move { app.change_quantity(&alice, held, 3).await })
     };
     let release = || {
         let (app, alice) = (app.clone(), alice.clone());
         tokio::spawn(async move { app.release(&alice, held).await })
     };
+    let extend = || {
+        let (app, alice) = (app.clone(), alice.clone());
+        tokio::spawn(async move { app.extend(&alice, held, 60).await })
+    };
 
     // A change to 3 units cut off; its retry finds the reservation at 3
     // already, and that answer waits for the standby.
-    require_a_standby(&admin, true).await;
-    let first = cut_off(&admin, &database, change(3)).await;
-    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "{first}");
+    let first = on.cut_off(change).await;
     let three = format!("SELECT count(*) FROM reservations WHERE id = '{held}' AND quantity = 3");
     assert_eq!(app.count(&three).await, 1, "the change is committed");
-    let again = change(3);
-    let waited = waits_for_the_standby(&admin, &database, &again).await;
-    require_a_standby(&admin, false).await;
-    let again = again.await.expect("the retried change");
+    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "{first}");
+    let (again, waited) = on.waits(change).await;
     assert!(waited, "the retry answered before a standby held the change: {again}");
     assert_eq!(again["__typename"], "ReservationChanged", "{again}");
     assert_eq!(again["reservation"]["quantity"], 3, "{again}");
 
     // A release cut off; its retry finds the reservation released.
-    require_a_standby(&admin, true).await;
-    let first = cut_off(&admin, &database, release()).await;
-    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "{first}");
+    let first = on.cut_off(release).await;
     let released = format!("SELECT count(*) FROM reservations WHERE id = '{held}' AND status = 'RELEASED'");
     assert_eq!(app.count(&released).await, 1, "the release is committed");
-    let again = release();
-    let waited = waits_for_the_standby(&admin, &database, &again).await;
-    require_a_standby(&admin, false).await;
-    let again = again.await.expect("the retried release");
+    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "{first}");
+    let (again, waited) = on.waits(release).await;
     assert!(waited, "the refusal answered before a standby held the release: {again}");
     assert_eq!(again["__typename"], "ReservationNotActive", "{again}");
     assert_eq!(again["reservation"]["status"], "RELEASED", "{again}");
 
     // An extension of it is refused on the release's word, and waits too.
-    require_a_standby(&admin, true).await;
-    let extend = {
-        let (app, alice) = (app.clone(), alice.clone());
-        tokio::spawn(async move { app.extend(&alice, held, 60).await })
-    };
-    let waited = waits_for_the_standby(&admin, &database, &extend).await;
-    require_a_standby(&admin, false).await;
-    let extend = extend.await.expect("the extension");
-    assert!(waited, "the refusal answered before a standby held the release: {extend}");
-    assert_eq!(extend["__typename"], "ReservationNotActive", "{extend}");
-    app.assert_invariant().await;
-    admin.close().await.expect("close");
+    let (extended, waited) = on.waits(extend).await;
+    assert!(waited, "the refusal answered before a standby held the release: {extended}");
+    assert_eq!(extended["__typename"], "ReservationNotActive", "{extended}");
+    on.finish().await;
 }
