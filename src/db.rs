@@ -355,20 +355,51 @@ pub async fn durable(db: &impl ConnectionTrait) -> Result<(), DbErr> {
 /// connection a request waits for: the same server and settings, named
 /// `name` in `pg_stat_activity`, at most `size` connections, opened only
 /// when used and closed after a second idle (an idle shop's processes hold
-/// none: PostgreSQL's connections are shared by every process). It follows the server `db`'s
-/// pool used when it was made (not a later failover; its work fails until
-/// the process restarts, and requests are not affected). Its connections
-/// run with `settings` (PostgreSQL parameters, as `SET` would take them).
+/// none: PostgreSQL's connections are shared by every process). Its
+/// connections run with `settings` (PostgreSQL parameters, as `SET` would
+/// take them).
+///
+/// It follows the primary as `db`'s pool does ([`primary`]): it has that
+/// pool's hooks (a connection opened before the primary moved is not used
+/// again; a new one must reach a server that takes writes), and [`follow`]
+/// points it at the host the watcher moved `db`'s pool to. Made with the
+/// options of the moment only, a side pool went on connecting to the old
+/// primary after a failover, and the events stopped until the process
+/// restarted.
 pub fn side_pool(db: &DatabaseConnection, name: &str, size: u32, settings: &[(&str, &str)]) -> DatabaseConnection {
     let pool = db.get_postgres_connection_pool();
     let options = pool.connect_options().as_ref().clone().application_name(name).options(settings.iter().copied());
-    let side = sqlx::postgres::PgPoolOptions::new()
+    let side = pool
+        .options()
+        .clone()
         .max_connections(size)
         .min_connections(0)
-        .acquire_timeout(pool.options().get_acquire_timeout())
         .idle_timeout(Duration::from_secs(1))
         .connect_lazy_with(options);
+    follow(pool.clone(), side.clone());
     sea_orm::SqlxPostgresConnector::from_sqlx_postgres_pool(side)
+}
+
+/// How often a side pool looks whether the server pool has moved.
+const FOLLOW_EVERY: Duration = Duration::from_millis(250);
+
+/// Points `side`'s new connections at the host `server`'s connect to, from
+/// now until either pool closes: the primary's watcher moves `server`'s
+/// pool only.
+fn follow(server: sqlx::PgPool, side: sqlx::PgPool) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(FOLLOW_EVERY) => {}
+                () = server.close_event() => return,
+                () = side.close_event() => return,
+            }
+            let (to, from) = (server.connect_options(), side.connect_options());
+            if (to.get_host(), to.get_port()) != (from.get_host(), from.get_port()) {
+                side.set_connect_options(from.as_ref().clone().host(to.get_host()).port(to.get_port()));
+            }
+        }
+    });
 }
 
 /// Applies pending migrations. An advisory lock makes server processes that

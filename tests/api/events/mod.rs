@@ -4,6 +4,7 @@
 //! was committed.
 
 mod crash;
+mod failover;
 mod kills;
 mod migrated;
 mod receiver;

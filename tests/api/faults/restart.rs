@@ -37,6 +37,16 @@ impl PrivateCluster {
         format!("postgres://postgres@127.0.0.1:{}", self.port)
     }
 
+    /// Where it listens, as a host of a multi-host URL (`127.0.0.1:port`).
+    pub(crate) fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Stops it (fast shutdown: sessions are ended).
+    pub(crate) async fn stop(&self) {
+        self.cluster.stop().await.expect("stop the cluster");
+    }
+
     /// A test server's options on this cluster: it gives up fast while the
     /// database is away.
     pub(crate) fn options(&self) -> Options {
