@@ -37,14 +37,30 @@ use crate::{
 pub fn init(format: LogFormat) -> Traces {
     // The ORM's per-statement spans are for traces, not for log lines.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,sea_orm=warn"));
+    let (spans, traces) = traces::layer();
+    let _ = match spans {
+        // Traces take spans the log lines leave out: each layer filters for itself.
+        Some(spans) => tracing_subscriber::registry().with(spans).with(logs(format).with_filter(filter)).try_init(),
+        // Log lines alone: one filter for the whole subscriber, so a call
+        // site it turns away (the ORM's, sqlx's, hyper's, below their level)
+        // is asked once and remembered. A filter of one layer among others
+        // is asked at every call instead: about a tenth of the events'
+        // thread (bench/results/decisions.md, "Twelfth pass").
+        None => tracing_subscriber::registry().with(logs(format)).with(filter).try_init(),
+    };
+    traces
+}
+
+/// Log lines on stderr, as text or JSON.
+fn logs<S>(format: LogFormat) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
     let logs = fmt::layer().with_writer(std::io::stderr);
-    let logs = match format {
+    match format {
         LogFormat::Text => logs.boxed(),
         LogFormat::Json => logs.json().boxed(),
-    };
-    let (spans, traces) = traces::layer();
-    let _ = tracing_subscriber::registry().with(spans).with(logs.with_filter(filter)).try_init();
-    traces
+    }
 }
 
 /// How often recorded histogram samples are folded into their buckets.
