@@ -101,6 +101,17 @@ impl OnACluster {
         (request.await.expect("the request"), waited)
     }
 
+    /// Sends `request` and cuts its commit off, checks that the commit was
+    /// done all the same (`committed` counts 1) and that its client learnt
+    /// nothing, then sends it again: the retry's answer, and whether it
+    /// waited for the standby before it answered.
+    async fn cut_off_and_retried(&self, request: impl Fn() -> JoinHandle<Value>, committed: &str) -> (Value, bool) {
+        let first = self.cut_off(&request).await;
+        assert_eq!(self.app.count(committed).await, 1, "the first is committed: {committed}");
+        assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "its client learns nothing: {first}");
+        self.waits(request).await
+    }
+
     async fn finish(self) {
         self.app.assert_invariant().await;
         self.admin.close().await.expect("close");
@@ -122,20 +133,12 @@ async fn a_replayed_or_refused_write_is_answered_only_once_the_first_is_durable(
         let (app, alice, input) = (app.clone(), alice.clone(), input.clone());
         tokio::spawn(async move { app.place_order(&alice, input).await })
     };
-    let cancel = |order: Uuid| {
-        let (app, alice) = (app.clone(), alice.clone());
-        move || tokio::spawn(async move { app.cancel(&alice, order).await })
-    };
 
     // The first placeOrder is cut off: its commit is done locally, visible
-    // to every session, on no standby.
-    let first = on.cut_off(place).await;
+    // to every session, on no standby. Its retry finds the key claimed: it
+    // may answer only once the claim is durable.
     let placed = "SELECT count(*) FROM orders WHERE user_id = 'alice'";
-    assert_eq!(app.count(placed).await, 1, "the first order is committed");
-    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "the client learns nothing of the order: {first}");
-
-    // Its retry finds the key claimed: it may answer only once the claim is durable.
-    let (retry, waited) = on.waits(place).await;
+    let (retry, waited) = on.cut_off_and_retried(place, placed).await;
     assert!(waited, "the replay answered before a standby held the first order: {retry}");
     assert_eq!(retry["__typename"], "OrderPlaced", "{retry}");
     let order: Uuid = retry["order"]["id"].as_str().and_then(|id| id.parse().ok()).expect("an order id");
@@ -143,11 +146,12 @@ async fn a_replayed_or_refused_write_is_answered_only_once_the_first_is_durable(
 
     // A cancel cut off in the same way; its retry is refused (the order is
     // cancelled), and that refusal too waits for the standby.
-    let first = on.cut_off(cancel(order)).await;
+    let cancel = || {
+        let (app, alice) = (app.clone(), alice.clone());
+        tokio::spawn(async move { app.cancel(&alice, order).await })
+    };
     let cancelled = format!("SELECT count(*) FROM orders WHERE id = '{order}' AND status = 'CANCELLED'");
-    assert_eq!(app.count(&cancelled).await, 1, "the cancel is committed");
-    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "{first}");
-    let (again, waited) = on.waits(cancel(order)).await;
+    let (again, waited) = on.cut_off_and_retried(cancel, &cancelled).await;
     assert!(waited, "the refusal answered before a standby held the cancel: {again}");
     assert_eq!(again["__typename"], "OrderCannotBeCancelled", "{again}");
     assert_eq!(again["order"]["status"], "CANCELLED", "{again}");
@@ -177,21 +181,15 @@ async fn a_retried_change_or_release_reports_the_first_only_once_it_is_durable()
 
     // A change to 3 units cut off; its retry finds the reservation at 3
     // already, and that answer waits for the standby.
-    let first = on.cut_off(change).await;
     let three = format!("SELECT count(*) FROM reservations WHERE id = '{held}' AND quantity = 3");
-    assert_eq!(app.count(&three).await, 1, "the change is committed");
-    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "{first}");
-    let (again, waited) = on.waits(change).await;
+    let (again, waited) = on.cut_off_and_retried(change, &three).await;
     assert!(waited, "the retry answered before a standby held the change: {again}");
     assert_eq!(again["__typename"], "ReservationChanged", "{again}");
     assert_eq!(again["reservation"]["quantity"], 3, "{again}");
 
     // A release cut off; its retry finds the reservation released.
-    let first = on.cut_off(release).await;
     let released = format!("SELECT count(*) FROM reservations WHERE id = '{held}' AND status = 'RELEASED'");
-    assert_eq!(app.count(&released).await, 1, "the release is committed");
-    assert_eq!(error_code(&first), Some("DATABASE_UNAVAILABLE"), "{first}");
-    let (again, waited) = on.waits(release).await;
+    let (again, waited) = on.cut_off_and_retried(release, &released).await;
     assert!(waited, "the refusal answered before a standby held the release: {again}");
     assert_eq!(again["__typename"], "ReservationNotActive", "{again}");
     assert_eq!(again["reservation"]["status"], "RELEASED", "{again}");
