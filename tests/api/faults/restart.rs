@@ -34,7 +34,7 @@ impl PrivateCluster {
     }
 
     pub(crate) fn server_url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}", self.port)
+        format!("postgres://postgres@{}", self.host())
     }
 
     /// Where it listens, as a host of a multi-host URL (`127.0.0.1:port`).
@@ -150,7 +150,7 @@ async fn a_database_restart_is_survived_without_restarting_the_server() {
     .await;
 
     // The database goes away: not ready, and reserves fail fast and retryable.
-    cluster.cluster.stop().await.expect("stop the cluster");
+    cluster.stop().await;
     let stopped = Instant::now();
     assert_eq!(readyz(&app).await, 503, "not ready while the database is down");
     for (n, input) in [json!({ "inventoryId": load }), json!({ "inventoryId": load, "idempotencyKey": "down-1" })]
@@ -241,5 +241,5 @@ async fn a_database_restart_is_survived_without_restarting_the_server() {
     // cluster stops and its folder goes.
     drop(socket);
     drop(app);
-    cluster.cluster.stop().await.expect("stop the cluster");
+    cluster.stop().await;
 }
