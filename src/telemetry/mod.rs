@@ -44,8 +44,9 @@ pub fn init(format: LogFormat) -> Traces {
         // Log lines alone: one filter for the whole subscriber, so a call
         // site it turns away (the ORM's, sqlx's, hyper's, below their level)
         // is asked once and remembered. A filter of one layer among others
-        // is asked at every call instead: about a tenth of the events'
-        // thread (bench/results/decisions.md, "Twelfth pass").
+        // is asked at every call instead, which cost the HOT probes about
+        // 1 % with and without an endpoint (bench/results/decisions.md,
+        // "Twelfth pass").
         None => tracing_subscriber::registry().with(logs(format)).with(filter).try_init(),
     };
     traces
