@@ -6,8 +6,8 @@
 //! cargo run --release --example attacks -- --binary OLD/stockguard
 //! ```
 //!
-//! It starts the binary on a throw-away database (on 127.0.0.1:5432 unless
-//! `--database-url` says otherwise) once per attack, and prints one line per
+//! It starts the binary on a throw-away database (on the PostgreSQL the
+//! tests use unless `--database-url` says otherwise) once per attack, and prints one line per
 //! attack. Unlike the tests in `tests/api/attacks.rs` it asserts nothing: it
 //! reports, so that the build before a fix can be measured too.
 
@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use stockguard::auth::{DEFAULT_MAX_TOKEN_TTL_SECS, Keys, Role};
 use stockguard_support::{
     client,
-    database::ThrowAway,
+    database::{self, ThrowAway},
     hostile,
     process::{Log, ServerProcess, server_binary},
 };
@@ -36,9 +36,11 @@ struct Args {
     /// The server binary to attack (default: the release build beside this one).
     #[arg(long)]
     binary: Option<PathBuf>,
-    /// Where to make the throw-away databases.
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
-    database_url: String,
+    /// Where to make the throw-away databases (a server URL without a
+    /// database name). Default: the server the tests use, found as they find
+    /// it (`stockguard_support::database::server_url`).
+    #[arg(long)]
+    database_url: Option<String>,
 }
 
 const SECRET: &str = "attacks-secret-of-at-least-thirty-two-bytes";
@@ -56,7 +58,8 @@ struct Target {
 impl Target {
     async fn start(args: &Args, env: &[(&str, &str)]) -> anyhow::Result<Self> {
         let binary = server_binary(args.binary.as_deref(), "attacks")?;
-        let database = ThrowAway::create(&args.database_url, "attacks").await?;
+        let base = database::given_or_found(args.database_url.as_deref())?;
+        let database = ThrowAway::create(&base, "attacks").await?;
         let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, (*v).to_owned())).collect();
         let server =
             ServerProcess::start(&binary, &database.url, Some(SECRET), &env, Log::Warnings(Stdio::null())).await?;

@@ -9,15 +9,13 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Command, FromArgMatches, ValueEnum};
 
-/// The default database when `DATABASE_URL` is not set: the local server, if one listens.
-pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/stockguard";
-
 /// How the server connects to PostgreSQL.
 #[derive(Args, Debug, Clone)]
 pub struct DatabaseConfig {
     /// PostgreSQL URL; the database is created if missing. Without it: the
-    /// server on `127.0.0.1:5432` if one listens, otherwise a private
-    /// PostgreSQL started from the installed binaries. libpq's multi-host form
+    /// server on `127.0.0.1:5432` if it lets `postgres` in without a password
+    /// and is PostgreSQL 15 or newer, otherwise a private PostgreSQL started
+    /// from the installed binaries (one log line says why). libpq's multi-host form
     /// (`postgres://h1:p1,h2:p2/db?target_session_attrs=read-write`, as
     /// `pg_autoctl show uri` prints it) makes every pool follow the host that
     /// accepts writes; several hosts need `STOCKGUARD_JWT_SECRET`.

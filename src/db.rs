@@ -1,5 +1,6 @@
 //! The database: connecting (creating the database when it is missing, and
-//! following the primary among several hosts, see [`primary`]), migrating,
+//! following the primary among several hosts, see [`primary`]), the releases
+//! Stockguard runs on and the local server it may use ([`local`]), migrating,
 //! and the one place where database errors are classified.
 //!
 //! Every write path in Stockguard is safe to re-run, because its conditions
@@ -22,6 +23,7 @@ use uuid::Uuid;
 
 use crate::config::DatabaseConfig;
 
+pub mod local;
 pub mod primary;
 mod statements;
 pub use primary::Primary;

@@ -1,7 +1,14 @@
-//! A private PostgreSQL for a machine where none is running: `initdb` once
-//! into a project-local folder (kept between runs), `pg_ctl start` on a port of
-//! its own, `pg_ctl stop` when the server stops. The tests start theirs, and
-//! stop and restart databases of their own, with the same code.
+//! A private PostgreSQL for a machine whose own cannot be used (none runs,
+//! it asks for a password, it is too old: `db::local`): `initdb` once into a
+//! project-local folder (kept between runs), `pg_ctl start` on a port of its
+//! own, `pg_ctl stop` when the server stops. The tests start theirs, and stop
+//! and restart databases of their own, with the same code.
+//!
+//! The binaries are the newest release of at least 15 (as `initdb --version`
+//! reports it) among the places the usual packages put them: `pg_config
+//! --bindir`, `initdb` on `PATH`, Debian's and Ubuntu's
+//! `/usr/lib/postgresql/*/bin`, the PGDG packages' `/usr/pgsql-*/bin` on
+//! Fedora and RHEL, and Homebrew's `postgresql@*` (see [`find_bin_dir`]).
 //!
 //! PostgreSQL refuses to run as root, so as root its tools run as the
 //! `postgres` account, which must be able to enter the folder: a clone under
@@ -16,16 +23,20 @@ use std::{
 
 use tokio::process::Command;
 
+use crate::db::local::Release;
+
 /// What can go wrong with the private cluster; each says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {
-    /// No `initdb`/`pg_ctl` on this machine.
+    /// No `initdb`/`pg_ctl` of a release Stockguard runs on on this machine;
+    /// what was found, if anything, is older.
     #[error(
-        "no database: DATABASE_URL is not set, nothing listens on 127.0.0.1:5432, and no PostgreSQL \
-         binaries were found to start a private one. Install PostgreSQL (Debian/Ubuntu: \
-         `apt-get install postgresql`) or set DATABASE_URL"
+        "no server binaries of PostgreSQL {min} or newer were found{found} (Debian/Ubuntu: `apt-get install \
+         postgresql`; Fedora/RHEL: `dnf install postgresql-server`; macOS: `brew install postgresql@17`)",
+        min = Release::MIN.major(),
+        found = found_too_old(.0)
     )]
-    NoBinaries,
+    NoBinaries(Vec<(Release, PathBuf)>),
     /// A PostgreSQL tool failed; its output is included.
     #[error("{tool} failed: {output}")]
     Tool {
@@ -64,7 +75,7 @@ impl EmbeddedPostgres {
     /// that account and the same on every run from the same folder;
     /// [`Self::data_dir`] says where.
     pub fn new(data_dir: &Path, port: u16) -> Result<Self, EmbeddedError> {
-        let bin_dir = find_bin_dir().ok_or(EmbeddedError::NoBinaries)?;
+        let bin_dir = find_bin_dir()?;
         let data_dir = reachable_by_postgres(data_dir)?;
         Ok(Self { bin_dir, data_dir, port, as_postgres_user: is_root() })
     }
@@ -217,29 +228,81 @@ fn postgres_uid() -> Option<u32> {
     String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
-/// `pg_config --bindir` when it has `initdb`, else the newest
-/// `/usr/lib/postgresql/*/bin` (Debian keeps the server tools there).
-fn find_bin_dir() -> Option<PathBuf> {
-    let from_pg_config = std::process::Command::new("pg_config")
-        .arg("--bindir")
-        .output()
-        .ok()
-        .filter(|out| out.status.success())
-        .map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
-    if let Some(dir) = from_pg_config.filter(|dir| dir.join("initdb").exists()) {
-        return Some(dir);
+/// The folder of `initdb` and `pg_ctl` of the newest release Stockguard
+/// runs on among those installed where packages put them (see the module's
+/// doc); the older ones found, if that is all there is.
+fn find_bin_dir() -> Result<PathBuf, EmbeddedError> {
+    let mut found: Vec<(Release, PathBuf)> = Vec::new();
+    for dir in candidate_bin_dirs() {
+        let Ok(dir) = dir.canonicalize() else { continue };
+        if !dir.join("pg_ctl").exists() || found.iter().any(|(_, seen)| *seen == dir) {
+            continue;
+        }
+        if let Some(release) = initdb_release(&dir) {
+            found.push((release, dir));
+        }
     }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let version = entry.file_name().to_str()?.parse::<u32>().ok()?;
-            let bin = entry.path().join("bin");
-            bin.join("initdb").exists().then_some((version, bin))
-        })
-        .collect();
-    versions.sort();
-    versions.pop().map(|(_, bin)| bin)
+    found.sort();
+    match found.pop() {
+        Some((release, dir)) if release >= Release::MIN => Ok(dir),
+        newest => {
+            found.extend(newest);
+            Err(EmbeddedError::NoBinaries(found))
+        }
+    }
+}
+
+/// Folders that may hold the server's binaries, with `initdb` in them.
+fn candidate_bin_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    let pg_config =
+        std::process::Command::new("pg_config").arg("--bindir").stderr(std::process::Stdio::null()).output();
+    if let Some(out) = pg_config.ok().filter(|out| out.status.success()) {
+        dirs.push(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+    }
+    // `initdb` on PATH is often a link (`/usr/local/bin/initdb`): its real
+    // folder has `pg_ctl` beside it.
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(
+            std::env::split_paths(&path)
+                .filter_map(|dir| dir.join("initdb").canonicalize().ok()?.parent().map(Path::to_path_buf)),
+        );
+    }
+    // Debian and Ubuntu: /usr/lib/postgresql/<major>/bin; the PGDG packages
+    // on Fedora and RHEL: /usr/pgsql-<major>/bin; Homebrew on Apple silicon
+    // and on Intel: <prefix>/opt/postgresql@<major>/bin.
+    let globbed = [
+        ("/usr/lib/postgresql", ""),
+        ("/usr/", "pgsql-"),
+        ("/opt/homebrew/opt", "postgresql@"),
+        ("/usr/local/opt", "postgresql@"),
+    ];
+    for (parent, prefix) in globbed {
+        let Ok(entries) = std::fs::read_dir(parent) else { continue };
+        dirs.extend(
+            entries
+                .filter_map(Result::ok)
+                .filter(|entry| entry.file_name().to_str().is_some_and(|name| name.starts_with(prefix)))
+                .map(|entry| entry.path().join("bin")),
+        );
+    }
+    dirs.retain(|dir| dir.join("initdb").exists());
+    dirs
+}
+
+/// The release `initdb --version` in `dir` reports.
+fn initdb_release(dir: &Path) -> Option<Release> {
+    let out = std::process::Command::new(dir.join("initdb")).arg("--version").output().ok()?;
+    out.status.success().then(|| Release::parse(&String::from_utf8_lossy(&out.stdout))).flatten()
+}
+
+/// ", only PostgreSQL 14.11 (<dir>)" for the older binaries found, or nothing.
+fn found_too_old(found: &[(Release, PathBuf)]) -> String {
+    if found.is_empty() {
+        return String::new();
+    }
+    let each: Vec<String> = found.iter().map(|(release, dir)| format!("{release} ({})", dir.display())).collect();
+    format!(", only PostgreSQL {}", each.join(", "))
 }
 
 #[cfg(test)]
@@ -266,9 +329,37 @@ mod tests {
     }
 
     #[test]
+    fn the_binaries_found_are_the_newest_release_of_at_least_15() {
+        match find_bin_dir() {
+            Ok(dir) => {
+                let release = initdb_release(&dir).expect("initdb reports its release");
+                assert!(release >= Release::MIN, "{release} in {}", dir.display());
+                let newest = candidate_bin_dirs().iter().filter_map(|dir| initdb_release(dir)).max();
+                assert_eq!(Some(release), newest, "the newest of {:?}", candidate_bin_dirs());
+            }
+            Err(EmbeddedError::NoBinaries(older)) => assert!(older.iter().all(|(release, _)| *release < Release::MIN)),
+            Err(other) => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn only_older_binaries_are_named_in_the_error() {
+        let older = EmbeddedError::NoBinaries(vec![(Release(140_011), PathBuf::from("/usr/lib/postgresql/14/bin"))]);
+        let message = older.to_string();
+        assert!(
+            message.starts_with(
+                "no server binaries of PostgreSQL 15 or newer were found, only PostgreSQL 14.11 \
+                 (/usr/lib/postgresql/14/bin) (Debian/Ubuntu:"
+            ),
+            "{message}"
+        );
+        assert!(!EmbeddedError::NoBinaries(Vec::new()).to_string().contains("only"));
+    }
+
+    #[test]
     fn as_root_a_cluster_out_of_the_postgres_account_s_reach_lives_where_it_can_enter() {
-        if find_bin_dir().is_none() {
-            return assert!(matches!(EmbeddedPostgres::new(Path::new("unused"), 1), Err(EmbeddedError::NoBinaries)));
+        if find_bin_dir().is_err() {
+            return assert!(matches!(EmbeddedPostgres::new(Path::new("unused"), 1), Err(EmbeddedError::NoBinaries(_))));
         }
         let closed = Private::new(0o700);
         let wanted = closed.0.join("postgres");

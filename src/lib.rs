@@ -15,11 +15,11 @@ pub mod cli;
 pub mod config;
 /// What a resolver takes from its context, checked: the caller, the state, services and loaders.
 pub mod context;
-/// Connecting, creating and migrating the database; the one place that classifies database errors.
+/// Connecting, creating and migrating the database, the releases it runs on; the one place that classifies database errors.
 pub mod db;
 /// GraphQL documents read within bounds (tokens, nesting, expanded size), parsed once and kept.
 pub mod documents;
-/// A private PostgreSQL started from the local binaries when no database is given.
+/// A private PostgreSQL started from the installed binaries when no database is given and the local one cannot be used.
 pub mod embedded;
 /// `AppError`: what is really an error (bad input, auth, database), and its GraphQL code.
 pub mod error;

@@ -23,8 +23,8 @@ use tokio::net::TcpListener;
 use crate::{
     app::AppState,
     auth::{Keys, Role},
-    config::{DEFAULT_DATABASE_URL, DatabaseConfig, Limits, ServeConfig},
-    db,
+    config::{DatabaseConfig, Limits, ServeConfig},
+    db::{self, local},
     embedded::EmbeddedPostgres,
     http::{self, ConnectionLimits},
     seed,
@@ -34,9 +34,6 @@ use crate::{
 
 /// The port of the private PostgreSQL, away from the usual 5432 and 5433.
 const EMBEDDED_PORT: u16 = 54329;
-
-/// 127.0.0.1:5432, where `DEFAULT_DATABASE_URL` points.
-const DEFAULT_DATABASE_URL_ADDR: &str = "127.0.0.1:5432";
 
 /// An open, migrated database, and the private cluster behind it if this
 /// process started one.
@@ -49,29 +46,66 @@ pub struct Database {
 }
 
 impl Database {
-    /// Finds the database (the configured URL, the local server, or a
-    /// private cluster), creates it if missing, connects, migrates, and
-    /// makes the ledger's partitions ahead.
+    /// Finds the database (the configured URL; else the server on
+    /// 127.0.0.1:5432 if it lets `postgres` in without a password and is
+    /// recent enough; else a private cluster on port 54329), creates it if
+    /// missing, connects, refuses a release Stockguard does not run on,
+    /// migrates, and makes the ledger's partitions ahead.
     pub async fn open(config: &DatabaseConfig) -> anyhow::Result<Self> {
+        Self::open_with(config, local::USUAL_ADDR, EMBEDDED_PORT).await
+    }
+
+    /// [`Self::open`] with the address of the local server to try and the
+    /// port of the private cluster to start instead: a test gives its own,
+    /// so as not to meet the machine's server or another process's cluster.
+    pub async fn open_with(config: &DatabaseConfig, local: SocketAddr, private_port: u16) -> anyhow::Result<Self> {
         let (url, embedded) = match &config.database_url {
             Some(url) => (url.clone(), None),
-            None if listens(DEFAULT_DATABASE_URL_ADDR).await => (DEFAULT_DATABASE_URL.to_owned(), None),
-            None => {
-                let cluster = EmbeddedPostgres::new(&config.data_dir, EMBEDDED_PORT)?;
-                let started = cluster.start().await?;
-                tracing::info!(
-                    data_dir = %cluster.data_dir().display(),
-                    port = EMBEDDED_PORT,
-                    "no DATABASE_URL and nothing on 127.0.0.1:5432: {} a private PostgreSQL",
-                    if started { "started" } else { "using the already running" }
-                );
-                (cluster.url("stockguard"), started.then_some(cluster))
-            }
+            None => match local::probe(local).await {
+                Ok(_) => (format!("postgres://postgres@{local}/stockguard"), None),
+                Err(why) => {
+                    let unstarted = || {
+                        format!(
+                            "no database: DATABASE_URL is not set, the PostgreSQL on {local} cannot be used \
+                             ({why}), and a private one cannot be started"
+                        )
+                    };
+                    let cluster = EmbeddedPostgres::new(&config.data_dir, private_port).with_context(unstarted)?;
+                    let started = cluster.start().await.with_context(unstarted)?;
+                    tracing::info!(
+                        data_dir = %cluster.data_dir().display(),
+                        port = private_port,
+                        "no DATABASE_URL, and the PostgreSQL on {local} cannot be used: {why}; {} a private PostgreSQL",
+                        if started { "started" } else { "using the already running" }
+                    );
+                    (cluster.url("stockguard"), started.then_some(cluster))
+                }
+            },
         };
-        db::ensure_database(&url)
+        let opened = Self::connect(&url, config).await;
+        match (opened, embedded) {
+            (Ok(conn), embedded) => Ok(Self { conn, embedded }),
+            (Err(err), Some(cluster)) => {
+                // A cluster this call started is not left running behind an error.
+                if let Err(stop) = cluster.stop().await {
+                    tracing::warn!(error = %stop, "could not stop the private PostgreSQL");
+                }
+                Err(err)
+            }
+            (Err(err), None) => Err(err),
+        }
+    }
+
+    /// Creates, connects to, checks and migrates the database at `url`.
+    async fn connect(url: &str, config: &DatabaseConfig) -> anyhow::Result<DatabaseConnection> {
+        db::ensure_database(url)
             .await
-            .with_context(|| format!("cannot reach or create the database at {}", redact(&url)))?;
-        let conn = db::connect(&url, config).await.with_context(|| format!("cannot connect to {}", redact(&url)))?;
+            .with_context(|| format!("cannot reach or create the database at {}", redact(url)))?;
+        let conn = db::connect(url, config).await.with_context(|| format!("cannot connect to {}", redact(url)))?;
+        // Before any migration: an older release would fail half-way
+        // through them, leaving a database neither old nor new.
+        let release = local::release(&conn).await.context("cannot read the server's release")?;
+        release.require_supported().with_context(|| format!("cannot use the PostgreSQL at {}", redact(url)))?;
         db::migrate(&conn).await.context("migrations failed")?;
         // Before the first request: a server that was down past the last
         // day made ahead would otherwise write today's first rows into the
@@ -79,7 +113,7 @@ impl Database {
         partitions::make(&conn, 0, partitions::DAYS_AHEAD)
             .await
             .context("making the ledger's partitions ahead failed")?;
-        Ok(Self { conn, embedded })
+        Ok(conn)
     }
 
     /// Closes the pool and stops a private cluster this process started.
@@ -220,10 +254,6 @@ pub async fn drain(draining: Arc<AtomicBool>, delay: Duration) {
     draining.store(true, Ordering::Release);
     tracing::info!(delay_ms = delay.as_millis() as u64, "draining: /readyz answers 503, still serving");
     tokio::time::sleep(delay).await;
-}
-
-async fn listens(addr: &str) -> bool {
-    matches!(tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(addr)).await, Ok(Ok(_)))
 }
 
 /// The URL without its password, for messages.

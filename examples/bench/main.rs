@@ -68,7 +68,7 @@ use measure::{clk_tck, machine};
 use report::{Report, Strategy};
 use scenarios::{Bench, Invariant, Scenario, Shop, server_ttl_secs, show};
 use stockguard_support::{
-    database::ThrowAway,
+    database::{self, ThrowAway},
     process::{Log, ServerProcess, server_binary, status_kb},
 };
 
@@ -112,9 +112,11 @@ struct Args {
     /// Where latest.md and reservations.svg go (default for a full run: bench/results).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// PostgreSQL server URL without a database name; `sg_bench_<random>` is created there.
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
-    database_url_base: String,
+    /// PostgreSQL server URL without a database name; `sg_bench_<random>` is
+    /// created there. Default: the server the tests use, found as they find
+    /// it (`stockguard_support::database::server_url`).
+    #[arg(long)]
+    database_url_base: Option<String>,
     /// Past reservations (and as many ledger rows) to fill into a second
     /// database after the main cells; SPREAD is then measured in both,
     /// round by round (0: no history run; the smoke never fills).
@@ -244,12 +246,13 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
     }
     let settings = Settings::from(&args)?;
     let server_bin = server_binary(args.server_bin.as_deref(), "bench")?;
-    let database = ThrowAway::create(&args.database_url_base, "bench").await?;
+    let base = database::given_or_found(args.database_url_base.as_deref())?;
+    let database = ThrowAway::create(&base, "bench").await?;
     eprintln!("bench: database {}, server {}", database.name, server_bin.display());
 
     let baseline =
         args.baseline_bin.as_deref().map(|before| [before, args.after_bin.as_deref().unwrap_or(&server_bin)]);
-    let result = run(settings, &server_bin, baseline, &args.database_url_base, &database.url).await;
+    let result = run(settings, &server_bin, baseline, &base, &database.url).await;
     database.drop("bench").await;
     let (markdown, ok) = result?;
     println!("{markdown}");

@@ -46,7 +46,7 @@ use serde_json::{Value, json};
 use stockguard::auth::{Keys, Role};
 use stockguard_support::{
     client::{Gql, Outcome},
-    database::ThrowAway,
+    database::{self, ThrowAway},
     documents::brief::{CANCEL, CHANGE_ADDRESS, CONFIRM, EXTEND, PLACE_ORDER, RELEASE, RESERVE, RESERVE_MANY},
     process::{Log, ServerProcess, server_binary, status_kb},
 };
@@ -61,9 +61,11 @@ struct Args {
     /// Concurrent clients, each with its own customer token.
     #[arg(long, default_value_t = 64)]
     clients: usize,
-    /// PostgreSQL server URL without a database name; `sg_soak_<random>` is created there.
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
-    database_url_base: String,
+    /// PostgreSQL server URL without a database name; `sg_soak_<random>` is
+    /// created there. Default: the server the tests use, found as they find
+    /// it (`stockguard_support::database::server_url`).
+    #[arg(long)]
+    database_url_base: Option<String>,
     /// The server binary. Default: `stockguard` of this example's profile
     /// (target/<profile>/stockguard), built first with cargo.
     #[arg(long)]
@@ -307,7 +309,8 @@ async fn main() -> anyhow::Result<std::process::ExitCode> {
         bail!("--seconds and --clients must be at least 1");
     }
     let server_bin = server_binary(args.server_bin.as_deref(), "soak")?;
-    let database = ThrowAway::create(&args.database_url_base, "soak").await?;
+    let base = database::given_or_found(args.database_url_base.as_deref())?;
+    let database = ThrowAway::create(&base, "soak").await?;
     let log = std::env::temp_dir().join(format!("{}.log", database.name));
     eprintln!("soak: database {}, server {}, server log {}", database.name, server_bin.display(), log.display());
 

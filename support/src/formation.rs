@@ -118,8 +118,13 @@ impl Formation {
     /// mode 0700), `cluster` in the folder the private PostgreSQL would use
     /// instead (`stockguard::embedded::reachable_by_postgres`).
     pub fn default_dir() -> PathBuf {
-        let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
-        stockguard::embedded::reachable_by_postgres(&target).unwrap_or(target).join("cluster")
+        Self::dir_in(&crate::workspace().join("target"))
+    }
+
+    /// `cluster` in `target`, or, as root when the `postgres` account cannot
+    /// enter `target`, in the folder the private PostgreSQL would use instead.
+    pub fn dir_in(target: &Path) -> PathBuf {
+        stockguard::embedded::reachable_by_postgres(target).unwrap_or_else(|_| target.to_path_buf()).join("cluster")
     }
 
     fn pgdata(&self, name: &str) -> PathBuf {

@@ -24,6 +24,7 @@ mod exhausted;
 mod fair_share;
 mod faults;
 mod fingerprints;
+mod first_run;
 mod flood;
 mod fuzz;
 mod graphiql;

@@ -33,6 +33,30 @@ impl PrivateCluster {
         panic!("the cluster did not start on any of 5 free ports: {failures:#?}");
     }
 
+    /// A folder and a free port for a cluster that the code under test
+    /// starts, cleaned up as one this started would be.
+    pub(crate) fn unstarted() -> Self {
+        let dir = std::env::temp_dir().join(format!("stockguard-faults-{}", Uuid::new_v4().simple()));
+        let port = free_port();
+        let cluster = EmbeddedPostgres::new(&dir, port).expect("PostgreSQL binaries are installed");
+        Self { cluster, dir, port }
+    }
+
+    /// Its folder, where `pg_hba.conf` is.
+    pub(crate) fn data_dir(&self) -> &std::path::Path {
+        self.cluster.data_dir()
+    }
+
+    /// Its port on 127.0.0.1.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Whether its postmaster runs.
+    pub(crate) async fn is_running(&self) -> bool {
+        self.cluster.is_running().await
+    }
+
     pub(crate) fn server_url(&self) -> String {
         format!("postgres://postgres@{}", self.host())
     }
