@@ -13,7 +13,9 @@ use uuid::Uuid;
 
 use super::{
     allocating::{Allocating, eligible, preference},
-    fragments::{CHOICE_COLUMNS, LEDGER, choice, expiry, inventory_columns, levels_of, step},
+    fragments::{
+        CHOICE_COLUMNS, Ids, LEDGER, choice, expiry, inventory_columns, levels, lock_inventories, lock_levels, step,
+    },
     rows::{InventoryRow, MovementReason, ReservationStatus},
 };
 
@@ -97,7 +99,7 @@ pub fn lock_lines(lines: &[Line]) -> Statement {
         format!(
             r#"
 WITH {line}, locked AS MATERIALIZED (
-    SELECT {columns} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
+    {locked}
 ), lvl AS MATERIALIZED (
     {levels}
 ), fresh AS (
@@ -118,8 +120,8 @@ SELECT k.*, coalesce(j.feasible, false) AS feasible, j.eligible
  WHERE (SELECT ok FROM fresh) IS NOT FALSE
  ORDER BY k.id"#,
             line = line_cte(),
-            columns = inventory_columns(""),
-            levels = levels_of("locked"),
+            locked = lock_inventories(&inventory_columns(""), Ids::Array("$1"), None),
+            levels = lock_levels(Ids::Array("ARRAY(SELECT id FROM locked)")),
             preference = preference("line.ids"),
             eligible = eligible("line.ids"),
         )
@@ -171,9 +173,7 @@ pub fn take_lines(
         format!(
             r#"
 WITH {line}, lvl AS (
-    SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
-      FROM stock_levels l JOIN locations c ON c.id = l.location_id
-     WHERE l.inventory_id = ANY($1)
+    {levels}
 ), plan AS (
     SELECT line.*, a.locations, a.takes
       FROM line, LATERAL (
@@ -214,6 +214,7 @@ WITH {line}, lvl AS (
 )
 SELECT * FROM reservation ORDER BY inventory_id"#,
             line = line_cte(),
+            levels = levels(Ids::Array("$1")),
             set = step("i.", "- line.quantity"),
             expires = expiry("$16"),
             preference = preference("line.ids"),
