@@ -5,7 +5,8 @@
 //! enums returned by the services and union members in the API. What is left
 //! here is really an error, and each variant maps to one `extensions.code`.
 //! An internal error carries its cause, which is logged once, where the error
-//! becomes a response (`extend`), and never sent.
+//! becomes a response (`extend`), and never sent; an operator at a command
+//! line reads it ([`AppError::for_operator`]).
 
 use std::sync::Arc;
 
@@ -153,6 +154,15 @@ impl AppError {
             Self::Internal(_) => ErrorCode::Internal,
         }
     }
+
+    /// The error as an operator reads it at a command line: what a client
+    /// reads, and for an internal error its cause, which no client is sent.
+    pub fn for_operator(&self) -> String {
+        match self {
+            Self::Internal(cause) => format!("{self}: {cause:#}"),
+            _ => self.to_string(),
+        }
+    }
 }
 
 impl From<DbErr> for AppError {
@@ -266,5 +276,12 @@ mod tests {
         for code in documented {
             assert!(ErrorCode::parse(code).is_some(), "docs/operations.md's table names {code}, which is no ErrorCode");
         }
+    }
+
+    #[test]
+    fn an_operator_reads_the_cause_of_an_internal_error_and_a_client_does_not() {
+        let error = AppError::internal(anyhow::anyhow!("relation \"stock_movements\" does not exist"));
+        assert_eq!(error.to_string(), "internal error");
+        assert_eq!(error.for_operator(), "internal error: relation \"stock_movements\" does not exist");
     }
 }
