@@ -138,7 +138,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Some(Command::Seed) => {
             let database = Database::open(&cli.database).await?;
-            let added = seed::seed(&database.conn).await.map_err(|e| anyhow::anyhow!("seeding failed: {e}"));
+            let added =
+                seed::seed(&database.conn).await.map_err(|e| anyhow::anyhow!("seeding failed: {}", e.for_operator()));
             database.close().await?;
             println!("added {} demo inventories", added?);
             Ok(ExitCode::SUCCESS)

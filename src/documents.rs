@@ -29,6 +29,8 @@ use async_graphql::{
     parser::types::{ExecutableDocument, OperationType, Selection, SelectionSet},
 };
 
+use crate::error::ErrorCode;
+
 /// Longest query text whose document is kept.
 const MAX_QUERY_LEN: usize = 4096;
 /// Most documents kept.
@@ -96,12 +98,12 @@ impl Refused {
     }
 
     /// The `extensions.code` of this refusal (docs/operations.md, Errors).
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Self::Parse { .. } => "GRAPHQL_PARSE_FAILED",
-            Self::Invalid { .. } => "GRAPHQL_VALIDATION_FAILED",
-            Self::TooExpensive { .. } => "COST_ESTIMATED_TOO_EXPENSIVE",
-            Self::TooDeep { .. } => "MAX_DEPTH_LIMIT",
+            Self::Parse { .. } => ErrorCode::GraphqlParseFailed,
+            Self::Invalid { .. } => ErrorCode::GraphqlValidationFailed,
+            Self::TooExpensive { .. } => ErrorCode::CostEstimatedTooExpensive,
+            Self::TooDeep { .. } => ErrorCode::MaxDepthLimit,
         }
     }
 

@@ -208,8 +208,9 @@ impl Application {
     pub async fn build(settings: Settings, database: Database) -> anyhow::Result<Self> {
         let Settings { addr, limits, keys, dev_tokens, seed } = settings;
         if seed {
-            let added =
-                seed::seed_if_empty(&database.conn).await.map_err(|e| anyhow::anyhow!("seeding failed: {e}"))?;
+            let added = seed::seed_if_empty(&database.conn)
+                .await
+                .map_err(|e| anyhow::anyhow!("seeding failed: {}", e.for_operator()))?;
             if added > 0 {
                 tracing::info!(added, "empty database: added demo inventory");
             }

@@ -43,18 +43,18 @@ use async_graphql::{
 use futures::{StreamExt, stream::BoxStream};
 
 use super::cost::{self, Meter};
-use crate::config::Limits;
+use crate::{config::Limits, error::ErrorCode};
 
 /// The `extensions.code` of an error, if it has one.
-pub fn code_of(error: &ServerError) -> Option<&str> {
+pub fn code_of(error: &ServerError) -> Option<ErrorCode> {
     match error.extensions.as_ref()?.get("code")? {
-        Value::String(code) => Some(code),
+        Value::String(code) => ErrorCode::parse(code),
         _ => None,
     }
 }
 
 /// `error` with `code` as its `extensions.code`.
-pub fn coded(mut error: ServerError, code: &str) -> ServerError {
+pub fn coded(mut error: ServerError, code: ErrorCode) -> ServerError {
     error.extensions.get_or_insert_with(Default::default).set("code", code);
     error
 }
@@ -131,11 +131,11 @@ fn code_errors(response: &mut Response, arguments: &Mutex<Arguments>, phase: Pha
     for error in response.errors.iter_mut().filter(|e| code_of(e).is_none()) {
         let at_values = !error.locations.is_empty() && error.locations.iter().all(|p| arguments.values.contains(p));
         let code = match phase {
-            _ if at_values => "BAD_USER_INPUT",
-            Phase::Rest if error.path.is_empty() => "OPERATION_RESOLUTION_FAILURE",
+            _ if at_values => ErrorCode::BadUserInput,
+            Phase::Rest if error.path.is_empty() => ErrorCode::OperationResolutionFailure,
             Phase::Execution | Phase::Rest => {
                 tracing::error!(message = %error.message, path = ?error.path, "a field error without a code");
-                "INTERNAL"
+                ErrorCode::Internal
             }
         };
         error.extensions.get_or_insert_with(Default::default).set("code", code);
@@ -182,8 +182,10 @@ impl Extension for ErrorCodesExtension {
             }
             // After parsing, async-graphql checks only the recursion bound
             // (`limit_recursive_depth`; no directive limit is set).
-            Err(error) if async_graphql::parser::parse_query(query).is_ok() => Err(coded(error, "MAX_DEPTH_LIMIT")),
-            Err(error) => Err(coded(error, "GRAPHQL_PARSE_FAILED")),
+            Err(error) if async_graphql::parser::parse_query(query).is_ok() => {
+                Err(coded(error, ErrorCode::MaxDepthLimit))
+            }
+            Err(error) => Err(coded(error, ErrorCode::GraphqlParseFailed)),
         }
     }
 
@@ -196,7 +198,7 @@ impl Extension for ErrorCodesExtension {
             let arguments = self.arguments();
             let code = |error: &ServerError| {
                 let at_variable = error.locations.iter().any(|pos| arguments.variable_names.contains(pos));
-                if at_variable { "BAD_USER_INPUT" } else { "GRAPHQL_VALIDATION_FAILED" }
+                if at_variable { ErrorCode::BadUserInput } else { ErrorCode::GraphqlValidationFailed }
             };
             errors
                 .into_iter()
@@ -208,10 +210,11 @@ impl Extension for ErrorCodesExtension {
         })?;
         if result.complexity > self.max_complexity {
             let error = ServerError::new("Query is too complex.", None);
-            return Err(vec![coded(error, "COST_ESTIMATED_TOO_EXPENSIVE")]);
+            return Err(vec![coded(error, ErrorCode::CostEstimatedTooExpensive)]);
         }
         if result.depth > self.max_depth {
-            return Err(vec![coded(ServerError::new("Query is nested too deep.", None), "MAX_DEPTH_LIMIT")]);
+            let error = ServerError::new("Query is nested too deep.", None);
+            return Err(vec![coded(error, ErrorCode::MaxDepthLimit)]);
         }
         // Last: only a document every check let through is paid for.
         cost::charge(ctx.data_opt::<Arc<Meter>>(), result.complexity).map_err(|error| vec![error])?;

@@ -35,7 +35,7 @@ use super::{
     accounts::{Account, Accounts, Share, Status, Tier},
     callers::Caller,
 };
-use crate::config::Limits;
+use crate::{config::Limits, error::ErrorCode};
 
 /// The fair-share settings, from `limits`.
 #[derive(Debug, Clone, Copy)]
@@ -200,7 +200,7 @@ pub fn throttled(message: &str, retry_after: Duration) -> ServerError {
     let retry_after = retry_after.mul_f64(rand::rng().random_range(1.0..1.25));
     let mut error = ServerError::new(message, None);
     let extensions = error.extensions.get_or_insert_with(Default::default);
-    extensions.set("code", "THROTTLED");
+    extensions.set("code", ErrorCode::Throttled);
     extensions.set("retryable", true);
     extensions.set("retryAfterMs", u64::try_from(retry_after.as_millis().max(1)).unwrap_or(u64::MAX));
     error

@@ -56,7 +56,10 @@ use async_graphql::{
 use futures::{FutureExt, StreamExt, future::BoxFuture, stream::BoxStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::documents::{Bounds, Checked, Documents, Introspection};
+use crate::{
+    documents::{Bounds, Checked, Documents, Introspection},
+    error::ErrorCode,
+};
 
 /// What runs a checked operation: a schema, seen only as what it does
 /// (async-graphql's `Executor`, in a form that can be held as a value).
@@ -141,15 +144,15 @@ pub enum Refusal {
 impl Refusal {
     /// An operation that failed inside the server (its cause was logged).
     pub fn internal() -> Self {
-        Self::Request(coded(ServerError::new("internal error", None), "INTERNAL"))
+        Self::Request(coded(ServerError::new("internal error", None), ErrorCode::Internal))
     }
 
     /// The `extensions.code` of this refusal.
-    pub fn code(&self) -> &str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Self::Overloaded => "OVERLOADED",
-            Self::Throttled => "THROTTLED",
-            Self::Request(error) => code_of(error).unwrap_or("GRAPHQL_VALIDATION_FAILED"),
+            Self::Overloaded => ErrorCode::Overloaded,
+            Self::Throttled => ErrorCode::Throttled,
+            Self::Request(error) => code_of(error).unwrap_or(ErrorCode::GraphqlValidationFailed),
         }
     }
 
@@ -159,7 +162,7 @@ impl Refusal {
             Self::Overloaded => {
                 let mut error = ServerError::new("the server is at its limit of requests in flight, try again", None);
                 let extensions = error.extensions.get_or_insert_with(Default::default);
-                extensions.set("code", "OVERLOADED");
+                extensions.set("code", ErrorCode::Overloaded);
                 extensions.set("retryable", true);
                 Response::from_errors(vec![error])
             }
@@ -194,7 +197,7 @@ impl Gateway {
         let to_keep = self.persisted.resolve(&mut request).map_err(Refusal::Request)?;
         if request.query.trim().is_empty() {
             let error = ServerError::new("the request is not a GraphQL request: it has no query", None);
-            return Err(Refusal::Request(coded(error, "BAD_REQUEST")));
+            return Err(Refusal::Request(coded(error, ErrorCode::BadRequest)));
         }
         let checked = self.documents.check(&request.query).map_err(|r| Refusal::Request(r.into_server_error()))?;
         if let Some(to_keep) = to_keep {
@@ -382,14 +385,14 @@ fn operation<'a>(
         (DocumentOperations::Multiple(_), None) => {
             return Err(coded(
                 ServerError::new("the document holds several operations: name one in operationName", None),
-                "OPERATION_RESOLUTION_FAILURE",
+                ErrorCode::OperationResolutionFailure,
             ));
         }
     };
     found.ok_or_else(|| {
         coded(
             ServerError::new(format!("the document has no operation named {:?}", name.unwrap_or_default()), None),
-            "OPERATION_RESOLUTION_FAILURE",
+            ErrorCode::OperationResolutionFailure,
         )
     })
 }

@@ -12,6 +12,7 @@ use async_graphql::{Request, ServerError, Value};
 use sha2::{Digest, Sha256};
 
 use super::coded;
+use crate::error::ErrorCode;
 
 /// Most bytes of query text kept; when more would be kept the cache is
 /// emptied, so endless distinct queries cost one full cache and no more.
@@ -59,7 +60,7 @@ impl Persisted {
                     Ok(None)
                 }
                 // Apollo's clients look for this message or this code.
-                None => Err(coded(ServerError::new("PersistedQueryNotFound", None), "PERSISTED_QUERY_NOT_FOUND")),
+                None => Err(coded(ServerError::new("PersistedQueryNotFound", None), ErrorCode::PersistedQueryNotFound)),
             };
         }
         if hex::encode(Sha256::digest(request.query.as_bytes())) != hash {
@@ -87,7 +88,7 @@ impl Persisted {
 }
 
 fn bad_request(message: &str) -> ServerError {
-    coded(ServerError::new(message, None), "BAD_REQUEST")
+    coded(ServerError::new(message, None), ErrorCode::BadRequest)
 }
 
 #[cfg(test)]
@@ -107,7 +108,7 @@ mod tests {
         let query = "{ __typename }";
         let hash = hex::encode(Sha256::digest(query));
         let error = persisted.resolve(&mut with_hash("", &hash)).err().expect("not found");
-        assert_eq!(super::super::code_of(&error), Some("PERSISTED_QUERY_NOT_FOUND"));
+        assert_eq!(super::super::code_of(&error), Some(ErrorCode::PersistedQueryNotFound));
         let kept = persisted.resolve(&mut with_hash(query, &hash)).expect("checked").expect("to keep");
         persisted.keep(kept, query);
         let mut again = with_hash("", &hash);
@@ -119,7 +120,7 @@ mod tests {
     fn a_hash_that_does_not_match_its_query_is_refused() {
         let persisted = Persisted::default();
         let error = persisted.resolve(&mut with_hash("{ __typename }", &"0".repeat(64))).err().expect("refused");
-        assert_eq!(super::super::code_of(&error), Some("BAD_REQUEST"));
+        assert_eq!(super::super::code_of(&error), Some(ErrorCode::BadRequest));
     }
 
     #[test]

@@ -29,6 +29,8 @@ use async_graphql::{
     },
 };
 
+use crate::error::ErrorCode;
+
 /// The declared type of every field of every object, interface and input type.
 pub struct Shapes {
     /// Output fields, by type and field name.
@@ -80,7 +82,7 @@ impl Shapes {
                 None => None,
             };
             if let Some(message) = refused {
-                return Err(super::coded(ServerError::new(message, Some(definition.pos)), "BAD_USER_INPUT"));
+                return Err(super::coded(ServerError::new(message, Some(definition.pos)), ErrorCode::BadUserInput));
             }
         }
         Ok(())
@@ -322,7 +324,7 @@ type MovementConnection { total: Int! }
         assert!(coerce(json!({ "lines": [{ "id": id, "at": "yesterday" }] })).is_err());
         assert!(coerce(json!({ "lines": [], "one": 42 })).is_err());
         let error = coerce(json!({ "lines": [], "one": "x" })).expect_err("refused");
-        assert_eq!(super::super::code_of(&error), Some("BAD_USER_INPUT"));
+        assert_eq!(super::super::code_of(&error), Some(ErrorCode::BadUserInput));
     }
 
     #[test]

@@ -58,7 +58,10 @@ use super::{
     callers::{Peer, authorization, caller},
     error_response, graphiql_page,
 };
-use crate::gateway::{Admitted, Caller, Refusal, code_of};
+use crate::{
+    error::ErrorCode,
+    gateway::{Admitted, Caller, Refusal, code_of},
+};
 
 /// The media type a response is sent as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,8 +130,8 @@ fn respond(media: Media, response: Response) -> HttpResponse {
     let request_error = is_request_error(&response);
     let refusal = if request_error { response.errors.first().and_then(code_of) } else { None };
     let (status, retry_after) = match refusal {
-        Some("THROTTLED") => (StatusCode::TOO_MANY_REQUESTS, Some(retry_after_secs(&response))),
-        Some("OVERLOADED") => (StatusCode::SERVICE_UNAVAILABLE, Some(1)),
+        Some(ErrorCode::Throttled) => (StatusCode::TOO_MANY_REQUESTS, Some(retry_after_secs(&response))),
+        Some(ErrorCode::Overloaded) => (StatusCode::SERVICE_UNAVAILABLE, Some(1)),
         _ if request_error && media == Media::GraphqlResponse => (StatusCode::BAD_REQUEST, None),
         _ => (StatusCode::OK, None),
     };
@@ -173,7 +176,7 @@ fn with_type(status: StatusCode, media: Media, body: &impl Serialize) -> HttpRes
 /// server, 429 for a caller past its share, 400 for a request that is not
 /// one (`BAD_REQUEST`), else as any request error of `media`.
 fn refused(http: &Http, media: Media, refusal: Refusal, caller: &Caller) -> HttpResponse {
-    let not_graphql = matches!(&refusal, Refusal::Request(error) if code_of(error) == Some("BAD_REQUEST"));
+    let not_graphql = matches!(&refusal, Refusal::Request(error) if code_of(error) == Some(ErrorCode::BadRequest));
     let response = http.gateway.refused(refusal, caller);
     if not_graphql {
         let body = serde_json::json!({ "errors": response.errors, "extensions": response.extensions });
@@ -185,7 +188,7 @@ fn refused(http: &Http, media: Media, refusal: Refusal, caller: &Caller) -> Http
 fn not_acceptable() -> HttpResponse {
     error_response(
         StatusCode::NOT_ACCEPTABLE,
-        "NOT_ACCEPTABLE",
+        ErrorCode::NotAcceptable,
         "accept application/graphql-response+json or application/json",
     )
 }
@@ -211,8 +214,7 @@ pub async fn get(State(http): State<Http>, peer: Peer, headers: HeaderMap, RawQu
     let request = match parse_get(query.as_deref().unwrap_or_default()) {
         Ok(request) => request,
         Err(message) => {
-            let body =
-                serde_json::json!({ "errors": [{ "message": message, "extensions": { "code": "BAD_REQUEST" } }] });
+            let body = serde_json::json!({ "errors": [{ "message": message, "extensions": { "code": ErrorCode::BadRequest } }] });
             return with_type(StatusCode::BAD_REQUEST, media, &body);
         }
     };
@@ -225,7 +227,7 @@ pub async fn get(State(http): State<Http>, peer: Peer, headers: HeaderMap, RawQu
     if prepared.kind() != async_graphql::parser::types::OperationType::Query {
         let body = serde_json::json!({ "errors": [{
             "message": format!("a {} cannot be sent by GET; use POST", prepared.kind()),
-            "extensions": { "code": "BAD_REQUEST" }
+            "extensions": { "code": ErrorCode::BadRequest }
         }] });
         let mut response = with_type(StatusCode::METHOD_NOT_ALLOWED, media, &body);
         response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("POST"));
@@ -284,9 +286,9 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, HttpResponse> {
             std::error::Error::source(&err).is_some_and(|source| source.is::<http_body_util::LengthLimitError>());
         if too_large {
             let message = format!("the body is larger than the limit of {limit} bytes");
-            error_response(StatusCode::PAYLOAD_TOO_LARGE, "REQUEST_TOO_LARGE", &message)
+            error_response(StatusCode::PAYLOAD_TOO_LARGE, ErrorCode::RequestTooLarge, &message)
         } else {
-            error_response(StatusCode::BAD_REQUEST, "BAD_REQUEST", "the body could not be read")
+            error_response(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, "the body could not be read")
         }
     })
 }
@@ -299,7 +301,7 @@ pub async fn post(State(http): State<Http>, peer: Peer, headers: HeaderMap, body
     if !is_json(&headers) {
         return error_response(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "BAD_REQUEST",
+            ErrorCode::BadRequest,
             "send the request as Content-Type: application/json (UTF-8)",
         );
     }
@@ -308,7 +310,8 @@ pub async fn post(State(http): State<Http>, peer: Peer, headers: HeaderMap, body
         Err(response) => return response,
     };
     let bad_request = |message: String| {
-        let body = serde_json::json!({ "errors": [{ "message": message, "extensions": { "code": "BAD_REQUEST" } }] });
+        let body =
+            serde_json::json!({ "errors": [{ "message": message, "extensions": { "code": ErrorCode::BadRequest } }] });
         with_type(StatusCode::BAD_REQUEST, media, &body)
     };
     let batch = match parse_body(&body) {
@@ -334,7 +337,7 @@ pub async fn post(State(http): State<Http>, peer: Peer, headers: HeaderMap, body
             Err(refusal @ (Refusal::Overloaded | Refusal::Throttled)) => {
                 return refused(&http, media, refusal, &caller);
             }
-            Err(Refusal::Request(error)) if single || code_of(&error) == Some("BAD_REQUEST") => {
+            Err(Refusal::Request(error)) if single || code_of(&error) == Some(ErrorCode::BadRequest) => {
                 return refused(&http, media, Refusal::Request(error), &caller);
             }
             admission => admitted.push(admission),

@@ -29,7 +29,7 @@ use tower_http::{
 };
 
 pub use self::server::{ConnectionLimits, serve};
-use crate::{app::AppState, gateway::Gateway, server::Server};
+use crate::{app::AppState, error::ErrorCode, gateway::Gateway, server::Server};
 
 /// What the handlers share: axum clones it for every request, so it is
 /// one `Arc` (a clone of the GraphiQL page and of the state for each
@@ -95,7 +95,7 @@ pub fn router(server: &Server, graphiql_token: Option<&str>) -> Router {
         // handler becomes a 500 with a GraphQL-shaped INTERNAL error.
         .layer(CatchPanicLayer::custom(|_| {
             tracing::error!("request handler panicked");
-            error_response(StatusCode::INTERNAL_SERVER_ERROR, "INTERNAL", "internal error")
+            error_response(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, "internal error")
         }))
         .with_state(state)
 }
@@ -146,7 +146,7 @@ pub fn connection_limits(limits: &crate::config::Limits) -> ConnectionLimits {
 /// A GraphQL-shaped error body with one error and its code, for answers
 /// that never reached GraphQL (a body that is not a request, too large, too
 /// slow, a full server, a panic).
-fn error_response(status: StatusCode, code: &str, message: &str) -> Response {
+fn error_response(status: StatusCode, code: ErrorCode, message: &str) -> Response {
     let retryable = matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::REQUEST_TIMEOUT);
     let mut extensions = json!({ "code": code });
     if retryable {
@@ -168,7 +168,7 @@ async fn within_timeout(State(timeout): State<Duration>, request: Request, next:
         Ok(response) => response,
         Err(_) => error_response(
             StatusCode::REQUEST_TIMEOUT,
-            "REQUEST_TIMEOUT",
+            ErrorCode::RequestTimeout,
             "the request took longer than the server's request timeout",
         ),
     }

@@ -47,6 +47,7 @@ use super::{
 };
 use crate::{
     auth::{Keys, Viewer},
+    error::ErrorCode,
     gateway::{Caller, Gateway, Refusal},
 };
 
@@ -252,7 +253,7 @@ impl Executor for SocketExecutor {
                 ),
                 None,
             );
-            error.extensions.get_or_insert_with(Default::default).set("code", "TOO_MANY_SUBSCRIPTIONS");
+            error.extensions.get_or_insert_with(Default::default).set("code", ErrorCode::TooManySubscriptions);
             return once(self.gateway.refused(Refusal::Request(error), &caller));
         };
         let responses = guarded(prepared.stream_unmetered());
@@ -326,6 +327,6 @@ mod tests {
         assert_eq!(answers.len(), 2, "the event before the panic, then the error, then the end");
         assert!(answers[0].errors.is_empty());
         let code = answers[1].errors.first().and_then(crate::gateway::code_of);
-        assert_eq!(code, Some("INTERNAL"));
+        assert_eq!(code, Some(ErrorCode::Internal));
     }
 }

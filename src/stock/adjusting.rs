@@ -7,7 +7,9 @@ use uuid::Uuid;
 
 use super::{
     allocating::{eligible, preference},
-    fragments::{LEDGER, active_unexpired, inventory_columns, reservation_columns_as_r, step},
+    fragments::{
+        Ids, LEDGER, active_unexpired, inventory_columns, lock_inventories, lock_levels, reservation_columns_as_r, step,
+    },
     rows::{MovementReason, sql},
 };
 
@@ -55,14 +57,9 @@ WITH line AS MATERIALIZED (
                 ELSE retry_stale_read() END AS ok
       FROM held
 ), inv AS MATERIALIZED (
-    SELECT id, stock FROM inventories
-     WHERE id = (SELECT inventory_id FROM line) AND (SELECT ok FROM held_fresh)
-       FOR UPDATE
+    {inv}
 ), lvl AS MATERIALIZED (
-    SELECT l.location_id, l.available, c.priority, c.code, c.active
-      FROM stock_levels l JOIN locations c ON c.id = l.location_id
-     WHERE l.inventory_id = (SELECT id FROM inv)
-       FOR UPDATE OF l
+    {lvl}
 ), level AS (
     SELECT v.*, coalesce(h.quantity, 0) AS held FROM lvl v LEFT JOIN held h ON h.location_id = v.location_id
 ), plan AS (
@@ -124,6 +121,12 @@ WITH line AS MATERIALIZED (
 )
 SELECT changed.*, {reservation} FROM changed, resized r"#,
             active_unexpired = active_unexpired(),
+            inv = lock_inventories(
+                "id, stock",
+                Ids::One("(SELECT inventory_id FROM line)"),
+                Some("(SELECT ok FROM held_fresh)")
+            ),
+            lvl = lock_levels(Ids::One("(SELECT id FROM inv)")),
             preference = preference("l.location_ids"),
             eligible = eligible("l.location_ids"),
             reason = sql(MovementReason::QuantityChanged),

@@ -79,7 +79,7 @@ impl Allocating {
         )
     }
 
-    /// The values bound for [`eligible`]'s and [`ranked`]'s parameters.
+    /// The values bound for [`available`]'s parameters (`ids`, `fewest`, `split`).
     pub fn values(&self) -> [Value; 3] {
         let (ids, fewest, split) = self.columns();
         [Value::from(ids), Value::from(fewest.unwrap_or(false)), Value::from(split.unwrap_or(true))]
@@ -104,18 +104,28 @@ pub fn preference(ids: &str) -> String {
     format!("array_position({ids}, location_id), priority, code")
 }
 
+/// What the eligible levels hold for a request, as an aggregate over them
+/// (the column `available`, unqualified as in [`eligible`]), given whether
+/// it may split (`split`, a boolean expression): their sum, or with no
+/// split allowed the largest of them, since one level must then give it
+/// all; 0 for none. What a refused request is told (`SoldOut.available`),
+/// and what [`super::lines::lock_lines`] says of each line.
+pub fn held(split: &str) -> String {
+    format!("coalesce(CASE WHEN {split} THEN sum(available) ELSE max(available) END, 0)::integer")
+}
+
 /// What the eligible levels of `inventory_id` hold for a request choosing
-/// by `allocating`, read after it could not be served (`SoldOut.available`):
-/// their sum, or with no split allowed the largest of them. One row,
+/// by `allocating` ([`held`]), read after it could not be served. One row,
 /// `available`.
 pub fn available(inventory_id: Uuid, allocating: &Allocating) -> Statement {
     let [ids, _fewest, split] = allocating.values();
     Statement::from_sql_and_values(
         DbBackend::Postgres,
         format!(
-            "SELECT coalesce(CASE WHEN $3 THEN sum(available) ELSE max(available) END, 0)::integer AS available \
+            "SELECT {} AS available \
                FROM stock_levels l JOIN locations c ON c.id = l.location_id \
               WHERE inventory_id = $1 AND {}",
+            held("$3"),
             eligible("$2::uuid[]")
         ),
         [inventory_id.into(), ids, split],

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use super::{
     allocating::{eligible, preference},
-    fragments::{LEDGER_WITH_ID, expiry, inventory_columns, levels_of, set, sole, step},
+    fragments::{Ids, LEDGER_WITH_ID, expiry, inventory_columns, lock_inventories, lock_levels, set, sole, step},
     rows::{InventoryRow, MovementReason, ReservationStatus, sql},
 };
 
@@ -99,8 +99,7 @@ WITH RECURSIVE req AS MATERIALIZED (
     SELECT r.*, row_number() OVER (PARTITION BY r.inventory_id ORDER BY r.n) AS k
       FROM {CALLERS}
 ), inv AS MATERIALIZED (
-    SELECT {columns}, {sole} AS sole
-      FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
+    {inv}
 ), walk AS (
     SELECT inv.id AS inventory_id, 0::bigint AS k, inv.stock AS stock, inv.version AS version, false AS granted
       FROM inv WHERE inv.sole
@@ -135,8 +134,7 @@ WITH RECURSIVE req AS MATERIALIZED (
 {answers}"#,
         answers = answers("s.stock"),
         steps = steps(),
-        columns = inventory_columns(""),
-        sole = sole(""),
+        inv = lock_inventories(&format!("{}, {} AS sole", inventory_columns(""), sole("")), Ids::Array("$1"), None),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
         granted_expires = expiry("ttl_secs"),
@@ -241,7 +239,7 @@ WITH RECURSIVE req AS MATERIALIZED (
     SELECT r.*, row_number() OVER (PARTITION BY r.inventory_id ORDER BY r.n) AS k
       FROM {CALLERS}
 ), inv AS MATERIALIZED (
-    SELECT {columns} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
+    {inv}
 ), lvl AS MATERIALIZED (
     {levels}
 ), held AS MATERIALIZED (
@@ -301,8 +299,8 @@ WITH RECURSIVE req AS MATERIALIZED (
 {answers}"#,
         answers = answers("s.eligible"),
         steps = steps(),
-        columns = inventory_columns(""),
-        levels = levels_of("inv"),
+        inv = lock_inventories(&inventory_columns(""), Ids::Array("$1"), None),
+        levels = lock_levels(Ids::Array("ARRAY(SELECT id FROM inv)")),
         eligible = eligible("NULL::uuid[]"),
         preference = preference("NULL::uuid[]"),
         active = sql(ReservationStatus::Active),

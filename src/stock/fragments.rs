@@ -53,17 +53,80 @@ pub fn sole(alias: &str) -> String {
     format!("{alias}sole_location_id IN (SELECT id FROM locations WHERE active)")
 }
 
-/// The CTE body that locks every level of the inventories an earlier CTE
-/// `locked` has locked (the second step of the global lock order), each
-/// with its location's priority, code and active flag: `inventory_id,
-/// location_id, available, priority, code, active`.
-pub fn levels_of(locked: &str) -> String {
+/// Which inventories a statement locks, or reads the levels of: the ids
+/// from wherever the statement has them, rendered as a condition on an
+/// inventory id column. Each form keeps the plan PostgreSQL makes for it
+/// (an index probe for one id, an index scan over an array), so a statement
+/// built from [`lock_inventories`] is planned as one that spelled it out.
+#[derive(Debug, Clone, Copy)]
+pub enum Ids<'a> {
+    /// One inventory: an expression of its id (`"$1"`, `"(SELECT id FROM inv)"`).
+    One(&'a str),
+    /// The inventories of a `uuid[]` expression (`"$1"`, `"ARRAY(SELECT id FROM locked)"`).
+    Array(&'a str),
+    /// The inventories a query selects, from any table or earlier CTE
+    /// (`"SELECT inventory_id FROM expired"`).
+    Query(&'a str),
+}
+
+impl Ids<'_> {
+    /// The condition that `column` is one of these ids.
+    fn of(self, column: &str) -> String {
+        match self {
+            Self::One(id) => format!("{column} = {id}"),
+            Self::Array(ids) => format!("{column} = ANY({ids})"),
+            Self::Query(ids) => format!("{column} IN ({ids})"),
+        }
+    }
+}
+
+/// The first step of the lock order, the rule that keeps stock statements
+/// from deadlocking (docs/locations.md, "Locks: one global order"): this
+/// locks the rows of the inventories `ids` names (and `condition` keeps,
+/// e.g. a version check: a row it rejects is not locked) in id order, for
+/// the rest of the transaction, and selects `columns` of them. PostgreSQL
+/// sorts, then locks, so any two statements that lock inventories through
+/// here wait for each other in one order, whatever order their callers
+/// named the inventories in; for one id the sort costs nothing (the planner
+/// drops it). Every statement that locks inventory rows does it with this
+/// (as a `MATERIALIZED` CTE, or whole), and locks levels only after it,
+/// with [`lock_levels`].
+pub fn lock_inventories(columns: &str, ids: Ids<'_>, condition: Option<&str>) -> String {
+    let condition = condition.map(|c| format!(" AND {c}")).unwrap_or_default();
+    format!(
+        "SELECT {columns} FROM inventories
+     WHERE {}{condition}
+     ORDER BY id FOR UPDATE",
+        ids.of("id")
+    )
+}
+
+/// The levels of the inventories `ids` names, each with its location's
+/// priority, code and active flag: `inventory_id, location_id, available,
+/// priority, code, active`, the columns [`super::allocating::eligible`] and
+/// [`super::allocating::preference`] read. Unlocked: for a statement whose
+/// transaction locked them before ([`lock_levels`]).
+pub fn levels(ids: Ids<'_>) -> String {
     format!(
         "SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
       FROM stock_levels l JOIN locations c ON c.id = l.location_id
-     WHERE l.inventory_id = ANY(ARRAY(SELECT id FROM {locked}))
-       FOR UPDATE OF l"
+     WHERE {}",
+        ids.of("l.inventory_id")
     )
+}
+
+/// The second step of the lock order: [`levels`] of inventories the
+/// statement has locked with [`lock_inventories`] (`ids` names them from
+/// that CTE, e.g. `Ids::One("(SELECT id FROM inv)")`), locked. The
+/// inventory row is the mutex for its levels: only a holder of the row
+/// locks them, so the order among them needs no sort, and waiting for a
+/// level never happens. `FOR UPDATE` reads each level as it is now, even
+/// when the statement waited; a level made after the statement began is
+/// not among them, which the statement detects by their sum against the
+/// row's `stock` (`retry_stale_read`). Only the levels are locked, never
+/// their locations.
+pub fn lock_levels(ids: Ids<'_>) -> String {
+    format!("{}\n       FOR UPDATE OF l", levels(ids))
 }
 
 /// The columns a reservation stores of how it chose its locations, in the

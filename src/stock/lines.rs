@@ -12,8 +12,10 @@ use sea_orm::{ActiveEnum, DbBackend, DbErr, FromQueryResult, QueryResult, Statem
 use uuid::Uuid;
 
 use super::{
-    allocating::{Allocating, eligible, preference},
-    fragments::{CHOICE_COLUMNS, LEDGER, choice, expiry, inventory_columns, levels_of, step},
+    allocating::{Allocating, eligible, held, preference},
+    fragments::{
+        CHOICE_COLUMNS, Ids, LEDGER, choice, expiry, inventory_columns, levels, lock_inventories, lock_levels, step,
+    },
     rows::{InventoryRow, MovementReason, ReservationStatus},
 };
 
@@ -88,8 +90,8 @@ fn line_values(lines: &[Line]) -> Vec<Value> {
 /// instead of deadlocking, and what is judged against the locked rows cannot
 /// go stale before [`take_lines`]. One row per line whose inventory exists,
 /// by inventory id: the inventory, whether its eligible locations can give
-/// the line under its rules (`feasible`), and what they hold (`eligible`:
-/// their sum, or without a split the largest), read with [`LockedLine`].
+/// the line under its rules (`feasible`), and what they hold (`eligible`,
+/// as [`held`] says), read with [`LockedLine`].
 /// Levels added after the statement began do not add up to their row's
 /// stock, and the statement is run again (`retry_stale_read`).
 pub fn lock_lines(lines: &[Line]) -> Statement {
@@ -97,7 +99,7 @@ pub fn lock_lines(lines: &[Line]) -> Statement {
         format!(
             r#"
 WITH {line}, locked AS MATERIALIZED (
-    SELECT {columns} FROM inventories WHERE id = ANY($1) ORDER BY id FOR UPDATE
+    {locked}
 ), lvl AS MATERIALIZED (
     {levels}
 ), fresh AS (
@@ -109,7 +111,7 @@ WITH {line}, locked AS MATERIALIZED (
     SELECT line.inventory_id,
            allocate(array_agg(v.available ORDER BY {preference}) FILTER (WHERE v.location_id IS NOT NULL),
                     line.quantity, line.fewest, line.split) IS NOT NULL AS feasible,
-           coalesce(CASE WHEN line.split THEN sum(v.available) ELSE max(v.available) END, 0)::integer AS eligible
+           {held} AS eligible
       FROM line LEFT JOIN lvl v ON v.inventory_id = line.inventory_id AND {eligible}
      GROUP BY line.inventory_id, line.quantity, line.fewest, line.split
 )
@@ -118,10 +120,11 @@ SELECT k.*, coalesce(j.feasible, false) AS feasible, j.eligible
  WHERE (SELECT ok FROM fresh) IS NOT FALSE
  ORDER BY k.id"#,
             line = line_cte(),
-            columns = inventory_columns(""),
-            levels = levels_of("locked"),
+            locked = lock_inventories(&inventory_columns(""), Ids::Array("$1"), None),
+            levels = lock_levels(Ids::Array("ARRAY(SELECT id FROM locked)")),
             preference = preference("line.ids"),
             eligible = eligible("line.ids"),
+            held = held("line.split"),
         )
     });
     Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), line_values(lines))
@@ -135,7 +138,7 @@ pub struct LockedLine {
     pub inventory: InventoryRow,
     /// Whether the line's eligible locations can give it under its rules.
     pub feasible: bool,
-    /// What they hold: their sum, or without a split the largest.
+    /// What they hold ([`held`]): their sum, or without a split the largest.
     pub eligible: i32,
 }
 
@@ -171,9 +174,7 @@ pub fn take_lines(
         format!(
             r#"
 WITH {line}, lvl AS (
-    SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
-      FROM stock_levels l JOIN locations c ON c.id = l.location_id
-     WHERE l.inventory_id = ANY($1)
+    {levels}
 ), plan AS (
     SELECT line.*, a.locations, a.takes
       FROM line, LATERAL (
@@ -214,6 +215,7 @@ WITH {line}, lvl AS (
 )
 SELECT * FROM reservation ORDER BY inventory_id"#,
             line = line_cte(),
+            levels = levels(Ids::Array("$1")),
             set = step("i.", "- line.quantity"),
             expires = expiry("$16"),
             preference = preference("line.ids"),

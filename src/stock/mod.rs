@@ -17,6 +17,11 @@
 //! rows these statements return and the statuses they write are here too
 //! ([`rows`]), with the conditions and sums that reads and the invariant
 //! share with them ([`fragments`]), so no status is spelled twice.
+//!
+//! The lock order that keeps them from deadlocking (inventory rows in id
+//! order, then their levels) has one home too: every statement that locks
+//! inventories or levels is built from [`fragments::lock_inventories`] and
+//! [`fragments::lock_levels`].
 
 pub mod adjusting;
 pub mod allocating;
@@ -32,6 +37,8 @@ pub mod rows;
 pub mod shipping;
 pub mod taking;
 
+use std::sync::LazyLock;
+
 use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
@@ -44,13 +51,14 @@ pub use taking::{ALLOCATING_RESERVE_SQL, RESERVE_SQL};
 /// or fulfilling transaction, before [`returning::cancel_order`] or
 /// [`shipping::fulfil_order`].
 pub fn lock_order(order_id: Uuid) -> Statement {
-    Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "SELECT 1 FROM inventories
-          WHERE id IN (SELECT inventory_id FROM reservations WHERE order_id = $1)
-          ORDER BY id FOR UPDATE",
-        [order_id.into()],
-    )
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        fragments::lock_inventories(
+            "1",
+            fragments::Ids::Query("SELECT inventory_id FROM reservations WHERE order_id = $1"),
+            None,
+        )
+    });
+    Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [order_id.into()])
 }
 
 #[cfg(test)]

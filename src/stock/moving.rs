@@ -6,7 +6,7 @@ use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
 use super::{
-    fragments::{LEDGER, inventory_columns, step},
+    fragments::{Ids, LEDGER, inventory_columns, lock_inventories, lock_levels, step},
     rows::{MovementReason, sql},
 };
 
@@ -48,11 +48,9 @@ pub fn transfer(
         format!(
             r#"
 WITH inv AS MATERIALIZED (
-    SELECT id, stock FROM inventories WHERE id = $1 AND ($5::integer IS NULL OR version = $5) FOR UPDATE
+    {inv}
 ), lvl AS MATERIALIZED (
-    SELECT location_id, available FROM stock_levels
-     WHERE inventory_id = (SELECT id FROM inv)
-       FOR UPDATE
+    {lvl}
 ), src AS (
     SELECT CASE WHEN coalesce(sum(available), 0) = coalesce((SELECT stock FROM inv), 0)
                 THEN coalesce(sum(available) FILTER (WHERE location_id = $2), 0)
@@ -89,6 +87,8 @@ WITH inv AS MATERIALIZED (
 )
 SELECT moved.*, drawn.available AS from_available, arrived.available AS to_available
   FROM moved, drawn, arrived"#,
+            inv = lock_inventories("id, stock", Ids::One("$1"), Some("($5::integer IS NULL OR version = $5)")),
+            lvl = lock_levels(Ids::One("(SELECT id FROM inv)")),
             set = step("i.", ""),
             columns = inventory_columns("i."),
             out = sql(MovementReason::TransferredOut),

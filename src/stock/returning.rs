@@ -7,7 +7,10 @@ use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
 use super::{
-    fragments::{Lines, active_unexpired, inventory_columns, order_lines, per_line, reservation_columns_as_r},
+    fragments::{
+        Ids, Lines, active_unexpired, inventory_columns, lock_inventories, order_lines, per_line,
+        reservation_columns_as_r,
+    },
     rows::{MovementReason, ReservationStatus, sql},
 };
 
@@ -71,14 +74,12 @@ WITH due AS (
       FROM due WHERE r.id = due.id
  RETURNING r.id, r.inventory_id, r.quantity
 ), locked AS MATERIALIZED (
-    SELECT id FROM inventories
-     WHERE id IN (SELECT inventory_id FROM expired)
-     ORDER BY id
-       FOR UPDATE
+    {locked}
 ), {returned}
 SELECT count(*) FROM expired"#,
             active = sql(ReservationStatus::Active),
             expired = sql(ReservationStatus::Expired),
+            locked = lock_inventories("id", Ids::Query("SELECT inventory_id FROM expired"), None),
             returned = per_line("expired", Lines::Return, MovementReason::Expired, "NULL", true),
         ),
     )

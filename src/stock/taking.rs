@@ -6,8 +6,9 @@
 //!
 //! Every statement here locks the inventory rows first (in id order when
 //! there are several), then their levels, the order every stock statement
-//! keeps (docs/locations.md), so no two of them can deadlock whatever
-//! locations they name. Which levels give how many units is decided by the
+//! keeps (docs/locations.md; [`super::fragments::lock_inventories`],
+//! [`super::fragments::lock_levels`]), so no two of them can deadlock
+//! whatever locations they name. Which levels give how many units is decided by the
 //! database function `allocate` over the levels the statement has locked,
 //! and written by the same statement: one allocation row and one ledger row
 //! per location touched.
@@ -23,7 +24,8 @@ use uuid::Uuid;
 use super::{
     allocating::{Allocating, eligible, preference},
     fragments::{
-        CHOICE_COLUMNS, LEDGER_WITH_ID, choice, expiry, inventory_columns, reservation_columns_as_r, sole, step,
+        CHOICE_COLUMNS, Ids, LEDGER_WITH_ID, choice, expiry, inventory_columns, lock_inventories, lock_levels,
+        reservation_columns_as_r, sole, step,
     },
     rows::{InventoryRow, MovementReason, ReservationRow, ReservationStatus, sql},
 };
@@ -108,14 +110,9 @@ pub static ALLOCATING_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         r#"
 WITH inv AS MATERIALIZED (
-    SELECT id, stock FROM inventories
-     WHERE id = $1 AND ($3::integer IS NULL OR version = $3)
-       FOR UPDATE
+    {inv}
 ), lvl AS MATERIALIZED (
-    SELECT l.location_id, l.available, c.priority, c.code, c.active
-      FROM stock_levels l JOIN locations c ON c.id = l.location_id
-     WHERE l.inventory_id = (SELECT id FROM inv)
-       FOR UPDATE OF l
+    {lvl}
 ), plan AS (
     SELECT array_agg(location_id ORDER BY {preference}) FILTER (WHERE {eligible}) AS locations,
            allocate(array_agg(available ORDER BY {preference}) FILTER (WHERE {eligible}), $2, $11::boolean,
@@ -156,6 +153,8 @@ WITH inv AS MATERIALIZED (
 SELECT taken.*, {reservation} FROM taken, reservation r"#,
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
+        inv = lock_inventories("id, stock", Ids::One("$1"), Some("($3::integer IS NULL OR version = $3)")),
+        lvl = lock_levels(Ids::One("(SELECT id FROM inv)")),
         set = step("i.", "- $2"),
         columns = inventory_columns("i."),
         expires = expiry("$8"),

@@ -57,6 +57,26 @@ async fn stockguard_check_passes_a_sound_database_and_reports_drift() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn stockguard_seed_that_fails_prints_the_cause_not_internal_error() {
+    let app = TestApp::spawn().await;
+    // A database that refuses new inventories for a reason of its own: to a
+    // client that is only INTERNAL, but the operator must read the reason.
+    app.db
+        .execute_unprepared(
+            "CREATE FUNCTION refuse_inventories() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN RAISE EXCEPTION 'this database takes no new inventories'; END $$;
+             CREATE TRIGGER refuse_inventories BEFORE INSERT ON inventories
+                FOR EACH ROW EXECUTE FUNCTION refuse_inventories();",
+        )
+        .await
+        .expect("a trigger that refuses inventories");
+    let output = stockguard(&["seed", "--database-url", &app.database_url]);
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(said.contains("this database takes no new inventories"), "the cause is printed: {said}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_private_postgres_starts_in_its_own_folder_and_stops() {
     let dir = std::env::temp_dir().join(format!("stockguard-embedded-{}", Uuid::new_v4().simple()));
     let port = {
