@@ -6,7 +6,10 @@
 //! Every write path in Stockguard is safe to re-run, because its conditions
 //! are checked again by the statement itself. So a collision (SQLSTATE 40001
 //! serialization failure, 40P01 deadlock) is re-run a bounded number of times
-//! by [`Collisions::run`] instead of being reported as a crash.
+//! by [`Collisions::run`] instead of being reported as a crash. A read that
+//! builds an answer runs once more, in a transaction that cannot collide
+//! ([`read_answer!`]), so the retryable error that collisions end in is only
+//! ever answered by a request that wrote nothing.
 
 use std::{
     future::Future,
@@ -16,7 +19,8 @@ use std::{
 
 use migration::{Migrator, MigratorTrait};
 use sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, DbErr, RuntimeErr, Statement, sqlx,
+    AccessMode, ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    IsolationLevel, RuntimeErr, Statement, TransactionTrait, sqlx,
 };
 use tokio::sync::Mutex;
 use uuid::Uuid;
@@ -208,6 +212,62 @@ impl Collisions {
         tracing::warn!(attempts = self.max_attempts, %key, "collision retries exhausted");
         Ok(Attempted::Exhausted { attempts: self.max_attempts })
     }
+}
+
+/// Runs a read that builds an answer: `$read`, a future of `Result<_,
+/// DbErr>` that reads through `$conn`, with `$conn` bound to `$db` (a
+/// `&DatabaseConnection`); after a collision (40001, 40P01), once more with
+/// `$conn` bound to a `REPEATABLE READ READ ONLY` transaction
+/// ([`read_only`]). Written `read_answer!(&self.db, |db| store::find(db, id))`.
+///
+/// At SERIALIZABLE, PostgreSQL may abort a statement that only reads when
+/// it would close a cycle of read/write dependencies among concurrent
+/// transactions. Most of these reads run after a mutation's write has
+/// committed (its answer's fields, what a statement that wrote nothing
+/// meant), so answered as the retryable `DATABASE_UNAVAILABLE` that abort
+/// would tell the client to repeat a write that is done: a transfer moved
+/// twice, a reservation held twice. A read-only REPEATABLE READ transaction
+/// is never aborted for serialization, and sees every commit before it,
+/// the request's own write included. At the other levels a read never
+/// collides, so the first run is the only one and costs what the read does.
+///
+/// For reads on the pool only: a statement that collided inside a
+/// transaction has doomed that transaction, and re-running it is the
+/// transaction's own retries' work.
+macro_rules! read_answer {
+    ($db:expr, |$conn:ident| $read:expr) => {{
+        let pool: &sea_orm::DatabaseConnection = $db;
+        let first = {
+            let $conn = pool;
+            $read.await
+        };
+        match first {
+            Err(err) if $crate::db::classify(&err).is_collision() => {
+                async {
+                    let txn = $crate::db::read_only(pool, &err).await?;
+                    let value = {
+                        let $conn = &txn;
+                        $read.await
+                    }?;
+                    txn.commit().await?;
+                    Ok::<_, sea_orm::DbErr>(value)
+                }
+                .await
+            }
+            first => first,
+        }
+    }};
+}
+pub(crate) use read_answer;
+
+/// A `REPEATABLE READ READ ONLY` transaction on `db`, in which a read that
+/// `collided` runs again ([`read_answer!`]).
+pub(crate) async fn read_only(db: &DatabaseConnection, collided: &DbErr) -> Result<DatabaseTransaction, DbErr> {
+    let failure = classify(collided);
+    tracing::debug!(error = %collided, "a read collided, reading again in a read-only transaction");
+    crate::telemetry::db_failure(failure.label());
+    crate::telemetry::collision_retry("read");
+    db.begin_with_config(Some(IsolationLevel::RepeatableRead), Some(AccessMode::ReadOnly)).await
 }
 
 /// Splits `postgres://.../name?x` into the URL of the `postgres` maintenance
@@ -475,6 +535,8 @@ impl ReadyProbe {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+
     use super::*;
 
     #[test]
@@ -484,5 +546,44 @@ mod tests {
             Some(("postgres://u@h:5432/postgres?sslmode=disable".into(), "shop".into()))
         );
         assert_eq!(split_database_name("postgres://u@h:5432/"), None);
+    }
+
+    /// Fails with a serialization failure (40001) unless it runs in a
+    /// `REPEATABLE READ READ ONLY` transaction: a read as PostgreSQL's
+    /// serializable checks abort it, on any server and at any level.
+    const COLLIDES_UNLESS_READ_ONLY: &str = "DO $$ BEGIN
+        IF current_setting('transaction_isolation') <> 'repeatable read'
+           OR current_setting('transaction_read_only') <> 'on' THEN
+            RAISE EXCEPTION 'a collision forced by the test' USING ERRCODE = 'serialization_failure';
+        END IF;
+    END $$";
+
+    #[tokio::test]
+    async fn a_read_that_collides_is_read_once_more_where_it_cannot_and_other_failures_are_not() {
+        let url = format!("{}/postgres", stockguard_support::database::server_url());
+        let db = Database::connect(url).await.expect("connect");
+        let runs = AtomicU32::new(0);
+
+        let collided = read_answer!(&db, |conn| {
+            runs.fetch_add(1, SeqCst);
+            conn.execute_unprepared(COLLIDES_UNLESS_READ_ONLY)
+        });
+        assert!(collided.is_ok(), "read again read-only: {collided:?}");
+        assert_eq!(runs.swap(0, SeqCst), 2, "one run more after the collision");
+
+        let read = read_answer!(&db, |conn| {
+            runs.fetch_add(1, SeqCst);
+            conn.execute_unprepared("SELECT 1")
+        });
+        assert!(read.is_ok(), "{read:?}");
+        assert_eq!(runs.swap(0, SeqCst), 1, "a read that succeeds runs once");
+
+        let failed = read_answer!(&db, |conn| {
+            runs.fetch_add(1, SeqCst);
+            conn.execute_unprepared("SELECT 1 / 0")
+        });
+        assert_eq!(failed.as_ref().map_err(classify).err(), Some(DbFailure::Other), "{failed:?}");
+        assert_eq!(runs.load(SeqCst), 1, "only a collision is read again");
+        db.close().await.expect("close");
     }
 }

@@ -123,7 +123,9 @@ pub enum AppError {
     /// A valid token whose role may not call this field.
     #[error("this operation needs the operator role")]
     Forbidden,
-    /// The database could not be reached in time; the client may retry.
+    /// The database could not be reached in time, or collisions outlasted
+    /// their re-runs: the request wrote nothing (only a commit cut off by a
+    /// lost connection is unknown), and the client may retry.
     #[error("the database is unavailable, try again")]
     DatabaseUnavailable,
     /// Anything else: a failure of ours or of the database that the client
@@ -175,9 +177,12 @@ impl From<DbErr> for AppError {
                 tracing::warn!(error = %err, "database unavailable");
                 Self::DatabaseUnavailable
             }
-            // A collision in a statement run outside the collision retries
-            // (a read after a reserve took nothing, at SERIALIZABLE): nothing
-            // was written, and the client may retry, as when retries run out.
+            // A collision of a one-statement write that is not re-run
+            // (creating a location or a webhook endpoint): it wrote nothing,
+            // and the client may retry, as when retries run out. A read that
+            // builds an answer never ends here, since it may follow a write
+            // that committed: it is read again where it cannot collide
+            // (`db::read_answer!`).
             DbFailure::SerializationFailure | DbFailure::Deadlock => {
                 tracing::warn!(error = %err, "collision outside the retries");
                 Self::DatabaseUnavailable

@@ -35,7 +35,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::{
-    db::{DbFailure, classify},
+    db::{DbFailure, classify, read_answer},
     error::AppError,
     stock::{
         allocating::{Allocating, Strategy},
@@ -354,13 +354,12 @@ struct Claim {
 /// is returned once its first outcome is durable ([`crate::db::durable`]):
 /// every replay is answered from it.
 async fn claim(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Claim>, AppError> {
-    let claim = Claim::find_by_statement(Statement::from_sql_and_values(
+    let claim = read_answer!(db, |db| Claim::find_by_statement(Statement::from_sql_and_values(
         DbBackend::Postgres,
         "SELECT request_fingerprint, order_id FROM idempotency_keys WHERE user_id = $1 AND idempotency_key = $2",
         [user_id.into(), key.key.as_str().into()],
     ))
-    .one(db)
-    .await?;
+    .one(db))?;
     match claim {
         Some(claim) if !key.matches(&claim.request_fingerprint) => Err(AppError::IdempotencyKeyReused),
         Some(claim) => {
@@ -392,8 +391,8 @@ pub async fn first_use(db: &DatabaseConnection, user_id: &str, key: &Key) -> Res
     if claim(db, user_id, key).await?.is_none() {
         return Ok(None);
     }
-    let first =
-        Entity::find().filter(Column::UserId.eq(user_id)).filter(Column::IdempotencyKey.eq(&key.key)).one(db).await?;
+    let mine = || Entity::find().filter(Column::UserId.eq(user_id)).filter(Column::IdempotencyKey.eq(&key.key));
+    let first = read_answer!(db, |db| mine().one(db))?;
     // Claimed by this very request, so it wrote its reservation in the same statement.
     first.map(Some).ok_or_else(|| AppError::internal(anyhow::anyhow!("a claimed idempotency key has no reservation")))
 }
@@ -409,8 +408,8 @@ pub async fn replay_multi_item(
     let multi_item = first
         .multi_item_id
         .ok_or_else(|| AppError::internal(anyhow::anyhow!("a reserveMany key's first use has no multi-item id")))?;
-    let lines =
-        Entity::find().filter(Column::MultiItemId.eq(multi_item)).order_by_asc(Column::InventoryId).all(db).await?;
+    let its_lines = || Entity::find().filter(Column::MultiItemId.eq(multi_item)).order_by_asc(Column::InventoryId);
+    let lines = read_answer!(db, |db| its_lines().all(db))?;
     Ok(Some(lines))
 }
 

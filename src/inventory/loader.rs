@@ -5,7 +5,8 @@
 //! levels (`locations::loader::LevelsLoader`), read with them.
 //!
 //! A loader is made for each request and dropped with it, so its cache never
-//! serves a version older than the request.
+//! serves a version older than the request. Its batches are reads that build
+//! answers, mutations' included ([`read_answer!`]).
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -14,7 +15,7 @@ use sea_orm::DbErr;
 use uuid::Uuid;
 
 use super::InventoryRow as Model;
-use crate::context::pool_loader;
+use crate::{context::pool_loader, db::read_answer};
 
 pool_loader! {
     /// Loads inventories by id in batches.
@@ -26,7 +27,7 @@ impl Loader<Uuid> for InventoryLoader {
     type Error = Arc<DbErr>;
 
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Model>, Self::Error> {
-        let rows = super::store::find_many(&self.db, keys.iter().copied()).await?;
+        let rows = read_answer!(&self.db, |db| super::store::find_many(db, keys.iter().copied()))?;
         Ok(rows.into_iter().map(|row| (row.id, row)).collect())
     }
 }
@@ -42,7 +43,7 @@ impl Loader<String> for InventoryBySkuLoader {
     type Error = Arc<DbErr>;
 
     async fn load(&self, keys: &[String]) -> Result<HashMap<String, Model>, Self::Error> {
-        let rows = super::store::find_by_skus(&self.db, keys).await?;
+        let rows = read_answer!(&self.db, |db| super::store::find_by_skus(db, keys))?;
         Ok(rows.into_iter().map(|row| (row.sku.clone(), row)).collect())
     }
 }
@@ -57,7 +58,7 @@ impl Loader<Uuid> for MovementLoader {
     type Error = Arc<DbErr>;
 
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Self::Value>, Self::Error> {
-        let rows = super::movements::find_many(&self.db, keys).await?;
+        let rows = read_answer!(&self.db, |db| super::movements::find_many(db, keys))?;
         Ok(rows.into_iter().map(|row| (row.id, row)).collect())
     }
 }

@@ -3,10 +3,7 @@
 //! only by the statements that change stock.
 
 use chrono::{DateTime, Utc};
-use sea_orm::{
-    ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
-    entity::prelude::*,
-};
+use sea_orm::{ColumnTrait, Condition, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, entity::prelude::*};
 
 use crate::pagination::{Page, VersionCursor};
 pub use crate::stock::rows::MovementReason;
@@ -50,7 +47,11 @@ impl ActiveModelBehavior for ActiveModel {}
 /// writes several rows at one version, so the version alone cannot say
 /// where a page ended; the id breaks the tie, and no row is skipped or
 /// repeated across pages.
-pub async fn page(db: &DatabaseConnection, inventory_id: Uuid, page: Page<VersionCursor>) -> Result<Vec<Model>, DbErr> {
+pub async fn page(
+    db: &impl ConnectionTrait,
+    inventory_id: Uuid,
+    page: Page<VersionCursor>,
+) -> Result<Vec<Model>, DbErr> {
     let mut query = Entity::find().filter(Column::InventoryId.eq(inventory_id));
     query = match page.after {
         Some(VersionCursor { version, id: Some(id) }) => query.filter(
@@ -65,6 +66,6 @@ pub async fn page(db: &DatabaseConnection, inventory_id: Uuid, page: Page<Versio
 }
 
 /// The ledger rows with these ids (missing ones are left out).
-pub async fn find_many(db: &DatabaseConnection, ids: &[Uuid]) -> Result<Vec<Model>, DbErr> {
+pub async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Model>, DbErr> {
     Entity::find().filter(Column::Id.is_in(ids.iter().copied())).all(db).await
 }

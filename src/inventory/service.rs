@@ -13,7 +13,7 @@ use super::{InventoryRow, movements, store};
 use crate::{
     app::AppState,
     config::Limits,
-    db::{Collisions, DbFailure, classify},
+    db::{Collisions, DbFailure, classify, read_answer},
     error::AppError,
     live::{Feed, WatchError},
     pagination::{Page, VersionCursor},
@@ -90,7 +90,7 @@ impl InventoryService {
         if let Some(row) = row {
             return Ok(RestockOutcome::Restocked(row));
         }
-        Ok(match store::find(&self.db, id).await? {
+        Ok(match read_answer!(&self.db, |db| store::find(db, id))? {
             None => RestockOutcome::NotFound,
             Some(inventory) => {
                 RestockOutcome::Conflict { expected_version: expected_version.unwrap_or(inventory.version), inventory }
@@ -113,7 +113,7 @@ impl InventoryService {
         after: Option<&str>,
     ) -> Result<(Page<VersionCursor>, Vec<movements::Model>), AppError> {
         let page = Page::parse(first, after, self.limits.max_page_size)?;
-        Ok((page, movements::page(&self.db, id, page).await?))
+        Ok((page, read_answer!(&self.db, |db| movements::page(db, id, page))?))
     }
 
     /// Every committed change of inventory `id` from now on (see
@@ -159,7 +159,7 @@ pub async fn create(
 /// None, the default location, always exists.
 async fn known_location(db: &DatabaseConnection, location_id: Option<Uuid>) -> Result<(), AppError> {
     let Some(id) = location_id else { return Ok(()) };
-    if store::unknown_locations(db, &[id]).await?.is_empty() {
+    if read_answer!(db, |db| store::unknown_locations(db, &[id]))?.is_empty() {
         return Ok(());
     }
     Err(AppError::bad_input("input.locationId", format!("no location has id {id}")))

@@ -29,7 +29,7 @@ pub async fn find_many(db: &impl ConnectionTrait, ids: impl IntoIterator<Item = 
 }
 
 /// The inventories with these SKUs (missing ones are left out).
-pub async fn find_by_skus(db: &DatabaseConnection, skus: &[String]) -> Result<Vec<Model>, DbErr> {
+pub async fn find_by_skus(db: &impl ConnectionTrait, skus: &[String]) -> Result<Vec<Model>, DbErr> {
     Entity::find().filter(Column::Sku.is_in(skus.iter().cloned())).all(db).await
 }
 

@@ -4,7 +4,8 @@
 //! reservation and order line in it with one more.
 //!
 //! A loader is made for each request and dropped with it, so its cache never
-//! serves anything older than the request.
+//! serves anything older than the request. Its batches are reads that build
+//! answers, mutations' included ([`read_answer!`]).
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -13,7 +14,7 @@ use sea_orm::DbErr;
 use uuid::Uuid;
 
 use super::{LocationRow, store, store::LevelState};
-use crate::{context::pool_loader, stock::rows::AllocationRow};
+use crate::{context::pool_loader, db::read_answer, stock::rows::AllocationRow};
 
 pool_loader! {
     /// Loads locations by id in batches.
@@ -25,7 +26,7 @@ impl Loader<Uuid> for LocationLoader {
     type Error = Arc<DbErr>;
 
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, LocationRow>, Self::Error> {
-        let rows = store::find_many(&self.db, keys).await?;
+        let rows = read_answer!(&self.db, |db| store::find_many(db, keys))?;
         Ok(rows.into_iter().map(|row| (row.id, row)).collect())
     }
 }
@@ -42,7 +43,7 @@ impl Loader<Uuid> for LevelsLoader {
 
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Self::Value>, Self::Error> {
         let mut levels: HashMap<Uuid, Self::Value> = keys.iter().map(|id| (*id, Vec::new())).collect();
-        for level in store::levels(&self.db, keys).await? {
+        for level in read_answer!(&self.db, |db| store::levels(db, keys))? {
             levels.entry(level.inventory_id).or_default().push(level);
         }
         Ok(levels)
@@ -61,7 +62,7 @@ impl Loader<Uuid> for AllocationsLoader {
 
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Self::Value>, Self::Error> {
         let mut allocations: HashMap<Uuid, Self::Value> = keys.iter().map(|id| (*id, Vec::new())).collect();
-        for allocation in store::allocations(&self.db, keys).await? {
+        for allocation in read_answer!(&self.db, |db| store::allocations(db, keys))? {
             allocations.entry(allocation.reservation_id).or_default().push(allocation);
         }
         Ok(allocations)

@@ -16,7 +16,7 @@ use super::{
 use crate::{
     app::AppState,
     config::Limits,
-    db::{Collisions, DbFailure, classify},
+    db::{Collisions, DbFailure, classify, read_answer},
     error::AppError,
     idempotency::{self, Key},
     inventory::{InventoryRow, store as inventories},
@@ -150,7 +150,7 @@ impl LocationService {
         // Locations are never deleted, so one read before the statement
         // tells an unknown one for good (and keeps the target level's
         // foreign key from failing the statement).
-        let known = store::find_many(&self.db, &[from, to]).await?;
+        let known = read_answer!(&self.db, |db| store::find_many(db, &[from, to]))?;
         if let Some(missing) = [from, to].into_iter().find(|id| !known.iter().any(|location| location.id == *id)) {
             return Ok(TransferOutcome::LocationNotFound(missing));
         }
@@ -177,14 +177,16 @@ impl LocationService {
         };
         if let Ok(Some(moved)) = moved {
             // Reserved and committed units are read right after, in a
-            // statement of their own (a transfer moves neither); the
-            // available units are the transfer statement's own.
+            // statement of their own (a transfer moves neither) that a
+            // serialization failure cannot turn into a retryable error now
+            // that the units have moved (see `levels`); the available units
+            // are the transfer statement's own.
             let (mut from_level, mut to_level) = self.levels(inventory_id, from, to).await?;
             from_level.available = moved.from_available.into();
             to_level.available = moved.to_available.into();
             return Ok(TransferOutcome::Transferred { inventory: moved.inventory, from: from_level, to: to_level });
         }
-        let Some(inventory) = inventories::find(&self.db, inventory_id).await? else {
+        let Some(inventory) = self.inventory(inventory_id).await? else {
             return Ok(TransferOutcome::InventoryNotFound);
         };
         match (moved, expected_version) {
@@ -207,17 +209,25 @@ impl LocationService {
     /// The outcome of a transfer whose key it already claimed: the latest
     /// inventory row and levels.
     async fn replay(&self, request: &TransferRequest) -> Result<TransferOutcome, AppError> {
-        let inventory = inventories::find(&self.db, request.inventory_id)
+        let inventory = self
+            .inventory(request.inventory_id)
             .await?
             .ok_or_else(|| AppError::internal(anyhow::anyhow!("a transferred inventory is missing")))?;
         let (from, to) = self.levels(request.inventory_id, request.from, request.to).await?;
         Ok(TransferOutcome::Transferred { inventory, from, to })
     }
 
+    /// The latest inventory row, read again after a collision: it answers
+    /// a transfer that moved nothing or a replay ([`read_answer!`]).
+    async fn inventory(&self, inventory_id: Uuid) -> Result<Option<InventoryRow>, AppError> {
+        Ok(read_answer!(&self.db, |db| inventories::find(db, inventory_id))?)
+    }
+
     /// The latest levels of an inventory at `from` and `to`, each with
-    /// nothing when it has none there.
+    /// nothing when it has none there. Read again after a collision
+    /// ([`read_answer!`]): it answers a transfer whose units have moved.
     async fn levels(&self, inventory_id: Uuid, from: Uuid, to: Uuid) -> Result<(LevelState, LevelState), AppError> {
-        let levels = store::levels(&self.db, &[inventory_id]).await?;
+        let levels = read_answer!(&self.db, |db| store::levels(db, &[inventory_id]))?;
         let at = |location_id: Uuid| {
             levels.iter().find(|level| level.location_id == location_id).cloned().unwrap_or(LevelState {
                 inventory_id,

@@ -159,7 +159,7 @@ pub async fn levels(db: &impl ConnectionTrait, inventory_ids: &[Uuid]) -> Result
 
 /// The allocations of these reservations, each reservation's by its
 /// locations' priority then code.
-pub async fn allocations(db: &DatabaseConnection, reservation_ids: &[Uuid]) -> Result<Vec<AllocationRow>, DbErr> {
+pub async fn allocations(db: &impl ConnectionTrait, reservation_ids: &[Uuid]) -> Result<Vec<AllocationRow>, DbErr> {
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         "SELECT a.reservation_id, a.location_id, a.quantity

@@ -1,6 +1,7 @@
 //! The per-request order DataLoaders: every `order(id:)` of one request is
 //! fetched with one statement, and the `items` of every order in one
-//! response with one more.
+//! response with one more. Its batches are reads that build answers,
+//! mutations' included ([`read_answer!`]).
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -9,7 +10,7 @@ use sea_orm::DbErr;
 use uuid::Uuid;
 
 use super::domain::Order;
-use crate::{context::pool_loader, reservations::ReservationRow};
+use crate::{context::pool_loader, db::read_answer, reservations::ReservationRow};
 
 pool_loader! {
     /// Loads orders by id in batches.
@@ -21,7 +22,7 @@ impl Loader<Uuid> for OrderLoader {
     type Error = Arc<DbErr>;
 
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Order>, Self::Error> {
-        let orders = super::store::find_many(&self.db, keys).await?;
+        let orders = read_answer!(&self.db, |db| super::store::find_many(db, keys))?;
         Ok(orders.into_iter().map(|order| (order.id, order)).collect())
     }
 }
@@ -37,7 +38,7 @@ impl Loader<Uuid> for OrderLinesLoader {
 
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, Self::Value>, Self::Error> {
         let mut lines: HashMap<Uuid, Self::Value> = HashMap::new();
-        for line in super::store::lines(&self.db, keys).await? {
+        for line in read_answer!(&self.db, |db| super::store::lines(db, keys))? {
             if let Some(order_id) = line.order_id {
                 lines.entry(order_id).or_default().push(line);
             }

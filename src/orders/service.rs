@@ -26,7 +26,7 @@ use crate::{
     app::AppState,
     auth::User,
     config::{Limits, OrderLocking},
-    db::{Collisions, DbFailure, Exhausted, classify},
+    db::{Collisions, DbFailure, Exhausted, classify, read_answer},
     error::AppError,
     idempotency::{self, Extra, Key, Part},
     live::Feed,
@@ -307,7 +307,7 @@ impl OrderService {
     ) -> Result<AddressOutcome, AppError> {
         let Self { db, collisions, .. } = self;
         // Only the customer edits their order's address; to anyone else it is absent.
-        let Some(current) = store::find(db, id).await?.filter(|order| order.user_id == user.id) else {
+        let Some(current) = read_answer!(db, |db| store::find(db, id))?.filter(|order| order.user_id == user.id) else {
             return Ok(AddressOutcome::NotFound);
         };
         if current.version != expected_version {
@@ -325,8 +325,8 @@ impl OrderService {
             changed.version = expected_version + 1;
             return Ok(AddressOutcome::Changed(changed));
         }
-        let latest =
-            store::find(db, id).await?.ok_or_else(|| AppError::internal(anyhow::anyhow!("order {id} vanished")))?;
+        let latest = read_answer!(db, |db| store::find(db, id))?
+            .ok_or_else(|| AppError::internal(anyhow::anyhow!("order {id} vanished")))?;
         Ok(if latest.status() == OrderStatus::Pending {
             AddressOutcome::VersionConflict(latest)
         } else {
@@ -394,8 +394,7 @@ async fn replay(db: &DatabaseConnection, user_id: &str, key: Option<&Key>) -> Re
     let Some(key) = key else { return Ok(None) };
     let Some(order_id) = idempotency::replay_order(db, user_id, key).await? else { return Ok(None) };
     Ok(Some(
-        store::find(db, order_id)
-            .await?
+        read_answer!(db, |db| store::find(db, order_id))?
             .ok_or_else(|| AppError::internal(anyhow::anyhow!("an idempotency key names a missing order")))?,
     ))
 }
@@ -425,7 +424,7 @@ async fn unavailable_reservations(
     user_id: &str,
     reservation_ids: &[Uuid],
 ) -> Result<Vec<UnavailableReservation>, AppError> {
-    let rows = reservation_store::find_many(db, reservation_ids).await?;
+    let rows = read_answer!(db, |db| reservation_store::find_many(db, reservation_ids))?;
     let now = Utc::now();
     Ok(reservation_ids
         .iter()

@@ -242,7 +242,7 @@ pub async fn page(
 }
 
 /// The lines (reservations) of these orders.
-pub async fn lines(db: &DatabaseConnection, order_ids: &[Uuid]) -> Result<Vec<ReservationRow>, DbErr> {
+pub async fn lines(db: &impl ConnectionTrait, order_ids: &[Uuid]) -> Result<Vec<ReservationRow>, DbErr> {
     reservations::Entity::find().filter(reservations::Column::OrderId.is_in(order_ids.iter().copied())).all(db).await
 }
 

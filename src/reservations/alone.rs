@@ -13,7 +13,7 @@ use super::{
     store,
 };
 use crate::{
-    db::{Collisions, Exhausted, StatementPool},
+    db::{Collisions, Exhausted, StatementPool, read_answer},
     error::AppError,
     idempotency::{self, Key},
     inventory::store as inventory_store,
@@ -141,7 +141,7 @@ pub(super) async fn beyond_sole_level(
     if let Some(outcome) = replay(db, user_id, key).await? {
         return Ok(outcome);
     }
-    let Some(inventory) = inventory_store::find(db, request.inventory_id).await? else {
+    let Some(inventory) = read_answer!(db, |db| inventory_store::find(db, request.inventory_id))? else {
         return Ok(ReserveOutcome::InventoryNotFound);
     };
     spread.learn(&inventory);
@@ -174,7 +174,9 @@ async fn across_levels(
 /// The answer to a reserve whose statement took nothing (or, `exhausted`,
 /// whose every attempt collided: `Conflict` with the latest row), from a
 /// read afterwards of the row and of what the request's eligible
-/// locations hold.
+/// locations hold. Its reads run again after a collision ([`read_answer!`]):
+/// the request wrote nothing, but a reserve that took nothing is answered,
+/// not failed.
 async fn not_taken(
     db: &DatabaseConnection,
     user_id: &str,
@@ -187,10 +189,10 @@ async fn not_taken(
     if let Some(outcome) = replay(db, user_id, key).await? {
         return Ok(outcome);
     }
-    let Some(inventory) = inventory_store::find(db, request.inventory_id).await? else {
+    let Some(inventory) = read_answer!(db, |db| inventory_store::find(db, request.inventory_id))? else {
         return Ok(ReserveOutcome::InventoryNotFound);
     };
-    let available = store::available(db, request.inventory_id, &request.allocating).await?;
+    let available = read_answer!(db, |db| store::available(db, request.inventory_id, &request.allocating))?;
     Ok(match request.expected_version {
         expected if exhausted => {
             ReserveOutcome::Conflict { expected_version: expected.unwrap_or(inventory.version), inventory }

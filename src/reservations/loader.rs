@@ -1,6 +1,7 @@
 //! The per-request reservation DataLoader: every `reservation(id:)` of one
 //! request is fetched with one statement, so aliases cannot multiply round
-//! trips.
+//! trips. Its batches are reads that build answers, mutations' included
+//! ([`read_answer!`]).
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -9,7 +10,7 @@ use sea_orm::DbErr;
 use uuid::Uuid;
 
 use super::ReservationRow;
-use crate::context::pool_loader;
+use crate::{context::pool_loader, db::read_answer};
 
 pool_loader! {
     /// Loads reservations by id in batches.
@@ -21,7 +22,7 @@ impl Loader<Uuid> for ReservationLoader {
     type Error = Arc<DbErr>;
 
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, ReservationRow>, Self::Error> {
-        let rows = super::store::find_many(&self.db, keys).await?;
+        let rows = read_answer!(&self.db, |db| super::store::find_many(db, keys))?;
         Ok(rows.into_iter().map(|row| (row.id, row)).collect())
     }
 }

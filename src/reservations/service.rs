@@ -23,7 +23,7 @@ use super::{
 use crate::{
     app::AppState,
     config::Limits,
-    db::{Collisions, Exhausted, StatementPool},
+    db::{Collisions, Exhausted, StatementPool, read_answer},
     error::AppError,
     idempotency::{self, Extra, Key},
     inventory::{InventoryRow, store as inventory_store},
@@ -274,7 +274,7 @@ impl ReservationService {
         if let Some(change) = store::release(&self.db, &self.collisions, id, owner).await?.done()? {
             return Ok(ReleaseOutcome::Released { reservation: change.reservation, inventory: change.inventory });
         }
-        Ok(match store::find(&self.db, id).await?.filter(|r| r.user_id == owner) {
+        Ok(match read_answer!(&self.db, |db| store::find(db, id))?.filter(|r| r.user_id == owner) {
             None => ReleaseOutcome::NotFound,
             Some(reservation) => ReleaseOutcome::NotActive(self.reported(reservation).await?),
         })
@@ -291,7 +291,7 @@ impl ReservationService {
                 return Ok(ChangeOutcome::Changed { reservation: change.reservation, inventory: change.inventory });
             }
             // Nothing changed; one read of the latest rows (one snapshot) tells why.
-            let latest = store::find_with_inventory(&self.db, id).await?;
+            let latest = read_answer!(&self.db, |db| store::find_with_inventory(db, id))?;
             let Some(ReservationChange { reservation, inventory }) = latest.filter(|c| c.reservation.user_id == owner)
             else {
                 return Ok(ChangeOutcome::NotFound);
@@ -303,7 +303,7 @@ impl ReservationService {
             if needed == 0 {
                 return Ok(ChangeOutcome::Changed { reservation: self.reported(reservation).await?, inventory });
             }
-            let available = store::available_for_more(&self.db, &reservation).await?;
+            let available = read_answer!(&self.db, |db| store::available_for_more(db, &reservation))?;
             if needed > available {
                 return Ok(ChangeOutcome::SoldOut { requested: needed, available, inventory });
             }
@@ -330,7 +330,7 @@ impl ReservationService {
         {
             return Ok(ExtendOutcome::Extended(extended));
         }
-        Ok(match store::find(&self.db, id).await?.filter(|r| r.user_id == owner) {
+        Ok(match read_answer!(&self.db, |db| store::find(db, id))?.filter(|r| r.user_id == owner) {
             None => ExtendOutcome::NotFound,
             Some(reservation) => ExtendOutcome::NotActive(self.reported(reservation).await?),
         })
@@ -379,7 +379,7 @@ pub async fn take_every_line(
 /// Every line as a conflict, with the latest rows: what a multi-item
 /// request answers when its collision retries ran out.
 pub async fn lines_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
-    let latest = inventory_store::find_many(db, lines.iter().map(|l| l.inventory_id)).await?;
+    let latest = read_answer!(db, |db| inventory_store::find_many(db, lines.iter().map(|l| l.inventory_id)))?;
     Ok(domain::in_conflict(lines, &latest))
 }
 
@@ -387,7 +387,7 @@ pub async fn lines_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Resul
 /// `field`); an empty list is refused before, with the other input checks.
 pub async fn known_locations(db: &DatabaseConnection, allocating: &Allocating, field: &str) -> Result<(), AppError> {
     let Some(ids) = &allocating.location_ids else { return Ok(()) };
-    let unknown = inventory_store::unknown_locations(db, ids).await?;
+    let unknown = read_answer!(db, |db| inventory_store::unknown_locations(db, ids))?;
     match unknown.first() {
         None => Ok(()),
         Some(id) => Err(AppError::bad_input(field, format!("no location has id {id}"))),
@@ -403,8 +403,7 @@ pub(super) async fn replay(
 ) -> Result<Option<ReserveOutcome>, AppError> {
     let Some(key) = key else { return Ok(None) };
     let Some(first) = idempotency::first_use(db, user_id, key).await? else { return Ok(None) };
-    let inventory = inventory_store::find(db, first.inventory_id)
-        .await?
+    let inventory = read_answer!(db, |db| inventory_store::find(db, first.inventory_id))?
         .ok_or_else(|| AppError::internal(anyhow::anyhow!("a reservation's inventory is missing")))?;
     Ok(Some(ReserveOutcome::Reserved { reservation: first, inventory }))
 }

@@ -64,14 +64,14 @@ pub async fn reserve_allocating(
 
 /// What the locations a request may take from hold for it (its sum, or
 /// without a split the largest), read after it could not be served.
-pub async fn available(db: &DatabaseConnection, inventory_id: Uuid, allocating: &Allocating) -> Result<i32, DbErr> {
+pub async fn available(db: &impl ConnectionTrait, inventory_id: Uuid, allocating: &Allocating) -> Result<i32, DbErr> {
     let row = db.query_one_raw(allocating::available(inventory_id, allocating)).await?;
     Ok(row.map(|row| row.try_get("", "available")).transpose()?.unwrap_or(0))
 }
 
 /// What the locations `reservation` may take more from hold for it: by its
 /// own choice, and without a split only where it already is.
-pub async fn available_for_more(db: &DatabaseConnection, reservation: &Model) -> Result<i32, DbErr> {
+pub async fn available_for_more(db: &impl ConnectionTrait, reservation: &Model) -> Result<i32, DbErr> {
     let mut choice =
         Allocating::stored(reservation.location_ids.clone(), reservation.fewest_locations, reservation.allow_split);
     if !choice.allow_split {
@@ -188,7 +188,7 @@ RETURNING *"#,
 }
 
 /// One reservation and its inventory by the reservation's id, in one read.
-pub async fn find_with_inventory(db: &DatabaseConnection, id: Uuid) -> Result<Option<ReservationChange>, DbErr> {
+pub async fn find_with_inventory(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<ReservationChange>, DbErr> {
     db.query_one_raw(ReservationChange::latest(id)).await?.as_ref().map(ReservationChange::from_row).transpose()
 }
 

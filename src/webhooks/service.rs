@@ -14,7 +14,7 @@ use super::{
     egress::{self, CheckedUrl},
     store::{self, DeliveryRow, EndpointRow, NewEndpoint},
 };
-use crate::{app::AppState, config::Limits, error::AppError, pagination::Page};
+use crate::{app::AppState, config::Limits, db::read_answer, error::AppError, pagination::Page};
 
 /// The webhook feature as the resolvers see it: one per server process,
 /// built by the composition root and handed to the schema as data.
@@ -106,7 +106,8 @@ impl WebhookService {
         after: Option<&str>,
     ) -> Result<(Page, Vec<DeliveryRow>), AppError> {
         let page = Page::parse(first, after, self.limits.max_page_size)?;
-        let rows = store::deliveries(&self.db, endpoint_id, status.map(DeliveryStatus::as_str), page).await?;
+        let status = status.map(DeliveryStatus::as_str);
+        let rows = read_answer!(&self.db, |db| store::deliveries(db, endpoint_id, status, page))?;
         Ok((page, rows))
     }
 

@@ -9,7 +9,7 @@
 //! - `moving`: transfers both ways, reserves, releases, restocks and sweeps
 //!   at once conserve stock;
 //! - `processes`: two server processes with overlapping batches never
-//!   deadlock;
+//!   deadlock, and each round's answers are exactly what it wrote;
 //! - `sharing`: coalesced reserves on an inventory held in several places
 //!   share statements and each takes what `allocate` gives it alone.
 //!
