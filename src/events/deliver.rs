@@ -32,7 +32,8 @@ use tokio::{
 };
 use uuid::Uuid;
 
-use crate::webhooks::egress;
+use super::{DeliveryStatus, egress};
+use crate::stock::rows::sql;
 
 /// How a process delivers.
 #[derive(Debug, Clone)]
@@ -311,10 +312,12 @@ impl Task<'_> {
 fn recording_delivered(sent: &str) -> String {
     format!(
         "UPDATE webhook_deliveries w
-            SET status = 'DELIVERED', attempts = d.attempts, last_attempt_at = now(), last_response_status = d.status,
+            SET status = {delivered}, attempts = d.attempts, last_attempt_at = now(), last_response_status = d.status,
                 last_error = NULL, next_attempt_at = now(), delivered_at = now()
            FROM {sent}
-          WHERE w.id = d.id AND w.status = 'PENDING'"
+          WHERE w.id = d.id AND w.status = {pending}",
+        delivered = sql(DeliveryStatus::Delivered),
+        pending = sql(DeliveryStatus::Pending),
     )
 }
 
@@ -335,7 +338,7 @@ WITH delivered AS (
        FOR UPDATE
 ), pending AS MATERIALIZED (
     SELECT d.id, d.seqs, d.attempts, d.next_attempt_at FROM webhook_deliveries d
-     WHERE d.endpoint_id = $1 AND d.status = 'PENDING' AND d.id <> ALL($4::uuid[]) AND EXISTS (SELECT 1 FROM e)
+     WHERE d.endpoint_id = $1 AND d.status = {pending} AND d.id <> ALL($4::uuid[]) AND EXISTS (SELECT 1 FROM e)
      ORDER BY d.created_at, d.seqs[1] LIMIT $7
 ), next AS MATERIALIZED (
     -- The cursor as a scalar, so that it bounds the scan of the outbox's
@@ -390,6 +393,7 @@ SELECT e.url, e.secret, c.id, c.attempts, c.next_attempt_at,
   FROM e LEFT JOIN chosen c ON true
  ORDER BY c.seqs[1]",
         recorded = recording_delivered("delivered d"),
+        pending = sql(DeliveryStatus::Pending),
     )
 });
 
@@ -558,6 +562,26 @@ fn without_url(err: &reqwest::Error) -> String {
     text.chars().take(MAX_ERROR_CHARS).collect()
 }
 
+/// The statement of [`record_failure`]: `$1` the delivery, `$2` its new
+/// status, `$3` its attempts, `$4` and `$5` the answer's status and the
+/// error, `$6` the seconds until the next attempt.
+static RECORD_FAILURE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH recorded AS (
+             UPDATE webhook_deliveries
+                SET status = $2, attempts = $3, last_attempt_at = now(), last_response_status = $4,
+                    last_error = $5, next_attempt_at = now() + make_interval(secs => $6)
+              WHERE id = $1 AND status = {pending}
+          RETURNING endpoint_id
+         )
+         UPDATE webhook_endpoints w SET active = false, disabled_at = now()
+           FROM recorded r
+          WHERE w.id = r.endpoint_id AND $2 = {failed}",
+        pending = sql(DeliveryStatus::Pending),
+        failed = sql(DeliveryStatus::Failed),
+    )
+});
+
 /// Records the failed attempt after `made_before` others of delivery
 /// `id` (a 2xx is recorded by [`recording_delivered`]): the next attempt
 /// after the schedule's next wait (with jitter), or FAILED when the
@@ -575,19 +599,9 @@ async fn record_failure(
     let attempts = made_before + 1;
     let wait = usize::try_from(made_before).ok().and_then(|i| delivering.schedule.get(i)).copied();
     let (status, wait_secs) = match wait {
-        Some(wait) => ("PENDING", wait.as_secs_f64() * rand::rng().random_range(0.8..1.2)),
-        None => ("FAILED", 0.0),
+        Some(wait) => (DeliveryStatus::Pending, wait.as_secs_f64() * rand::rng().random_range(0.8..1.2)),
+        None => (DeliveryStatus::Failed, 0.0),
     };
-    let sql = "WITH recorded AS (
-                   UPDATE webhook_deliveries
-                      SET status = $2, attempts = $3, last_attempt_at = now(), last_response_status = $4,
-                          last_error = $5, next_attempt_at = now() + make_interval(secs => $6)
-                    WHERE id = $1 AND status = 'PENDING'
-                RETURNING endpoint_id
-               )
-               UPDATE webhook_endpoints w SET active = false, disabled_at = now()
-                 FROM recorded r
-                WHERE w.id = r.endpoint_id AND $2 = 'FAILED'";
     let values: [Value; 6] = [
         id.into(),
         status.into(),
@@ -596,8 +610,8 @@ async fn record_failure(
         attempt.error.clone().into(),
         wait_secs.into(),
     ];
-    db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
-    if status == "FAILED" {
+    db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, RECORD_FAILURE_SQL.as_str(), values)).await?;
+    if status == DeliveryStatus::Failed {
         tracing::warn!(delivery = %id, attempts, "a webhook delivery spent its schedule: FAILED, endpoint off");
     }
     Ok(())

@@ -8,14 +8,17 @@
 //! writes the events [`render`] makes of them into the outbox, numbered in
 //! delivery order; [`deliver`] sends each endpoint its
 //! events; [`retention`] ages out what nobody took. Endpoints are managed
-//! through `crate::webhooks`.
+//! through `crate::webhooks`, which comes here for the vocabulary below,
+//! the deliveries' history and the [`egress`] rules; nothing here imports
+//! it.
 
 pub mod deliver;
+pub mod egress;
 pub mod pump;
 pub mod render;
 pub mod retention;
 
-use sea_orm::DatabaseConnection;
+use sea_orm::{DatabaseConnection, DeriveActiveEnum, EnumIter};
 use tokio::{sync::watch, task::JoinHandle};
 
 /// The settings of the connections events work on (`stockguard-events`,
@@ -82,3 +85,54 @@ pub fn spawn(
 
 /// The name of the events' thread (as `top -H` shows it).
 pub const THREAD: &str = "sg-events";
+
+/// The types of event, as a body's `type`, `outbox.types`, `events.type`
+/// and an endpoint's `events` spell them; SQL text takes them from here
+/// with `stock::rows::sql`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+pub enum EventType {
+    /// A change of an inventory's stock (one ledger change).
+    #[sea_orm(string_value = "STOCK_CHANGED")]
+    StockChanged,
+    /// A change of a reservation's status.
+    #[sea_orm(string_value = "RESERVATION_CHANGED")]
+    ReservationChanged,
+    /// A new version of an order.
+    #[sea_orm(string_value = "ORDER_CHANGED")]
+    OrderChanged,
+}
+
+/// Where a delivery (one body of 1 to 100 events to one endpoint) stands,
+/// as `webhook_deliveries.status` spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+pub enum DeliveryStatus {
+    /// Not yet answered with a 2xx; sent (again) at `next_attempt_at`.
+    #[sea_orm(string_value = "PENDING")]
+    Pending,
+    /// Answered with a 2xx.
+    #[sea_orm(string_value = "DELIVERED")]
+    Delivered,
+    /// Every attempt of the retry schedule failed; `redeliverFailed` makes it PENDING again.
+    #[sea_orm(string_value = "FAILED")]
+    Failed,
+}
+
+#[cfg(test)]
+mod tests {
+    use sea_orm::{ActiveEnum as _, Iterable as _};
+
+    use super::*;
+
+    /// The names are the receivers' contract (a body's `type`) and what
+    /// the migrations' CHECK lists allow: renaming a variant must not
+    /// rename what is stored and sent.
+    #[test]
+    fn event_types_and_delivery_statuses_keep_their_stored_names() {
+        let types: Vec<String> = EventType::iter().map(|kind| kind.to_value()).collect();
+        assert_eq!(types, ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"]);
+        let statuses: Vec<String> = DeliveryStatus::iter().map(|status| status.to_value()).collect();
+        assert_eq!(statuses, ["PENDING", "DELIVERED", "FAILED"]);
+    }
+}

@@ -30,16 +30,19 @@
 use std::{collections::HashMap, sync::LazyLock, time::Duration};
 
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, QueryResult, Statement,
-    TransactionTrait, Value,
+    ActiveEnum, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel,
+    QueryResult, Statement, TransactionTrait, Value,
 };
 use tokio::{sync::watch, task::JoinHandle};
 use uuid::Uuid;
 
-use super::render::{Made, Move, Pass, Recorded, Units};
+use super::{
+    DeliveryStatus,
+    render::{Made, Move, Pass, Recorded, Units},
+};
 use crate::stock::{
     fragments,
-    rows::{ReservationStatus, sql},
+    rows::{ReservationStatus, location, sql},
 };
 
 /// The ledger rows of the transactions committed since the last pass, and
@@ -99,7 +102,9 @@ SELECT t.id, s.on_hand AS kept_on_hand, s.committed AS kept_committed, h.on_hand
 /// replayed). A body is cut, and the cursor moved past it, in one
 /// statement, so the pass's snapshot sees either the old cursor or the new
 /// delivery; an older snapshot only keeps more.
-const WRITE_SQL: &str = "
+static WRITE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "
 WITH written AS (
     INSERT INTO outbox (seq, first_seq, ids, types, ends, body)
     SELECT r.seq, r.first_seq, ($7::uuid[])[r.start : r.start + (r.seq - r.first_seq)::integer],
@@ -114,11 +119,14 @@ WITH written AS (
     DELETE FROM events e WHERE pg_visible_in_snapshot(e.txid::text::xid8, $11::text::pg_snapshot)
 ), needed AS (
     SELECT least((SELECT min(sent_through) FROM webhook_endpoints) + 1,
-                 (SELECT min(seqs[1]) FROM webhook_deliveries WHERE status <> 'DELIVERED')) AS seq
+                 (SELECT min(seqs[1]) FROM webhook_deliveries WHERE status <> {delivered})) AS seq
 ), pruned AS (
     DELETE FROM outbox o USING needed WHERE o.seq < needed.seq
 )
-UPDATE event_pump SET seen = $11::text::pg_snapshot, last_seq = $12";
+UPDATE event_pump SET seen = $11::text::pg_snapshot, last_seq = $12",
+        delivered = sql(DeliveryStatus::Delivered),
+    )
+});
 
 /// Each touched inventory's units on hand and committed as this process's
 /// last pass left them in `event_stock`, valid while the pump's row still
@@ -179,9 +187,10 @@ async fn pass(db: &DatabaseConnection, kept: &mut Kept) -> Result<(i64, HashMap<
     let txn = db.begin_with_config(Some(IsolationLevel::RepeatableRead), None).await?;
     let lock = "SELECT last_seq, seen::text AS seen, pg_current_snapshot()::text AS now_seen,
                        EXISTS (SELECT 1 FROM webhook_endpoints) AS wanted,
-                       (SELECT id FROM locations WHERE code = 'default') AS home
+                       (SELECT id FROM locations WHERE code = $1) AS home
                   FROM event_pump FOR UPDATE SKIP LOCKED";
-    let Some(pump) = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, lock)).await? else {
+    let lock = Statement::from_sql_and_values(DbBackend::Postgres, lock, [location::DEFAULT_CODE.into()]);
+    let Some(pump) = txn.query_one_raw(lock).await? else {
         txn.commit().await?;
         return Ok((0, HashMap::new()));
     };
@@ -223,7 +232,7 @@ async fn pass(db: &DatabaseConnection, kept: &mut Kept) -> Result<(i64, HashMap<
         after.iter().copied().filter(|&(id, h, c)| units.get(&id).and_then(|u| u.kept) != Some((h, c))).collect();
     let events = made.events;
     let values = write_values(made, last_seq, now_seen.clone());
-    txn.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, WRITE_SQL, values)).await?;
+    txn.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, WRITE_SQL.as_str(), values)).await?;
     txn.commit().await?;
     kept.seen = Some(now_seen);
     kept.units.extend(after.into_iter().map(|(id, h, c)| (id, (h, c))));
@@ -295,7 +304,10 @@ fn write_values(mut made: Made, last_seq: i64, now_seen: String) -> Vec<Value> {
         rows.iter().map(|r| r.first_seq).collect::<Vec<i64>>().into(),
         rows.iter().map(|r| r.last_seq).collect::<Vec<i64>>().into(),
         rows.iter().map(|r| i32::try_from(r.first_seq - last_seq).unwrap_or(i32::MAX)).collect::<Vec<i32>>().into(),
-        rows.iter().map(|r| r.types.join(",")).collect::<Vec<String>>().into(),
+        rows.iter()
+            .map(|r| r.types.iter().map(ActiveEnum::to_value).collect::<Vec<_>>().join(","))
+            .collect::<Vec<String>>()
+            .into(),
         rows.iter()
             .map(|r| r.ends.iter().map(i32::to_string).collect::<Vec<_>>().join(","))
             .collect::<Vec<String>>()

@@ -8,7 +8,11 @@ use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DbBackend, DbErr, FromQueryResult, Statement, Value};
 use uuid::Uuid;
 
-use crate::pagination::{Cursor, Page};
+use crate::{
+    events::{DeliveryStatus, EventType},
+    pagination::{Cursor, Page},
+    stock::rows::sql,
+};
 
 /// An endpoint as the API shows it: never its secret, lease or cursor.
 #[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
@@ -17,8 +21,8 @@ pub struct EndpointRow {
     pub id: Uuid,
     /// Where bodies are POSTed (checked by the egress rules when written).
     pub url: String,
-    /// The event types it takes, as stored (`STOCK_CHANGED`, ...).
-    pub events: Vec<String>,
+    /// The event types it takes.
+    pub events: Vec<EventType>,
     /// False: nothing is sent to it until it is set back to true.
     pub active: bool,
     /// When it was created.
@@ -38,8 +42,8 @@ pub struct DeliveryRow {
     pub id: Uuid,
     /// The events in its body, in order.
     pub event_ids: Vec<Uuid>,
-    /// `PENDING`, `DELIVERED` or `FAILED`, as stored.
-    pub status: String,
+    /// Where it stands.
+    pub status: DeliveryStatus,
     /// Attempts made since it was created or last replayed.
     pub attempts: i32,
     /// When it was last sent.
@@ -60,8 +64,8 @@ pub struct DeliveryRow {
 pub struct NewEndpoint<'a> {
     /// The checked URL.
     pub url: &'a str,
-    /// The event types' stored names, at least one.
-    pub events: &'a [String],
+    /// The event types, at least one.
+    pub events: &'a [EventType],
     /// The signing secret.
     pub secret: &'a str,
 }
@@ -92,7 +96,7 @@ pub async fn create(db: &impl ConnectionTrait, new: NewEndpoint<'_>) -> Result<E
              SELECT $1, $2, $3, last_seq FROM event_pump
              RETURNING {ENDPOINT}"
         ),
-        [new.url.into(), Value::from(new.events.to_vec()), new.secret.into()],
+        [new.url.into(), new.events.to_vec().into(), new.secret.into()],
     );
     EndpointRow::find_by_statement(statement).one(db).await?.ok_or(DbErr::RecordNotInserted)
 }
@@ -103,7 +107,7 @@ pub async fn update(
     db: &impl ConnectionTrait,
     id: Uuid,
     url: Option<&str>,
-    events: Option<&[String]>,
+    events: Option<&[EventType]>,
     active: Option<bool>,
 ) -> Result<Option<EndpointRow>, DbErr> {
     let statement = Statement::from_sql_and_values(
@@ -115,7 +119,7 @@ pub async fn update(
               WHERE id = $1
           RETURNING {ENDPOINT}"
         ),
-        [id.into(), url.map(str::to_owned).into(), events.map(<[String]>::to_vec).into(), active.into()],
+        [id.into(), url.map(str::to_owned).into(), events.map(<[EventType]>::to_vec).into(), active.into()],
     );
     EndpointRow::find_by_statement(statement).one(db).await
 }
@@ -175,11 +179,11 @@ pub async fn page(db: &impl ConnectionTrait, page: Page) -> Result<Vec<EndpointR
 pub async fn deliveries(
     db: &impl ConnectionTrait,
     endpoint_id: Uuid,
-    status: Option<&str>,
+    status: Option<DeliveryStatus>,
     page: Page,
 ) -> Result<Vec<DeliveryRow>, DbErr> {
     let (after, mut values) = after(&page, 4);
-    let head: [Value; 3] = [limit(&page), endpoint_id.into(), status.map(str::to_owned).into()];
+    let head: [Value; 3] = [limit(&page), endpoint_id.into(), status.into()];
     values.splice(0..0, head);
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
@@ -206,15 +210,19 @@ pub async fn deliveries(
 pub async fn redeliver_failed(db: &impl ConnectionTrait, endpoint_id: Uuid) -> Result<u64, DbErr> {
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "WITH replayed AS (
-             UPDATE webhook_deliveries SET status = 'PENDING', attempts = 0, next_attempt_at = now()
-              WHERE endpoint_id = $1 AND status = 'FAILED'
-          RETURNING 1
-         ), turned_on AS (
-             UPDATE webhook_endpoints SET active = true, disabled_at = NULL
-              WHERE id = $1 AND EXISTS (SELECT 1 FROM replayed)
-         )
-         SELECT count(*) AS replayed FROM replayed",
+        format!(
+            "WITH replayed AS (
+                 UPDATE webhook_deliveries SET status = {pending}, attempts = 0, next_attempt_at = now()
+                  WHERE endpoint_id = $1 AND status = {failed}
+              RETURNING 1
+             ), turned_on AS (
+                 UPDATE webhook_endpoints SET active = true, disabled_at = NULL
+                  WHERE id = $1 AND EXISTS (SELECT 1 FROM replayed)
+             )
+             SELECT count(*) AS replayed FROM replayed",
+            pending = sql(DeliveryStatus::Pending),
+            failed = sql(DeliveryStatus::Failed),
+        ),
         [endpoint_id.into()],
     );
     let row = db.query_one_raw(statement).await?;
