@@ -5,15 +5,16 @@
 //! The change records its event itself (its ledger rows, or a row of
 //! `events` written in its transaction), so a crash between commit and send
 //! loses nothing. [`pump`] reads the changes of finished transactions and
-//! writes the events [`render`] makes of them into the outbox, numbered in
-//! delivery order; [`deliver`] sends each endpoint its
-//! events; [`retention`] ages out what nobody took. Endpoints are managed
+//! writes the events [`render`] makes of them into the [`outbox`], numbered
+//! in delivery order; [`deliver`] sends each endpoint its events as the
+//! outbox's deliveries; [`retention`] ages out what nobody took. Endpoints are managed
 //! through `crate::webhooks`, which comes here for the vocabulary below,
 //! the deliveries' history and the [`egress`] rules; nothing here imports
 //! it.
 
 pub mod deliver;
 pub mod egress;
+pub mod outbox;
 pub mod pump;
 pub mod render;
 pub mod retention;
@@ -64,7 +65,7 @@ pub fn spawn(
         runtime.block_on(async move {
             let events = crate::db::side_pool(&requests, "stockguard-events", 2, &SETTINGS);
             let pump = pump::spawn(requests.clone(), events.clone(), delivering.poll, stop.clone());
-            let deliveries = deliver::spawn(requests, events, delivering, stop);
+            let deliveries = deliver::supervise::spawn(requests, events, delivering, stop);
             let _ = tokio::join!(pump, deliveries);
         });
         drop(done);

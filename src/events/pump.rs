@@ -30,14 +30,14 @@
 use std::{collections::HashMap, sync::LazyLock, time::Duration};
 
 use sea_orm::{
-    ActiveEnum, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel,
-    QueryResult, Statement, TransactionTrait, Value,
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, QueryResult, Statement,
+    TransactionTrait, Value,
 };
 use tokio::{sync::watch, task::JoinHandle};
 use uuid::Uuid;
 
 use super::{
-    DeliveryStatus,
+    outbox,
     render::{Made, Move, Pass, Recorded, Units},
 };
 use crate::stock::{
@@ -91,40 +91,24 @@ SELECT t.id, s.on_hand AS kept_on_hand, s.committed AS kept_committed, h.on_hand
     )
 });
 
-/// Writes a pass: its outbox rows (`$1`..`$7`: each row's first and last
-/// number, where its ids start in `$7`, its types and ends as text lists,
-/// its body; the ids of all its events), the units that changed
-/// (`$8`..`$10`), and its snapshot (`$11`) and last number (`$12`); deletes
-/// the recorded events it pumped, and the outbox rows no endpoint needs.
-///
-/// The first event some endpoint still needs is after its cursor (on or
-/// off), or in a delivery not yet DELIVERED (to be sent, sent again, or
-/// replayed). A body is cut, and the cursor moved past it, in one
-/// statement, so the pass's snapshot sees either the old cursor or the new
-/// delivery; an older snapshot only keeps more.
+/// Writes a pass: its outbox rows (`$1`..`$7`, [`outbox::WRITE_ROWS`]),
+/// the units that changed (`$8`..`$10`), and its snapshot (`$11`) and last
+/// number (`$12`); deletes the recorded events it pumped, and the outbox
+/// rows no endpoint needs ([`outbox::PRUNE`]).
 static WRITE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "
-WITH written AS (
-    INSERT INTO outbox (seq, first_seq, ids, types, ends, body)
-    SELECT r.seq, r.first_seq, ($7::uuid[])[r.start : r.start + (r.seq - r.first_seq)::integer],
-           string_to_array(r.types, ','), string_to_array(r.ends, ',')::integer[], r.body
-      FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::text[], $5::text[], $6::text[])
-           AS r(first_seq, seq, start, types, ends, body)
+WITH written AS ({written}
 ), kept AS (
     INSERT INTO event_stock (inventory_id, on_hand, committed)
     SELECT * FROM unnest($8::uuid[], $9::bigint[], $10::bigint[])
         ON CONFLICT (inventory_id) DO UPDATE SET on_hand = excluded.on_hand, committed = excluded.committed
 ), pumped AS (
     DELETE FROM events e WHERE pg_visible_in_snapshot(e.txid::text::xid8, $11::text::pg_snapshot)
-), needed AS (
-    SELECT least((SELECT min(sent_through) FROM webhook_endpoints) + 1,
-                 (SELECT min(seqs[1]) FROM webhook_deliveries WHERE status <> {delivered})) AS seq
-), pruned AS (
-    DELETE FROM outbox o USING needed WHERE o.seq < needed.seq
-)
+), {pruned}
 UPDATE event_pump SET seen = $11::text::pg_snapshot, last_seq = $12",
-        delivered = sql(DeliveryStatus::Delivered),
+        written = outbox::WRITE_ROWS,
+        pruned = outbox::PRUNE.as_str(),
     )
 });
 
@@ -297,29 +281,15 @@ fn read_units(row: &QueryResult) -> Result<(Uuid, Units), DbErr> {
 
 /// The values of [`WRITE_SQL`] for `made` (its bodies moved, not copied).
 fn write_values(mut made: Made, last_seq: i64, now_seen: String) -> Vec<Value> {
-    let ids: Vec<Uuid> = made.rows.iter().flat_map(|r| r.ids.iter().copied()).collect();
-    let bodies: Vec<String> = made.rows.iter_mut().map(|r| std::mem::take(&mut r.body)).collect();
-    let rows = &made.rows;
-    vec![
-        rows.iter().map(|r| r.first_seq).collect::<Vec<i64>>().into(),
-        rows.iter().map(|r| r.last_seq).collect::<Vec<i64>>().into(),
-        rows.iter().map(|r| i32::try_from(r.first_seq - last_seq).unwrap_or(i32::MAX)).collect::<Vec<i32>>().into(),
-        rows.iter()
-            .map(|r| r.types.iter().map(ActiveEnum::to_value).collect::<Vec<_>>().join(","))
-            .collect::<Vec<String>>()
-            .into(),
-        rows.iter()
-            .map(|r| r.ends.iter().map(i32::to_string).collect::<Vec<_>>().join(","))
-            .collect::<Vec<String>>()
-            .into(),
-        bodies.into(),
-        ids.into(),
+    let mut values = Vec::from(outbox::row_values(&mut made.rows, last_seq));
+    values.extend([
         made.units.iter().map(|u| u.0).collect::<Vec<Uuid>>().into(),
         made.units.iter().map(|u| u.1).collect::<Vec<i64>>().into(),
         made.units.iter().map(|u| u.2).collect::<Vec<i64>>().into(),
         now_seen.into(),
         (last_seq + made.events).into(),
-    ]
+    ]);
+    values
 }
 
 /// Summarizes the ranges of the ledger's BRIN index on `txid` that have

@@ -1,7 +1,7 @@
 //! What a pass of the pump makes of the changes it found: one event per
 //! change, in delivery order, rendered as sent, cut into the outbox's rows
-//! of up to 100 events. Pure: the pump reads the changes and writes what
-//! this returns (`pump.rs`).
+//! (`outbox.rs`). Pure: the pump reads the changes and writes what this
+//! returns (`pump.rs`).
 //!
 //! One `STOCK_CHANGED` per inventory version (whatever number of locations
 //! it touched), one `RESERVATION_CHANGED` per status change a ledger row
@@ -23,14 +23,14 @@ use md5::{Digest as _, Md5};
 use sea_orm::ActiveEnum as _;
 use uuid::Uuid;
 
-use super::EventType;
+use super::{
+    EventType,
+    outbox::{self, Row},
+};
 use crate::stock::{
     fragments::{COMMITTING_MOVES, ON_HAND_MOVES},
     rows::{MovementReason, ReservationStatus},
 };
-
-/// Most events in one outbox row, and so in one body.
-pub const EVENTS_PER_ROW: usize = 100;
 
 /// One ledger row of a transaction the pass found committed.
 #[derive(Debug, Clone)]
@@ -88,19 +88,6 @@ struct Event {
     subject: &'static str,
     occurred_at: DateTime<Utc>,
     data: String,
-}
-
-/// One outbox row: events `first_seq..=last_seq`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Row {
-    pub first_seq: i64,
-    pub last_seq: i64,
-    pub ids: Vec<Uuid>,
-    pub types: Vec<EventType>,
-    /// Where each event's text ends in `body`, in characters from its start.
-    pub ends: Vec<i32>,
-    /// The events, joined with commas.
-    pub body: String,
 }
 
 /// What a pass writes.
@@ -245,7 +232,11 @@ impl<'a> Pass<'a> {
             });
         }
         events.sort_by_key(|e| (e.key, e.version, e.rank, e.id));
-        Made { events: events.len() as i64, rows: rows(last_seq, &events), units: kept }
+        let rows = outbox::rows(last_seq, &events, |event, body| {
+            render(event, body);
+            (event.id, event.kind)
+        });
+        Made { events: events.len() as i64, rows, units: kept }
     }
 
     /// The `STOCK_CHANGED` event of one version.
@@ -399,35 +390,6 @@ fn push_id(out: &mut String, id: Option<Uuid>) {
 /// (without going through `fmt`).
 fn push_uuid(out: &mut String, id: Uuid) {
     out.push_str(id.hyphenated().encode_lower(&mut Uuid::encode_buffer()));
-}
-
-/// `events`, numbered from `last_seq + 1`, rendered and cut into rows.
-fn rows(last_seq: i64, events: &[Event]) -> Vec<Row> {
-    let mut rows = Vec::with_capacity(events.len().div_ceil(EVENTS_PER_ROW));
-    for (n, chunk) in events.chunks(EVENTS_PER_ROW).enumerate() {
-        let first_seq = last_seq + (n * EVENTS_PER_ROW) as i64 + 1;
-        let mut row = Row {
-            first_seq,
-            last_seq: first_seq + chunk.len() as i64 - 1,
-            ids: Vec::with_capacity(chunk.len()),
-            types: Vec::with_capacity(chunk.len()),
-            ends: Vec::with_capacity(chunk.len()),
-            body: String::with_capacity(chunk.len() * 400),
-        };
-        for event in chunk {
-            if !row.body.is_empty() {
-                row.body.push(',');
-            }
-            render(event, &mut row.body);
-            row.ids.push(event.id);
-            row.types.push(event.kind);
-            // Every character of a body is ASCII (numbers, ids, fixed
-            // words, timestamps), so bytes count characters.
-            row.ends.push(i32::try_from(row.body.len()).unwrap_or(i32::MAX));
-        }
-        rows.push(row);
-    }
-    rows
 }
 
 /// One event as sent, its keys in the documented order (docs/webhooks.md).

@@ -7,14 +7,12 @@ use async_graphql::{Context, Enum, ID, InputObject, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{
-    service::WebhookService,
-    store::{DeliveryRow, EndpointRow},
-};
+use super::{service::WebhookService, store::EndpointRow};
 use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
-    events, node,
+    events::{self, outbox::history::DeliveryRow},
+    node,
     pagination::{self, Connection, Cursor, connection},
 };
 

@@ -2,14 +2,15 @@
 //! the egress rules, a fresh signing secret), changing and deleting one,
 //! pages of endpoints and of an endpoint's deliveries, and replaying the
 //! failed deliveries. Every refusal happens before a statement runs, so bad
-//! input writes nothing. The SQL runs in `store.rs`.
+//! input writes nothing. The endpoints' SQL runs in `store.rs`, the
+//! deliveries' in the outbox's (`events::outbox::history`).
 
 use std::{fmt, sync::Arc};
 
 use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 
-use super::store::{self, DeliveryRow, EndpointRow, NewEndpoint};
+use super::store::{self, EndpointRow, NewEndpoint};
 use crate::{
     app::AppState,
     config::Limits,
@@ -17,6 +18,7 @@ use crate::{
     events::{
         DeliveryStatus, EventType,
         egress::{self, CheckedUrl},
+        outbox::history::{self, DeliveryRow},
     },
     pagination::Page,
 };
@@ -111,14 +113,14 @@ impl WebhookService {
         after: Option<&str>,
     ) -> Result<(Page, Vec<DeliveryRow>), AppError> {
         let page = Page::parse(first, after, self.limits.max_page_size)?;
-        let rows = store::deliveries(&self.db, endpoint_id, status, page).await?;
+        let rows = history::deliveries(&self.db, endpoint_id, status, page).await?;
         Ok((page, rows))
     }
 
     /// Makes an endpoint's FAILED deliveries PENDING again, due now with no
     /// attempts; how many (0 for an unknown endpoint).
     pub async fn redeliver_failed(&self, endpoint_id: Uuid) -> Result<u64, AppError> {
-        Ok(store::redeliver_failed(&self.db, endpoint_id).await?)
+        Ok(history::redeliver_failed(&self.db, endpoint_id).await?)
     }
 
     /// `url` through the egress rules, as `input.url`'s bad input when refused.

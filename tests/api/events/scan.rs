@@ -13,7 +13,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBacken
 use serde_json::{Value, json};
 use stockguard::{
     auth::Role,
-    events::{self, deliver, pump},
+    events::{self, outbox::step, pump},
 };
 
 use super::{Isolation, limits, receiver::Receiver, spawn, subscribe};
@@ -176,7 +176,7 @@ async fn an_event_lists_its_fields_in_the_documented_order() {
 async fn step_plan(txn: &DatabaseTransaction, options: &str, arguments: &str) -> Value {
     let prepare = format!(
         "PREPARE step(uuid, uuid, float8, uuid[], integer[], integer[], bigint) AS {}",
-        deliver::STEP_SQL.as_str()
+        step::STEP_SQL.as_str()
     );
     txn.execute_unprepared(&prepare).await.expect("prepared");
     let explain = format!("EXPLAIN ({options}) EXECUTE step({arguments})");
