@@ -7,20 +7,22 @@
 //! loses nothing. [`pump`] reads the changes of finished transactions and
 //! writes the events [`render`] makes of them into the [`outbox`], numbered
 //! in delivery order; [`deliver`] sends each endpoint its events as the
-//! outbox's deliveries; [`retention`] ages out what nobody took. Endpoints are managed
-//! through `crate::webhooks`, which comes here for the vocabulary below,
-//! the deliveries' history and the [`egress`] rules; nothing here imports
-//! it.
+//! outbox's deliveries; [`restart`] starts either again if it panics;
+//! [`retention`] ages out what nobody took. Endpoints are managed through
+//! `crate::webhooks`, which comes here for the vocabulary below, the
+//! deliveries' history and the [`egress`] rules; nothing here imports it.
 
 pub mod deliver;
 pub mod egress;
 pub mod outbox;
 pub mod pump;
 pub mod render;
+pub mod restart;
 pub mod retention;
 
 use sea_orm::{DatabaseConnection, DeriveActiveEnum, EnumIter};
 use tokio::{sync::watch, task::JoinHandle};
+use uuid::Uuid;
 
 /// The settings of the connections events work on (`stockguard-events`,
 /// opened by [`spawn`]), where every pass and every delivery runs, beyond
@@ -44,7 +46,8 @@ pub const SETTINGS: [(&str, &str); 2] = [("synchronous_commit", "off"), ("enable
 
 /// Starts the event pump and the webhook deliveries on a thread of their
 /// own ([`THREAD`]), with connections of their own (`stockguard-events`),
-/// until `stop` turns true; the handle ends when both have stopped.
+/// until `stop` turns true, each started again if it panics
+/// ([`restart`]); the handle ends when both have stopped.
 ///
 /// Not on the requests' runtime: a pass makes thousands of events at a
 /// time, and a delivery step reads and signs bodies of up to 100, each
@@ -64,9 +67,17 @@ pub fn spawn(
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         runtime.block_on(async move {
             let events = crate::db::side_pool(&requests, "stockguard-events", 2, &SETTINGS);
-            let pump = pump::spawn(requests.clone(), events.clone(), delivering.poll, stop.clone());
-            let deliveries = deliver::supervise::spawn(requests, events, delivering, stop);
-            let _ = tokio::join!(pump, deliveries);
+            let pump = restart::supervised("pump", restart::PAUSE, stop.clone(), || {
+                pump::run(requests.clone(), events.clone(), delivering.poll, stop.clone())
+            });
+            // The process's name in the endpoints' leases, the same across
+            // restarts of the dispatcher, which then renews its own leases
+            // at once instead of waiting for them to lapse.
+            let me = Uuid::new_v4();
+            let dispatcher = restart::supervised("dispatcher", restart::PAUSE, stop.clone(), || {
+                deliver::supervise::run(requests.clone(), events.clone(), delivering.clone(), me, stop.clone())
+            });
+            tokio::join!(pump, dispatcher);
         });
         drop(done);
         std::io::Result::Ok(())

@@ -33,7 +33,7 @@ use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, QueryResult, Statement,
     TransactionTrait, Value,
 };
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::sync::watch;
 use uuid::Uuid;
 
 use super::{
@@ -366,29 +366,27 @@ async fn summarize(db: &DatabaseConnection, filling: HashMap<i64, i64>, ranges: 
 /// Pumps every `interval` until `stop` turns true; while no endpoint
 /// exists it only looks once every [`IDLE`]. A failed pass wrote nothing
 /// and is tried again.
-pub fn spawn(
+pub async fn run(
     requests: DatabaseConnection,
     db: DatabaseConnection,
     interval: Duration,
     mut stop: watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let (mut kept, mut ranges) = (Kept::default(), Summarized::default());
-        loop {
-            let pause = match pump_once(&requests, &db, &mut kept, &mut ranges).await {
-                Ok(Some(_)) => interval,
-                Ok(None) => IDLE.max(interval),
-                Err(err) => {
-                    tracing::warn!(error = %err, "the event pump's pass failed; trying again");
-                    IDLE.max(interval)
-                }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = stop.changed() => break,
+) {
+    let (mut kept, mut ranges) = (Kept::default(), Summarized::default());
+    loop {
+        let pause = match pump_once(&requests, &db, &mut kept, &mut ranges).await {
+            Ok(Some(_)) => interval,
+            Ok(None) => IDLE.max(interval),
+            Err(err) => {
+                tracing::warn!(error = %err, "the event pump's pass failed; trying again");
+                IDLE.max(interval)
             }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => break,
         }
-    })
+    }
 }
 
 /// How often an idle pump (no endpoint) looks for one.

@@ -8,68 +8,68 @@ use std::{collections::HashMap, time::Duration};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement, Value};
 use tokio::{
     sync::watch,
-    task::{self, JoinHandle, JoinSet},
+    task::{self, JoinSet},
 };
 use uuid::Uuid;
 
 use super::{Delivering, endpoint::serve};
 
-/// Leases the endpoints nobody holds (or this process holds) and starts a
-/// task for each one not already served here, every `poll`, until `stop`;
-/// then waits (briefly) for the tasks to record what they sent, and gives
-/// the leases back. Leasing goes through `requests` (the requests' pool,
-/// open anyway); the endpoints' tasks work on `db`.
-pub fn spawn(
+/// Leases, as `me`, the endpoints nobody holds (or `me` holds) and starts
+/// a task for each one not already served here, every `poll`, until
+/// `stop`; then waits (briefly) for the tasks to record what they sent, and
+/// gives the leases back. Leasing goes through `requests` (the requests'
+/// pool, open anyway); the endpoints' tasks work on `db`. The tasks end
+/// with it, even when it panics ([`Serving`] aborts them when dropped), so
+/// the dispatcher started again as the same `me` serves each endpoint once.
+pub async fn run(
     requests: DatabaseConnection,
     db: DatabaseConnection,
     delivering: Delivering,
+    me: Uuid,
     stop: watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let me = Uuid::new_v4();
-        let mut serving = Serving::default();
-        let mut stop_outer = stop.clone();
-        // New endpoints are looked for about as often as an idle pump looks,
-        // and this process's leases renewed at least three times a lease:
-        // a task renews its lease only between attempts, and an attempt may
-        // outlast a short lease, which would let another process send the
-        // same delivery at the same time.
-        let every = delivering.poll.max(crate::events::pump::IDLE).min(delivering.lease / 3);
-        let mut ticks = tokio::time::interval(every.max(Duration::from_millis(10)));
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = ticks.tick() => {}
-                _ = stop_outer.changed() => break,
+) {
+    let mut serving = Serving::default();
+    let mut stop_outer = stop.clone();
+    // New endpoints are looked for about as often as an idle pump looks,
+    // and this process's leases renewed at least three times a lease:
+    // a task renews its lease only between attempts, and an attempt may
+    // outlast a short lease, which would let another process send the
+    // same delivery at the same time.
+    let every = delivering.poll.max(crate::events::pump::IDLE).min(delivering.lease / 3);
+    let mut ticks = tokio::time::interval(every.max(Duration::from_millis(10)));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop_outer.changed() => break,
+        }
+        serving.reap();
+        let leased = match lease(&requests, me, delivering.lease).await {
+            Ok(leased) => leased,
+            Err(err) => {
+                tracing::warn!(error = %err, "leasing webhook endpoints failed; trying again");
+                continue;
             }
-            serving.reap();
-            let leased = match lease(&requests, me, delivering.lease).await {
-                Ok(leased) => leased,
-                Err(err) => {
-                    tracing::warn!(error = %err, "leasing webhook endpoints failed; trying again");
-                    continue;
-                }
-            };
-            for endpoint in leased {
-                if !serving.serves(endpoint) {
-                    let (db, delivering, stop) = (db.clone(), delivering.clone(), stop.clone());
-                    serving.start(endpoint, async move { serve(&db, me, endpoint, &delivering, stop).await });
-                }
+        };
+        for endpoint in leased {
+            if !serving.serves(endpoint) {
+                let (db, delivering, stop) = (db.clone(), delivering.clone(), stop.clone());
+                serving.start(endpoint, async move { serve(&db, me, endpoint, &delivering, stop).await });
             }
         }
-        // Each task records what it sent before it ends; one still waiting
-        // for a receiver is cut off, and its delivery sent again by whoever
-        // leases the endpoint next (at least once). Leases lapse on their
-        // own; giving them back lets another process take over at once.
-        // Bounded: a stopping process does not wait for a receiver or a
-        // database that does not answer.
-        let ended = async { while serving.tasks.join_next().await.is_some() {} };
-        let _ = tokio::time::timeout(Duration::from_secs(1), ended).await;
-        serving.tasks.abort_all();
-        let release = "UPDATE webhook_endpoints SET leased_until = '-infinity' WHERE leased_by = $1";
-        let release = requests.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, release, [me.into()]));
-        let _ = tokio::time::timeout(Duration::from_secs(1), release).await;
-    })
+    }
+    // Each task records what it sent before it ends; one still waiting
+    // for a receiver is cut off, and its delivery sent again by whoever
+    // leases the endpoint next (at least once). Leases lapse on their
+    // own; giving them back lets another process take over at once.
+    // Bounded: a stopping process does not wait for a receiver or a
+    // database that does not answer.
+    let ended = async { while serving.tasks.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(Duration::from_secs(1), ended).await;
+    serving.tasks.abort_all();
+    let release = "UPDATE webhook_endpoints SET leased_until = '-infinity' WHERE leased_by = $1";
+    let release = requests.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, release, [me.into()]));
+    let _ = tokio::time::timeout(Duration::from_secs(1), release).await;
 }
 
 /// The endpoints served here, each by its task, which ends when the lease
