@@ -23,7 +23,7 @@ pub mod documents;
 pub mod embedded;
 /// `AppError`: what is really an error (bad input, auth, database), and its GraphQL code.
 pub mod error;
-/// Events out: the pump and the webhook deliveries.
+/// Events out: the pump, the outbox and the webhook deliveries, and the egress rules every webhook URL passes.
 pub mod events;
 /// The one way in for a GraphQL operation (HTTP or websocket): bounds, caller, loaders, permit, error codes.
 pub mod gateway;
@@ -61,5 +61,5 @@ pub mod stock;
 pub mod telemetry;
 /// Input checks that turn bad input into `BAD_USER_INPUT` before anything runs.
 pub mod validate;
-/// Webhook endpoints and deliveries for operators, and the egress rules every webhook URL passes.
+/// Webhook endpoints and their deliveries, as operators manage them.
 pub mod webhooks;

@@ -9,7 +9,7 @@ use async_graphql::{
     connection::{CursorType, Edge, EmptyFields, PageInfo},
 };
 use chrono::{DateTime, Utc};
-use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select};
+use sea_orm::{ColumnTrait, Condition, EntityTrait, QueryFilter, QueryOrder, QuerySelect, Select, Value};
 use uuid::Uuid;
 
 use crate::{error::AppError, validate};
@@ -64,6 +64,27 @@ impl<C: CursorType> Page<C> {
             .transpose()
             .map_err(|_| AppError::bad_input("after", "after is not a cursor from this connection"))?;
         Ok(Self { first: first as u64, after })
+    }
+}
+
+impl Page {
+    /// For a statement's text: the condition that starts the page after its
+    /// cursor, `(created_at, id) > (after)` as a row comparison, which a
+    /// `(…, created_at, id)` index answers with one range scan (nothing
+    /// without a cursor), and its values, parameters `$first` and
+    /// `$first + 1`.
+    pub fn after_sql(&self, first: usize) -> (String, Vec<Value>) {
+        match self.after {
+            Some(Cursor { created_at, id }) => {
+                (format!("AND (created_at, id) > (${first}, ${})", first + 1), vec![created_at.into(), id.into()])
+            }
+            None => (String::new(), Vec::new()),
+        }
+    }
+
+    /// The `LIMIT` of the page: one row more than asked, to tell whether more follow.
+    pub fn limit(&self) -> Value {
+        i64::try_from(self.first).unwrap_or(i64::MAX).saturating_add(1).into()
     }
 }
 

@@ -5,18 +5,24 @@
 //! The change records its event itself (its ledger rows, or a row of
 //! `events` written in its transaction), so a crash between commit and send
 //! loses nothing. [`pump`] reads the changes of finished transactions and
-//! writes the events [`render`] makes of them into the outbox, numbered in
-//! delivery order; [`deliver`] sends each endpoint its
-//! events; [`retention`] ages out what nobody took. Endpoints are managed
-//! through `crate::webhooks`.
+//! writes the events [`render`] makes of them into the [`outbox`], numbered
+//! in delivery order; [`deliver`] sends each endpoint its events as the
+//! outbox's deliveries; [`restart`] starts either again if it panics;
+//! [`retention`] ages out what nobody took. Endpoints are managed through
+//! `crate::webhooks`, which comes here for the vocabulary below, the
+//! deliveries' history and the [`egress`] rules; nothing here imports it.
 
 pub mod deliver;
+pub mod egress;
+pub mod outbox;
 pub mod pump;
 pub mod render;
+pub mod restart;
 pub mod retention;
 
-use sea_orm::DatabaseConnection;
+use sea_orm::{DatabaseConnection, DeriveActiveEnum, EnumIter};
 use tokio::{sync::watch, task::JoinHandle};
+use uuid::Uuid;
 
 /// The settings of the connections events work on (`stockguard-events`,
 /// opened by [`spawn`]), where every pass and every delivery runs, beyond
@@ -40,7 +46,8 @@ pub const SETTINGS: [(&str, &str); 2] = [("synchronous_commit", "off"), ("enable
 
 /// Starts the event pump and the webhook deliveries on a thread of their
 /// own ([`THREAD`]), with connections of their own (`stockguard-events`),
-/// until `stop` turns true; the handle ends when both have stopped.
+/// until `stop` turns true, each started again if it panics
+/// ([`restart`]); the handle ends when both have stopped.
 ///
 /// Not on the requests' runtime: a pass makes thousands of events at a
 /// time, and a delivery step reads and signs bodies of up to 100, each
@@ -60,9 +67,17 @@ pub fn spawn(
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         runtime.block_on(async move {
             let events = crate::db::side_pool(&requests, "stockguard-events", 2, &SETTINGS);
-            let pump = pump::spawn(requests.clone(), events.clone(), delivering.poll, stop.clone());
-            let deliveries = deliver::spawn(requests, events, delivering, stop);
-            let _ = tokio::join!(pump, deliveries);
+            let pump = restart::supervised("pump", restart::PAUSE, stop.clone(), || {
+                pump::run(requests.clone(), events.clone(), delivering.poll, stop.clone())
+            });
+            // The process's name in the endpoints' leases, the same across
+            // restarts of the dispatcher, which then renews its own leases
+            // at once instead of waiting for them to lapse.
+            let me = Uuid::new_v4();
+            let dispatcher = restart::supervised("dispatcher", restart::PAUSE, stop.clone(), || {
+                deliver::supervise::run(requests.clone(), events.clone(), delivering.clone(), me, stop.clone())
+            });
+            tokio::join!(pump, dispatcher);
         });
         drop(done);
         std::io::Result::Ok(())
@@ -82,3 +97,54 @@ pub fn spawn(
 
 /// The name of the events' thread (as `top -H` shows it).
 pub const THREAD: &str = "sg-events";
+
+/// The types of event, as a body's `type`, `outbox.types`, `events.type`
+/// and an endpoint's `events` spell them; SQL text takes them from here
+/// with `stock::rows::sql`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+pub enum EventType {
+    /// A change of an inventory's stock (one ledger change).
+    #[sea_orm(string_value = "STOCK_CHANGED")]
+    StockChanged,
+    /// A change of a reservation's status.
+    #[sea_orm(string_value = "RESERVATION_CHANGED")]
+    ReservationChanged,
+    /// A new version of an order.
+    #[sea_orm(string_value = "ORDER_CHANGED")]
+    OrderChanged,
+}
+
+/// Where a delivery (one body of 1 to 100 events to one endpoint) stands,
+/// as `webhook_deliveries.status` spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+pub enum DeliveryStatus {
+    /// Not yet answered with a 2xx; sent (again) at `next_attempt_at`.
+    #[sea_orm(string_value = "PENDING")]
+    Pending,
+    /// Answered with a 2xx.
+    #[sea_orm(string_value = "DELIVERED")]
+    Delivered,
+    /// Every attempt of the retry schedule failed; `redeliverFailed` makes it PENDING again.
+    #[sea_orm(string_value = "FAILED")]
+    Failed,
+}
+
+#[cfg(test)]
+mod tests {
+    use sea_orm::{ActiveEnum as _, Iterable as _};
+
+    use super::*;
+
+    /// The names are the receivers' contract (a body's `type`) and what
+    /// the migrations' CHECK lists allow: renaming a variant must not
+    /// rename what is stored and sent.
+    #[test]
+    fn event_types_and_delivery_statuses_keep_their_stored_names() {
+        let types: Vec<String> = EventType::iter().map(|kind| kind.to_value()).collect();
+        assert_eq!(types, ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"]);
+        let statuses: Vec<String> = DeliveryStatus::iter().map(|status| status.to_value()).collect();
+        assert_eq!(statuses, ["PENDING", "DELIVERED", "FAILED"]);
+    }
+}

@@ -33,13 +33,16 @@ use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, IsolationLevel, QueryResult, Statement,
     TransactionTrait, Value,
 };
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::sync::watch;
 use uuid::Uuid;
 
-use super::render::{Made, Move, Pass, Recorded, Units};
+use super::{
+    outbox,
+    render::{Made, Move, Pass, Recorded, Units},
+};
 use crate::stock::{
     fragments,
-    rows::{ReservationStatus, sql},
+    rows::{ReservationStatus, location, sql},
 };
 
 /// The ledger rows of the transactions committed since the last pass, and
@@ -88,37 +91,26 @@ SELECT t.id, s.on_hand AS kept_on_hand, s.committed AS kept_committed, h.on_hand
     )
 });
 
-/// Writes a pass: its outbox rows (`$1`..`$7`: each row's first and last
-/// number, where its ids start in `$7`, its types and ends as text lists,
-/// its body; the ids of all its events), the units that changed
-/// (`$8`..`$10`), and its snapshot (`$11`) and last number (`$12`); deletes
-/// the recorded events it pumped, and the outbox rows no endpoint needs.
-///
-/// The first event some endpoint still needs is after its cursor (on or
-/// off), or in a delivery not yet DELIVERED (to be sent, sent again, or
-/// replayed). A body is cut, and the cursor moved past it, in one
-/// statement, so the pass's snapshot sees either the old cursor or the new
-/// delivery; an older snapshot only keeps more.
-const WRITE_SQL: &str = "
-WITH written AS (
-    INSERT INTO outbox (seq, first_seq, ids, types, ends, body)
-    SELECT r.seq, r.first_seq, ($7::uuid[])[r.start : r.start + (r.seq - r.first_seq)::integer],
-           string_to_array(r.types, ','), string_to_array(r.ends, ',')::integer[], r.body
-      FROM unnest($1::bigint[], $2::bigint[], $3::integer[], $4::text[], $5::text[], $6::text[])
-           AS r(first_seq, seq, start, types, ends, body)
+/// Writes a pass: its outbox rows (`$1`..`$7`, [`outbox::WRITE_ROWS`]),
+/// the units that changed (`$8`..`$10`), and its snapshot (`$11`) and last
+/// number (`$12`); deletes the recorded events it pumped, and the outbox
+/// rows no endpoint needs ([`outbox::PRUNE`]).
+static WRITE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "
+WITH written AS ({written}
 ), kept AS (
     INSERT INTO event_stock (inventory_id, on_hand, committed)
     SELECT * FROM unnest($8::uuid[], $9::bigint[], $10::bigint[])
         ON CONFLICT (inventory_id) DO UPDATE SET on_hand = excluded.on_hand, committed = excluded.committed
 ), pumped AS (
     DELETE FROM events e WHERE pg_visible_in_snapshot(e.txid::text::xid8, $11::text::pg_snapshot)
-), needed AS (
-    SELECT least((SELECT min(sent_through) FROM webhook_endpoints) + 1,
-                 (SELECT min(seqs[1]) FROM webhook_deliveries WHERE status <> 'DELIVERED')) AS seq
-), pruned AS (
-    DELETE FROM outbox o USING needed WHERE o.seq < needed.seq
-)
-UPDATE event_pump SET seen = $11::text::pg_snapshot, last_seq = $12";
+), {pruned}
+UPDATE event_pump SET seen = $11::text::pg_snapshot, last_seq = $12",
+        written = outbox::WRITE_ROWS,
+        pruned = outbox::PRUNE.as_str(),
+    )
+});
 
 /// Each touched inventory's units on hand and committed as this process's
 /// last pass left them in `event_stock`, valid while the pump's row still
@@ -179,9 +171,10 @@ async fn pass(db: &DatabaseConnection, kept: &mut Kept) -> Result<(i64, HashMap<
     let txn = db.begin_with_config(Some(IsolationLevel::RepeatableRead), None).await?;
     let lock = "SELECT last_seq, seen::text AS seen, pg_current_snapshot()::text AS now_seen,
                        EXISTS (SELECT 1 FROM webhook_endpoints) AS wanted,
-                       (SELECT id FROM locations WHERE code = 'default') AS home
+                       (SELECT id FROM locations WHERE code = $1) AS home
                   FROM event_pump FOR UPDATE SKIP LOCKED";
-    let Some(pump) = txn.query_one_raw(Statement::from_string(DbBackend::Postgres, lock)).await? else {
+    let lock = Statement::from_sql_and_values(DbBackend::Postgres, lock, [location::DEFAULT_CODE.into()]);
+    let Some(pump) = txn.query_one_raw(lock).await? else {
         txn.commit().await?;
         return Ok((0, HashMap::new()));
     };
@@ -223,7 +216,7 @@ async fn pass(db: &DatabaseConnection, kept: &mut Kept) -> Result<(i64, HashMap<
         after.iter().copied().filter(|&(id, h, c)| units.get(&id).and_then(|u| u.kept) != Some((h, c))).collect();
     let events = made.events;
     let values = write_values(made, last_seq, now_seen.clone());
-    txn.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, WRITE_SQL, values)).await?;
+    txn.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, WRITE_SQL.as_str(), values)).await?;
     txn.commit().await?;
     kept.seen = Some(now_seen);
     kept.units.extend(after.into_iter().map(|(id, h, c)| (id, (h, c))));
@@ -288,26 +281,15 @@ fn read_units(row: &QueryResult) -> Result<(Uuid, Units), DbErr> {
 
 /// The values of [`WRITE_SQL`] for `made` (its bodies moved, not copied).
 fn write_values(mut made: Made, last_seq: i64, now_seen: String) -> Vec<Value> {
-    let ids: Vec<Uuid> = made.rows.iter().flat_map(|r| r.ids.iter().copied()).collect();
-    let bodies: Vec<String> = made.rows.iter_mut().map(|r| std::mem::take(&mut r.body)).collect();
-    let rows = &made.rows;
-    vec![
-        rows.iter().map(|r| r.first_seq).collect::<Vec<i64>>().into(),
-        rows.iter().map(|r| r.last_seq).collect::<Vec<i64>>().into(),
-        rows.iter().map(|r| i32::try_from(r.first_seq - last_seq).unwrap_or(i32::MAX)).collect::<Vec<i32>>().into(),
-        rows.iter().map(|r| r.types.join(",")).collect::<Vec<String>>().into(),
-        rows.iter()
-            .map(|r| r.ends.iter().map(i32::to_string).collect::<Vec<_>>().join(","))
-            .collect::<Vec<String>>()
-            .into(),
-        bodies.into(),
-        ids.into(),
+    let mut values = Vec::from(outbox::row_values(&mut made.rows, last_seq));
+    values.extend([
         made.units.iter().map(|u| u.0).collect::<Vec<Uuid>>().into(),
         made.units.iter().map(|u| u.1).collect::<Vec<i64>>().into(),
         made.units.iter().map(|u| u.2).collect::<Vec<i64>>().into(),
         now_seen.into(),
         (last_seq + made.events).into(),
-    ]
+    ]);
+    values
 }
 
 /// Summarizes the ranges of the ledger's BRIN index on `txid` that have
@@ -384,29 +366,27 @@ async fn summarize(db: &DatabaseConnection, filling: HashMap<i64, i64>, ranges: 
 /// Pumps every `interval` until `stop` turns true; while no endpoint
 /// exists it only looks once every [`IDLE`]. A failed pass wrote nothing
 /// and is tried again.
-pub fn spawn(
+pub async fn run(
     requests: DatabaseConnection,
     db: DatabaseConnection,
     interval: Duration,
     mut stop: watch::Receiver<bool>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let (mut kept, mut ranges) = (Kept::default(), Summarized::default());
-        loop {
-            let pause = match pump_once(&requests, &db, &mut kept, &mut ranges).await {
-                Ok(Some(_)) => interval,
-                Ok(None) => IDLE.max(interval),
-                Err(err) => {
-                    tracing::warn!(error = %err, "the event pump's pass failed; trying again");
-                    IDLE.max(interval)
-                }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = stop.changed() => break,
+) {
+    let (mut kept, mut ranges) = (Kept::default(), Summarized::default());
+    loop {
+        let pause = match pump_once(&requests, &db, &mut kept, &mut ranges).await {
+            Ok(Some(_)) => interval,
+            Ok(None) => IDLE.max(interval),
+            Err(err) => {
+                tracing::warn!(error = %err, "the event pump's pass failed; trying again");
+                IDLE.max(interval)
             }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => break,
         }
-    })
+    }
 }
 
 /// How often an idle pump (no endpoint) looks for one.

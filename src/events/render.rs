@@ -1,7 +1,7 @@
 //! What a pass of the pump makes of the changes it found: one event per
 //! change, in delivery order, rendered as sent, cut into the outbox's rows
-//! of up to 100 events. Pure: the pump reads the changes and writes what
-//! this returns (`pump.rs`).
+//! (`outbox.rs`). Pure: the pump reads the changes and writes what this
+//! returns (`pump.rs`).
 //!
 //! One `STOCK_CHANGED` per inventory version (whatever number of locations
 //! it touched), one `RESERVATION_CHANGED` per status change a ledger row
@@ -23,13 +23,14 @@ use md5::{Digest as _, Md5};
 use sea_orm::ActiveEnum as _;
 use uuid::Uuid;
 
+use super::{
+    EventType,
+    outbox::{self, Row},
+};
 use crate::stock::{
     fragments::{COMMITTING_MOVES, ON_HAND_MOVES},
-    rows::MovementReason,
+    rows::{MovementReason, ReservationStatus},
 };
-
-/// Most events in one outbox row, and so in one body.
-pub const EVENTS_PER_ROW: usize = 100;
 
 /// One ledger row of a transaction the pass found committed.
 #[derive(Debug, Clone)]
@@ -37,7 +38,7 @@ pub struct Move {
     pub id: Uuid,
     pub inventory_id: Uuid,
     pub version: i32,
-    pub reason: String,
+    pub reason: MovementReason,
     pub delta: i32,
     pub location_id: Option<Uuid>,
     pub stock_after: i32,
@@ -50,7 +51,9 @@ pub struct Move {
 #[derive(Debug, Clone)]
 pub struct Recorded {
     pub id: Uuid,
-    pub kind: String,
+    /// `RESERVATION_CHANGED` (a checkout) or `ORDER_CHANGED`, as the
+    /// table's check allows.
+    pub kind: EventType,
     /// The order, or the inventory of a checked-out reservation.
     pub subject_id: Uuid,
     pub version: i32,
@@ -81,23 +84,10 @@ struct Event {
     version: i32,
     rank: u8,
     id: Uuid,
-    kind: &'static str,
+    kind: EventType,
     subject: &'static str,
     occurred_at: DateTime<Utc>,
     data: String,
-}
-
-/// One outbox row: events `first_seq..=last_seq`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Row {
-    pub first_seq: i64,
-    pub last_seq: i64,
-    pub ids: Vec<Uuid>,
-    pub types: Vec<&'static str>,
-    /// Where each event's text ends in `body`, in characters from its start.
-    pub ends: Vec<i32>,
-    /// The events, joined with commas.
-    pub body: String,
 }
 
 /// What a pass writes.
@@ -133,12 +123,12 @@ struct Version<'a> {
 /// there is none: never before the units they commit were reserved, and
 /// before the order's cancellation or shipment.
 fn checkouts(moves: &[Move], recorded: &[Recorded]) -> Vec<(Uuid, i64, i32)> {
-    let recorded = recorded.iter().filter(|r| r.kind == "RESERVATION_CHANGED");
+    let recorded = recorded.iter().filter(|r| r.kind == EventType::ReservationChanged);
     if recorded.clone().next().is_none() {
         return Vec::new();
     }
     let mut taken: HashMap<Uuid, i32> = HashMap::new();
-    for m in moves.iter().filter(|m| matches!(m.reason.as_str(), "RESERVED" | "QUANTITY_CHANGED")) {
+    for m in moves.iter().filter(|m| matches!(m.reason, MovementReason::Reserved | MovementReason::QuantityChanged)) {
         if let Some(reservation) = m.reservation_id {
             let version = taken.entry(reservation).or_insert(m.version);
             *version = (*version).max(m.version);
@@ -180,15 +170,13 @@ impl<'a> Pass<'a> {
             });
             // As `fragments::ledger_on_hand` and `ledger_committed` sum them.
             let delta = i64::from(m.delta);
-            if let Ok(reason) = MovementReason::try_from_value(&m.reason) {
-                if ON_HAND_MOVES.contains(&reason) {
-                    version.on_hand += delta;
-                }
-                if COMMITTING_MOVES.contains(&reason) {
-                    version.committed -= delta;
-                } else if reason == MovementReason::Fulfilled {
-                    version.committed += delta;
-                }
+            if ON_HAND_MOVES.contains(&m.reason) {
+                version.on_hand += delta;
+            }
+            if COMMITTING_MOVES.contains(&m.reason) {
+                version.committed -= delta;
+            } else if m.reason == MovementReason::Fulfilled {
+                version.committed += delta;
             }
             version.rows.push(m);
         }
@@ -226,21 +214,29 @@ impl<'a> Pass<'a> {
         }
 
         for r in self.recorded {
-            let (rank, subject) = if r.kind == "ORDER_CHANGED" { (0, "orderId") } else { (2, "inventoryId") };
-            let kind = if r.kind == "ORDER_CHANGED" { "ORDER_CHANGED" } else { "RESERVATION_CHANGED" };
+            // An order's change goes before the stock it moved; a
+            // checkout, after its version's stock and reservation changes.
+            let (rank, subject) = match r.kind {
+                EventType::OrderChanged => (0, "orderId"),
+                EventType::StockChanged | EventType::ReservationChanged => (2, "inventoryId"),
+            };
             events.push(Event {
                 key: r.subject_id,
                 version: r.version,
                 rank,
                 id: r.id,
-                kind,
+                kind: r.kind,
                 subject,
                 occurred_at: r.occurred_at,
                 data: r.data.clone(),
             });
         }
         events.sort_by_key(|e| (e.key, e.version, e.rank, e.id));
-        Made { events: events.len() as i64, rows: rows(last_seq, &events), units: kept }
+        let rows = outbox::rows(last_seq, &events, |event, body| {
+            render(event, body);
+            (event.id, event.kind)
+        });
+        Made { events: events.len() as i64, rows, units: kept }
     }
 
     /// The `STOCK_CHANGED` event of one version.
@@ -255,8 +251,7 @@ impl<'a> Pass<'a> {
         // Locations in id order, rows from before locations (none) last.
         version.rows.sort_by_key(|m| (m.location_id.is_none(), m.location_id));
         let rows = &version.rows;
-        let transfer = rows.len() > 1 && rows.iter().all(|m| m.reason.starts_with("TRANSFERRED_"));
-        let reason = if transfer { "TRANSFERRED" } else { rows.iter().map(|m| m.reason.as_str()).min().unwrap_or("") };
+        let reason = StockReason::of(rows).map(StockReason::spelled).unwrap_or_default();
         let delta: i64 = rows.iter().map(|m| i64::from(m.delta)).sum();
         let available = rows.iter().map(|m| m.stock_after).min().unwrap_or(0);
         let mut data = format!(r#"{{"reason":"{reason}","delta":{delta},"locations":["#);
@@ -289,7 +284,7 @@ impl<'a> Pass<'a> {
             version: number,
             rank: 0,
             id: rows.iter().map(|m| m.id).min().unwrap_or_default(),
-            kind: "STOCK_CHANGED",
+            kind: EventType::StockChanged,
             subject: "inventoryId",
             occurred_at: rows.iter().map(|m| m.created_at).max().unwrap_or_default(),
             data,
@@ -301,23 +296,16 @@ impl<'a> Pass<'a> {
 /// reservation whose status they change. Its id is made from its first
 /// ledger row's, so a pass run again names it the same.
 fn reservation_changes(inventory: Uuid, number: i32, rows: &[&Move], events: &mut Vec<Event>) {
-    let mut by_reservation: BTreeMap<Uuid, Vec<&Move>> = BTreeMap::new();
+    let mut by_reservation: BTreeMap<Uuid, (ReservationStatus, Vec<&Move>)> = BTreeMap::new();
     for m in rows {
-        let changes_status = matches!(
-            m.reason.as_str(),
-            "RESERVED" | "RELEASED" | "EXPIRED" | "ORDERED" | "ORDER_CANCELLED" | "FULFILLED"
-        );
-        if let (Some(reservation), true) = (m.reservation_id, changes_status) {
-            by_reservation.entry(reservation).or_default().push(m);
+        // A change's rows (one per location) share its reason, so the
+        // first row of a reservation names the status they leave it in.
+        if let (Some(reservation), Some(status)) = (m.reservation_id, status_after(m.reason)) {
+            by_reservation.entry(reservation).or_insert((status, Vec::new())).1.push(m);
         }
     }
-    for (reservation, rows) in by_reservation {
-        let reason = rows.iter().map(|m| m.reason.as_str()).min().unwrap_or("");
-        let status = match reason {
-            "RESERVED" => "ACTIVE",
-            "ORDER_CANCELLED" => "RELEASED",
-            other => other,
-        };
+    for (reservation, (status, rows)) in by_reservation {
+        let status = status.to_value();
         let quantity = rows.iter().map(|m| i64::from(m.delta)).sum::<i64>().abs();
         let mut data = String::with_capacity(120);
         data.push_str(r#"{"reservationId":""#);
@@ -333,11 +321,56 @@ fn reservation_changes(inventory: Uuid, number: i32, rows: &[&Move], events: &mu
             version: number,
             rank: 1,
             id: Uuid::from_bytes(id),
-            kind: "RESERVATION_CHANGED",
+            kind: EventType::ReservationChanged,
             subject: "inventoryId",
             occurred_at: rows.iter().map(|m| m.created_at).max().unwrap_or_default(),
             data,
         });
+    }
+}
+
+/// The status a ledger row of `reason` leaves its reservation in; none for
+/// a change that leaves the status as it was (a quantity changed, a
+/// transfer) or has no reservation.
+fn status_after(reason: MovementReason) -> Option<ReservationStatus> {
+    use MovementReason::*;
+    match reason {
+        Reserved => Some(ReservationStatus::Active),
+        Released | OrderCancelled => Some(ReservationStatus::Released),
+        Expired => Some(ReservationStatus::Expired),
+        Ordered => Some(ReservationStatus::Ordered),
+        Fulfilled => Some(ReservationStatus::Fulfilled),
+        Created | Restocked | QuantityChanged | TransferredOut | TransferredIn => None,
+    }
+}
+
+/// Why an inventory's version changed, as its `STOCK_CHANGED` event names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StockReason {
+    /// One change, whose ledger rows (one per location it touched) share its reason.
+    Moved(MovementReason),
+    /// Units moved between two locations of the inventory: a TRANSFERRED_OUT
+    /// and a TRANSFERRED_IN row, one change.
+    Transferred,
+}
+
+impl StockReason {
+    /// The reason of a version's ledger rows; none when it has none.
+    fn of(rows: &[&Move]) -> Option<Self> {
+        let transferring =
+            |m: &&Move| matches!(m.reason, MovementReason::TransferredOut | MovementReason::TransferredIn);
+        if rows.len() > 1 && rows.iter().all(transferring) {
+            return Some(Self::Transferred);
+        }
+        rows.first().map(|m| Self::Moved(m.reason))
+    }
+
+    /// As an event spells it: the ledger's reason, or `TRANSFERRED`.
+    fn spelled(self) -> String {
+        match self {
+            Self::Moved(reason) => reason.to_value(),
+            Self::Transferred => "TRANSFERRED".to_owned(),
+        }
     }
 }
 
@@ -359,41 +392,12 @@ fn push_uuid(out: &mut String, id: Uuid) {
     out.push_str(id.hyphenated().encode_lower(&mut Uuid::encode_buffer()));
 }
 
-/// `events`, numbered from `last_seq + 1`, rendered and cut into rows.
-fn rows(last_seq: i64, events: &[Event]) -> Vec<Row> {
-    let mut rows = Vec::with_capacity(events.len().div_ceil(EVENTS_PER_ROW));
-    for (n, chunk) in events.chunks(EVENTS_PER_ROW).enumerate() {
-        let first_seq = last_seq + (n * EVENTS_PER_ROW) as i64 + 1;
-        let mut row = Row {
-            first_seq,
-            last_seq: first_seq + chunk.len() as i64 - 1,
-            ids: Vec::with_capacity(chunk.len()),
-            types: Vec::with_capacity(chunk.len()),
-            ends: Vec::with_capacity(chunk.len()),
-            body: String::with_capacity(chunk.len() * 400),
-        };
-        for event in chunk {
-            if !row.body.is_empty() {
-                row.body.push(',');
-            }
-            render(event, &mut row.body);
-            row.ids.push(event.id);
-            row.types.push(event.kind);
-            // Every character of a body is ASCII (numbers, ids, fixed
-            // words, timestamps), so bytes count characters.
-            row.ends.push(i32::try_from(row.body.len()).unwrap_or(i32::MAX));
-        }
-        rows.push(row);
-    }
-    rows
-}
-
 /// One event as sent, its keys in the documented order (docs/webhooks.md).
 fn render(e: &Event, out: &mut String) {
     out.push_str(r#"{"id":""#);
     push_uuid(out, e.id);
     out.push_str(r#"","type":""#);
-    out.push_str(e.kind);
+    out.push_str(&e.kind.to_value());
     out.push_str(r#"","occurredAt":""#);
     timestamp(e.occurred_at, out);
     out.push_str(r#"",""#);
@@ -434,7 +438,7 @@ mod tests {
     fn moved(
         inventory: Uuid,
         version: i32,
-        reason: &str,
+        reason: MovementReason,
         delta: i32,
         stock_after: i32,
         reservation: Option<Uuid>,
@@ -443,7 +447,7 @@ mod tests {
             id: Uuid::new_v4(),
             inventory_id: inventory,
             version,
-            reason: reason.into(),
+            reason,
             delta,
             location_id: None,
             stock_after,
@@ -466,14 +470,14 @@ mod tests {
     #[test]
     fn a_reservation_is_a_stock_change_then_a_reservation_change_in_one_row() {
         let (item, home, held) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
-        let moves = [moved(item, 2, "RESERVED", -1, 4, Some(held))];
+        let moves = [moved(item, 2, MovementReason::Reserved, -1, 4, Some(held))];
         let pass = Pass::new(&moves, &[], Some(home));
         let units = HashMap::from([(item, Units { kept: None, held: Some((5, 0)) })]);
         let made = pass.make(7, &units);
         assert_eq!(made.events, 2);
         let [row] = made.rows.as_slice() else { panic!("one row: {:?}", made.rows) };
         assert_eq!((row.first_seq, row.last_seq), (8, 9));
-        assert_eq!(row.types, ["STOCK_CHANGED", "RESERVATION_CHANGED"]);
+        assert_eq!(row.types, [EventType::StockChanged, EventType::ReservationChanged]);
         let body: serde_json::Value = serde_json::from_str(&format!("[{}]", row.body)).expect("JSON");
         assert_eq!(body[0]["data"]["available"], 4);
         assert_eq!(body[0]["data"]["reserved"], 1);
@@ -485,10 +489,56 @@ mod tests {
         assert_eq!(made.units, [(item, 5, 0)]);
     }
 
+    /// The events of `moves` (one pass, units unknown), parsed.
+    fn events_of(moves: &[Move]) -> Vec<serde_json::Value> {
+        let made = Pass::new(moves, &[], None).make(0, &HashMap::new());
+        let bodies: Vec<&str> = made.rows.iter().map(|row| row.body.as_str()).collect();
+        serde_json::from_str(&format!("[{}]", bodies.join(","))).expect("JSON")
+    }
+
+    #[test]
+    fn a_transfer_is_one_stock_change_named_transferred_and_no_reservation_change() {
+        let (item, from, to) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let mut out = moved(item, 3, MovementReason::TransferredOut, -2, 8, None);
+        let mut into = moved(item, 3, MovementReason::TransferredIn, 2, 10, None);
+        (out.location_id, into.location_id) = (Some(from), Some(to));
+        let events = events_of(&[out, into]);
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0]["data"]["reason"], "TRANSFERRED");
+        assert_eq!(events[0]["data"]["delta"], 0);
+    }
+
+    #[test]
+    fn a_reservation_taken_from_two_locations_is_one_status_change_of_its_whole_quantity() {
+        let (item, held) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut first = moved(item, 2, MovementReason::Reserved, -2, 0, Some(held));
+        let mut second = moved(item, 2, MovementReason::Reserved, -1, 3, Some(held));
+        (first.location_id, second.location_id) = (Some(Uuid::new_v4()), Some(Uuid::new_v4()));
+        let events = events_of(&[first, second]);
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().expect("a type")).collect();
+        assert_eq!(kinds, ["STOCK_CHANGED", "RESERVATION_CHANGED"]);
+        assert_eq!(events[0]["data"]["reason"], "RESERVED");
+        assert_eq!(events[1]["data"]["status"], "ACTIVE");
+        assert_eq!(events[1]["data"]["quantity"], 3);
+    }
+
+    #[test]
+    fn reasons_leave_reservations_in_the_statuses_readers_see() {
+        let item = Uuid::new_v4();
+        let status = |reason| {
+            let events = events_of(&[moved(item, 2, reason, 1, 1, Some(Uuid::new_v4()))]);
+            events.get(1).map(|e| e["data"]["status"].as_str().expect("a status").to_owned())
+        };
+        assert_eq!(status(MovementReason::OrderCancelled).as_deref(), Some("RELEASED"));
+        assert_eq!(status(MovementReason::Expired).as_deref(), Some("EXPIRED"));
+        assert_eq!(status(MovementReason::Fulfilled).as_deref(), Some("FULFILLED"));
+        assert_eq!(status(MovementReason::QuantityChanged), None, "a quantity change keeps the status");
+    }
+
     #[test]
     fn many_events_are_cut_into_rows_of_a_hundred() {
         let item = Uuid::new_v4();
-        let moves: Vec<Move> = (2..=151).map(|v| moved(item, v, "RESTOCKED", 1, v, None)).collect();
+        let moves: Vec<Move> = (2..=151).map(|v| moved(item, v, MovementReason::Restocked, 1, v, None)).collect();
         let pass = Pass::new(&moves, &[], None);
         let units = HashMap::from([(item, Units { kept: Some((1, 0)), held: None })]);
         let made = pass.make(0, &units);

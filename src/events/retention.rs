@@ -13,6 +13,8 @@
 use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, Statement};
 
+use super::outbox;
+
 /// What [`archive`] deleted.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Aged {
@@ -29,25 +31,16 @@ pub struct Aged {
 /// under load and to stop at any point), the outbox rows, deliveries and
 /// unpumped order events made before `cutoff`.
 pub async fn archive(db: &DatabaseConnection, cutoff: DateTime<Utc>, batch: u64) -> Result<Aged, DbErr> {
-    // Oldest first by each table's own order (`seq` and `txid` grow with
-    // time), so a batch is found by a short index scan that stops at the
-    // first row inside the retention. Each says how many rows it deleted
-    // and how many events they held (an outbox row holds up to 100).
-    const OUTBOX: &str = "WITH gone AS (
-        DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE created_at < $1 ORDER BY seq LIMIT $2)
-        RETURNING cardinality(ids) AS events)
-        SELECT count(*) AS rows, coalesce(sum(events), 0)::bigint AS events FROM gone";
-    const DELIVERIES: &str = "WITH gone AS (
-        DELETE FROM webhook_deliveries WHERE id IN (
-            SELECT id FROM webhook_deliveries WHERE created_at < $1 ORDER BY created_at LIMIT $2)
-        RETURNING 1)
-        SELECT count(*) AS rows, count(*) AS events FROM gone";
+    // Oldest first by each table's own order (`txid` grows with time, as
+    // the outbox's `seq` does), so a batch is found by a short index scan
+    // that stops at the first row inside the retention. Each says how many
+    // rows it deleted and how many events they held.
     const EVENTS: &str = "WITH gone AS (
         DELETE FROM events WHERE id IN (SELECT id FROM events WHERE occurred_at < $1 ORDER BY occurred_at LIMIT $2)
         RETURNING 1)
         SELECT count(*) AS rows, count(*) AS events FROM gone";
-    let (outbox, outbox_statements) = in_batches(db, OUTBOX, cutoff, batch).await?;
-    let (deliveries, deliveries_statements) = in_batches(db, DELIVERIES, cutoff, batch).await?;
+    let (outbox, outbox_statements) = in_batches(db, outbox::AGED_ROWS_SQL, cutoff, batch).await?;
+    let (deliveries, deliveries_statements) = in_batches(db, outbox::AGED_DELIVERIES_SQL, cutoff, batch).await?;
     let (recorded, recorded_statements) = in_batches(db, EVENTS, cutoff, batch).await?;
     Ok(Aged {
         events: outbox + recorded,

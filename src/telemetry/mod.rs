@@ -176,6 +176,12 @@ pub fn sweeper_returned(expired: i64) {
     counter!("stockguard_sweeper_expired_total").increment(expired.max(0) as u64);
 }
 
+/// Counts a panic of an events task, `pump` or `dispatcher`, which is
+/// started again (`events::restart`).
+pub fn events_task_panicked(task: &'static str) {
+    counter!("stockguard_events_task_panics_total", "task" => task).increment(1);
+}
+
 /// The async-graphql extension that times root fields and wraps each
 /// operation in a span.
 pub struct Observe;

@@ -3,17 +3,15 @@
 //! and its deliveries say which systems stand behind the shop. Resolvers
 //! check the caller and call the [`WebhookService`].
 
-use async_graphql::{Context, Enum, ErrorExtensions, ID, InputObject, Object, SimpleObject};
+use async_graphql::{Context, Enum, ID, InputObject, Object, SimpleObject};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{
-    service::WebhookService,
-    store::{DeliveryRow, EndpointRow},
-};
+use super::{service::WebhookService, store::EndpointRow};
 use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
+    events::{self, outbox::history::DeliveryRow},
     node,
     pagination::{self, Connection, Cursor, connection},
 };
@@ -31,7 +29,7 @@ pub enum EventType {
     OrderChanged,
 }
 
-impl From<EventType> for super::EventType {
+impl From<EventType> for events::EventType {
     fn from(kind: EventType) -> Self {
         match kind {
             EventType::StockChanged => Self::StockChanged,
@@ -41,12 +39,12 @@ impl From<EventType> for super::EventType {
     }
 }
 
-impl From<super::EventType> for EventType {
-    fn from(kind: super::EventType) -> Self {
+impl From<events::EventType> for EventType {
+    fn from(kind: events::EventType) -> Self {
         match kind {
-            super::EventType::StockChanged => Self::StockChanged,
-            super::EventType::ReservationChanged => Self::ReservationChanged,
-            super::EventType::OrderChanged => Self::OrderChanged,
+            events::EventType::StockChanged => Self::StockChanged,
+            events::EventType::ReservationChanged => Self::ReservationChanged,
+            events::EventType::OrderChanged => Self::OrderChanged,
         }
     }
 }
@@ -62,7 +60,7 @@ pub enum DeliveryStatus {
     Failed,
 }
 
-impl From<DeliveryStatus> for super::DeliveryStatus {
+impl From<DeliveryStatus> for events::DeliveryStatus {
     fn from(status: DeliveryStatus) -> Self {
         match status {
             DeliveryStatus::Pending => Self::Pending,
@@ -72,12 +70,12 @@ impl From<DeliveryStatus> for super::DeliveryStatus {
     }
 }
 
-impl From<super::DeliveryStatus> for DeliveryStatus {
-    fn from(status: super::DeliveryStatus) -> Self {
+impl From<events::DeliveryStatus> for DeliveryStatus {
+    fn from(status: events::DeliveryStatus) -> Self {
         match status {
-            super::DeliveryStatus::Pending => Self::Pending,
-            super::DeliveryStatus::Delivered => Self::Delivered,
-            super::DeliveryStatus::Failed => Self::Failed,
+            events::DeliveryStatus::Pending => Self::Pending,
+            events::DeliveryStatus::Delivered => Self::Delivered,
+            events::DeliveryStatus::Failed => Self::Failed,
         }
     }
 }
@@ -104,14 +102,8 @@ impl WebhookEndpoint {
     }
 
     /// The types of event it is sent.
-    async fn events(&self) -> GqlResult<Vec<EventType>> {
-        let parse = |name: &String| {
-            super::EventType::parse(name).map(EventType::from).ok_or_else(|| {
-                AppError::internal(anyhow::anyhow!("webhook endpoint {} takes an unknown event type", self.0.id))
-                    .extend()
-            })
-        };
-        self.0.events.iter().map(parse).collect()
+    async fn events(&self) -> Vec<EventType> {
+        self.0.events.iter().copied().map(EventType::from).collect()
     }
 
     /// False: nothing is sent to it until it is set back to true (or
@@ -148,7 +140,7 @@ impl WebhookEndpoint {
     ) -> GqlResult<Connection<Cursor, WebhookDelivery>> {
         ctx.operator()?;
         let service = ctx.part::<WebhookService>()?;
-        let status = status.map(super::DeliveryStatus::from);
+        let status = status.map(events::DeliveryStatus::from);
         let (page, rows) = service.deliveries(self.0.id, status, first, after.as_deref()).await.gql()?;
         let cursor = |row: &DeliveryRow| Cursor { created_at: row.created_at, id: row.id };
         Ok(connection(page, rows, cursor, WebhookDelivery))
@@ -157,15 +149,6 @@ impl WebhookEndpoint {
 
 /// A delivery row as the API shows it.
 pub struct WebhookDelivery(DeliveryRow);
-
-impl WebhookDelivery {
-    /// The stored status, which the table's check keeps to the three known.
-    fn state(&self) -> GqlResult<super::DeliveryStatus> {
-        super::DeliveryStatus::parse(&self.0.status).ok_or_else(|| {
-            AppError::internal(anyhow::anyhow!("delivery {} has status {:?}", self.0.id, self.0.status)).extend()
-        })
-    }
-}
 
 /// One body of events sent to one endpoint, and what became of it.
 #[Object]
@@ -181,8 +164,8 @@ impl WebhookDelivery {
     }
 
     /// Where it stands.
-    async fn status(&self) -> GqlResult<DeliveryStatus> {
-        self.state().map(DeliveryStatus::from)
+    async fn status(&self) -> DeliveryStatus {
+        self.0.status.into()
     }
 
     /// Attempts made, since it was created or last replayed by `redeliverFailed`.
@@ -207,8 +190,8 @@ impl WebhookDelivery {
     }
 
     /// When it is sent next; null unless PENDING.
-    async fn next_attempt_at(&self) -> GqlResult<Option<DateTime<Utc>>> {
-        Ok((self.state()? == super::DeliveryStatus::Pending).then_some(self.0.next_attempt_at))
+    async fn next_attempt_at(&self) -> Option<DateTime<Utc>> {
+        (self.0.status == events::DeliveryStatus::Pending).then_some(self.0.next_attempt_at)
     }
 
     /// When a 2xx answered it.
@@ -296,7 +279,7 @@ impl WebhookMutation {
         #[graphql(desc = "The URL and the event types.")] input: CreateWebhookInput,
     ) -> GqlResult<WebhookCreated> {
         ctx.operator()?;
-        let events: Vec<super::EventType> = input.events.into_iter().map(Into::into).collect();
+        let events: Vec<events::EventType> = input.events.into_iter().map(Into::into).collect();
         let (row, secret) = ctx.part::<WebhookService>()?.create(&input.url, &events).await.gql()?;
         Ok(WebhookCreated { endpoint: WebhookEndpoint(row), secret: secret.reveal() })
     }
@@ -309,7 +292,7 @@ impl WebhookMutation {
         #[graphql(desc = "The endpoint and the fields to change.")] input: UpdateWebhookInput,
     ) -> GqlResult<Option<WebhookEndpoint>> {
         ctx.operator()?;
-        let events: Option<Vec<super::EventType>> =
+        let events: Option<Vec<events::EventType>> =
             input.events.map(|events| events.into_iter().map(Into::into).collect());
         let service = ctx.part::<WebhookService>()?;
         let row = service.update(input.id, input.url.as_deref(), events.as_deref(), input.active).await.gql()?;

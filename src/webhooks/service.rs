@@ -2,19 +2,27 @@
 //! the egress rules, a fresh signing secret), changing and deleting one,
 //! pages of endpoints and of an endpoint's deliveries, and replaying the
 //! failed deliveries. Every refusal happens before a statement runs, so bad
-//! input writes nothing. The SQL runs in `store.rs`.
+//! input writes nothing. The endpoints' SQL runs in `store.rs`, the
+//! deliveries' in the outbox's (`events::outbox::history`).
 
 use std::{fmt, sync::Arc};
 
 use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 
-use super::{
-    DeliveryStatus, EventType,
-    egress::{self, CheckedUrl},
-    store::{self, DeliveryRow, EndpointRow, NewEndpoint},
+use super::store::{self, EndpointRow, NewEndpoint};
+use crate::{
+    app::AppState,
+    config::Limits,
+    db::read_answer,
+    error::AppError,
+    events::{
+        DeliveryStatus, EventType,
+        egress::{self, CheckedUrl},
+        outbox::history::{self, DeliveryRow},
+    },
+    pagination::Page,
 };
-use crate::{app::AppState, config::Limits, db::read_answer, error::AppError, pagination::Page};
 
 /// The webhook feature as the resolvers see it: one per server process,
 /// built by the composition root and handed to the schema as data.
@@ -58,7 +66,7 @@ impl WebhookService {
     /// returned this once. It is sent the events recorded after it.
     pub async fn create(&self, url: &str, events: &[EventType]) -> Result<(EndpointRow, Secret), AppError> {
         let url = self.check_url(url)?;
-        let events = event_names(events)?;
+        let events = each_once(events)?;
         let secret = Secret::generate();
         let new = NewEndpoint { url: url.as_str(), events: &events, secret: &secret.0 };
         Ok((store::create(&self.db, new).await?, secret))
@@ -75,7 +83,7 @@ impl WebhookService {
         active: Option<bool>,
     ) -> Result<Option<EndpointRow>, AppError> {
         let url = url.map(|url| self.check_url(url)).transpose()?;
-        let events = events.map(event_names).transpose()?;
+        let events = events.map(each_once).transpose()?;
         Ok(store::update(&self.db, id, url.as_ref().map(CheckedUrl::as_str), events.as_deref(), active).await?)
     }
 
@@ -106,15 +114,14 @@ impl WebhookService {
         after: Option<&str>,
     ) -> Result<(Page, Vec<DeliveryRow>), AppError> {
         let page = Page::parse(first, after, self.limits.max_page_size)?;
-        let status = status.map(DeliveryStatus::as_str);
-        let rows = read_answer!(&self.db, |db| store::deliveries(db, endpoint_id, status, page))?;
+        let rows = read_answer!(&self.db, |db| history::deliveries(db, endpoint_id, status, page))?;
         Ok((page, rows))
     }
 
     /// Makes an endpoint's FAILED deliveries PENDING again, due now with no
     /// attempts; how many (0 for an unknown endpoint).
     pub async fn redeliver_failed(&self, endpoint_id: Uuid) -> Result<u64, AppError> {
-        Ok(store::redeliver_failed(&self.db, endpoint_id).await?)
+        Ok(history::redeliver_failed(&self.db, endpoint_id).await?)
     }
 
     /// `url` through the egress rules, as `input.url`'s bad input when refused.
@@ -124,18 +131,18 @@ impl WebhookService {
     }
 }
 
-/// The stored names of `events`, each once, in the order given; at least one.
-fn event_names(events: &[EventType]) -> Result<Vec<String>, AppError> {
+/// `events`, each once, in the order given; at least one.
+fn each_once(events: &[EventType]) -> Result<Vec<EventType>, AppError> {
     if events.is_empty() {
         return Err(AppError::bad_input("input.events", "input.events must name at least one event type"));
     }
-    let mut names: Vec<String> = Vec::with_capacity(events.len());
-    for name in events.iter().map(|kind| kind.as_str()) {
-        if !names.iter().any(|seen| seen == name) {
-            names.push(name.to_owned());
+    let mut once: Vec<EventType> = Vec::with_capacity(events.len());
+    for &kind in events {
+        if !once.contains(&kind) {
+            once.push(kind);
         }
     }
-    Ok(names)
+    Ok(once)
 }
 
 #[cfg(test)]
@@ -145,9 +152,9 @@ mod tests {
     #[test]
     fn events_are_named_once_each_and_never_none() {
         use EventType::*;
-        let names = event_names(&[OrderChanged, StockChanged, OrderChanged]).expect("two types");
-        assert_eq!(names, ["ORDER_CHANGED", "STOCK_CHANGED"]);
-        assert!(matches!(event_names(&[]), Err(AppError::BadInput { .. })));
+        let once = each_once(&[OrderChanged, StockChanged, OrderChanged]).expect("two types");
+        assert_eq!(once, [OrderChanged, StockChanged]);
+        assert!(matches!(each_once(&[]), Err(AppError::BadInput { .. })));
     }
 
     #[test]

@@ -1,14 +1,14 @@
-//! SQL for webhook endpoints and their deliveries: creating, changing and
-//! deleting an endpoint, pages of endpoints and of one endpoint's
-//! deliveries (by `(created_at, id)`), and putting failed deliveries back
-//! in line. The event pump and the dispatcher (`src/events/`) own the
-//! rest of these tables' writes; `service.rs` decides what a result means.
+//! SQL for webhook endpoints: creating, changing and deleting an endpoint,
+//! and pages of endpoints (by `(created_at, id)`). Their deliveries are the
+//! outbox's (`events::outbox::history`), and the event pump and the
+//! dispatcher (`src/events/`) own the rest of the endpoints' writes (the
+//! lease and the cursor); `service.rs` decides what a result means.
 
 use chrono::{DateTime, Utc};
-use sea_orm::{ConnectionTrait, DbBackend, DbErr, FromQueryResult, Statement, Value};
+use sea_orm::{ConnectionTrait, DbBackend, DbErr, FromQueryResult, Statement};
 use uuid::Uuid;
 
-use crate::pagination::{Cursor, Page};
+use crate::{events::EventType, pagination::Page};
 
 /// An endpoint as the API shows it: never its secret, lease or cursor.
 #[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
@@ -17,8 +17,8 @@ pub struct EndpointRow {
     pub id: Uuid,
     /// Where bodies are POSTed (checked by the egress rules when written).
     pub url: String,
-    /// The event types it takes, as stored (`STOCK_CHANGED`, ...).
-    pub events: Vec<String>,
+    /// The event types it takes.
+    pub events: Vec<EventType>,
     /// False: nothing is sent to it until it is set back to true.
     pub active: bool,
     /// When it was created.
@@ -31,37 +31,12 @@ pub struct EndpointRow {
 /// The columns of an [`EndpointRow`].
 const ENDPOINT: &str = "id, url, events, active, created_at, disabled_at";
 
-/// One delivery of one endpoint: a body of events and what became of it.
-#[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
-pub struct DeliveryRow {
-    /// The delivery's id (the `stockguard-delivery` header).
-    pub id: Uuid,
-    /// The events in its body, in order.
-    pub event_ids: Vec<Uuid>,
-    /// `PENDING`, `DELIVERED` or `FAILED`, as stored.
-    pub status: String,
-    /// Attempts made since it was created or last replayed.
-    pub attempts: i32,
-    /// When it was last sent.
-    pub last_attempt_at: Option<DateTime<Utc>>,
-    /// The HTTP status of the last answer, if one came.
-    pub last_response_status: Option<i32>,
-    /// Why the last attempt failed, if it did.
-    pub last_error: Option<String>,
-    /// When it is sent next.
-    pub next_attempt_at: DateTime<Utc>,
-    /// When a 2xx answered it.
-    pub delivered_at: Option<DateTime<Utc>>,
-    /// When it was made, the first half of its position in a page.
-    pub created_at: DateTime<Utc>,
-}
-
 /// A new endpoint with `secret`, as a row.
 pub struct NewEndpoint<'a> {
     /// The checked URL.
     pub url: &'a str,
-    /// The event types' stored names, at least one.
-    pub events: &'a [String],
+    /// The event types, at least one.
+    pub events: &'a [EventType],
     /// The signing secret.
     pub secret: &'a str,
 }
@@ -92,7 +67,7 @@ pub async fn create(db: &impl ConnectionTrait, new: NewEndpoint<'_>) -> Result<E
              SELECT $1, $2, $3, last_seq FROM event_pump
              RETURNING {ENDPOINT}"
         ),
-        [new.url.into(), Value::from(new.events.to_vec()), new.secret.into()],
+        [new.url.into(), new.events.to_vec().into(), new.secret.into()],
     );
     EndpointRow::find_by_statement(statement).one(db).await?.ok_or(DbErr::RecordNotInserted)
 }
@@ -103,7 +78,7 @@ pub async fn update(
     db: &impl ConnectionTrait,
     id: Uuid,
     url: Option<&str>,
-    events: Option<&[String]>,
+    events: Option<&[EventType]>,
     active: Option<bool>,
 ) -> Result<Option<EndpointRow>, DbErr> {
     let statement = Statement::from_sql_and_values(
@@ -115,7 +90,7 @@ pub async fn update(
               WHERE id = $1
           RETURNING {ENDPOINT}"
         ),
-        [id.into(), url.map(str::to_owned).into(), events.map(<[String]>::to_vec).into(), active.into()],
+        [id.into(), url.map(str::to_owned).into(), events.map(<[EventType]>::to_vec).into(), active.into()],
     );
     EndpointRow::find_by_statement(statement).one(db).await
 }
@@ -138,85 +113,15 @@ pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Endpoint
     EndpointRow::find_by_statement(statement).one(db).await
 }
 
-/// The condition and parameters that start a page after its cursor:
-/// `(created_at, id) > (after)` as a row comparison, which the
-/// `(…, created_at, id)` indexes answer with one range scan; nothing
-/// without a cursor. `first` is the number of the first parameter it uses.
-fn after(page: &Page, first: usize) -> (String, Vec<Value>) {
-    match page.after {
-        Some(Cursor { created_at, id }) => {
-            (format!("AND (created_at, id) > (${first}, ${})", first + 1), vec![created_at.into(), id.into()])
-        }
-        None => (String::new(), Vec::new()),
-    }
-}
-
-/// The `LIMIT` of a page: one row more than asked, to tell whether more follow.
-fn limit(page: &Page) -> Value {
-    i64::try_from(page.first).unwrap_or(i64::MAX).saturating_add(1).into()
-}
-
 /// One page of endpoints by `(created_at, id)`, with one extra row when more
 /// follow (the `webhook_endpoints_created` index).
 pub async fn page(db: &impl ConnectionTrait, page: Page) -> Result<Vec<EndpointRow>, DbErr> {
-    let (after, mut values) = after(&page, 2);
-    values.insert(0, limit(&page));
+    let (after, mut values) = page.after_sql(2);
+    values.insert(0, page.limit());
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         format!("SELECT {ENDPOINT} FROM webhook_endpoints WHERE true {after} ORDER BY created_at, id LIMIT $1"),
         values,
     );
     EndpointRow::find_by_statement(statement).all(db).await
-}
-
-/// One page of endpoint `endpoint_id`'s deliveries by `(created_at, id)`,
-/// only those with `status` when given, with one extra row when more follow
-/// (the `webhook_deliveries_endpoint` index).
-pub async fn deliveries(
-    db: &impl ConnectionTrait,
-    endpoint_id: Uuid,
-    status: Option<&str>,
-    page: Page,
-) -> Result<Vec<DeliveryRow>, DbErr> {
-    let (after, mut values) = after(&page, 4);
-    let head: [Value; 3] = [limit(&page), endpoint_id.into(), status.map(str::to_owned).into()];
-    values.splice(0..0, head);
-    let statement = Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        format!(
-            "SELECT id, event_ids, status, attempts, last_attempt_at, last_response_status, last_error,
-                    next_attempt_at, delivered_at, created_at
-               FROM webhook_deliveries
-              WHERE endpoint_id = $2 AND ($3::text IS NULL OR status = $3) {after}
-              ORDER BY created_at, id LIMIT $1"
-        ),
-        values,
-    );
-    DeliveryRow::find_by_statement(statement).all(db).await
-}
-
-/// Puts endpoint `endpoint_id`'s FAILED deliveries back in line: PENDING,
-/// no attempts, due now, and turns the endpoint on again (a FAILED
-/// delivery turned it off); how many. One statement, so a delivery the
-/// dispatcher fails while it runs is either taken (and due now) or left
-/// FAILED for the next call, never half changed. The last answer and error
-/// stay, as what happened before the replay. The replayed deliveries are
-/// the endpoint's oldest, and the dispatcher sends an endpoint's oldest
-/// PENDING delivery first, so they go before anything newer.
-pub async fn redeliver_failed(db: &impl ConnectionTrait, endpoint_id: Uuid) -> Result<u64, DbErr> {
-    let statement = Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "WITH replayed AS (
-             UPDATE webhook_deliveries SET status = 'PENDING', attempts = 0, next_attempt_at = now()
-              WHERE endpoint_id = $1 AND status = 'FAILED'
-          RETURNING 1
-         ), turned_on AS (
-             UPDATE webhook_endpoints SET active = true, disabled_at = NULL
-              WHERE id = $1 AND EXISTS (SELECT 1 FROM replayed)
-         )
-         SELECT count(*) AS replayed FROM replayed",
-        [endpoint_id.into()],
-    );
-    let row = db.query_one_raw(statement).await?;
-    Ok(row.map(|row| row.try_get::<i64>("", "replayed")).transpose()?.unwrap_or(0).max(0) as u64)
 }

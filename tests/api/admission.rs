@@ -76,11 +76,9 @@ impl Full {
     }
 }
 
-/// The value of the `/metrics` line that starts with `series` and a space.
+/// The value of `app`'s `/metrics` line that starts with `series` and a space.
 async fn metric(app: &TestApp, series: &str) -> Option<f64> {
-    let text = app.client.get(format!("{}/metrics", app.address)).send().await.expect("metrics");
-    let text = text.text().await.expect("metrics text");
-    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    crate::helpers::metric(&app.client, &app.address, series).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -21,7 +21,11 @@ use serde_json::{Value, json};
 use stockguard::auth::Role;
 use uuid::Uuid;
 
-use crate::{documents, helpers::eventually, process::Process};
+use crate::{
+    documents,
+    helpers::{eventually, metric},
+    process::Process,
+};
 
 /// One span as the receiver decoded it, ids in hex.
 #[derive(Debug, Clone)]
@@ -252,8 +256,12 @@ async fn a_coalesced_batch_links_to_every_caller_it_served() {
     })
     .await;
     let queued: Vec<_> = (0..5).map(|i| reserve(format!("queued-{i}"))).collect();
-    // They queue in the server behind the first (nothing of theirs reaches the database).
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // They queue in the server behind the first (nothing of theirs reaches
+    // the database), each holding its place under the in-flight limit.
+    eventually(Duration::from_secs(10), "the five callers are in the server behind the first", || async {
+        metric(&server.client, &server.address, "stockguard_operations_in_flight").await == Some(6.0)
+    })
+    .await;
     holder.rollback().await.expect("let the row go");
     for caller in std::iter::once(first).chain(queued) {
         let body = caller.await.expect("task");

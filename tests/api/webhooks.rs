@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use serde_json::{Value, json};
-use stockguard::{auth::Role, config::Limits, webhooks::egress::MAX_URL_LEN};
+use stockguard::{auth::Role, config::Limits, events::egress::MAX_URL_LEN};
 use uuid::Uuid;
 
 use crate::{

@@ -204,5 +204,5 @@ impl Arrivals {
 fn signed(secret: Option<&str>, header: &str, body: &[u8]) -> bool {
     let t = header.split(',').find_map(|part| part.strip_prefix("t=")).and_then(|t| t.parse().ok());
     let (Some(secret), Some(t), Ok(body)) = (secret, t, std::str::from_utf8(body)) else { return false };
-    stockguard::events::deliver::signature(secret, t, body).is_some_and(|expected| expected == header)
+    stockguard::events::deliver::send::signature(secret, t, body).is_some_and(|expected| expected == header)
 }

@@ -13,7 +13,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBacken
 use serde_json::{Value, json};
 use stockguard::{
     auth::Role,
-    events::{self, deliver, pump},
+    events::{self, outbox::step, pump},
 };
 
 use super::{Isolation, limits, receiver::Receiver, spawn, subscribe};
@@ -38,6 +38,14 @@ SELECT (SELECT coalesce(sum(brin_summarize_range(l.index, b)), 0) FROM generate_
     let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await.expect("summarize");
     let row = row.expect("a row");
     (row.try_get("", "filled").expect("filled"), row.try_get("", "filling").expect("filling"))
+}
+
+/// The snapshot the pump's last pass kept, which every pass moves (its own
+/// transaction, which wrote, is in the next pass's snapshot).
+async fn pump_snapshot(db: &impl ConnectionTrait) -> String {
+    let sql = "SELECT seen::text AS seen FROM event_pump";
+    let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, sql)).await.expect("the pump's row");
+    row.expect("a row").try_get("", "seen").expect("its snapshot")
 }
 
 /// A test server whose ledger holds 30,000 rows written before its one
@@ -95,8 +103,11 @@ const OLD_ROWS: i64 = 30_000;
 #[tokio::test(flavor = "multi_thread")]
 async fn the_pump_summarizes_the_ledger_ranges_filled_and_not_the_one_filling() {
     let (app, _receiver) = a_long_ledger_then_a_change().await;
-    // Passes with nothing new have come since the change's was pumped.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The pass that pumped the change summarizes after it commits, before
+    // the pump's next pass begins: wait for a pass after it.
+    let seen = pump_snapshot(&app.db).await;
+    eventually(Duration::from_secs(20), "a pass after the change's", || async { pump_snapshot(&app.db).await != seen })
+        .await;
     let (filled, filling) = unsummarized(&app.db).await;
     assert_eq!(filled, 0, "every filled range summarized by the pump");
     assert_eq!(filling, 1, "the range still filling was left unsummarized");
@@ -176,7 +187,7 @@ async fn an_event_lists_its_fields_in_the_documented_order() {
 async fn step_plan(txn: &DatabaseTransaction, options: &str, arguments: &str) -> Value {
     let prepare = format!(
         "PREPARE step(uuid, uuid, float8, uuid[], integer[], integer[], bigint) AS {}",
-        deliver::STEP_SQL.as_str()
+        step::STEP_SQL.as_str()
     );
     txn.execute_unprepared(&prepare).await.expect("prepared");
     let explain = format!("EXPLAIN ({options}) EXECUTE step({arguments})");

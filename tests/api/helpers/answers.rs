@@ -107,6 +107,14 @@ where
     }
 }
 
+/// The value of the `/metrics` line of the server at `address` that starts
+/// with `series` and a space; none while it has no such line.
+pub async fn metric(client: &reqwest::Client, address: &str, series: &str) -> Option<f64> {
+    let text = client.get(format!("{address}/metrics")).send().await.expect("metrics");
+    let text = text.text().await.expect("metrics text");
+    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// Every node of an `EXPLAIN (FORMAT JSON)` plan, `plan` first.
 pub fn plan_nodes(plan: &Value) -> Vec<&Value> {
     let children = plan["Plans"].as_array().into_iter().flatten();
