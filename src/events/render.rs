@@ -340,7 +340,7 @@ fn status_after(reason: MovementReason) -> Option<ReservationStatus> {
         Expired => Some(ReservationStatus::Expired),
         Ordered => Some(ReservationStatus::Ordered),
         Fulfilled => Some(ReservationStatus::Fulfilled),
-        Created | Restocked | QuantityChanged | TransferredOut | TransferredIn => None,
+        Created | Restocked | QuantityChanged | TransferredOut | TransferredIn | Returned => None,
     }
 }
 

@@ -282,6 +282,8 @@ function movementLine(reason: MovementReason): string {
       return 'transferred out';
     case MovementReason.TransferredIn:
       return 'transferred in';
+    case MovementReason.Returned:
+      return 'returned to stock';
     default:
       return unhandled(reason);
   }
