@@ -290,8 +290,8 @@ pub struct Limits {
     /// `CONFLICT`; `changeShippingAddress`: `OrderVersionConflict`, or
     /// `OrderNotEditable` once the order is not PENDING); else the retryable
     /// `DATABASE_UNAVAILABLE` (`releaseReservation`, `extendReservation`,
-    /// `changeReservationQuantity`, `checkout`), never a member that would
-    /// say the reservation is no longer ACTIVE.
+    /// `changeReservationQuantity`, `checkout`, `returnOrder`), never a
+    /// member that would say the reservation is no longer ACTIVE.
     #[arg(long, env = "STOCKGUARD_COLLISION_ATTEMPTS", default_value_t = 20)]
     pub collision_attempts: u32,
 

@@ -1,7 +1,7 @@
 //! Idempotency keys, for `reserve`, `reserveMany`, `placeOrder`,
-//! `checkout` and `transferStock` alike.
+//! `checkout`, `transferStock` and `returnOrder` alike.
 //!
-//! A user has one key space for all four, held by the primary key of
+//! A user has one key space for all of them, held by the primary key of
 //! `idempotency_keys` (user, key). The first request with a key claims it in
 //! the statement that writes its outcome, so a second statement with the
 //! same key fails on the key and is rolled back whole: stock is taken (or a
@@ -9,7 +9,7 @@
 //! stores the key on the (first) reservation, under the unique index
 //! `reservations_user_idempotency_key`, and a trigger claims it in the same
 //! statement; a checkout, which writes no reservation, claims its key beside
-//! the order it inserts. Beside the key goes the request's fingerprint, a
+//! the order it inserts, and a return beside the return it makes. Beside the key goes the request's fingerprint, a
 //! hash of what makes it that request, so a true replay (same key, same
 //! request) gets the first outcome and a reuse (same key, other request, or
 //! another operation) is refused with `IDEMPOTENCY_KEY_REUSED`.
@@ -40,9 +40,10 @@ use crate::{
     stock::{
         allocating::{Allocating, Strategy},
         rows::{
-            ReservationRow,
+            ReservationRow, ReturnDisposition,
             reservation::{Column, Entity},
         },
+        taking_back::ReturnLine,
     },
 };
 
@@ -261,6 +262,33 @@ impl Key {
         Self { key, fingerprint: canonical("transferStock", fields), legacy: String::new() }
     }
 
+    /// The key of a `returnOrder` of `order_id` with these lines and note.
+    /// The lines enter in inventory order, whatever order the request named
+    /// them in (each inventory is named once). A return has no fingerprint
+    /// from before the canonical encoding (see [`Key::transfer`]).
+    pub fn return_order(key: String, order_id: Uuid, lines: &[ReturnLine], note: Option<&str>) -> Self {
+        let mut sorted: Vec<&ReturnLine> = lines.iter().collect();
+        sorted.sort_by_key(|line| line.inventory_id);
+        let lines = sorted
+            .into_iter()
+            .map(|line| {
+                let disposition = match line.disposition {
+                    ReturnDisposition::Restock => "RESTOCK",
+                    ReturnDisposition::WriteOff => "WRITE_OFF",
+                };
+                Part::Record(vec![
+                    ("inventoryId", Part::Id(line.inventory_id)),
+                    ("quantity", Part::Int(line.quantity.into())),
+                    ("disposition", Part::Text(disposition)),
+                    ("locationId", line.location_id.map_or(Part::Absent, Part::Id)),
+                ])
+            })
+            .collect();
+        let fields =
+            vec![("orderId", Part::Id(order_id)), ("lines", Part::List(lines)), ("note", Part::optional_text(note))];
+        Self { key, fingerprint: canonical("returnOrder", fields), legacy: String::new() }
+    }
+
     /// Whether a stored fingerprint is this request's, by the scheme it was
     /// stored with.
     fn matches(&self, stored: &str) -> bool {
@@ -347,6 +375,8 @@ struct Claim {
     request_fingerprint: String,
     /// The order it placed (`placeOrder`, `checkout`).
     order_id: Option<Uuid>,
+    /// The return it made (`returnOrder`).
+    return_id: Option<Uuid>,
 }
 
 /// The claim of this user's key, if any; `IDEMPOTENCY_KEY_REUSED` when a
@@ -356,7 +386,8 @@ struct Claim {
 async fn claim(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Claim>, AppError> {
     let claim = read_answer!(db, |db| Claim::find_by_statement(Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "SELECT request_fingerprint, order_id FROM idempotency_keys WHERE user_id = $1 AND idempotency_key = $2",
+        "SELECT request_fingerprint, order_id, return_id FROM idempotency_keys \
+         WHERE user_id = $1 AND idempotency_key = $2",
         [user_id.into(), key.key.as_str().into()],
     ))
     .one(db))?;
@@ -418,6 +449,12 @@ pub async fn replay_multi_item(
 pub async fn replay_order(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Uuid>, AppError> {
     let Some(claim) = claim(db, user_id, key).await? else { return Ok(None) };
     Ok(Some(claim.order_id.ok_or_else(|| AppError::internal(anyhow::anyhow!("an order key's claim has no order")))?))
+}
+
+/// The return made by the `returnOrder` that first used the key, if any.
+pub async fn replay_return(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Uuid>, AppError> {
+    let Some(claim) = claim(db, user_id, key).await? else { return Ok(None) };
+    Ok(Some(claim.return_id.ok_or_else(|| AppError::internal(anyhow::anyhow!("a return key's claim has no return")))?))
 }
 
 #[cfg(test)]
@@ -508,6 +545,25 @@ mod tests {
         let legacy = Key::reserve("k".into(), Uuid::from_u128(1), 4, None, &Allocating::default()).legacy;
         assert!(!key.matches(&legacy), "no legacy fingerprint is a transfer's");
         assert!(!key.matches(&Key::transfer("k".into(), Uuid::from_u128(1), (to, from), 4, None).fingerprint));
+    }
+
+    #[test]
+    fn the_fingerprint_of_a_return_never_changes() {
+        let line = |inventory, quantity, disposition, location: Option<u128>| ReturnLine {
+            inventory_id: Uuid::from_u128(inventory),
+            quantity,
+            disposition,
+            location_id: location.map(Uuid::from_u128),
+        };
+        let lines = [line(2, 1, ReturnDisposition::Restock, Some(3)), line(4, 2, ReturnDisposition::WriteOff, None)];
+        let key = Key::return_order("k".into(), Uuid::from_u128(1), &lines, Some("dented"));
+        assert_eq!(key.fingerprint, "v2:c5a5cc18984fa2a60df0c72005f14f592d8e5f2c964bee9d7893f35fbe202f3f");
+        let without_note = Key::return_order("k".into(), Uuid::from_u128(1), &lines, None);
+        assert!(!key.matches(&without_note.fingerprint), "the note makes the request");
+        assert!(!key.matches(&Key::return_order("k".into(), Uuid::from_u128(1), &lines[..1], None).fingerprint));
+        let reordered = [lines[1].clone(), lines[0].clone()];
+        let same = Key::return_order("k".into(), Uuid::from_u128(1), &reordered, Some("dented"));
+        assert!(key.matches(&same.fingerprint), "the order of the lines does not make the request");
     }
 
     #[test]

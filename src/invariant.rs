@@ -4,7 +4,8 @@
 //!
 //! - `stock >= 0` (`stock` is `available`);
 //! - `received - fulfilled = available + reserved + committed`, where
-//!   `received` is its initial stock plus restocks, `fulfilled` the units of
+//!   `received` is its initial stock plus restocks plus the units returned
+//!   to stock (RESTOCK lines of returns, `RETURNED`), `fulfilled` the units of
 //!   its FULFILLED lines, `reserved` the units of its ACTIVE reservations and
 //!   `committed` those of its ORDERED ones (lines of PENDING and CONFIRMED
 //!   orders). An ACTIVE reservation past its expiry counts as `reserved`
@@ -26,9 +27,13 @@
 //!
 //! - the level exists and `available >= 0`;
 //! - `on hand = available + reserved + committed`, where `on hand` is the
-//!   ledger's received, transferred and fulfilled units there, and `reserved`
+//!   ledger's received, transferred, fulfilled and returned units there, and `reserved`
 //!   / `committed` the allocations there of ACTIVE / ORDERED lines;
 //! - `available` = the ledger's deltas there of every change of available stock.
+//!
+//! And for every order line with returns: `0 <= returned <= quantity`
+//! (never more back than shipped), `returned` is the sum of its return
+//! lines, and only a FULFILLED line has any.
 //!
 //! Entries archived by `stockguard archive` count through their inventory's
 //! checkpoint rows (`ledger_checkpoints`, `ledger_checkpoint_levels`), which
@@ -48,16 +53,19 @@ use crate::stock::{
     fragments::{
         allocated, holding, ledger_fulfilled, ledger_location, ledger_on_hand, ledger_received, ledger_stock, units,
     },
-    rows::{ReservationStatus, sql_list},
+    rows::{ReservationStatus, sql, sql_list},
 };
 
-/// What does not add up: an inventory's own numbers, or one of its levels.
+/// What does not add up: an inventory's own numbers, one of its levels,
+/// or an order line's returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Drift {
     /// The inventory's numbers, summed over its locations.
     Inventory(InventoryDrift),
     /// Its numbers at one location.
     Level(LevelDrift),
+    /// An order line's returned units.
+    Line(LineDrift),
 }
 
 /// One inventory whose numbers do not add up.
@@ -77,7 +85,7 @@ pub struct InventoryDrift {
     pub committed: i64,
     /// Units of FULFILLED lines.
     pub fulfilled: i64,
-    /// Initial stock plus restocks, from the ledger.
+    /// Initial stock, restocks and units returned to stock, from the ledger.
     pub received: i64,
     /// Number of distinct ledger versions (should equal `version`).
     pub changes: i64,
@@ -113,11 +121,32 @@ pub struct LevelDrift {
     pub reserved: i64,
     /// Units there of ORDERED reservations' allocations.
     pub committed: i64,
-    /// Received, transferred and fulfilled units there, from the ledger
-    /// (should equal available + reserved + committed).
+    /// Received, transferred, fulfilled and returned units there, from the
+    /// ledger (should equal available + reserved + committed).
     pub on_hand: i64,
     /// Sum of the ledger's deltas of available stock there (should equal `available`).
     pub ledger_stock: i64,
+}
+
+/// One order line whose returned units do not add up.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct LineDrift {
+    /// The line (a reservation).
+    pub reservation_id: Uuid,
+    /// Its order.
+    pub order_id: Option<Uuid>,
+    /// Its inventory.
+    pub inventory_id: Uuid,
+    /// The inventory's SKU.
+    pub sku: String,
+    /// The line's status (should be FULFILLED when it has returns).
+    pub status: String,
+    /// Units it shipped.
+    pub quantity: i64,
+    /// Its `returned` counter (should be between 0 and `quantity`).
+    pub returned: i64,
+    /// Sum of its return lines (should equal `returned`).
+    pub return_lines: i64,
 }
 
 impl std::fmt::Display for Drift {
@@ -145,6 +174,11 @@ impl std::fmt::Display for Drift {
                 d.sole_location_id,
                 d.misallocated
             ),
+            Self::Line(d) => write!(
+                f,
+                "{} ({}) line {} of order {:?}, {}: returned {} of {} shipped, return lines {}",
+                d.sku, d.inventory_id, d.reservation_id, d.order_id, d.status, d.returned, d.quantity, d.return_lines
+            ),
             Self::Level(d) => {
                 let available = d.available.map_or_else(|| "no level".to_owned(), |n| n.to_string());
                 write!(
@@ -166,8 +200,8 @@ impl std::fmt::Display for Drift {
     }
 }
 
-/// Every inventory, and every level, that breaks the invariant; empty when
-/// all is well. One statement, so all the numbers come from one snapshot.
+/// Every inventory, level and order line that breaks the invariant; empty
+/// when all is well. One statement, so all the numbers come from one snapshot.
 pub async fn check(db: &impl ConnectionTrait) -> Result<Vec<Drift>, DbErr> {
     // The two kinds of drift have different columns, so each row carries
     // its numbers as one JSON object, read into the kind's struct.
@@ -269,11 +303,26 @@ SELECT kind, detail FROM (
                         AND p.available >= 0
                         AND p.on_hand = p.available + p.reserved + p.committed
                         AND p.available = p.ledger_stock)) AS d
+    UNION ALL
+    SELECT 'line', d.sku, NULL, to_jsonb(d)
+      FROM (SELECT r.id AS reservation_id, r.order_id, r.inventory_id, i.sku, r.status,
+                   r.quantity::bigint AS quantity, r.returned::bigint AS returned,
+                   coalesce(t.quantity, 0)::bigint AS return_lines
+              FROM (SELECT id FROM reservations WHERE returned > 0
+                    UNION SELECT reservation_id FROM return_lines) AS x
+              JOIN reservations r ON r.id = x.id
+              JOIN inventories i ON i.id = r.inventory_id
+              LEFT JOIN (SELECT reservation_id, sum(quantity) AS quantity FROM return_lines
+                          GROUP BY reservation_id) t ON t.reservation_id = r.id
+             WHERE NOT (r.returned BETWEEN 0 AND r.quantity
+                        AND r.returned = coalesce(t.quantity, 0)
+                        AND (r.returned = 0 OR r.status = {fulfilled_status}))) AS d
 ) AS drifts
  ORDER BY sku, kind, code"#,
             reserved = units(ReservationStatus::Active),
             committed = units(ReservationStatus::Ordered),
             fulfilled = units(ReservationStatus::Fulfilled),
+            fulfilled_status = sql(ReservationStatus::Fulfilled),
             counted = sql_list([ReservationStatus::Active, ReservationStatus::Ordered, ReservationStatus::Fulfilled]),
             holding = holding(),
             allocated_reserved = allocated(ReservationStatus::Active),
@@ -293,6 +342,7 @@ SELECT kind, detail FROM (
             let read = |err: serde_json::Error| DbErr::Type(format!("a {kind} drift: {err}"));
             match kind.as_str() {
                 "inventory" => serde_json::from_value(detail).map(Drift::Inventory).map_err(read),
+                "line" => serde_json::from_value(detail).map(Drift::Line).map_err(read),
                 _ => serde_json::from_value(detail).map(Drift::Level).map_err(read),
             }
         })

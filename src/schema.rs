@@ -25,6 +25,7 @@ use crate::{
     node::NodeQuery,
     orders::{
         graphql::{OrderMutation, OrderQuery, OrderSubscription},
+        returns::{graphql::ReturnMutation, service::ReturnService},
         service::OrderService,
     },
     reservations::{
@@ -44,7 +45,14 @@ pub struct Query(InventoryQuery, ReservationQuery, OrderQuery, LocationQuery, We
 
 /// The root mutation type.
 #[derive(MergedObject, Default)]
-pub struct Mutation(InventoryMutation, ReservationMutation, OrderMutation, LocationMutation, WebhookMutation);
+pub struct Mutation(
+    InventoryMutation,
+    ReservationMutation,
+    OrderMutation,
+    ReturnMutation,
+    LocationMutation,
+    WebhookMutation,
+);
 
 /// The root subscription type.
 #[derive(MergedSubscription, Default)]
@@ -76,6 +84,8 @@ pub struct Services {
     pub reservations: ReservationService,
     /// Orders.
     pub orders: OrderService,
+    /// Returns of fulfilled orders.
+    pub returns: ReturnService,
     /// Locations, their levels and transfers.
     pub locations: LocationService,
     /// Webhook endpoints and their deliveries.

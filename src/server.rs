@@ -24,7 +24,7 @@ use crate::{
     inventory::{self, InventoryRow, service::InventoryService},
     live::{Feed, Live},
     locations::service::LocationService,
-    orders::{self, domain::Order, service::OrderService},
+    orders::{self, domain::Order, returns::service::ReturnService, service::OrderService},
     reservations::{service::ReservationService, sweeper},
     schema::{self, AppSchema, Services},
     stock::partitions,
@@ -56,6 +56,7 @@ impl Server {
             inventory: InventoryService::new(&state),
             reservations: ReservationService::new(&state),
             orders: OrderService::new(&state),
+            returns: ReturnService::new(&state),
             locations: LocationService::new(&state),
             webhooks: WebhookService::new(&state),
         };
@@ -85,12 +86,13 @@ impl Server {
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
         schema::build(self.state.clone(), |schema| {
-            let Services { inventory, reservations, orders, locations, webhooks } = self.services.clone();
+            let Services { inventory, reservations, orders, returns, locations, webhooks } = self.services.clone();
             schema
                 .data(inventory)
                 .data(locations)
                 .data(reservations)
                 .data(orders)
+                .data(returns)
                 .data(webhooks)
                 .data(self.inventories.clone())
                 .data(self.orders.clone())

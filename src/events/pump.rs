@@ -62,7 +62,8 @@ SELECT m.id, m.inventory_id, m.version_after, m.reason, m.delta, m.location_id, 
 /// The events recorded by the transactions committed since the last pass.
 const RECORDED_SQL: &str = "
 SELECT e.id, e.type, e.subject_id, e.version, e.data::text AS data, e.occurred_at,
-       (e.data->>'reservationId')::uuid AS reservation_id, (e.data->>'quantity')::bigint AS quantity
+       (e.data->>'reservationId')::uuid AS reservation_id, (e.data->>'quantity')::bigint AS quantity,
+       (e.data->>'returnNumber')::integer AS return_number
   FROM events e
  WHERE e.txid >= (SELECT pg_snapshot_xmin(seen)::text::bigint FROM event_pump)
    AND NOT pg_visible_in_snapshot(e.txid::text::xid8, (SELECT seen FROM event_pump))";
@@ -265,6 +266,7 @@ fn read_recorded(row: &QueryResult) -> Result<Recorded, DbErr> {
         occurred_at: row.try_get("", "occurred_at")?,
         reservation_id: row.try_get("", "reservation_id")?,
         quantity: row.try_get("", "quantity")?,
+        return_number: row.try_get("", "return_number")?,
     })
 }
 

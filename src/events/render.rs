@@ -8,7 +8,8 @@
 //! records, and the recorded `ORDER_CHANGED` and checkout events, ordered
 //! per inventory and per order by version (a version's stock change first,
 //! then its reservations' changes, then checkouts; an order's change before
-//! the stock it moved). A `STOCK_CHANGED` event carries the inventory's
+//! the stock it moved; an order's returns, which make no version, after the
+//! version they were made at, by their number). A `STOCK_CHANGED` event carries the inventory's
 //! units after its version: `available` from its ledger rows, `onHand` and
 //! `committed` carried from the units the pump kept for it (`event_stock`)
 //! by what each version changed of them, `reserved` the rest.
@@ -63,6 +64,8 @@ pub struct Recorded {
     /// A checkout's reservation and units.
     pub reservation_id: Option<Uuid>,
     pub quantity: Option<i64>,
+    /// A return's number among its order's returns (its `ORDER_CHANGED`).
+    pub return_number: Option<i32>,
 }
 
 /// An inventory's units on hand and committed before the pass: as the pump
@@ -78,11 +81,14 @@ pub struct Units {
 /// the ledger instead (see [`Pass::checkouts`]).
 const UNVERSIONED: i32 = i32::MAX;
 
-/// An event, ready to be numbered.
+/// An event, ready to be numbered: in `(key, version, rank, then, id)` order.
 struct Event {
     key: Uuid,
     version: i32,
     rank: u8,
+    /// Among an order's events at one version: 0 for the version's own,
+    /// then its returns by number.
+    then: i32,
     id: Uuid,
     kind: EventType,
     subject: &'static str,
@@ -224,6 +230,7 @@ impl<'a> Pass<'a> {
                 key: r.subject_id,
                 version: r.version,
                 rank,
+                then: r.return_number.unwrap_or(0),
                 id: r.id,
                 kind: r.kind,
                 subject,
@@ -231,7 +238,7 @@ impl<'a> Pass<'a> {
                 data: r.data.clone(),
             });
         }
-        events.sort_by_key(|e| (e.key, e.version, e.rank, e.id));
+        events.sort_by_key(|e| (e.key, e.version, e.rank, e.then, e.id));
         let rows = outbox::rows(last_seq, &events, |event, body| {
             render(event, body);
             (event.id, event.kind)
@@ -283,6 +290,7 @@ impl<'a> Pass<'a> {
             key: inventory,
             version: number,
             rank: 0,
+            then: 0,
             id: rows.iter().map(|m| m.id).min().unwrap_or_default(),
             kind: EventType::StockChanged,
             subject: "inventoryId",
@@ -320,6 +328,7 @@ fn reservation_changes(inventory: Uuid, number: i32, rows: &[&Move], events: &mu
             key: inventory,
             version: number,
             rank: 1,
+            then: 0,
             id: Uuid::from_bytes(id),
             kind: EventType::ReservationChanged,
             subject: "inventoryId",
@@ -340,7 +349,7 @@ fn status_after(reason: MovementReason) -> Option<ReservationStatus> {
         Expired => Some(ReservationStatus::Expired),
         Ordered => Some(ReservationStatus::Ordered),
         Fulfilled => Some(ReservationStatus::Fulfilled),
-        Created | Restocked | QuantityChanged | TransferredOut | TransferredIn => None,
+        Created | Restocked | QuantityChanged | TransferredOut | TransferredIn | Returned => None,
     }
 }
 
@@ -533,6 +542,43 @@ mod tests {
         assert_eq!(status(MovementReason::Expired).as_deref(), Some("EXPIRED"));
         assert_eq!(status(MovementReason::Fulfilled).as_deref(), Some("FULFILLED"));
         assert_eq!(status(MovementReason::QuantityChanged), None, "a quantity change keeps the status");
+    }
+
+    #[test]
+    fn an_orders_returns_follow_its_last_version_by_number_whatever_their_ids() {
+        let order = Uuid::new_v4();
+        let recorded = |id: u128, version: i32, number: Option<i32>| Recorded {
+            id: Uuid::from_u128(id),
+            kind: EventType::OrderChanged,
+            subject_id: order,
+            version,
+            data: format!(r#"{{"version":{version},"returnNumber":{}}}"#, number.unwrap_or(0)),
+            occurred_at: at(0),
+            reservation_id: None,
+            quantity: None,
+            return_number: number,
+        };
+        // By id alone the second return (id 1) would come first.
+        let found = [recorded(1, 4, Some(2)), recorded(5, 3, None), recorded(2, 4, Some(1)), recorded(3, 4, None)];
+        let made = Pass::new(&[], &found, None).make(0, &HashMap::new());
+        let events: Vec<serde_json::Value> = serde_json::from_str(&format!("[{}]", made.rows[0].body)).expect("JSON");
+        let order_of: Vec<serde_json::Value> =
+            events.iter().map(|e| serde_json::json!([e["version"], e["data"]["returnNumber"]])).collect();
+        assert_eq!(serde_json::Value::from(order_of), serde_json::json!([[3, 0], [4, 0], [4, 1], [4, 2]]));
+    }
+
+    #[test]
+    fn a_restocking_return_is_a_stock_change_of_on_hand_and_available_and_no_reservation_change() {
+        let (item, line) = (Uuid::new_v4(), Uuid::new_v4());
+        let moves = [moved(item, 5, MovementReason::Returned, 2, 7, Some(line))];
+        let units = HashMap::from([(item, Units { kept: Some((5, 0)), held: None })]);
+        let made = Pass::new(&moves, &[], None).make(0, &units);
+        assert_eq!(made.events, 1, "no RESERVATION_CHANGED: the line stays FULFILLED");
+        let body: serde_json::Value = serde_json::from_str(&made.rows[0].body).expect("JSON");
+        let data = &body["data"];
+        assert_eq!((&data["reason"], &data["delta"], &data["available"]), (&"RETURNED".into(), &2.into(), &7.into()));
+        assert_eq!(data["onHand"], 7, "on hand grows with the units returned");
+        assert_eq!((data["reservationId"].as_str(), made.units), (Some(line.to_string().as_str()), vec![(item, 7, 0)]));
     }
 
     #[test]

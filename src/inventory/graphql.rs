@@ -201,6 +201,10 @@ pub enum MovementReason {
     TransferredOut,
     /// Units arrived at this location from another (`transferStock`).
     TransferredIn,
+    /// Units of a fulfilled order's line came back to available stock here
+    /// (`returnOrder`, RESTOCK); `delta` is positive, `reservationId` the
+    /// order line. A WRITE_OFF writes no row.
+    Returned,
 }
 
 impl From<movements::MovementReason> for MovementReason {
@@ -218,6 +222,7 @@ impl From<movements::MovementReason> for MovementReason {
             Ledger::QuantityChanged => Self::QuantityChanged,
             Ledger::TransferredOut => Self::TransferredOut,
             Ledger::TransferredIn => Self::TransferredIn,
+            Ledger::Returned => Self::Returned,
         }
     }
 }

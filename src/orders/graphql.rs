@@ -11,6 +11,7 @@ use super::{
     domain::{self, Order as OrderValue},
     entity,
     loader::{OrderLinesLoader, OrderLoader},
+    returns::graphql::{self as returns, OrderReturn},
     service::{AddressOutcome, CheckoutOutcome, OrderService, PlaceOutcome, Transition},
 };
 use crate::{
@@ -137,6 +138,12 @@ impl Order {
     async fn fulfilled_by(&self) -> Option<&str> {
         self.0.fulfilment().map(|f| f.by.as_str())
     }
+
+    /// Units that came back after it was fulfilled, in the order they were
+    /// made (`returnOrder`; batched per request); empty until then.
+    async fn returns(&self, ctx: &Context<'_>) -> GqlResult<Vec<OrderReturn>> {
+        returns::of_order(ctx, self.0.id).await
+    }
 }
 
 /// A line of an order as the API shows it.
@@ -160,6 +167,12 @@ impl OrderItem {
     /// Which locations gave its units (adding up to `quantity`), by priority then code.
     async fn allocations(&self, ctx: &Context<'_>) -> GqlResult<Vec<Allocation>> {
         locations::allocations(ctx, self.0.id).await
+    }
+
+    /// Units of it returned since it was fulfilled, restocked or written
+    /// off; never more than `quantity`, 0 until a return.
+    async fn returned(&self) -> i32 {
+        self.0.returned
     }
 }
 

@@ -403,6 +403,7 @@ impl Coalescer {
                     location_ids: None,
                     fewest_locations: None,
                     allow_split: None,
+                    returned: 0,
                 };
                 return Ok(ReserveOutcome::Reserved { reservation, inventory });
             }

@@ -204,6 +204,7 @@ mod tests {
             location_ids: None,
             fewest_locations: None,
             allow_split: None,
+            returned: 0,
         };
         let (past, future) = (Some(now - chrono::Duration::seconds(1)), Some(now + chrono::Duration::seconds(1)));
         assert_eq!(status_at(&row(ReservationStatus::Active, past), now), ReservationStatus::Expired);

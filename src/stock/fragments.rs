@@ -38,6 +38,11 @@ pub fn step(alias: &str, delta: &str) -> String {
 pub const LEDGER: &str = "INSERT INTO stock_movements \
      (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id)";
 
+/// [`LEDGER`] for an operator's change (ten values): the eight, then the
+/// operator's `note` and their `sub` as `actor`.
+pub const LEDGER_BY_OPERATOR: &str = "INSERT INTO stock_movements \
+     (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id, note, actor)";
+
 /// [`LEDGER`] with the row's id first (nine values): the reserve paths,
 /// which write most ledger rows, send time-ordered (v7) ids made by the
 /// server, so new rows land at the right edge of the primary key instead of
@@ -286,9 +291,10 @@ pub fn ledger_stock() -> String {
     format!("coalesce(sum(delta) FILTER (WHERE reason <> {}), 0)", sql(MovementReason::Fulfilled))
 }
 
-/// The ledger rows' units received: initial stock and restocks, 0 for none.
+/// The ledger rows' units received from outside: initial stock, restocks
+/// and units returned to stock (a fulfilled order's line restocked), 0 for none.
 pub fn ledger_received() -> String {
-    let received = sql_list([MovementReason::Created, MovementReason::Restocked]);
+    let received = sql_list([MovementReason::Created, MovementReason::Restocked, MovementReason::Returned]);
     format!("coalesce(sum(delta) FILTER (WHERE reason IN {received}), 0)")
 }
 
@@ -306,13 +312,15 @@ pub fn ledger_location(alias: &str) -> String {
 }
 
 /// The ledger rows whose `delta` is a change of the units on hand (the
-/// units in the building: received, moved between locations, shipped).
-pub const ON_HAND_MOVES: [MovementReason; 5] = [
+/// units in the building: received, moved between locations, shipped,
+/// returned to stock).
+pub const ON_HAND_MOVES: [MovementReason; 6] = [
     MovementReason::Created,
     MovementReason::Restocked,
     MovementReason::TransferredIn,
     MovementReason::TransferredOut,
     MovementReason::Fulfilled,
+    MovementReason::Returned,
 ];
 
 /// The ledger rows whose `delta` is the opposite of a change of committed

@@ -3,7 +3,8 @@
 //! for coalesced callers ([`coalesced`]) and for order lines ([`lines`]),
 //! giving it back on release, expiry and cancel ([`returning`]), receiving it on create and restock ([`receiving`]),
 //! changing a held quantity ([`adjusting`]), shipping an order's lines
-//! out of the warehouse ([`shipping`]), folding old ledger rows into
+//! out of the warehouse ([`shipping`]), taking back what a fulfilled order
+//! returns ([`taking_back`]), folding old ledger rows into
 //! checkpoints ([`archiving`]), and keeping the ledger's day partitions
 //! ready ([`partitions`]).
 //!
@@ -36,6 +37,7 @@ pub mod returning;
 pub mod rows;
 pub mod shipping;
 pub mod taking;
+pub mod taking_back;
 
 use std::sync::LazyLock;
 

@@ -1,7 +1,8 @@
 //! The rows the stock statements write and return, and the states they
 //! write into them: an inventory ([`InventoryRow`]), a reservation or order
-//! line ([`ReservationRow`], [`ReservationStatus`]) and why the ledger moved
-//! ([`MovementReason`]). They live here, below the features that read them,
+//! line ([`ReservationRow`], [`ReservationStatus`]), a return of an order
+//! and its lines ([`ReturnRow`], [`ReturnLineRow`], [`ReturnDisposition`])
+//! and why the ledger moved ([`MovementReason`]). They live here, below the features that read them,
 //! so the statements that make them need no feature; the features re-export
 //! them.
 //!
@@ -13,6 +14,7 @@ pub mod inventory;
 pub mod level;
 pub mod location;
 pub mod reservation;
+pub mod returns;
 
 use sea_orm::{ActiveEnum, DeriveActiveEnum, EnumIter};
 
@@ -21,6 +23,7 @@ pub use inventory::Model as InventoryRow;
 pub use level::Model as LevelRow;
 pub use location::Model as LocationRow;
 pub use reservation::{Model as ReservationRow, ReservationStatus};
+pub use returns::{ReturnDisposition, ReturnLineRow, ReturnRow};
 
 /// Why stock changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
@@ -60,6 +63,10 @@ pub enum MovementReason {
     /// Units arrived at this location from another of the same inventory.
     #[sea_orm(string_value = "TRANSFERRED_IN")]
     TransferredIn,
+    /// Units of a fulfilled order's line came back to available stock at
+    /// this location (`returnOrder`, RESTOCK): on hand and available grow by `delta`.
+    #[sea_orm(string_value = "RETURNED")]
+    Returned,
 }
 
 /// `value` as an SQL string literal (`'ACTIVE'`), to be written into a

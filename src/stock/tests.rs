@@ -14,8 +14,11 @@ use super::{
     adjusting, allocating, archiving,
     coalesced::CoalescedReserve,
     lines::{self, Line, Purpose},
-    lock_order, moving, receiving, returning, shipping,
+    lock_order, moving, receiving, returning,
+    rows::ReturnDisposition,
+    shipping,
     taking::{self, Reserve},
+    taking_back::{self, OrderReturn, ReturnLine},
 };
 use crate::config::DatabaseConfig;
 
@@ -38,6 +41,29 @@ fn statements() -> Vec<(&'static str, Statement)> {
             allocating: allocating::Allocating::default(),
         },
     ];
+    let returned = [
+        ReturnLine { inventory_id: id, quantity: 2, disposition: ReturnDisposition::Restock, location_id: None },
+        ReturnLine {
+            inventory_id: Uuid::new_v4(),
+            quantity: 1,
+            disposition: ReturnDisposition::Restock,
+            location_id: Some(id),
+        },
+        ReturnLine {
+            inventory_id: Uuid::new_v4(),
+            quantity: 3,
+            disposition: ReturnDisposition::WriteOff,
+            location_id: None,
+        },
+    ];
+    let order_return = OrderReturn {
+        order_id: id,
+        return_id: Uuid::new_v4(),
+        operator: "op",
+        note: Some("damaged box"),
+        lines: &returned,
+        key: Some(("k", "f")),
+    };
     vec![
         ("create", receiving::create(id, "SKU-1", "an item", 10, None)),
         ("create at a location", receiving::create(id, "SKU-1", "an item", 10, Some(id))),
@@ -58,6 +84,11 @@ fn statements() -> Vec<(&'static str, Statement)> {
         ("cancel_order", returning::cancel_order(id)),
         ("change_quantity", adjusting::change_quantity(id, "alice", 3)),
         ("fulfil_order", shipping::fulfil_order(id)),
+        ("return_order", taking_back::return_order(order_return)),
+        (
+            "return_order without a note or key",
+            taking_back::return_order(OrderReturn { note: None, key: None, ..order_return }),
+        ),
         ("latest reservation change", taking::ReservationChange::latest(id)),
         ("oldest archivable reservation", archiving::oldest_reservation()),
         ("archive_reservations", archiving::archive_reservations(now, now)),

@@ -132,6 +132,21 @@ pub const FULFILL_ORDER: &str = concat!(
     order_fields!()
 );
 
+pub const RETURN_ORDER: &str = "mutation($input: ReturnOrderInput!) { returnOrder(input: $input) { __typename
+   ... on OrderReturned {
+     order { id status version items { inventory { id } quantity returned } }
+     return { id note createdBy createdAt
+              lines { inventory { id } quantity disposition location { id code } } }
+   }
+   ... on ReturnExceedsFulfilled { inventoryId fulfilled returned requested }
+   ... on OrderCannotBeReturned { order { id status } }
+   ... on OrderNotFound { orderId }
+ } }";
+
+pub const ORDER_RETURNS: &str = "query($id: UUID!) { order(id: $id) { id status version
+   items { inventory { id } quantity returned }
+   returns { id note createdBy lines { inventory { id } quantity disposition location { code } } } } }";
+
 pub const STOCK_STATES: &str =
     "query($id: UUID!) { inventory(id: $id) { stock version available reserved committed onHand } }";
 

@@ -175,3 +175,20 @@ async fn an_address_change_whose_retries_run_out_answers_the_version_conflict_wi
     let (name, changed) = named(app.change_address(&alice, order, 1, &address("2 New St")).await);
     assert_eq!(name, "ShippingAddressChanged", "{changed}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_return_whose_retries_run_out_is_retryable_and_returns_nothing() {
+    let app = app().await;
+    let item = crate::locations::stocked(&app, "EXH-RETURN", 5).await;
+    let order = crate::returns::fulfilled_order(&app, &[(item, 2)]).await;
+    let input = json!({ "orderId": order, "lines": [crate::returns::line(item, 1, false, None)] });
+    let before = crate::returns::untouched(&app).await;
+
+    collide(&app, "INSERT", "returns", "true").await;
+    assert_retryable(&app.return_order(&app.operator(), input.clone()).await, "return");
+    assert_eq!(crate::returns::untouched(&app).await, before, "nothing written");
+    stop(&app, "returns").await;
+
+    assert_eq!(named(app.return_order(&app.operator(), input).await).0, "OrderReturned");
+    app.assert_invariant().await;
+}

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::helpers::{TestApp, uuid};
 
 /// The operations a person finds in GraphiQL, in the order they use them.
-const OPERATIONS: [&str; 4] = ["ListStock", "CreateLocation", "TransferStock", "ReserveAcrossLocations"];
+const OPERATIONS: [&str; 5] = ["ListStock", "CreateLocation", "TransferStock", "ReserveAcrossLocations", "ReturnOrder"];
 
 /// The document in the page's `data-default-query`, unescaped.
 async fn default_query(app: &TestApp) -> String {
@@ -84,5 +84,14 @@ async fn the_example_operations_run_as_written_on_a_fresh_shop() {
         (item["available"].as_i64(), item["reserved"].as_i64(), item["onHand"].as_i64()),
         (Some(7), Some(3), Some(10))
     );
+
+    // An order of 2 shipped from the default location; one unit comes back there.
+    let order = crate::returns::fulfilled_order(&app, &[(inventory, 2)]).await;
+    let variables = json!({ "orderId": order, "inventoryId": inventory });
+    let returned = run(&app, &operator, &document, "ReturnOrder", variables).await;
+    let answer = &returned["returnOrder"];
+    assert_eq!(answer["__typename"], "OrderReturned", "{returned}");
+    assert_eq!(answer["order"]["items"][0]["returned"], 1, "{returned}");
+    assert_eq!(answer["return"]["lines"][0]["location"]["code"], "default", "{returned}");
     app.assert_invariant().await;
 }

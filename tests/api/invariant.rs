@@ -1,6 +1,7 @@
-//! The invariant per location (src/invariant.rs): a database written the
-//! way the stock statements write it, over two locations, passes; each
-//! condition, broken by one direct write, is reported with its numbers.
+//! The invariant per location and per order line (src/invariant.rs): a
+//! database written the way the stock statements write it, over two
+//! locations and with a return, passes; each condition, broken by one
+//! direct write, is reported with its numbers.
 
 use sea_orm::ConnectionTrait;
 use stockguard::invariant::{self, Drift, InventoryDrift, LevelDrift};
@@ -230,6 +231,54 @@ async fn archived_rows_count_at_their_location_through_the_level_checkpoints() {
     .await;
     assert_eq!(level_numbers(&drifts), vec![(Some("east".to_owned()), Some(3), 2, 2, 8, 3)]);
     assert!(inventories(&drifts).is_empty(), "{drifts:?}");
+}
+
+/// SPLIT's FULFILLED line returned whole, as `returnOrder` writes it: its
+/// unit restocked at default (version 10, a `RETURNED` row there), the
+/// line's counter at 1, one return and its line.
+const RETURNED_ONCE: &str = "
+INSERT INTO returns (id, order_id, number, created_by) VALUES ('00000000-0000-0000-0000-000000000099', '00000000-0000-0000-0000-000000000003', 1, 'op');
+INSERT INTO return_lines (return_id, reservation_id, inventory_id, location_id, disposition, quantity)
+SELECT '00000000-0000-0000-0000-000000000099', '00000000-0000-0000-0000-000000000003',
+       '00000000-0000-0000-0000-00000000000a', id, 'RESTOCK', 1 FROM locations WHERE code = 'default';
+UPDATE reservations SET returned = 1 WHERE id = '00000000-0000-0000-0000-000000000003';
+UPDATE inventories SET stock = 7, version = 10 WHERE id = '00000000-0000-0000-0000-00000000000a';
+UPDATE stock_levels SET available = available + 1
+ WHERE inventory_id = '00000000-0000-0000-0000-00000000000a' AND location_id = (SELECT id FROM locations WHERE code = 'default');
+INSERT INTO stock_movements (inventory_id, location_id, delta, reason, stock_after, version_after, reservation_id, order_id, actor)
+SELECT '00000000-0000-0000-0000-00000000000a', id, 1, 'RETURNED', 7, 10, '00000000-0000-0000-0000-000000000003',
+       '00000000-0000-0000-0000-000000000003', 'op' FROM locations WHERE code = 'default';";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_returned_line_counts_as_received_and_a_line_whose_returns_do_not_add_up_is_reported() {
+    let app = TestApp::spawn().await;
+    two_locations(&app, "now()").await;
+    app.db.execute_unprepared(RETURNED_ONCE).await.expect("a return");
+    assert_eq!(invariant::check(&app.db).await.expect("check"), vec![], "a RETURNED unit is received and on hand");
+
+    let tamper = format!("UPDATE reservations SET returned = 0 WHERE id = '{FULFILLED}'");
+    app.db.execute_unprepared(&tamper).await.expect("tamper");
+    let lines: Vec<(Uuid, i64, i64, i64, String)> = invariant::check(&app.db)
+        .await
+        .expect("check")
+        .into_iter()
+        .filter_map(|d| if let Drift::Line(d) = d { Some(d) } else { None })
+        .map(|d| (d.reservation_id, d.quantity, d.returned, d.return_lines, d.status))
+        .collect();
+    assert_eq!(lines, vec![(FULFILLED, 1, 0, 1, "FULFILLED".to_owned())], "returned apart from its return lines");
+
+    let not_shipped = format!("UPDATE reservations SET returned = 1 WHERE id = '{ORDERED}'");
+    app.db.execute_unprepared(&not_shipped).await.expect("tamper");
+    let drifts = invariant::check(&app.db).await.expect("check");
+    let ordered = drifts
+        .iter()
+        .find_map(|d| if let Drift::Line(d) = d { (d.reservation_id == ORDERED).then_some(d) } else { None });
+    assert_eq!(ordered.map(|d| (d.status.as_str(), d.returned)), Some(("ORDERED", 1)), "{drifts:?}");
+    let shown = drifts.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n");
+    assert!(
+        shown.contains(&format!("line {ORDERED} of order Some({ORDERED}), ORDERED: returned 1 of 2 shipped")),
+        "{shown}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

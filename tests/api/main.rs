@@ -44,6 +44,7 @@ mod plans;
 mod process;
 mod quantities;
 mod queries;
+mod returns;
 mod stock_states;
 mod traces;
 mod transfers;

@@ -155,6 +155,35 @@ export const TransferStock = graphql(`
   }
 `);
 
+// Returns of fulfilled orders (operators; docs/stock-operations.md).
+export const ReturnOrder = graphql(`
+  mutation ReturnOrder($input: ReturnOrderInput!) {
+    returnOrder(input: $input) {
+      __typename
+      ... on OrderReturned {
+        order { id status version items { inventory { id sku } quantity returned } }
+        return {
+          id note createdAt createdBy
+          lines { inventory { id sku } quantity disposition location { code } }
+        }
+      }
+      ... on ReturnExceedsFulfilled { inventoryId fulfilled returned requested }
+      ... on OrderCannotBeReturned { order { id status } }
+      ... on OrderNotFound { orderId }
+    }
+  }
+`);
+
+export const OrderReturns = graphql(`
+  query OrderReturns($id: UUID!) {
+    order(id: $id) {
+      id status
+      items { inventory { sku } quantity returned }
+      returns { id createdAt createdBy note lines { inventory { sku } quantity disposition location { code } } }
+    }
+  }
+`);
+
 // Webhooks (operators; docs/webhooks.md).
 export const CreateWebhook = graphql(`
   mutation CreateWebhook($input: CreateWebhookInput!) {

@@ -27,12 +27,16 @@ import type {
   LocationsQueryVariables,
   OrderChangedSubscription,
   OrderChangedSubscriptionVariables,
+  OrderReturnsQuery,
+  OrderReturnsQueryVariables,
   PlaceOrderMutation,
   PlaceOrderMutationVariables,
   RedeliverFailedMutation,
   RedeliverFailedMutationVariables,
   ReserveMutation,
   ReserveMutationVariables,
+  ReturnOrderMutation,
+  ReturnOrderMutationVariables,
   TransferStockMutation,
   TransferStockMutationVariables,
   UpdateLocationMutation,
@@ -49,6 +53,7 @@ import {
   EventType,
   MovementReason,
   OrderStatus,
+  ReturnDisposition,
   UnavailableReason,
   UnavailableReservationReason,
 } from './gql/graphql';
@@ -204,6 +209,51 @@ export function describeFulfilment(result: FulfillOrderMutation['fulfillOrder'])
   }
 }
 
+// What a returns desk shows for a line; a disposition added to the schema fails tsc here.
+function returnLine(line: {
+  inventory: { sku: string };
+  quantity: number;
+  disposition: ReturnDisposition;
+  location?: { code: string } | null;
+}): string {
+  switch (line.disposition) {
+    case ReturnDisposition.Restock:
+      return `${line.quantity} × ${line.inventory.sku} back in stock at ${line.location?.code ?? '?'}`;
+    case ReturnDisposition.WriteOff:
+      return `${line.quantity} × ${line.inventory.sku} written off`;
+    default:
+      return unhandled(line.disposition);
+  }
+}
+
+export function describeReturn(result: ReturnOrderMutation['returnOrder']): string {
+  switch (result.__typename) {
+    case 'OrderReturned': {
+      const { order, return: made } = result;
+      const counted = order.items.map((i) => `${i.inventory.sku} ${i.returned}/${i.quantity}`).join(', ');
+      return `return ${made.id} by ${made.createdBy} at ${made.createdAt}: ${made.lines.map(returnLine).join('; ')}` +
+        `${made.note ? ` (${made.note})` : ''}; returned so far: ${counted}`;
+    }
+    case 'ReturnExceedsFulfilled':
+      return `only ${result.fulfilled - result.returned} of ${result.inventoryId} can still come back ` +
+        `(${result.fulfilled} shipped, ${result.returned} returned, ${result.requested} asked); nothing recorded`;
+    case 'OrderCannotBeReturned':
+      return `order ${result.order.id} is ${result.order.status}: only a fulfilled order takes returns`;
+    case 'OrderNotFound':
+      return `no order ${result.orderId}`;
+    default:
+      return unhandled(result);
+  }
+}
+
+export function describeReturns(result: OrderReturnsQuery): string {
+  const order = result.order;
+  if (!order) return 'no such order';
+  return order.returns
+    .map((r) => `${r.createdAt} ${r.createdBy}: ${r.lines.map(returnLine).join('; ')}${r.note ? ` (${r.note})` : ''}`)
+    .join('\n');
+}
+
 // A status added to the schema fails tsc here.
 function statusLine(status: OrderStatus): string {
   switch (status) {
@@ -282,6 +332,8 @@ function movementLine(reason: MovementReason): string {
       return 'transferred out';
     case MovementReason.TransferredIn:
       return 'transferred in';
+    case MovementReason.Returned:
+      return 'returned to stock';
     default:
       return unhandled(reason);
   }
@@ -472,6 +524,19 @@ export const examples = {
       idempotencyKey: 'move-1',
     },
   },
+  // Two back in stock where they shipped from, one damaged.
+  returnOrder: {
+    input: {
+      orderId: '00000000-0000-0000-0000-000000000002',
+      lines: [
+        { inventoryId: '00000000-0000-0000-0000-000000000001', quantity: 2, disposition: ReturnDisposition.Restock },
+        { inventoryId: '00000000-0000-0000-0000-000000000007', quantity: 1, disposition: ReturnDisposition.WriteOff },
+      ],
+      note: 'Parcel refused; one box crushed',
+      idempotencyKey: 'rma-1042',
+    },
+  },
+  orderReturns: { id: '00000000-0000-0000-0000-000000000002' },
 } satisfies {
   reserve: ReserveMutationVariables;
   reserveAcrossLocations: ReserveMutationVariables;
@@ -493,4 +558,6 @@ export const examples = {
   deleteWebhook: DeleteWebhookMutationVariables;
   redeliverFailed: RedeliverFailedMutationVariables;
   webhookEndpoints: WebhookEndpointsQueryVariables;
+  returnOrder: ReturnOrderMutationVariables;
+  orderReturns: OrderReturnsQueryVariables;
 };

@@ -66,6 +66,9 @@ pub struct Model {
     /// `Some(false)` when its units must all come from one location; `None`
     /// allows a split.
     pub allow_split: Option<bool>,
+    /// Units of a FULFILLED order line returned since (restocked or written
+    /// off); 0 for every other reservation. `CHECK (returned BETWEEN 0 AND quantity)`.
+    pub returned: i32,
 }
 
 /// No relations are navigated through the ORM; joins are written where needed.

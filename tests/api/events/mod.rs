@@ -9,6 +9,7 @@ mod kills;
 mod migrated;
 mod receiver;
 mod retention;
+mod returns;
 mod scan;
 mod sharing;
 mod thread;
@@ -121,15 +122,17 @@ fn stock_changes(events: &[Value]) -> Vec<(Uuid, i64)> {
 }
 
 /// Asserts that each inventory's and each order's events arrived in version
-/// order (first arrivals).
+/// order (first arrivals), an order's returns (which keep its version)
+/// after it by their number.
 fn assert_in_order(first: &[Value]) {
-    let mut last: BTreeMap<(String, String), i64> = BTreeMap::new();
+    let mut last: BTreeMap<(String, String), (i64, i64)> = BTreeMap::new();
     for event in first.iter().filter(|e| e["type"] != "RESERVATION_CHANGED") {
         let subject = event["inventoryId"].as_str().or(event["orderId"].as_str()).unwrap_or_default();
         let key = (event["type"].as_str().unwrap_or_default().to_owned(), subject.to_owned());
-        let version = event["version"].as_i64().expect("a version");
-        if let Some(before) = last.insert(key, version) {
-            assert!(version > before, "version {version} arrived after {before}: {event}");
+        let place =
+            (event["version"].as_i64().expect("a version"), event["data"]["returnNumber"].as_i64().unwrap_or(0));
+        if let Some(before) = last.insert(key, place) {
+            assert!(place > before, "{place:?} arrived after {before:?}: {event}");
         }
     }
 }

@@ -83,11 +83,14 @@ where
 }
 
 /// What the database holds that a refused request must not touch: the
-/// helpers' snapshot plus every reservation's and order's mutable columns.
+/// helpers' snapshot plus every reservation's and order's mutable columns,
+/// and the returns.
 async fn state(app: &TestApp) -> String {
     let sql = "SELECT \
-        (SELECT md5(coalesce(string_agg(concat_ws(':', id, status, quantity, expires_at, order_id, idempotency_key), \
+        (SELECT md5(coalesce(string_agg(concat_ws(':', id, status, quantity, expires_at, order_id, idempotency_key, \
+                                                  returned), \
                                         ',' ORDER BY id), '')) FROM reservations) || '|' || \
+        (SELECT count(*) FROM returns) || '|' || (SELECT count(*) FROM return_lines) || '|' || \
         (SELECT md5(coalesce(string_agg(concat_ws(':', id, status, version, ship_name, ship_line1, ship_line2, \
                                                   ship_city, ship_postal_code, ship_country, confirmed_by, \
                                                   fulfilled_by), \

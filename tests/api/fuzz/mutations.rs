@@ -125,6 +125,20 @@ mutation($id: UUID!) {
   }
 }"#;
 
+pub(super) const RETURN_ORDER: &str = r#"
+mutation($input: ReturnOrderInput!) {
+  returnOrder(input: $input) {
+    __typename
+    ... on OrderReturned {
+      order { id status version items { quantity returned } }
+      return { id note createdBy createdAt lines { quantity disposition inventory { id stock } location { code } } }
+    }
+    ... on ReturnExceedsFulfilled { inventoryId fulfilled returned requested }
+    ... on OrderCannotBeReturned { order { id status } }
+    ... on OrderNotFound { orderId }
+  }
+}"#;
+
 /// A server with a big inventory, a nearly sold-out one, and their ids (the
 /// big one first).
 pub(super) async fn server_with_stock() -> (TestApp, Vec<Uuid>) {
@@ -149,6 +163,22 @@ pub(super) async fn fresh_order(app: &TestApp, user: &str, inventory: Uuid) -> U
         .as_str()
         .and_then(|id| id.parse().ok())
         .unwrap_or_else(|| panic!("{body}"))
+}
+
+/// A fresh FULFILLED order of Alice's, of `quantity` units.
+pub(super) async fn fresh_fulfilled_order(app: &TestApp, inventory: Uuid, quantity: i32) -> Uuid {
+    let input =
+        json!({ "items": [{ "inventoryId": inventory, "quantity": quantity }], "shippingAddress": valid_address() });
+    let body = app.graphql(Some(&app.token("alice", Role::Customer)), PLACE_ORDER, json!({ "input": input })).await;
+    let id = body["data"]["placeOrder"]["order"]["id"]
+        .as_str()
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("{body}"));
+    for query in [CONFIRM, FULFILL] {
+        let done = app.graphql(Some(&app.operator()), query, json!({ "id": id })).await;
+        assert!(done.get("errors").is_none(), "{done}");
+    }
+    id
 }
 
 pub(super) async fn ids(app: &TestApp, sql: &str) -> Vec<Uuid> {
@@ -461,6 +491,85 @@ async fn change_shipping_address_answers_any_input_without_internal_errors_and_r
             let version = if matches!(version, Version::Omit) { Version::Current } else { version };
             set(&mut input, "expectedVersion", version.resolve(order_version(&app, &id)).await);
             mutate(&app, &caller, CHANGE_ADDRESS, json!({ "input": input }), "changeShippingAddress").await.map(drop)
+        }
+    })
+    .await;
+    assert_still_serving(&app).await;
+}
+
+/// One generated line of a return.
+#[derive(Debug, Clone)]
+pub(super) struct ReturnedLine {
+    inventory: Value,
+    quantity: Value,
+    disposition: Value,
+    location: Option<Value>,
+}
+
+impl ReturnedLine {
+    fn to_json(&self) -> Value {
+        let mut line =
+            json!({ "inventoryId": self.inventory, "quantity": self.quantity, "disposition": self.disposition });
+        set(&mut line, "locationId", self.location.clone());
+        line
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn return_order_answers_any_input_without_internal_errors_and_refusals_write_nothing() {
+    let (app, inventories) = server_with_stock().await;
+    let big = inventories[0];
+    let fulfilled = fresh_fulfilled_order(&app, big, 3).await;
+    let pending = fresh_order(&app, "alice", big).await;
+    let default = crate::locations::default_location(&app).await;
+    let other = crate::locations::create_location(&app, "porto", 10).await;
+    let orders = vec![fulfilled, pending];
+    let app = std::sync::Arc::new(app);
+    let strategy = move || {
+        let disposition = prop_oneof![
+            6 => select(vec!["RESTOCK", "WRITE_OFF"]).prop_map(Value::from),
+            1 => select(vec![json!("SHRED"), json!("restock"), json!(1), json!(null)]),
+        ];
+        let location = prop_oneof![
+            4 => Just(None),
+            2 => select(vec![default, other]).prop_map(|id| Some(json!(id))),
+            1 => uuid(vec![default]).prop_map(Some),
+        ];
+        let one = (plenty(&inventories), quantity(), disposition, location)
+            .prop_map(|(inventory, quantity, disposition, location)| ReturnedLine {
+                inventory,
+                quantity,
+                disposition,
+                location,
+            })
+            .boxed();
+        let lines = prop_oneof![
+            6 => vec(one.clone(), 1..=2),
+            1 => Just(Vec::new()),
+            1 => vec(one, 101..=102),
+        ];
+        let note = prop_oneof![
+            4 => Just(None),
+            2 => Just(Some(json!("box opened"))),
+            1 => Just(Some(json!("n".repeat(501)))),
+            1 => hostile_text().prop_map(|note| Some(json!(note))),
+        ];
+        let key = prop_oneof![fresh_key(), idempotency_key()];
+        (caller(Caller::Operator), target(orders), lines, note, key)
+    };
+    let shared = app.clone();
+    for_64_cases(strategy, move |(caller, order, lines, note, key)| {
+        let app = shared.clone();
+        async move {
+            let id = match order {
+                Target::Fresh => json!(fresh_fulfilled_order(&app, big, 3).await),
+                Target::Id(id) => id,
+            };
+            let lines: Vec<Value> = lines.iter().map(ReturnedLine::to_json).collect();
+            let mut input = json!({ "orderId": id, "lines": lines });
+            set(&mut input, "note", note);
+            set(&mut input, "idempotencyKey", key);
+            mutate(&app, &caller, RETURN_ORDER, json!({ "input": input }), "returnOrder").await.map(drop)
         }
     })
     .await;

@@ -35,7 +35,7 @@ use self::template::copy_of_template;
 pub use crate::documents::RESERVE;
 use crate::documents::{
     CANCEL_ORDER, CHANGE_ADDRESS, CHANGE_QUANTITY, CHECKOUT, CONFIRM_ORDER, EXTEND, FULFILL_ORDER, PLACE_ORDER,
-    RELEASE, RESERVE_MANY, RESTOCK, STOCK_STATES,
+    RELEASE, RESERVE_MANY, RESTOCK, RETURN_ORDER, STOCK_STATES,
 };
 
 use stockguard_support::client;
@@ -337,6 +337,11 @@ impl TestApp {
     /// `fulfillOrder`.
     pub async fn fulfill(&self, token: &str, id: Uuid) -> Value {
         self.mutate(token, "fulfillOrder", FULFILL_ORDER, json!({ "id": id })).await
+    }
+
+    /// `returnOrder` with `input`, as `token`.
+    pub async fn return_order(&self, token: &str, input: Value) -> Value {
+        self.mutate(token, "returnOrder", RETURN_ORDER, json!({ "input": input })).await
     }
 
     /// The inventory's `stock`, `version` and stock states through the API:
