@@ -70,9 +70,10 @@ enum Command {
         #[arg(long, default_value_t = invariant::DEFAULT_BATCH, value_parser = clap::value_parser!(u64).range(1..))]
         batch: u64,
     },
-    /// Delete released and expired reservations and ledger rows older than
-    /// `--older-than`, folding the ledger rows into per-inventory checkpoints
-    /// (so `check` stays true); batched, safe while servers run.
+    /// Forget idempotency keys and delete released and expired reservations
+    /// and ledger rows older than `--older-than`, folding the ledger rows into
+    /// per-inventory checkpoints (so `check` stays true); batched, safe while
+    /// servers run.
     Archive {
         /// How old a row must be: a whole number and h, d or w (`90d`), at least `1d`.
         #[arg(long, value_parser = crate::archive::parse_age)]
@@ -159,8 +160,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             database.close().await?;
             let archived = archived?;
             println!(
-                "archived {} reservations and {} ledger rows in {} statements, dropped {} empty day partitions of the ledger, \
-                 {} events and {} webhook deliveries",
+                "forgot {} idempotency keys, archived {} reservations and {} ledger rows in {} statements, \
+                 dropped {} empty day partitions of the ledger, {} events and {} webhook deliveries",
+                archived.keys,
                 archived.reservations,
                 archived.ledger_rows,
                 archived.statements,

@@ -59,6 +59,8 @@ fn statements() -> Vec<(&'static str, Statement)> {
         ("change_quantity", adjusting::change_quantity(id, "alice", 3)),
         ("fulfil_order", shipping::fulfil_order(id)),
         ("latest reservation change", taking::ReservationChange::latest(id)),
+        ("oldest key", archiving::oldest_key()),
+        ("forget_keys", archiving::forget_keys(now, now)),
         ("oldest archivable reservation", archiving::oldest_reservation()),
         ("archive_reservations", archiving::archive_reservations(now, now)),
         ("oldest ledger row", archiving::oldest_ledger_row()),
