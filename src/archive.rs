@@ -1,13 +1,15 @@
 //! Retention: `stockguard archive --older-than 90d` gives old rows a home.
 //!
 //! A shop keeps months of released and expired reservations and ledger
-//! rows that no request reads again. The archive deletes those older than
-//! the cutoff, one time slice per statement (each its own short
-//! transaction, so it is safe to run under load and to stop at any point),
-//! oldest first: reservations that are done with and carry no key (with
-//! their allocations), and ledger rows, whose sums go to their inventory's
-//! and their levels' checkpoints in the same statement so `stockguard
-//! check` stays true throughout. A slice's length
+//! rows that no request reads again, and idempotency keys that no client
+//! will replay. The archive deletes those older than the cutoff, one time
+//! slice per statement (each its own short transaction, so it is safe to run
+//! under load and to stop at any point), oldest first: idempotency keys,
+//! each forgotten whole (its claim and its done reservations go, its other
+//! reservations lose the key), then reservations that are done with and
+//! carry no key (with their allocations), and ledger rows, whose sums go to
+//! their inventory's and their levels' checkpoints in the same statement so
+//! `stockguard check` stays true throughout. A slice's length
 //! adapts to aim at `batch` rows per statement. Nothing newer than the
 //! cutoff is touched; ACTIVE, ORDERED and FULFILLED lines are never touched.
 //! Then the ledger's day partitions that the run emptied are dropped, so
@@ -27,7 +29,8 @@ use crate::{
 };
 
 /// The shortest retention the archive accepts: a day, so nothing a client
-/// may still replay or a person may still look up today goes.
+/// may still replay (the contract remembers a key for at least 24 h) or a
+/// person may still look up today goes.
 pub const MIN_AGE: Duration = Duration::from_secs(24 * 3600);
 
 /// A retention age as the command line writes it: a whole number and a unit
@@ -53,7 +56,9 @@ pub fn parse_age(text: &str) -> Result<Duration, String> {
 /// What an archive run deleted.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Archived {
-    /// Reservations deleted.
+    /// Idempotency keys forgotten.
+    pub keys: u64,
+    /// Reservations deleted (those of forgotten keys among them).
     pub reservations: u64,
     /// Ledger rows folded into checkpoints.
     pub ledger_rows: u64,
@@ -74,7 +79,7 @@ pub async fn archive(
 ) -> Result<Archived, DbErr> {
     let cutoff = Utc::now() - chrono::Duration::from_std(age).map_err(|e| DbErr::Custom(e.to_string()))?;
     let mut archived = Archived::default();
-    for table in [Table::Reservations, Table::Ledger] {
+    for table in [Table::Keys, Table::Reservations, Table::Ledger] {
         let Some(oldest) = oldest(db, table).await? else { continue };
         let mut from = oldest;
         let mut slice = chrono::Duration::minutes(10);
@@ -82,20 +87,28 @@ pub async fn archive(
             let until = (from + slice).min(cutoff);
             let run = || async {
                 let statement = match table {
+                    Table::Keys => archiving::forget_keys(from, until),
                     Table::Reservations => archiving::archive_reservations(from, until),
                     Table::Ledger => archiving::archive_ledger(from, until),
                 };
                 let row = db.query_one_raw(statement).await?;
-                Ok(row.map(|r| r.try_get::<i64>("", "archived")).transpose()?.unwrap_or(0).max(0) as u64)
+                let count = |column| -> Result<u64, DbErr> {
+                    let n = row.as_ref().map(|r| r.try_get::<i64>("", column)).transpose()?;
+                    Ok(n.unwrap_or(0).max(0) as u64)
+                };
+                let reservations = if let Table::Keys = table { count("reservations")? } else { 0 };
+                Ok((count("archived")?, reservations))
             };
-            let rows = match collisions.run(uuid::Uuid::nil(), run).await? {
+            let (rows, reservations) = match collisions.run(uuid::Uuid::nil(), run).await? {
                 Attempted::Done(rows) => rows,
                 Attempted::Exhausted { attempts } => {
                     return Err(DbErr::Custom(format!("archive: a slice collided {attempts} times")));
                 }
             };
             archived.statements += 1;
+            archived.reservations += reservations;
             match table {
+                Table::Keys => archived.keys += rows,
                 Table::Reservations => archived.reservations += rows,
                 Table::Ledger => archived.ledger_rows += rows,
             }
@@ -119,6 +132,7 @@ pub async fn archive(
 /// The tables the archive thins.
 #[derive(Debug, Clone, Copy)]
 enum Table {
+    Keys,
     Reservations,
     Ledger,
 }
@@ -126,6 +140,7 @@ enum Table {
 /// When the oldest row of `table` the archive may delete was made.
 async fn oldest(db: &DatabaseConnection, table: Table) -> Result<Option<DateTime<Utc>>, DbErr> {
     let statement = match table {
+        Table::Keys => archiving::oldest_key(),
         Table::Reservations => archiving::oldest_reservation(),
         Table::Ledger => archiving::oldest_ledger_row(),
     };

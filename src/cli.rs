@@ -1,7 +1,7 @@
 //! The command line. `stockguard` alone serves (built by `startup.rs`, as
 //! the tests build theirs); the other commands share the database settings.
 
-use std::{net::SocketAddr, process::ExitCode, time::Duration};
+use std::{io::IsTerminal as _, net::SocketAddr, process::ExitCode, time::Duration};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -60,10 +60,20 @@ enum Command {
     /// Add the demo inventory (SKUs already present are left alone).
     Seed,
     /// Check the stock invariant of every inventory and every location; exit 1 on drift.
-    Check,
-    /// Delete released and expired reservations and ledger rows older than
-    /// `--older-than`, folding the ledger rows into per-inventory checkpoints
-    /// (so `check` stays true); batched, safe while servers run.
+    /// One snapshot, read a part at a time under the check's own time limit
+    /// (not the server's statement timeout); progress on a terminal.
+    Check {
+        /// How long the check may take before it gives up (seconds; 0: no limit).
+        #[arg(long, default_value_t = invariant::DEFAULT_TIME_LIMIT.as_secs())]
+        time_limit_secs: u64,
+        /// Inventories judged per statement.
+        #[arg(long, default_value_t = invariant::DEFAULT_BATCH, value_parser = clap::value_parser!(u64).range(1..))]
+        batch: u64,
+    },
+    /// Forget idempotency keys and delete released and expired reservations
+    /// and ledger rows older than `--older-than`, folding the ledger rows into
+    /// per-inventory checkpoints (so `check` stays true); batched, safe while
+    /// servers run.
     Archive {
         /// How old a row must be: a whole number and h, d or w (`90d`), at least `1d`.
         #[arg(long, value_parser = crate::archive::parse_age)]
@@ -151,8 +161,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             database.close().await?;
             let archived = archived?;
             println!(
-                "archived {} reservations and {} ledger rows in {} statements, dropped {} empty day partitions of the ledger, \
-                 {} events and {} webhook deliveries",
+                "forgot {} idempotency keys, archived {} reservations and {} ledger rows in {} statements, \
+                 dropped {} empty day partitions of the ledger, {} events and {} webhook deliveries",
+                archived.keys,
                 archived.reservations,
                 archived.ledger_rows,
                 archived.statements,
@@ -162,21 +173,51 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Some(Command::Check) => {
+        Some(Command::Check { time_limit_secs, batch }) => {
+            let time_limit = (time_limit_secs > 0).then(|| Duration::from_secs(time_limit_secs));
             let database = Database::open(&cli.database).await?;
-            let drifts = invariant::check(&database.conn).await;
+            let checked = check(&database.conn, &invariant::Options { time_limit, batch }).await;
             database.close().await?;
-            let drifts = drifts?;
-            for drift in &drifts {
-                println!("DRIFT {drift}");
-            }
-            if drifts.is_empty() {
-                println!("invariant holds for every inventory and every location");
+            let checked = checked?;
+            if checked.drifts == 0 {
+                println!(
+                    "invariant holds for every inventory and every location ({} inventories)",
+                    checked.inventories
+                );
                 Ok(ExitCode::SUCCESS)
             } else {
                 Ok(ExitCode::FAILURE)
             }
         }
+    }
+}
+
+/// Runs the check, printing each drift as a `DRIFT` line as soon as it is
+/// found and, when stderr is a terminal, its progress on one line there.
+async fn check(db: &sea_orm::DatabaseConnection, options: &invariant::Options) -> anyhow::Result<invariant::Checked> {
+    let terminal = std::io::stderr().is_terminal();
+    let started = std::time::Instant::now();
+    let checked = invariant::check_with(db, options, |found| match found {
+        invariant::Found::Drift(drift) => {
+            if terminal {
+                eprint!("\r\x1b[2K");
+            }
+            println!("DRIFT {drift}");
+        }
+        invariant::Found::Progress(progress) if terminal => {
+            eprint!("\r\x1b[2Kchecking ({:.0} s) {progress}", started.elapsed().as_secs_f64());
+        }
+        invariant::Found::Progress(_) => {}
+    })
+    .await;
+    if terminal {
+        eprint!("\r\x1b[2K");
+    }
+    match checked {
+        Err(err @ invariant::CheckError::OutOfTime(_)) => {
+            Err(anyhow::anyhow!("{err}; --time-limit-secs gives it longer (0: no limit)"))
+        }
+        checked => Ok(checked?),
     }
 }
 

@@ -22,11 +22,16 @@
 //! Keys stored before the encoding existed hold the bare hex SHA-256 of a
 //! text made with Rust's `Debug` ([`legacy`]). A replay of such a key is
 //! matched against that text, so it still gets its first outcome; a key is
-//! matched by the scheme its stored fingerprint names, never by both. Keys
-//! are kept for good (nothing deletes them), so the legacy scheme stays while
-//! `SELECT count(*) FROM idempotency_keys WHERE request_fingerprint NOT LIKE
-//! 'v2:%'` is above zero; once it is zero (or a retention for keys has passed
-//! since the last legacy key was written), [`legacy`] can go.
+//! matched by the scheme its stored fingerprint names, never by both. The
+//! legacy scheme stays while `SELECT count(*) FROM idempotency_keys WHERE
+//! request_fingerprint NOT LIKE 'v2:%'` is above zero; once it is zero, or
+//! `stockguard archive` has forgotten every key older than the encoding,
+//! [`legacy`] can go.
+//!
+//! Keys follow the archive's retention: `stockguard archive --older-than`
+//! forgets the keys claimed before its cutoff (at least a day ago, so a key
+//! is remembered for at least 24 h), each whole in one statement
+//! (`stock::archiving::forget_keys`). The same key is then a new request.
 
 use sea_orm::{
     ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter, QueryOrder, Statement,
@@ -423,9 +428,13 @@ pub async fn first_use(db: &DatabaseConnection, user_id: &str, key: &Key) -> Res
         return Ok(None);
     }
     let mine = || Entity::find().filter(Column::UserId.eq(user_id)).filter(Column::IdempotencyKey.eq(&key.key));
-    let first = read_answer!(db, |db| mine().one(db))?;
-    // Claimed by this very request, so it wrote its reservation in the same statement.
-    first.map(Some).ok_or_else(|| AppError::internal(anyhow::anyhow!("a claimed idempotency key has no reservation")))
+    match read_answer!(db, |db| mine().one(db))? {
+        Some(first) => Ok(Some(first)),
+        // The archive forgot the key between the two reads: a new request.
+        None if claim(db, user_id, key).await?.is_none() => Ok(None),
+        // Claimed by this very request, so it wrote its reservation in the same statement.
+        None => Err(AppError::internal(anyhow::anyhow!("a claimed idempotency key has no reservation"))),
+    }
 }
 
 /// Every reservation of the multi-item request that first used the key,

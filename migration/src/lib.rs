@@ -30,6 +30,7 @@ mod m20261209_090000_bound_what_events_keep;
 mod m20261210_090000_keep_event_bodies_as_sent;
 mod m20261211_090000_keep_a_bodys_events_in_one_row;
 mod m20261212_090000_read_the_ledger_in_smaller_ranges;
+mod m20261213_090000_index_idempotency_keys_by_age;
 mod m20261214_090000_take_back_returned_units;
 
 /// The migrations in the order they are applied.
@@ -57,6 +58,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261210_090000_keep_event_bodies_as_sent::Migration),
             Box::new(m20261211_090000_keep_a_bodys_events_in_one_row::Migration),
             Box::new(m20261212_090000_read_the_ledger_in_smaller_ranges::Migration),
+            Box::new(m20261213_090000_index_idempotency_keys_by_age::Migration),
             Box::new(m20261214_090000_take_back_returned_units::Migration),
         ]
     }

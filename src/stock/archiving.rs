@@ -1,10 +1,11 @@
-//! Archiving: old reservations that are done with go, and old ledger
-//! rows (`stock_movements`) go while what they added up to stays in their
-//! inventory's checkpoint row (`ledger_checkpoints`), so the ledger still
-//! adds up to every inventory's stock, version, received and fulfilled
-//! units (and, in `ledger_checkpoint_levels`, to each level's available
-//! and on-hand units); the day partitions they leave empty go too.
-//! `archive.rs` runs these slice by slice.
+//! Archiving: old idempotency keys are forgotten, old reservations that
+//! are done with go, and old ledger rows (`stock_movements`) go while what
+//! they added up to stays in their inventory's checkpoint row
+//! (`ledger_checkpoints`), so the ledger still adds up to every inventory's
+//! stock, version, received and fulfilled units (and, in
+//! `ledger_checkpoint_levels`, to each level's available and on-hand
+//! units); the day partitions they leave empty go too. `archive.rs` runs
+//! these slice by slice.
 
 use std::sync::LazyLock;
 
@@ -21,11 +22,66 @@ use super::{
 ///
 /// Nothing counts them any more: the invariant sums only ACTIVE, ORDERED and
 /// FULFILLED lines, and no statement changes a RELEASED or EXPIRED row, so
-/// deleting them takes no lock another writer waits for. A keyed one stays,
-/// so a replay of its key still finds its first outcome.
+/// deleting them takes no lock another writer waits for. A keyed one stays
+/// while its key is remembered, so a replay of the key still finds its
+/// first outcome; it goes when the key is forgotten ([`forget_keys`]).
 fn archivable() -> String {
-    let done = sql_list([ReservationStatus::Released, ReservationStatus::Expired]);
-    format!("status IN {done} AND idempotency_key IS NULL")
+    format!("status IN {} AND idempotency_key IS NULL", done())
+}
+
+/// The statuses of reservations that are done with, `('RELEASED', 'EXPIRED')`.
+fn done() -> String {
+    sql_list([ReservationStatus::Released, ReservationStatus::Expired])
+}
+
+/// When the oldest idempotency key was claimed; one row, NULL when there is
+/// none.
+pub fn oldest_key() -> Statement {
+    Statement::from_string(DbBackend::Postgres, "SELECT min(created_at) FROM idempotency_keys")
+}
+
+/// Forgets the idempotency keys claimed in `[from, until)`, whole, in one
+/// statement: the claim goes, and with it the key's RELEASED and EXPIRED
+/// reservations (and their allocations); its other reservations stay
+/// without the key. Nothing then remembers the key, so the same key is a
+/// new request, which the unique indexes on keys let in. One row: how many
+/// keys it forgot (`archived`) and how many reservations it deleted
+/// (`reservations`).
+///
+/// A request writes its keyed reservation in the statement that claims the
+/// key, so the two share a slice. A line that is not done as the statement
+/// sees it loses its key even if it is released meanwhile (the update
+/// picks it by id, whatever its status has become): it is then a done line
+/// without a key, which the archive deletes like any other, never a keyed
+/// one whose key nothing remembers. A new request with the key waits for
+/// this statement on the unique indexes, and finds the key free. A replay
+/// that read the claim just before it went finds no line, and is told the
+/// key was forgotten meanwhile (see `idempotency::first_use`).
+pub fn forget_keys(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            r#"
+WITH forgotten AS (
+    DELETE FROM idempotency_keys WHERE created_at >= $1 AND created_at < $2
+ RETURNING user_id, idempotency_key
+), keyed AS (
+    SELECT r.id, r.status IN {done} AS done
+      FROM reservations r JOIN forgotten f ON f.user_id = r.user_id AND f.idempotency_key = r.idempotency_key
+     WHERE r.idempotency_key IS NOT NULL
+), gone AS (
+    DELETE FROM reservations WHERE id IN (SELECT id FROM keyed WHERE done)
+ RETURNING id
+), unallocated AS (
+    DELETE FROM allocations WHERE reservation_id IN (SELECT id FROM gone)
+), kept AS (
+    UPDATE reservations SET idempotency_key = NULL, request_fingerprint = NULL
+     WHERE id IN (SELECT id FROM keyed WHERE NOT done)
+)
+SELECT (SELECT count(*) FROM forgotten) AS archived, (SELECT count(*) FROM gone) AS reservations"#,
+            done = done(),
+        )
+    });
+    Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [from.into(), until.into()])
 }
 
 /// When the oldest reservation the archive may delete was made; one row,

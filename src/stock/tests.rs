@@ -90,6 +90,8 @@ fn statements() -> Vec<(&'static str, Statement)> {
             taking_back::return_order(OrderReturn { note: None, key: None, ..order_return }),
         ),
         ("latest reservation change", taking::ReservationChange::latest(id)),
+        ("oldest key", archiving::oldest_key()),
+        ("forget_keys", archiving::forget_keys(now, now)),
         ("oldest archivable reservation", archiving::oldest_reservation()),
         ("archive_reservations", archiving::archive_reservations(now, now)),
         ("oldest ledger row", archiving::oldest_ledger_row()),

@@ -1,5 +1,6 @@
 //! Retention: `stockguard archive` deletes old done-with rows while servers
-//! run, and the ledger still adds up at every moment.
+//! run, and the ledger still adds up at every moment; it forgets old
+//! idempotency keys whole.
 
 use std::{process::Command, sync::Arc, time::Duration};
 
@@ -9,7 +10,7 @@ use serde_json::json;
 use stockguard::{archive, auth::Role, db::Collisions, invariant, stock};
 use tokio::sync::Barrier;
 
-use crate::helpers::{Isolation, TestApp, at_every_isolation, uuid};
+use crate::helpers::{Isolation, TestApp, address, at_every_isolation, uuid};
 
 /// Reservations and ledger rows made 100 days ago: on two inventories, 40
 /// reservations of which 30 released, and one released with a key.
@@ -375,4 +376,134 @@ async fn a_process_started_past_its_days_ahead_makes_today_before_anything_else(
     let check = stockguard(&["check", "--database-url", &app.database_url]);
     assert!(check.status.success(), "{}", String::from_utf8_lossy(&check.stderr));
     assert_eq!(app.count(today).await, 1, "made when the process opened the database");
+}
+
+/// Keys follow the archive's retention. A key claimed before the cutoff is
+/// forgotten whole: its claim and its released line go, its held line and
+/// its order's line stay without it, and the same request is then a new
+/// one. A key claimed since still replays its first outcome.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_archived_key_is_forgotten_whole_and_a_recent_one_still_replays() {
+    let app = TestApp::spawn().await;
+    let item = app.create_inventory("KEYS-1", 100).await;
+    let alice = app.token("alice", Role::Customer);
+    let reserve = |key: &str| json!({ "inventoryId": item, "idempotencyKey": key });
+    let released = app.reserve(&alice, reserve("old-released")).await;
+    let released = uuid(&released["reservation"]["id"]);
+    assert!(app.release(&alice, released).await.get("errors").is_none());
+    let held = app.reserve(&alice, reserve("old-held")).await;
+    let order = json!({ "items": [{ "inventoryId": item, "quantity": 2 }], "shippingAddress": address("1 Old Street"), "idempotencyKey": "old-order" });
+    let ordered = app.place_order(&alice, order.clone()).await;
+    assert_eq!(ordered["__typename"], "OrderPlaced", "{ordered}");
+    let recent = app.reserve(&alice, reserve("recent")).await;
+    assert!(app.release(&alice, uuid(&recent["reservation"]["id"])).await.get("errors").is_none());
+    // The old keys (and the rows written with them) were claimed 100 days ago.
+    app.db
+        .execute_unprepared(
+            "UPDATE idempotency_keys SET created_at = created_at - interval '100 days' WHERE idempotency_key LIKE 'old-%'; \
+             UPDATE reservations SET created_at = created_at - interval '100 days' WHERE idempotency_key LIKE 'old-%'",
+        )
+        .await
+        .expect("backdate");
+
+    let archived = archive::archive(&app.db, &Collisions::new(20), Duration::from_secs(90 * 24 * 3600), 10).await;
+    let archived = archived.expect("archive");
+    assert_eq!((archived.keys, archived.reservations), (3, 1), "{archived:?}");
+    let keyed = "SELECT (SELECT count(*) FROM idempotency_keys WHERE idempotency_key LIKE 'old-%') \
+                      + (SELECT count(*) FROM reservations WHERE idempotency_key LIKE 'old-%')";
+    assert_eq!(app.count(keyed).await, 0, "no claim and no line keeps an old key");
+    let gone = format!(
+        "SELECT (SELECT count(*) FROM reservations WHERE id = '{released}') \
+              + (SELECT count(*) FROM allocations WHERE reservation_id = '{released}')"
+    );
+    assert_eq!(app.count(&gone).await, 0, "the released line went, with its allocation");
+    let kept = app
+        .rows(&format!(
+            "SELECT status, request_fingerprint IS NULL AS unkeyed FROM reservations \
+              WHERE id = '{}' OR order_id = '{}' ORDER BY status",
+            uuid(&held["reservation"]["id"]),
+            uuid(&ordered["order"]["id"])
+        ))
+        .await;
+    assert_eq!(
+        kept,
+        vec![json!({ "status": "ACTIVE", "unkeyed": true }), json!({ "status": "ORDERED", "unkeyed": true })],
+        "the lines that hold stock stay, without the key"
+    );
+    app.assert_invariant().await;
+
+    // The recent key replays; each forgotten one is a new request, and then
+    // a key remembered again.
+    let replayed = app.reserve(&alice, reserve("recent")).await;
+    assert_eq!(replayed["reservation"]["id"], recent["reservation"]["id"], "{replayed}");
+    for key in ["old-released", "old-held"] {
+        let again = app.reserve(&alice, reserve(key)).await;
+        assert_eq!(again["__typename"], "Reserved", "{key}: {again}");
+        assert_ne!(again["reservation"]["id"], held["reservation"]["id"], "{key}");
+        assert_ne!(uuid(&again["reservation"]["id"]), released, "{key}");
+        let replayed = app.reserve(&alice, reserve(key)).await;
+        assert_eq!(replayed["reservation"]["id"], again["reservation"]["id"], "{key}: {replayed}");
+    }
+    let again = app.place_order(&alice, order).await;
+    assert_eq!(again["__typename"], "OrderPlaced", "{again}");
+    assert_ne!(again["order"]["id"], ordered["order"]["id"], "a new order");
+    assert_eq!(app.stock_and_version(item).await.0, 100 - 1 - 2 - 1 - 1 - 2, "the old holds, and the new ones");
+    app.assert_invariant().await;
+}
+
+/// Forgetting keys while their lines are released: each line goes, by the
+/// key it had or afterwards as a done line without one, and no line keeps
+/// a key that nothing remembers (which would refuse that key for good).
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_forgotten_while_their_lines_are_released_leave_no_line_behind() {
+    let app = Arc::new(TestApp::spawn().await);
+    let item = app.create_inventory("KEYS-RACE", 100).await;
+    let alice = app.token("alice", Role::Customer);
+    let mut held = Vec::new();
+    for i in 0..20 {
+        let reserved = app.reserve(&alice, json!({ "inventoryId": item, "idempotencyKey": format!("race-{i}") })).await;
+        held.push(uuid(&reserved["reservation"]["id"]));
+    }
+    app.db
+        .execute_unprepared(
+            "UPDATE idempotency_keys SET created_at = created_at - interval '100 days'; \
+             UPDATE reservations SET created_at = created_at - interval '100 days'",
+        )
+        .await
+        .expect("backdate");
+
+    let barrier = Arc::new(Barrier::new(held.len() + 1));
+    let releases: Vec<_> = held
+        .iter()
+        .map(|&id| {
+            let (app, barrier, alice) = (app.clone(), barrier.clone(), alice.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                app.release(&alice, id).await
+            })
+        })
+        .collect();
+    barrier.wait().await;
+    let archived = archive::archive(&app.db, &Collisions::new(20), Duration::from_secs(90 * 24 * 3600), 1).await;
+    for released in join_all(releases).await {
+        let released = released.expect("task");
+        assert_eq!(released["__typename"], "ReservationReleased", "{released}");
+    }
+    let archived = archived.expect("archive");
+    assert_eq!(archived.keys, 20, "{archived:?}");
+
+    let keyed = "SELECT (SELECT count(*) FROM idempotency_keys) \
+                      + (SELECT count(*) FROM reservations WHERE idempotency_key IS NOT NULL)";
+    assert_eq!(app.count(keyed).await, 0, "no key is remembered, by a claim or by a line");
+    // A line released after the archive passed it is an ordinary done line.
+    let again = archive::archive(&app.db, &Collisions::new(20), Duration::from_secs(90 * 24 * 3600), 1).await;
+    let again = again.expect("archive");
+    assert_eq!(archived.reservations + again.reservations, 20, "every line went once: {archived:?} {again:?}");
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 0);
+    assert_eq!(app.stock_and_version(item).await.0, 100);
+    app.assert_invariant().await;
+    for i in 0..20 {
+        let reserved = app.reserve(&alice, json!({ "inventoryId": item, "idempotencyKey": format!("race-{i}") })).await;
+        assert_eq!(reserved["__typename"], "Reserved", "a new request: {reserved}");
+    }
 }

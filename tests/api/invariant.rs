@@ -1,10 +1,17 @@
-//! The invariant per location and per order line (src/invariant.rs): a
+//! The invariant per location and per order line (src/invariant/): a
 //! database written the way the stock statements write it, over two
 //! locations and with a return, passes; each condition, broken by one
-//! direct write, is reported with its numbers.
+//! direct write, is reported with its numbers. The check answers on a month
+//! of history, past the server's statement timeout, and holds the ledger
+//! only as much as it must while it reads.
 
-use sea_orm::ConnectionTrait;
-use stockguard::invariant::{self, Drift, InventoryDrift, LevelDrift};
+use std::time::{Duration, Instant};
+
+use sea_orm::{ConnectionTrait, TransactionTrait};
+use stockguard::{
+    invariant::{self, CheckError, Checked, Drift, Found, InventoryDrift, LevelDrift, Progress, Step},
+    stock,
+};
 use uuid::Uuid;
 
 use crate::helpers::TestApp;
@@ -312,4 +319,200 @@ async fn stockguard_check_prints_a_drifting_level_with_its_location() {
              ledger sums to 3 available"
         )
     );
+}
+
+/// Writes a month of history as the server writes it, in a few statements:
+/// `inventories` inventories (SKUs `HIST-000001` on), each made 30 days ago
+/// with 1,000,000 units at the default location, then `per_day`
+/// reservations of one unit a day, an hour apart, each taken and then
+/// released (every tenth one shipped instead, as a line of the
+/// inventory's one order), and a last one still held. Each reservation's
+/// ledger rows land in its day's partition. Each inventory ends at version
+/// `2 * 30 * per_day + 2`, with as many ledger rows, and every sum holds.
+async fn month_of_history(app: &TestApp, inventories: u32, per_day: u32) {
+    const DAYS: u32 = 30;
+    let lines = DAYS * per_day;
+    stock::partitions::make(&app.db, (DAYS + 1) as i32, 0).await.expect("the days of the month");
+    let inventory = |i: &str| format!("('00000000-0000-4000-8000-' || lpad(to_hex({i}), 12, '0'))::uuid");
+    let order = |i: &str| format!("('00000000-0000-4000-9000-' || lpad(to_hex({i}), 12, '0'))::uuid");
+    let reservation = "('00000000-' || lpad(to_hex(j), 4, '0') || '-4000-a000-' || lpad(to_hex(i), 12, '0'))::uuid";
+    let at = format!(
+        "g.t0 + ((j - 1) / {per_day}) * interval '1 day' + ((j - 1) % {per_day}) * interval '1 hour' + i * interval '1 ms'"
+    );
+    let (inv_i, order_i) = (inventory("i"), order("i"));
+    let sql = format!(
+        r#"
+CREATE TEMP TABLE g ON COMMIT DROP AS
+SELECT (SELECT id FROM locations WHERE code = 'default') AS loc,
+       date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - {DAYS} * interval '1 day' AS t0;
+INSERT INTO inventories (id, sku, name, stock, version, sole_location_id, created_at)
+SELECT {inv_i}, 'HIST-' || lpad(i::text, 6, '0'), 'History', 1000000 - {lines} / 10 - 1, 2 * {lines} + 2, g.loc, g.t0
+  FROM generate_series(1, {inventories}) i, g;
+INSERT INTO stock_levels (inventory_id, location_id, available)
+SELECT id, sole_location_id, stock FROM inventories;
+INSERT INTO orders (id, user_id, status, ship_name, ship_line1, ship_city, ship_postal_code, ship_country,
+                    confirmed_at, confirmed_by, fulfilled_at, fulfilled_by)
+SELECT {order_i}, 'u' || i, 'FULFILLED', 'N', 'L', 'C', 'P', 'DE', now(), 'op', now(), 'op'
+  FROM generate_series(1, {inventories}) i;
+INSERT INTO reservations (id, inventory_id, order_id, user_id, quantity, status, created_at)
+SELECT {reservation}, {inv_i}, CASE WHEN j % 10 = 0 AND j <= {lines} THEN {order_i} END, 'u' || i, 1,
+       CASE WHEN j > {lines} THEN 'ACTIVE' WHEN j % 10 = 0 THEN 'FULFILLED' ELSE 'RELEASED' END, {at}
+  FROM generate_series(1, {lines} + 1) j, generate_series(1, {inventories}) i, g;
+INSERT INTO allocations (reservation_id, location_id, quantity)
+SELECT r.id, g.loc, 1 FROM reservations r, g;
+INSERT INTO stock_movements (inventory_id, location_id, delta, reason, stock_after, version_after,
+                             reservation_id, order_id, created_at)
+SELECT {inv_i}, g.loc, 1000000, 'CREATED', 1000000, 1, NULL, NULL, g.t0
+  FROM generate_series(1, {inventories}) i, g
+UNION ALL
+SELECT {inv_i}, g.loc, CASE WHEN s = 0 OR j % 10 = 0 THEN -1 ELSE 1 END,
+       CASE WHEN s = 0 THEN 'RESERVED' WHEN j % 10 = 0 THEN 'FULFILLED' ELSE 'RELEASED' END,
+       1000000 - j, 2 * j + s, {reservation}, CASE WHEN s = 1 AND j % 10 = 0 THEN {order_i} END,
+       {at} + s * interval '1 minute'
+  FROM generate_series(1, {lines} + 1) j, generate_series(0, 1) s, generate_series(1, {inventories}) i, g
+ WHERE j <= {lines} OR s = 0;
+"#
+    );
+    let txn = app.db.begin().await.expect("begin");
+    txn.execute_unprepared("SET LOCAL statement_timeout = 0").await.expect("no timeout for the writing");
+    txn.execute_unprepared(&sql).await.expect("a month of history");
+    txn.commit().await.expect("commit");
+}
+
+/// The operator's check on a history that one statement cannot read within
+/// the server's statement timeout: it keeps its own time limit, reads the
+/// history a part at a time, and still finds a drift planted in the middle.
+#[tokio::test(flavor = "multi_thread")]
+async fn stockguard_check_finishes_on_a_history_far_past_the_servers_statement_timeout() {
+    let app = TestApp::spawn().await;
+    month_of_history(&app, 1000, 8).await;
+    assert_eq!(app.count("SELECT count(*) FROM stock_movements").await, 482_000);
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 241_000);
+
+    // What one statement over the history takes, at least: the ledger's
+    // sums per inventory and per level, and the lines' per inventory.
+    let one_statement = "SELECT (SELECT count(*) FROM (SELECT inventory_id, count(DISTINCT version_after), sum(delta) \
+                                                     FROM stock_movements GROUP BY 1) l) \
+                              + (SELECT count(*) FROM (SELECT inventory_id, location_id, sum(delta) \
+                                                         FROM stock_movements GROUP BY 1, 2) v) \
+                              + (SELECT count(*) FROM (SELECT inventory_id, sum(quantity) FROM reservations \
+                                                        WHERE status IN ('ACTIVE', 'ORDERED', 'FULFILLED') GROUP BY 1) r)";
+    let mut fastest = Duration::MAX;
+    for _ in 0..2 {
+        let started = Instant::now();
+        assert_eq!(app.count(one_statement).await, 3000);
+        fastest = fastest.min(started.elapsed());
+    }
+    // A server timeout a third of that, so no single statement over the
+    // whole history fits in it; at least 50 ms, so opening the database fits.
+    let timeout = (fastest / 3).clamp(Duration::from_millis(50), Duration::from_millis(250));
+    assert!(
+        fastest >= timeout * 3,
+        "the history is too small to prove anything on this machine: one statement over it takes {fastest:?}"
+    );
+    let timeout_ms = timeout.as_millis().to_string();
+
+    let check = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_stockguard"))
+            .args([&["check", "--database-url", &app.database_url][..], extra].concat())
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run")
+    };
+    for extra in [&[][..], &["--statement-timeout-ms", &timeout_ms]] {
+        let output = check(extra);
+        let said = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && said.contains("every inventory and every location (1000 inventories)"),
+            "{extra:?}: {said}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    // The library's check reports its progress through every step, and
+    // keeps its time limit.
+    let mut steps = Vec::new();
+    let options = invariant::Options { time_limit: None, batch: 300 };
+    let checked = invariant::check_with(&app.db, &options, |found| match found {
+        Found::Progress(p) if p.done == p.of => steps.push(p.step),
+        Found::Progress(_) => {}
+        Found::Drift(drift) => panic!("{drift}"),
+    })
+    .await
+    .expect("check");
+    assert_eq!(checked, Checked { inventories: 1000, drifts: 0 });
+    assert_eq!(steps, [Step::Ledger, Step::Lines, Step::Inventories], "each step finished once, in order");
+    let short = invariant::Options { time_limit: Some(Duration::from_millis(50)), ..options };
+    let out_of_time = invariant::check_with(&app.db, &short, |_| {}).await;
+    assert!(
+        matches!(out_of_time, Err(CheckError::OutOfTime(limit)) if limit == Duration::from_millis(50)),
+        "{out_of_time:?}"
+    );
+
+    // A change of the 15th day taken out of the ledger: the inventory's
+    // version and its level's available units no longer add up.
+    app.db
+        .execute_unprepared(&format!(
+            "DELETE FROM stock_movements WHERE inventory_id = '{}' AND version_after = 235",
+            Uuid::from_u128(0x0000_0000_0000_4000_8000_0000_0000_01f4)
+        ))
+        .await
+        .expect("plant a drift");
+    let output = check(&["--statement-timeout-ms", &timeout_ms]);
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    let drifts: Vec<_> = said.lines().filter(|line| line.starts_with("DRIFT")).collect();
+    assert_eq!(drifts.len(), 2, "the inventory and its level: {said}");
+    assert!(drifts[0].contains("HIST-000500") && drifts[0].contains("version 482 vs 481 ledger versions"), "{said}");
+    assert!(drifts[1].contains("HIST-000500") && drifts[1].contains("at default"), "{said}");
+}
+
+/// A check holds the ledger so that no partition it may read is dropped
+/// under it, and nothing else: once it has listed the partitions to read,
+/// new days are made (a default partition it does not read is not in their
+/// way), the ledger is read, and only the archive's dropping of emptied
+/// days waits for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_check_under_way_lets_new_days_be_made_and_the_ledger_read_but_no_day_dropped() {
+    let app = TestApp::spawn().await;
+    two_locations(&app, "now()").await;
+    let (listed, reached) = tokio::sync::oneshot::channel();
+    let (resume, resumed) = std::sync::mpsc::channel::<()>();
+    // The check runs on a thread and a runtime of its own, which its first
+    // report of progress holds still while the test's runtime goes on.
+    let url = app.database_url.clone();
+    let checking = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        runtime.block_on(async move {
+            let db = sea_orm::Database::connect(url.as_str()).await.expect("connect");
+            let mut listed = Some(listed);
+            invariant::check_with(&db, &invariant::Options::default(), move |found| {
+                assert!(matches!(found, Found::Progress(_)), "{found:?}");
+                if let Some(listed) = listed.take() {
+                    let _ = listed.send(found);
+                    let _ = resumed.recv();
+                }
+            })
+            .await
+        })
+    });
+    let first = reached.await.expect("the check listed the partitions");
+    assert_eq!(first, Found::Progress(Progress { step: Step::Ledger, done: 0, of: 2 }), "today's and the checkpoints");
+
+    let made = in_time(stock::partitions::make(&app.db, 0, 40)).await.expect("the days ahead");
+    assert!(made > 0, "new days attached beside the default partition");
+    let rows = in_time(app.count("SELECT count(*) FROM stock_movements")).await;
+    assert_eq!(rows, 12);
+    let far = "SELECT drop_empty_ledger_partitions(now() + interval '60 days')::bigint";
+    assert_eq!(in_time(app.count(far)).await, 0, "no day dropped while the check holds the ledger");
+
+    resume.send(()).expect("resume");
+    let checked = checking.join().expect("thread").expect("check");
+    assert_eq!(checked, Checked { inventories: 2, drifts: 0 });
+    assert!(app.count(far).await > 0, "the empty days ahead go once the check is done");
+}
+
+/// What `work` gives, within 10 s.
+async fn in_time<T>(work: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), work).await.expect("done within 10 s")
 }

@@ -173,7 +173,7 @@ async fn assert_invariant_on(db: &DatabaseConnection) {
                 assert!(drifts.is_empty(), "invariant broken: {drifts:?}");
                 return;
             }
-            Err(err) if db::classify(&err) == DbFailure::Unavailable => {
+            Err(invariant::CheckError::Database(err)) if db::classify(&err) == DbFailure::Unavailable => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(err) => panic!("invariant check failed: {err}"),
