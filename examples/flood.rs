@@ -127,9 +127,9 @@ async fn measure(args: &Args, server: &ServerProcess) -> anyhow::Result<()> {
             bail!("the flooder's reservation: {body}");
         }
     }
-    let probe =
-        client::post(&http, &server.url, Some(&format!("Bearer {alice}")), client::request(FLOOD_READ, json!({})));
-    let probe: Value = serde_json::from_slice(&probe.await?.body)?;
+    let bearer = format!("Bearer {alice}");
+    let probe = client::post(&http, &server.url, Some(&bearer), client::request(FLOOD_READ, json!({}))).await?;
+    let probe: Value = serde_json::from_slice(&probe.body)?;
     let requested = probe["extensions"]["cost"]["requestedQueryCost"].as_u64().context("the read's cost")?;
     let settings = if args.env.is_empty() { "the defaults".to_owned() } else { args.env.join(" ") };
     println!(
