@@ -47,6 +47,7 @@
 use std::time::Duration;
 
 use async_graphql::{BatchRequest, Request, Response};
+use rand::RngExt as _;
 use axum::{
     body::{Body, Bytes},
     extract::{RawQuery, State},
@@ -65,7 +66,7 @@ use crate::gateway::{Admitted, Refusal, Visit, code_of};
 /// The shortest and longest a `THROTTLED` answer is held on its connection
 /// before it is sent: a client that re-sends the moment it is refused
 /// gets at most ten refusals a second per connection, and one told to wait
-/// a second or more is answered after a second.
+/// a second or more is answered within a second.
 const HOLD: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
 
 /// The media type a response is sent as.
@@ -158,7 +159,7 @@ fn respond(media: Media, response: Response) -> HttpResponse {
 
 /// How long to hold `responses` before they are sent, if any of them is a
 /// `THROTTLED` refusal: its `retryAfterMs` within [`HOLD`] (the longest of
-/// them). Each refusal's `retryAfterMs` then counts from the end of the
+/// them), the upper bound spread at random over its second half. Each refusal's `retryAfterMs` then counts from the end of the
 /// hold, so a client that waits as told comes back when it said.
 fn pace(responses: &mut [Response]) -> Option<Duration> {
     let retry_after = |response: &Response| {
@@ -168,7 +169,11 @@ fn pace(responses: &mut [Response]) -> Option<Duration> {
             _ => None,
         }
     };
-    let hold = responses.iter().filter_map(retry_after).max()?.clamp(HOLD.0, HOLD.1);
+    // The longest hold is spread over its second half: connections refused
+    // together (a flooder's, all told to wait a second or more) then come
+    // back spread out, not in one burst the worker thread must read at once.
+    let longest = HOLD.1.mul_f64(rand::rng().random_range(0.5..=1.0));
+    let hold = responses.iter().filter_map(retry_after).max()?.clamp(HOLD.0, longest);
     for response in responses.iter_mut() {
         let Some(wait) = retry_after(response) else { continue };
         let rest = u64::try_from(wait.saturating_sub(hold).as_millis()).unwrap_or(u64::MAX).max(1);
@@ -491,12 +496,14 @@ mod tests {
         assert_eq!(pace(&mut soon), Some(HOLD.0), "at least the shortest hold");
         assert_eq!(left(&soon[0]), Some(1), "and then at once");
         let mut later = [throttled(2_500)];
-        assert_eq!(pace(&mut later), Some(HOLD.1), "at most the longest hold");
-        assert_eq!(left(&later[0]), Some(1_500), "the rest of the wait");
+        let hold = pace(&mut later).expect("held");
+        assert!(HOLD.1 / 2 <= hold && hold <= HOLD.1, "at most the longest hold, spread: {hold:?}");
+        let rest = u64::try_from((Duration::from_millis(2_500) - hold).as_millis()).expect("ms");
+        assert_eq!(left(&later[0]), Some(rest), "the rest of the wait");
         let mut served = [Response::new(async_graphql::Value::Null)];
         assert_eq!(pace(&mut served), None);
-        let mut batch = [Response::new(async_graphql::Value::Null), throttled(300), throttled(600)];
-        assert_eq!(pace(&mut batch), Some(Duration::from_millis(600)), "a batch is held for its longest");
+        let mut batch = [Response::new(async_graphql::Value::Null), throttled(300), throttled(450)];
+        assert_eq!(pace(&mut batch), Some(Duration::from_millis(450)), "a batch is held for its longest");
         assert_eq!((left(&batch[1]), left(&batch[2])), (Some(1), Some(1)));
     }
 
