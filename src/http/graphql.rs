@@ -47,13 +47,13 @@
 use std::time::Duration;
 
 use async_graphql::{BatchRequest, Request, Response};
-use rand::RngExt as _;
 use axum::{
     body::{Body, Bytes},
     extract::{RawQuery, State},
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response as HttpResponse},
 };
+use rand::RngExt as _;
 use serde::{Deserialize, Serialize};
 
 use super::{
