@@ -156,11 +156,21 @@ pub struct Limits {
     pub max_in_flight: usize,
 
     /// Most GraphQL operations one caller (a token's `sub`, or a client
-    /// address when anonymous) may have in flight in a process, HTTP and
-    /// websocket together; past it that caller is refused at once with
-    /// `THROTTLED` (HTTP 429) while every other caller is still admitted.
-    #[arg(long, env = "STOCKGUARD_MAX_IN_FLIGHT_PER_CALLER", default_value_t = 128)]
+    /// address when anonymous) may have in flight in a process, running or
+    /// waiting for a turn, HTTP and websocket together; past it that caller
+    /// is refused with `THROTTLED` (HTTP 429) before its request is read,
+    /// while every other caller is still admitted.
+    #[arg(long, env = "STOCKGUARD_MAX_IN_FLIGHT_PER_CALLER", default_value_t = 16)]
     pub max_in_flight_per_caller: usize,
+
+    /// Most of one caller's operations running at once in a process; the
+    /// rest of its in-flight operations wait, first come first served,
+    /// behind that caller's own (never behind another caller's) and take
+    /// no permit of `STOCKGUARD_MAX_IN_FLIGHT` while they wait. The default
+    /// is a quarter of the default pool, so no caller holds more than that
+    /// of the pool while others wait.
+    #[arg(long, env = "STOCKGUARD_MAX_RUNNING_PER_CALLER", default_value_t = 4)]
+    pub max_running_per_caller: usize,
 
     /// Points in the cost bucket of each customer and anonymous caller
     /// (`throttleStatus.maximumAvailable`). An operation whose requested cost

@@ -20,6 +20,16 @@
 //! accounts beside those of operations in flight (which the in-flight
 //! limit and the websocket caps bound).
 //!
+//! A caller that was refused for its budget is told when to come back, and
+//! until then it is *known to be short*: its next requests are refused
+//! before their bodies are read ([`Account::short_for`]), so a client that
+//! ignores `retryAfterMs` costs a lookup per request, not a parse and a
+//! validation.
+//!
+//! A caller's operations also take turns: at most `running` of them run at
+//! once, the rest wait for a turn behind that caller's own (a FIFO
+//! semaphore per account), never behind another caller's.
+//!
 //! The accounts are per process (see docs/operations.md, "Fair share"): a
 //! shared store would put a round trip on every request's path.
 
@@ -31,6 +41,8 @@ use std::{
     },
     time::{Duration, Instant},
 };
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::callers::CallerKey;
 
@@ -61,6 +73,9 @@ struct Bucket {
     level: f64,
     /// When `level` was last brought up to date.
     updated: Instant,
+    /// Until when the caller is known to be short: the time its last
+    /// refusal told it to wait.
+    short_until: Option<Instant>,
 }
 
 impl Bucket {
@@ -71,18 +86,26 @@ impl Bucket {
     }
 }
 
-/// One caller's bucket and operations in flight.
-#[derive(Default)]
+/// One caller's bucket, operations in flight and turns to run.
 pub struct Account {
     /// The bucket, `None` while it has never been drawn from (full). Its
     /// own lock: two operations of one caller meet only here, and nothing
     /// else waits for it.
     bucket: Mutex<Option<Bucket>>,
-    /// Operations of this caller in flight, each holding a [`Share`].
+    /// Operations of this caller in flight (running or waiting for a
+    /// turn), each holding a [`Share`].
     in_flight: AtomicUsize,
+    /// One permit per operation of this caller that may run at once;
+    /// tokio's semaphore serves its waiters first come, first served.
+    running: Arc<Semaphore>,
 }
 
 impl Account {
+    /// An account whose caller may run `running` operations at once.
+    fn new(running: usize) -> Self {
+        Self { bucket: Mutex::default(), in_flight: AtomicUsize::new(0), running: Arc::new(Semaphore::new(running)) }
+    }
+
     fn bucket(&self) -> MutexGuard<'_, Option<Bucket>> {
         self.bucket.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -103,9 +126,11 @@ impl Account {
             let missing = cost.min(tier.size) - level;
             let wait = if tier.rate > 0.0 { missing.max(0.0) / tier.rate } else { f64::from(u32::MAX) };
             // At least a millisecond, so a client never retries at once.
-            return Err(Duration::from_secs_f64(wait).max(Duration::from_millis(1)));
+            let wait = Duration::from_secs_f64(wait).max(Duration::from_millis(1));
+            *bucket = Some(Bucket { level, updated: now, short_until: now.checked_add(wait) });
+            return Err(wait);
         }
-        *bucket = Some(Bucket { level: level - cost, updated: now });
+        *bucket = Some(Bucket { level: level - cost, updated: now, short_until: None });
         Ok(Status { maximum: tier.size, available: level - cost, rate: tier.rate })
     }
 
@@ -114,10 +139,29 @@ impl Account {
     pub fn give_back(&self, tier: Tier, points: f64, now: Instant) -> Status {
         let mut bucket = self.bucket();
         let level = (Self::level(bucket.as_ref(), tier, now) + points.max(0.0)).min(tier.size);
-        if bucket.is_some() {
-            *bucket = Some(Bucket { level, updated: now });
+        if let Some(drawn) = bucket.as_mut() {
+            (drawn.level, drawn.updated) = (level, now);
         }
         Status { maximum: tier.size, available: level, rate: tier.rate }
+    }
+
+    /// How long the caller is still known to be short at `now`: it was
+    /// refused for its budget and told to wait past `now`.
+    pub fn short_for(&self, now: Instant) -> Option<Duration> {
+        let until = self.bucket().as_ref()?.short_until?;
+        (until > now).then(|| until - now)
+    }
+
+    /// Whether the bucket holds less than half its size at `now`: the
+    /// caller spends faster than it refills.
+    pub fn spending(&self, tier: Tier, now: Instant) -> bool {
+        Self::level(self.bucket().as_ref(), tier, now) < tier.size / 2.0
+    }
+
+    /// Waits for a turn to run among the caller's operations.
+    pub async fn turn(&self) -> Turn {
+        // The semaphore is never closed, so acquiring only ends with a permit.
+        Turn(self.running.clone().acquire_owned().await.ok())
     }
 
     /// The bucket as it is now.
@@ -127,23 +171,45 @@ impl Account {
     }
 }
 
+/// One of a caller's turns to run, given back (to its next waiting
+/// operation) when dropped.
+pub struct Turn(#[expect(dead_code, reason = "held for its drop")] Option<OwnedSemaphorePermit>);
+
 /// One place in a caller's share of the operations in flight, given back
 /// when dropped.
-pub struct Share(Arc<Account>);
+pub struct Share {
+    account: Arc<Account>,
+    /// Whether the caller had as many operations in flight as it may run
+    /// at once when this one took its place: it asks for more than its
+    /// share, and this one will wait for a turn or follow one that did.
+    crowded: bool,
+}
 
 impl Share {
     /// A place among `account`'s at most `per_caller` operations in
-    /// flight, or none when it holds them all.
-    pub fn take(account: &Arc<Account>, per_caller: usize) -> Option<Self> {
+    /// flight, or none when it holds them all; crowded when it already
+    /// held `running` or more.
+    pub fn take(account: &Arc<Account>, per_caller: usize, running: usize) -> Option<Self> {
         let more = |held: usize| (held < per_caller).then_some(held + 1);
-        account.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, more).ok()?;
-        Some(Self(account.clone()))
+        let held = account.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, more).ok()?;
+        Some(Self { account: account.clone(), crowded: held >= running })
+    }
+
+    /// Whether the caller's share is full now: its next operation would be refused.
+    pub fn is_full(account: &Account, per_caller: usize) -> bool {
+        account.in_flight.load(Ordering::Acquire) >= per_caller
+    }
+
+    /// Whether the caller held as many operations in flight as it may run
+    /// when this one was admitted.
+    pub fn crowded(&self) -> bool {
+        self.crowded
     }
 }
 
 impl Drop for Share {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.account.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -154,12 +220,15 @@ pub struct Accounts {
     map: Mutex<HashMap<CallerKey, Arc<Account>>>,
     /// Most idle accounts kept.
     max_buckets: usize,
+    /// Most operations of one caller running at once.
+    running: usize,
 }
 
 impl Accounts {
-    /// Accounts for at most `max_buckets` idle callers at once.
-    pub fn new(max_buckets: usize) -> Self {
-        Self { map: Mutex::default(), max_buckets: max_buckets.max(1) }
+    /// Accounts for at most `max_buckets` idle callers at once, each
+    /// caller running at most `running` operations at once.
+    pub fn new(max_buckets: usize, running: usize) -> Self {
+        Self { map: Mutex::default(), max_buckets: max_buckets.max(1), running: running.max(1) }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<CallerKey, Arc<Account>>> {
@@ -181,7 +250,7 @@ impl Accounts {
         if map.len() >= self.max_buckets {
             self.make_room(&mut map, tier, now);
         }
-        let account = Arc::new(Account::default());
+        let account = Arc::new(Account::new(self.running));
         map.insert(key.clone(), account.clone());
         account
     }
@@ -229,7 +298,7 @@ mod tests {
 
     #[test]
     fn a_bucket_refuses_past_its_level_says_when_to_retry_and_refills() {
-        let accounts = Accounts::new(10);
+        let accounts = Accounts::new(10, 4);
         let start = Instant::now();
         let alice = accounts.account(&user("alice"), TIER, start);
         assert_eq!(alice.take(TIER, 80.0, start).map(|s| s.available), Ok(20.0));
@@ -248,7 +317,7 @@ mod tests {
     #[test]
     fn what_an_operation_did_not_use_comes_back_up_to_the_size() {
         let now = Instant::now();
-        let alice = Accounts::new(10).account(&user("alice"), TIER, now);
+        let alice = Accounts::new(10, 4).account(&user("alice"), TIER, now);
         alice.take(TIER, 90.0, now).expect("taken");
         assert_eq!(alice.give_back(TIER, 87.0, now).available, 97.0);
         assert_eq!(alice.give_back(TIER, 50.0, now).available, 100.0);
@@ -257,7 +326,7 @@ mod tests {
     #[test]
     fn a_flood_of_distinct_addresses_never_keeps_more_than_the_cap() {
         let cap = 1000;
-        let accounts = Accounts::new(cap);
+        let accounts = Accounts::new(cap, 4);
         let start = Instant::now();
         let mut most = 0;
         for n in 0..50_000u32 {
@@ -275,7 +344,7 @@ mod tests {
 
     #[test]
     fn full_buckets_are_forgotten_first_when_room_is_needed() {
-        let accounts = Accounts::new(4);
+        let accounts = Accounts::new(4, 4);
         let start = Instant::now();
         for n in 0..4 {
             accounts.account(&user(&format!("u{n}")), TIER, start).take(TIER, 1.0, start).expect("taken");
@@ -290,10 +359,10 @@ mod tests {
     /// the caller's next operation counts against the same share.
     #[test]
     fn an_account_in_use_is_never_forgotten() {
-        let accounts = Accounts::new(2);
+        let accounts = Accounts::new(2, 4);
         let start = Instant::now();
         let held = accounts.account(&user("busy"), TIER, start);
-        let _share = Share::take(&held, 5).expect("a place");
+        let _share = Share::take(&held, 5, 4).expect("a place");
         let later = start + Duration::from_secs(60);
         for n in 0..10 {
             accounts.account(&user(&format!("u{n}")), TIER, later).take(TIER, 1.0, later).expect("taken");
@@ -303,16 +372,68 @@ mod tests {
     }
 
     #[test]
-    fn a_caller_past_its_share_is_refused_while_others_are_not() {
-        let accounts = Accounts::new(10);
+    fn a_refused_caller_is_known_to_be_short_until_the_wait_it_was_told() {
+        let now = Instant::now();
+        let alice = Accounts::new(10, 4).account(&user("alice"), TIER, now);
+        assert_eq!(alice.short_for(now), None, "a fresh caller is not short");
+        alice.take(TIER, 100.0, now).expect("the whole bucket");
+        assert_eq!(alice.take(TIER, 20.0, now), Err(Duration::from_secs(2)));
+        assert_eq!(alice.short_for(now + Duration::from_millis(500)), Some(Duration::from_millis(1500)));
+        assert_eq!(alice.short_for(now + Duration::from_secs(2)), None, "the wait is over");
+        alice.take(TIER, 20.0, now + Duration::from_secs(2)).expect("served as told");
+        assert_eq!(alice.short_for(now + Duration::from_secs(2)), None);
+    }
+
+    /// A caller's operations past its running share wait for a turn in the
+    /// order they came, and another caller's first operation runs at once
+    /// however many of the first caller's wait.
+    #[tokio::test]
+    async fn turns_are_first_come_first_served_per_caller_and_never_behind_another_caller() {
+        let accounts = Accounts::new(10, 2);
         let now = Instant::now();
         let (alice, bob) = (accounts.account(&user("alice"), TIER, now), accounts.account(&user("bob"), TIER, now));
-        let first = Share::take(&alice, 2).expect("1 of 2");
-        let _second = Share::take(&alice, 2).expect("2 of 2");
-        assert!(Share::take(&alice, 2).is_none(), "alice holds her whole share");
-        let bobs = Share::take(&bob, 2).expect("bob has his own share");
+        let running = [alice.turn().await, alice.turn().await];
+        let (order, mut ended) = tokio::sync::mpsc::unbounded_channel();
+        let waiting: Vec<_> = (0..5)
+            .map(|n| {
+                let (alice, order) = (alice.clone(), order.clone());
+                tokio::spawn(async move {
+                    let turn = alice.turn().await;
+                    order.send(n).expect("sent");
+                    turn
+                })
+            })
+            .collect();
+        // Each waiter is queued before the next is spawned.
+        for _ in 0..5 {
+            tokio::task::yield_now().await;
+        }
+        let bobs = tokio::time::timeout(Duration::from_millis(100), bob.turn()).await;
+        assert!(bobs.is_ok(), "bob runs at once while five of alice's wait");
+        assert!(ended.try_recv().is_err(), "none of alice's ran past her two");
+        drop(running);
+        let mut served = Vec::new();
+        for task in waiting {
+            drop(task.await.expect("a turn"));
+            served.push(ended.recv().await.expect("an order"));
+        }
+        assert_eq!(served, [0, 1, 2, 3, 4], "in the order they came");
+    }
+
+    #[test]
+    fn a_caller_past_its_share_is_refused_while_others_are_not() {
+        let accounts = Accounts::new(10, 4);
+        let now = Instant::now();
+        let (alice, bob) = (accounts.account(&user("alice"), TIER, now), accounts.account(&user("bob"), TIER, now));
+        let first = Share::take(&alice, 2, 1).expect("1 of 2");
+        assert!(!first.crowded(), "alone in flight, within what she may run");
+        let second = Share::take(&alice, 2, 1).expect("2 of 2");
+        assert!(second.crowded(), "beside her first, past what she may run");
+        assert!(Share::is_full(&alice, 2) && !Share::is_full(&bob, 2));
+        assert!(Share::take(&alice, 2, 1).is_none(), "alice holds her whole share");
+        let bobs = Share::take(&bob, 2, 1).expect("bob has his own share");
         drop(first);
-        assert!(Share::take(&alice, 2).is_some(), "a place given back is free again");
+        assert!(Share::take(&alice, 2, 1).is_some(), "a place given back is free again");
         drop(bobs);
         assert_eq!(bob.in_flight.load(Ordering::Acquire), 0, "bob's place is back");
     }

@@ -32,7 +32,7 @@ use async_graphql::{Name, Response, ServerError, Value};
 use rand::RngExt as _;
 
 use super::{
-    accounts::{Account, Accounts, Share, Status, Tier},
+    accounts::{Account, Accounts, Share, Status, Tier, Turn},
     callers::Caller,
 };
 use crate::{config::Limits, error::ErrorCode};
@@ -48,6 +48,8 @@ pub struct Fairness {
     pub max_buckets: usize,
     /// Most operations one caller may have in flight.
     pub per_caller: usize,
+    /// Most operations of one caller running at once.
+    pub running_per_caller: usize,
 }
 
 impl Fairness {
@@ -58,6 +60,7 @@ impl Fairness {
             operator: Tier { size: limits.operator_bucket_size, rate: limits.operator_bucket_restore_rate },
             max_buckets: limits.max_buckets,
             per_caller: limits.max_in_flight_per_caller,
+            running_per_caller: limits.max_running_per_caller,
         }
     }
 }
@@ -67,6 +70,8 @@ pub struct Fair {
     accounts: Accounts,
     /// Most operations one caller may have in flight.
     per_caller: usize,
+    /// Most operations of one caller running at once.
+    running: usize,
     customer: Tier,
     operator: Tier,
 }
@@ -75,19 +80,40 @@ impl Fair {
     /// Budgets and shares by `fairness`.
     pub fn new(fairness: Fairness) -> Self {
         Self {
-            accounts: Accounts::new(fairness.max_buckets),
+            accounts: Accounts::new(fairness.max_buckets, fairness.running_per_caller),
             per_caller: fairness.per_caller.max(1),
+            running: fairness.running_per_caller.max(1),
             customer: fairness.customer,
             operator: fairness.operator,
         }
     }
 
-    /// The meter of one operation by `caller`, on its caller's account.
-    pub fn meter(&self, caller: &Caller) -> Arc<Meter> {
+    /// `caller`'s account, looked up once per request.
+    pub fn visitor(&self, caller: &Caller) -> Visitor {
         let tier = if caller.is_operator() { self.operator } else { self.customer };
+        Visitor { account: self.accounts.account(&caller.key(), tier, Instant::now()), tier }
+    }
+
+    /// Whether `visitor`'s caller is turned away before anything of its
+    /// request is read, and for how long: it is known to be short of
+    /// budget (`true`), or it holds its whole in-flight share (`false`).
+    pub fn turned_away(&self, visitor: &Visitor) -> Option<(bool, Duration)> {
+        if let Some(wait) = visitor.account.short_for(Instant::now()) {
+            crate::telemetry::throttled("known_short");
+            return Some((true, wait));
+        }
+        if Share::is_full(&visitor.account, self.per_caller) {
+            crate::telemetry::throttled("in_flight");
+            return Some((false, SHARE_RETRY));
+        }
+        None
+    }
+
+    /// The meter of one operation of `visitor`'s caller.
+    pub fn meter(&self, visitor: &Visitor) -> Arc<Meter> {
         Arc::new(Meter {
-            account: self.accounts.account(&caller.key(), tier, Instant::now()),
-            tier,
+            account: visitor.account.clone(),
+            tier: visitor.tier,
             requested: AtomicUsize::new(0),
             charged: AtomicUsize::new(0),
         })
@@ -96,7 +122,27 @@ impl Fair {
     /// A place in the share of `meter`'s caller, or none when it holds its
     /// whole share.
     pub fn share(&self, meter: &Meter) -> Option<Share> {
-        Share::take(&meter.account, self.per_caller)
+        Share::take(&meter.account, self.per_caller, self.running)
+    }
+}
+
+/// When a caller past its in-flight share is told to retry: its own
+/// operations end in about this time, and it is the same second
+/// `OVERLOADED` gives.
+pub const SHARE_RETRY: Duration = Duration::from_secs(1);
+
+/// A caller's account as one request found it, before its body is read.
+pub struct Visitor {
+    account: Arc<Account>,
+    tier: Tier,
+}
+
+impl Visitor {
+    /// Puts the cost of a request refused before it was measured into
+    /// `response`: nothing requested, nothing resolved, the bucket as it is.
+    pub fn unmeasured(&self, response: &mut Response) {
+        let status = self.account.status(self.tier, Instant::now());
+        response.extensions.insert("cost".to_owned(), report(0, 0, status));
     }
 }
 
@@ -142,6 +188,21 @@ impl Meter {
     /// Puts `extensions.cost` into `response`.
     fn report(&self, response: &mut Response, actual: usize, status: Status) {
         response.extensions.insert("cost".to_owned(), report(self.requested.load(Ordering::Relaxed), actual, status));
+    }
+
+    /// Waits for a turn among the operations of this meter's caller.
+    pub async fn turn(&self) -> Turn {
+        self.account.turn().await
+    }
+
+    /// How long the caller is still known to be short of budget, if it is.
+    pub fn short_for(&self) -> Option<Duration> {
+        self.account.short_for(Instant::now())
+    }
+
+    /// Whether the caller spends its budget faster than it refills.
+    pub fn spending(&self) -> bool {
+        self.account.spending(self.tier, Instant::now())
     }
 
     /// The cost of an operation refused before it was measured: nothing

@@ -17,12 +17,20 @@
 //! Every error an operation can end in carries an `extensions.code`
 //! ([`ErrorCodes`]); `docs/operations.md` lists them.
 //!
+//! A caller's operations take turns (at most `STOCKGUARD_MAX_RUNNING_PER_CALLER`
+//! running at once, the rest waiting behind that caller's own), and a query
+//! of a caller that takes more than its share (more operations in flight
+//! than it may run, or a budget spent faster than it refills) runs on the
+//! background lane (`background.rs`), a thread of lower priority, so its
+//! CPU never sits in front of another caller's small request.
+//!
 //! The gateway sits below the schema and the composition root: it is given
 //! what it runs ([`Setup`]: the schemas as [`Run`], their SDL, the request
 //! data) by `server.rs`, and imports neither, so `schema.rs` can use its
 //! [`ErrorCodes`] without a cycle.
 
 mod accounts;
+mod background;
 mod callers;
 mod codes;
 mod cost;
@@ -36,17 +44,18 @@ use std::{
     task::{Context, Poll},
 };
 
-use self::{
-    accounts::Share,
-    cost::{Fair, Meter},
-    persisted::Persisted,
-    shapes::Shapes,
-};
 pub use self::{
     accounts::Tier,
     callers::Caller,
     codes::{ErrorCodes, code_of, coded},
     cost::Fairness,
+};
+use self::{
+    accounts::{Share, Turn},
+    background::Background,
+    cost::{Fair, Meter, SHARE_RETRY, Visitor},
+    persisted::Persisted,
+    shapes::Shapes,
 };
 
 use async_graphql::{
@@ -103,11 +112,6 @@ pub struct Setup {
     pub request_data: RequestData,
 }
 
-/// When a caller past its in-flight share is told to retry: its own
-/// operations end in about this time, and it is the same second
-/// `OVERLOADED` gives.
-const SHARE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Admits GraphQL operations; cheap to clone, one per server.
 #[derive(Clone)]
 pub struct Gateway {
@@ -127,6 +131,15 @@ pub struct Gateway {
     fair: Arc<Fair>,
     /// Each request's own data.
     request_data: RequestData,
+    /// Where the queries of callers past their share run.
+    background: Background,
+}
+
+/// A caller as one request found it: who, and its account (looked up
+/// once, before the request's body is read).
+pub struct Visit {
+    caller: Caller,
+    visitor: Visitor,
 }
 
 /// Why an operation was not run.
@@ -137,6 +150,9 @@ pub enum Refusal {
     /// The caller holds its whole share of the in-flight limit; it may
     /// retry once one of its operations ended.
     Throttled,
+    /// The caller was refused for its budget and told to wait this much
+    /// longer; nothing of its request was read.
+    Short(std::time::Duration),
     /// The document, or the choice of operation, is refused; nothing ran.
     Request(ServerError),
 }
@@ -151,7 +167,7 @@ impl Refusal {
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::Overloaded => ErrorCode::Overloaded,
-            Self::Throttled => ErrorCode::Throttled,
+            Self::Throttled | Self::Short(_) => ErrorCode::Throttled,
             Self::Request(error) => code_of(error).unwrap_or(ErrorCode::GraphqlValidationFailed),
         }
     }
@@ -170,6 +186,11 @@ impl Refusal {
                 let message = "you have as many operations in flight as one caller may; retry when one has ended";
                 Response::from_errors(vec![cost::throttled(message, SHARE_RETRY)])
             }
+            Self::Short(wait) => {
+                let message = "your budget was short of an operation you sent and you were told to wait; \
+                               retry after retryAfterMs";
+                Response::from_errors(vec![cost::throttled(message, wait)])
+            }
             Self::Request(error) => Response::from_errors(vec![error]),
         }
     }
@@ -187,13 +208,29 @@ impl Gateway {
             in_flight: setup.in_flight,
             fair: Arc::new(Fair::new(setup.fairness)),
             request_data: setup.request_data,
+            background: Background::start(),
         }
+    }
+
+    /// `caller` and its account, for the requests it sends now.
+    pub fn visit(&self, caller: Caller) -> Visit {
+        Visit { visitor: self.fair.visitor(&caller), caller }
+    }
+
+    /// A refusal for a caller that is known to be short of budget (told to
+    /// wait, and back too early) or holds its whole in-flight share:
+    /// decided before its request is read, so that a client that never
+    /// waits costs this lookup and no parsing or validation.
+    pub fn turned_away(&self, visit: &Visit) -> Option<Refusal> {
+        let (short, wait) = self.fair.turned_away(&visit.visitor)?;
+        Some(if short { Refusal::Short(wait) } else { Refusal::Throttled })
     }
 
     /// Checks `request`'s document and picks its operation, without taking
     /// a permit: what an operation is must be known before it is admitted
     /// (a transport may refuse some kinds, a subscription takes no permit).
-    pub fn prepare(&self, mut request: Request, caller: &Caller) -> Result<Prepared, Refusal> {
+    pub fn prepare(&self, mut request: Request, visit: &Visit) -> Result<Prepared, Refusal> {
+        let caller = &visit.caller;
         let to_keep = self.persisted.resolve(&mut request).map_err(Refusal::Request)?;
         if request.query.trim().is_empty() {
             let error = ServerError::new("the request is not a GraphQL request: it has no query", None);
@@ -211,7 +248,7 @@ impl Gateway {
             Introspection::No => self.schema.clone(),
         };
         request.set_parsed_query(checked.document.clone());
-        let meter = self.fair.meter(caller);
+        let meter = self.fair.meter(&visit.visitor);
         let completion = Completion {
             checked,
             operation_name: request.operation_name.clone(),
@@ -221,20 +258,28 @@ impl Gateway {
         };
         // Each operation gets its own DataLoaders, so nothing is cached past it.
         let request = (self.request_data)(request.data(caller.viewer.clone()).data(meter).data(kind));
-        Ok(Prepared { request, schema, completion, in_flight: self.in_flight.clone(), fair: self.fair.clone() })
+        Ok(Prepared {
+            request,
+            schema,
+            completion,
+            in_flight: self.in_flight.clone(),
+            fair: self.fair.clone(),
+            background: self.background.clone(),
+        })
     }
 
-    /// Checks `request` and takes a permit for it: everything an operation
-    /// gets before it runs, whichever transport brought it.
-    pub fn admit(&self, request: Request, caller: &Caller) -> Result<Admitted, Refusal> {
-        self.prepare(request, caller)?.admit()
+    /// Checks `request` and takes its place in the caller's share:
+    /// everything an operation gets before its turn, whichever transport
+    /// brought it.
+    pub fn admit(&self, request: Request, visit: &Visit) -> Result<Admitted, Refusal> {
+        self.prepare(request, visit)?.admit()
     }
 
     /// `refusal` as a response, with the caller's `extensions.cost`
     /// (nothing requested, nothing resolved: it never ran).
-    pub fn refused(&self, refusal: Refusal, caller: &Caller) -> Response {
+    pub fn refused(&self, refusal: Refusal, visit: &Visit) -> Response {
         let mut response = refusal.into_response();
-        self.fair.meter(caller).unmeasured(&mut response);
+        visit.visitor.unmeasured(&mut response);
         response
     }
 }
@@ -295,6 +340,7 @@ pub struct Prepared {
     completion: Completion,
     in_flight: Arc<Semaphore>,
     fair: Arc<Fair>,
+    background: Background,
 }
 
 impl Prepared {
@@ -303,21 +349,17 @@ impl Prepared {
         self.completion.kind
     }
 
-    /// Takes a place in the caller's share and a permit of the in-flight
-    /// limit, or refuses at once: a full server answers instead of
-    /// queueing, so memory and waiting stay bounded. The share comes first,
-    /// so a caller that fills the server is told it is its own doing
-    /// (`THROTTLED`), and the others still find permits.
+    /// Takes a place in the caller's share, or refuses at once: a caller
+    /// past it is told it is its own doing (`THROTTLED`) while every other
+    /// caller is still admitted. The permit of the in-flight limit is
+    /// taken when the operation's turn comes ([`Admitted::execute`]), so
+    /// only running operations hold one.
     pub fn admit(self) -> Result<Admitted, Refusal> {
         let Some(share) = self.fair.share(&self.completion.meter) else {
             crate::telemetry::throttled("in_flight");
             return Err(Refusal::Throttled);
         };
-        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
-            crate::telemetry::overloaded();
-            return Err(Refusal::Overloaded);
-        };
-        Ok(Admitted { prepared: self, permit: InFlight::new(permit, share) })
+        Ok(Admitted { prepared: self, share })
     }
 
     /// Runs without a permit: for subscriptions, which hold a place under
@@ -328,23 +370,26 @@ impl Prepared {
     }
 }
 
-/// An operation that may run: its request prepared, its permit held.
+/// An operation that may run: its request prepared, its place in its
+/// caller's share held.
 pub struct Admitted {
     prepared: Prepared,
-    permit: InFlight,
+    share: Share,
 }
 
-/// One operation's place under the in-flight limit and in its caller's
-/// share, counted in `stockguard_operations_in_flight` until it is given back.
+/// One operation's place under the in-flight limit, in its caller's share
+/// and among its caller's turns, counted in `stockguard_operations_in_flight`
+/// until it is given back.
 struct InFlight(
     #[expect(dead_code, reason = "held for its drop")] OwnedSemaphorePermit,
     #[expect(dead_code, reason = "held for its drop")] Share,
+    #[expect(dead_code, reason = "held for its drop")] Turn,
 );
 
 impl InFlight {
-    fn new(permit: OwnedSemaphorePermit, share: Share) -> Self {
+    fn new(permit: OwnedSemaphorePermit, share: Share, turn: Turn) -> Self {
         crate::telemetry::operations_in_flight(1);
-        Self(permit, share)
+        Self(permit, share, turn)
     }
 }
 
@@ -360,16 +405,62 @@ impl Admitted {
         self.prepared.kind()
     }
 
-    /// Runs the operation to its end, holding the permit until then even if
-    /// the caller stops waiting (see [`Finish`]).
+    /// Waits for the operation's turn among its caller's, takes a permit
+    /// of the in-flight limit (or answers `OVERLOADED`: a full server
+    /// answers instead of queueing), and runs the operation to its end,
+    /// holding the permit until then even if the caller stops waiting (see
+    /// [`Finish`]). Waiting for the turn is not work: a caller that goes
+    /// away then leaves nothing behind.
+    ///
+    /// A query of a caller that takes more than its share (it had as many
+    /// operations in flight as it may run, or spends its budget faster
+    /// than it refills)
+    /// runs on the background lane; everything else on the runtime's own
+    /// threads. Only queries: a mutation may hold row locks or lead a
+    /// coalesced statement that other callers wait on, and must not be
+    /// slowed by a lower priority.
     pub async fn execute(self) -> Response {
-        let Self { prepared: Prepared { request, schema, completion, .. }, permit } = self;
-        Finish::new(async move {
+        self.execute_then(|response| response).await
+    }
+
+    /// [`Admitted::execute`], then `finish` on the response where the
+    /// operation ran: a transport turns a large answer into bytes there,
+    /// on the background lane too, instead of on the runtime's thread.
+    pub async fn execute_then<T: Send + 'static>(
+        self,
+        finish: impl FnOnce(Response) -> T + Clone + Send + 'static,
+    ) -> T {
+        let Self { prepared: Prepared { request, schema, completion, in_flight, background, .. }, share } = self;
+        let turn = completion.meter.turn().await;
+        // Another of the caller's operations may have found its budget
+        // short while this one waited: then this one is refused unvalidated.
+        if let Some(wait) = completion.meter.short_for() {
+            crate::telemetry::throttled("known_short");
+            let mut response = Refusal::Short(wait).into_response();
+            completion.meter.unmeasured(&mut response);
+            return finish(response);
+        }
+        let Ok(permit) = in_flight.try_acquire_owned() else {
+            crate::telemetry::overloaded();
+            let mut response = Refusal::Overloaded.into_response();
+            completion.meter.unmeasured(&mut response);
+            return finish(response);
+        };
+        let aside = completion.kind == OperationType::Query && (share.crowded() || completion.meter.spending());
+        let permit = InFlight::new(permit, share, turn);
+        let finished = finish.clone();
+        let work = async move {
             let response = schema.execute(request).await;
             drop(permit);
-            completion.complete(response)
-        })
-        .await
+            finished(completion.complete(response))
+        };
+        if aside {
+            crate::telemetry::background_operation();
+            // Sent to the lane at once, so it runs to its end without a `Finish`.
+            background.run(work).await.unwrap_or_else(|| finish(Refusal::internal().into_response()))
+        } else {
+            Finish::new(work).await
+        }
     }
 }
 

@@ -44,6 +44,8 @@
 //! `attacks::the_server_pings_a_quiet_socket_and_closes_one_that_never_answers`).
 //! So the crate is not a dependency.
 
+use std::time::Duration;
+
 use async_graphql::{BatchRequest, Request, Response};
 use axum::{
     body::{Body, Bytes},
@@ -51,6 +53,7 @@ use axum::{
     http::{HeaderMap, HeaderValue, StatusCode, header},
     response::{IntoResponse, Response as HttpResponse},
 };
+use rand::RngExt as _;
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -60,8 +63,14 @@ use super::{
 };
 use crate::{
     error::ErrorCode,
-    gateway::{Admitted, Caller, Refusal, code_of},
+    gateway::{Admitted, Refusal, Visit, code_of},
 };
+
+/// The shortest and longest a `THROTTLED` answer is held on its connection
+/// before it is sent: a client that re-sends the moment it is refused
+/// gets at most ten refusals a second per connection, and one told to wait
+/// a second or more is answered within a second.
+const HOLD: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
 
 /// The media type a response is sent as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +160,62 @@ fn respond(media: Media, response: Response) -> HttpResponse {
     answer
 }
 
+/// How long to hold `responses` before they are sent, if any of them is a
+/// `THROTTLED` refusal: its `retryAfterMs` within [`HOLD`] (the longest of
+/// them), the upper bound spread at random over its second half. Each refusal's `retryAfterMs` then counts from the end of the
+/// hold, so a client that waits as told comes back when it said.
+fn pace(responses: &mut [Response]) -> Option<Duration> {
+    let retry_after = |response: &Response| {
+        let error = response.errors.first().filter(|error| code_of(error) == Some(ErrorCode::Throttled))?;
+        match error.extensions.as_ref()?.get("retryAfterMs")? {
+            async_graphql::Value::Number(ms) => ms.as_u64().map(Duration::from_millis),
+            _ => None,
+        }
+    };
+    // The longest hold is spread over its second half: connections refused
+    // together (a flooder's, all told to wait a second or more) then come
+    // back spread out, not in one burst the worker thread must read at once.
+    let longest = HOLD.1.mul_f64(rand::rng().random_range(0.5..=1.0));
+    let hold = responses.iter().filter_map(retry_after).max()?.clamp(HOLD.0, longest);
+    for response in responses.iter_mut() {
+        let Some(wait) = retry_after(response) else { continue };
+        let rest = u64::try_from(wait.saturating_sub(hold).as_millis()).unwrap_or(u64::MAX).max(1);
+        if let Some(extensions) = response.errors.first_mut().and_then(|error| error.extensions.as_mut()) {
+            extensions.set("retryAfterMs", rest);
+        }
+    }
+    Some(hold)
+}
+
+/// Holds `responses` as [`pace`] says.
+async fn held(responses: &mut [Response]) {
+    if let Some(hold) = pace(responses) {
+        tokio::time::sleep(hold).await;
+    }
+}
+
+/// One response as HTTP by [`respond`], held first if it is a `THROTTLED` refusal.
+async fn answer(media: Media, mut response: Response) -> HttpResponse {
+    held(std::slice::from_mut(&mut response)).await;
+    respond(media, response)
+}
+
+/// Runs `admitted` and answers it as HTTP: the answer is made into bytes
+/// where the operation ran (see `Admitted::execute_then`), then held if it
+/// is a `THROTTLED` refusal.
+async fn run(media: Media, admitted: Admitted) -> HttpResponse {
+    let (reply, hold) = admitted
+        .execute_then(move |mut response| {
+            let hold = pace(std::slice::from_mut(&mut response));
+            (respond(media, response), hold)
+        })
+        .await;
+    if let Some(hold) = hold {
+        tokio::time::sleep(hold).await;
+    }
+    reply
+}
+
 /// `Retry-After` in whole seconds (at least one) from the first error's
 /// `retryAfterMs`.
 fn retry_after_secs(response: &Response) -> u64 {
@@ -173,16 +238,17 @@ fn with_type(status: StatusCode, media: Media, body: &impl Serialize) -> HttpRes
 }
 
 /// A refusal as HTTP, with the caller's `extensions.cost`: 503 for a full
-/// server, 429 for a caller past its share, 400 for a request that is not
-/// one (`BAD_REQUEST`), else as any request error of `media`.
-fn refused(http: &Http, media: Media, refusal: Refusal, caller: &Caller) -> HttpResponse {
+/// server, 429 for a caller past its share or budget (held on the
+/// connection first, see [`pace`]), 400 for a request that is not one
+/// (`BAD_REQUEST`), else as any request error of `media`.
+async fn refused(http: &Http, media: Media, refusal: Refusal, visit: &Visit) -> HttpResponse {
     let not_graphql = matches!(&refusal, Refusal::Request(error) if code_of(error) == Some(ErrorCode::BadRequest));
-    let response = http.gateway.refused(refusal, caller);
+    let response = http.gateway.refused(refusal, visit);
     if not_graphql {
         let body = serde_json::json!({ "errors": response.errors, "extensions": response.extensions });
         return with_type(StatusCode::BAD_REQUEST, media, &body);
     }
-    respond(media, response)
+    answer(media, response).await
 }
 
 fn not_acceptable() -> HttpResponse {
@@ -211,6 +277,10 @@ pub async fn get(State(http): State<Http>, peer: Peer, headers: HeaderMap, RawQu
         return graphiql_page(State(http)).await;
     }
     let Some(media) = negotiate(&headers) else { return not_acceptable() };
+    let visit = http.gateway.visit(caller(&http, &headers, &peer, authorization(&headers)));
+    if let Some(refusal) = http.gateway.turned_away(&visit) {
+        return refused(&http, media, refusal, &visit).await;
+    }
     let request = match parse_get(query.as_deref().unwrap_or_default()) {
         Ok(request) => request,
         Err(message) => {
@@ -218,10 +288,9 @@ pub async fn get(State(http): State<Http>, peer: Peer, headers: HeaderMap, RawQu
             return with_type(StatusCode::BAD_REQUEST, media, &body);
         }
     };
-    let caller = caller(&http, &headers, &peer, authorization(&headers));
-    let prepared = match http.gateway.prepare(request, &caller) {
+    let prepared = match http.gateway.prepare(request, &visit) {
         Ok(prepared) => prepared,
-        Err(refusal) => return refused(&http, media, refusal, &caller),
+        Err(refusal) => return refused(&http, media, refusal, &visit).await,
     };
     // GET must be safe: a mutation (or a subscription) only by POST.
     if prepared.kind() != async_graphql::parser::types::OperationType::Query {
@@ -234,8 +303,8 @@ pub async fn get(State(http): State<Http>, peer: Peer, headers: HeaderMap, RawQu
         return response;
     }
     match prepared.admit() {
-        Ok(admitted) => respond(media, admitted.execute().await),
-        Err(refusal) => refused(&http, media, refusal, &caller),
+        Ok(admitted) => run(media, admitted).await,
+        Err(refusal) => refused(&http, media, refusal, &visit).await,
     }
 }
 
@@ -295,7 +364,8 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, HttpResponse> {
 
 /// `POST /graphql`: a request or a batch (a JSON array of requests). A body
 /// that is not JSON is 415, not a GraphQL request 400, over the limit 413,
-/// and a full server 503.
+/// and a full server 503. A caller turned away (known to be short of
+/// budget, or holding its whole share) is refused before its body is read.
 pub async fn post(State(http): State<Http>, peer: Peer, headers: HeaderMap, body: Body) -> HttpResponse {
     let Some(media) = negotiate(&headers) else { return not_acceptable() };
     if !is_json(&headers) {
@@ -304,6 +374,10 @@ pub async fn post(State(http): State<Http>, peer: Peer, headers: HeaderMap, body
             ErrorCode::BadRequest,
             "send the request as Content-Type: application/json (UTF-8)",
         );
+    }
+    let visit = http.gateway.visit(caller(&http, &headers, &peer, authorization(&headers)));
+    if let Some(refusal) = http.gateway.turned_away(&visit) {
+        return refused(&http, media, refusal, &visit).await;
     }
     let body = match read_body(body, http.app.limits.body_limit).await {
         Ok(body) => body,
@@ -328,32 +402,37 @@ pub async fn post(State(http): State<Http>, peer: Peer, headers: HeaderMap, body
         }
         BatchRequest::Batch(requests) => (false, requests),
     };
-    let caller = caller(&http, &headers, &peer, authorization(&headers));
     let mut admitted: Vec<Result<Admitted, Refusal>> = Vec::with_capacity(requests.len());
     for request in requests {
-        let admission = http.gateway.admit(request, &caller);
+        let admission = http.gateway.admit(request, &visit);
         match admission {
-            // Whatever was admitted is dropped unrun, its permits given back.
-            Err(refusal @ (Refusal::Overloaded | Refusal::Throttled)) => {
-                return refused(&http, media, refusal, &caller);
+            // Whatever was admitted is dropped unrun, its places given back.
+            Err(refusal @ (Refusal::Overloaded | Refusal::Throttled | Refusal::Short(_))) => {
+                return refused(&http, media, refusal, &visit).await;
             }
             Err(Refusal::Request(error)) if single || code_of(&error) == Some(ErrorCode::BadRequest) => {
-                return refused(&http, media, Refusal::Request(error), &caller);
+                return refused(&http, media, Refusal::Request(error), &visit).await;
             }
             admission => admitted.push(admission),
         }
     }
-    let (http, caller) = (&http, &caller);
-    let responses = futures::future::join_all(admitted.into_iter().map(|admission| async move {
+    if single {
+        // A single request's refusals were answered above: what is left runs.
+        return match admitted.pop() {
+            Some(Ok(admitted)) => run(media, admitted).await,
+            Some(Err(refusal)) => refused(&http, media, refusal, &visit).await,
+            None => refused(&http, media, Refusal::internal(), &visit).await,
+        };
+    }
+    let (http, visit) = (&http, &visit);
+    let mut responses = futures::future::join_all(admitted.into_iter().map(|admission| async move {
         match admission {
             Ok(admitted) => admitted.execute().await,
-            Err(refusal) => http.gateway.refused(refusal, caller),
+            Err(refusal) => http.gateway.refused(refusal, visit),
         }
     }))
     .await;
-    if single {
-        return respond(media, responses.into_iter().next().unwrap_or_default());
-    }
+    held(&mut responses).await;
     // A batch is not in the spec; every member answers in one 200.
     with_type(StatusCode::OK, media, &responses)
 }
@@ -395,6 +474,40 @@ mod tests {
         assert!(!content("text/plain"));
         assert!(!content("application/x-www-form-urlencoded"));
         assert!(!is_json(&HeaderMap::new()));
+    }
+
+    /// A `THROTTLED` refusal is held within [`HOLD`], and its
+    /// `retryAfterMs` then counts from the end of the hold; other answers
+    /// are not held.
+    #[test]
+    fn a_throttled_answer_is_held_and_its_wait_counts_from_then() {
+        let throttled = |ms: u64| {
+            let mut error = async_graphql::ServerError::new("no", None);
+            let extensions = error.extensions.get_or_insert_with(Default::default);
+            extensions.set("code", ErrorCode::Throttled);
+            extensions.set("retryAfterMs", ms);
+            Response::from_errors(vec![error])
+        };
+        let left = |response: &Response| {
+            let extensions = response.errors[0].extensions.as_ref().expect("extensions");
+            match extensions.get("retryAfterMs") {
+                Some(async_graphql::Value::Number(ms)) => ms.as_u64(),
+                _ => None,
+            }
+        };
+        let mut soon = [throttled(5)];
+        assert_eq!(pace(&mut soon), Some(HOLD.0), "at least the shortest hold");
+        assert_eq!(left(&soon[0]), Some(1), "and then at once");
+        let mut later = [throttled(2_500)];
+        let hold = pace(&mut later).expect("held");
+        assert!(HOLD.1 / 2 <= hold && hold <= HOLD.1, "at most the longest hold, spread: {hold:?}");
+        let rest = u64::try_from((Duration::from_millis(2_500) - hold).as_millis()).expect("ms");
+        assert_eq!(left(&later[0]), Some(rest), "the rest of the wait");
+        let mut served = [Response::new(async_graphql::Value::Null)];
+        assert_eq!(pace(&mut served), None);
+        let mut batch = [Response::new(async_graphql::Value::Null), throttled(300), throttled(450)];
+        assert_eq!(pace(&mut batch), Some(Duration::from_millis(450)), "a batch is held for its longest");
+        assert_eq!((left(&batch[1]), left(&batch[2])), (Some(1), Some(1)));
     }
 
     #[test]

@@ -216,8 +216,12 @@ impl SocketExecutor {
 
 impl Executor for SocketExecutor {
     fn execute(&self, request: Request) -> impl std::future::Future<Output = Response> + Send {
-        let caller = self.caller();
-        let admitted = self.gateway.admit(request, &caller).map_err(|refusal| self.gateway.refused(refusal, &caller));
+        let visit = self.gateway.visit(self.caller());
+        let admitted = match self.gateway.turned_away(&visit) {
+            Some(refusal) => Err(refusal),
+            None => self.gateway.admit(request, &visit),
+        }
+        .map_err(|refusal| self.gateway.refused(refusal, &visit));
         let work = async move {
             match admitted {
                 Ok(admitted) => admitted.execute().await,
@@ -228,10 +232,13 @@ impl Executor for SocketExecutor {
     }
 
     fn execute_stream(&self, request: Request, _session: Option<Arc<Data>>) -> BoxStream<'static, Response> {
-        let caller = self.caller();
-        let prepared = match self.gateway.prepare(request, &caller) {
+        let visit = self.gateway.visit(self.caller());
+        if let Some(refusal) = self.gateway.turned_away(&visit) {
+            return once(self.gateway.refused(refusal, &visit));
+        }
+        let prepared = match self.gateway.prepare(request, &visit) {
             Ok(prepared) => prepared,
-            Err(refusal) => return once(self.gateway.refused(refusal, &caller)),
+            Err(refusal) => return once(self.gateway.refused(refusal, &visit)),
         };
         if prepared.kind() != OperationType::Subscription {
             // Started at once in a task of its own: an operation that reached
@@ -242,7 +249,7 @@ impl Executor for SocketExecutor {
                     let work = tokio::spawn(admitted.execute());
                     futures::stream::once(async move { work.await.unwrap_or_else(|_| panicked()) }).boxed()
                 }
-                Err(refusal) => once(self.gateway.refused(refusal, &caller)),
+                Err(refusal) => once(self.gateway.refused(refusal, &visit)),
             };
         }
         let Some(place) = self.place() else {
@@ -254,7 +261,7 @@ impl Executor for SocketExecutor {
                 None,
             );
             error.extensions.get_or_insert_with(Default::default).set("code", ErrorCode::TooManySubscriptions);
-            return once(self.gateway.refused(Refusal::Request(error), &caller));
+            return once(self.gateway.refused(Refusal::Request(error), &visit));
         };
         let responses = guarded(prepared.stream_unmetered());
         futures::stream::unfold((responses, place), |(mut responses, place)| async move {

@@ -150,9 +150,16 @@ pub fn overloaded() {
 }
 
 /// Counts GraphQL operations refused with `THROTTLED`, by `reason`: `cost`
-/// (the caller's bucket) or `in_flight` (the caller's share).
+/// (the caller's bucket), `known_short` (back before the wait its last
+/// refusal named, refused unread) or `in_flight` (the caller's share).
 pub fn throttled(reason: &'static str) {
     counter!("stockguard_throttled_total", "reason" => reason).increment(1);
+}
+
+/// Counts queries run on the background lane: their callers took more
+/// than their share.
+pub fn background_operation() {
+    counter!("stockguard_background_operations_total").increment(1);
 }
 
 /// Counts TCP connections opening (`1`) and closing (`-1`).

@@ -152,3 +152,12 @@ pub const STOCK_STATES: &str =
 
 pub const INVENTORY_STATES_PAGE: &str =
     "query($f: Int) { inventories(first: $f) { nodes { id available reserved committed onHand } } }";
+
+/// The flood of issue 45: the most expensive read the limits admit, 100
+/// inventories with their stock states and 100 of the caller's reservations
+/// with their items (about 1,400 points of the 2,000 `STOCKGUARD_MAX_COMPLEXITY` allows).
+pub const FLOOD_READ: &str = "{ inventories(first: 100) { nodes { id sku stock available reserved committed onHand } }
+  myReservations(first: 100) { nodes { id quantity status inventory { id sku } } } }";
+
+/// The small read another customer keeps making during a flood.
+pub const SMALL_READ: &str = "query($id: UUID!) { inventory(id: $id) { id stock } }";
