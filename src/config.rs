@@ -160,17 +160,29 @@ pub struct Limits {
     /// waiting for a turn, HTTP and websocket together; past it that caller
     /// is refused with `THROTTLED` (HTTP 429) before its request is read,
     /// while every other caller is still admitted.
-    #[arg(long, env = "STOCKGUARD_MAX_IN_FLIGHT_PER_CALLER", default_value_t = 16)]
+    #[arg(long, env = "STOCKGUARD_MAX_IN_FLIGHT_PER_CALLER", default_value_t = 128)]
     pub max_in_flight_per_caller: usize,
 
-    /// Most of one caller's operations running at once in a process; the
-    /// rest of its in-flight operations wait, first come first served,
+    /// Operations of one caller that may always run at once in a process;
+    /// the rest of its in-flight operations wait, first come first served,
     /// behind that caller's own (never behind another caller's) and take
-    /// no permit of `STOCKGUARD_MAX_IN_FLIGHT` while they wait. The default
-    /// is a quarter of the default pool, so no caller holds more than that
-    /// of the pool while others wait.
+    /// no permit of `STOCKGUARD_MAX_IN_FLIGHT` while they wait, at most
+    /// `STOCKGUARD_MAX_TURN_WAIT_MS` (then `THROTTLED`). A caller whose
+    /// budget is not being drained may also run on a spare turn while one
+    /// is free: the pool's connections beyond the live listener's one and
+    /// twice this setting (7 of the default 16), shared by all callers.
+    /// The default is a quarter of the default pool.
     #[arg(long, env = "STOCKGUARD_MAX_RUNNING_PER_CALLER", default_value_t = 4)]
     pub max_running_per_caller: usize,
+
+    /// Longest an operation waits for a turn among its caller's own
+    /// (milliseconds); past it the operation is refused with `THROTTLED`
+    /// (HTTP 429), nothing ran. A turn comes when one of the caller's
+    /// running operations ends, so this is a few statement timeouts: a
+    /// caller whose own operations are queued longer than that sends more
+    /// than its share can serve.
+    #[arg(long, env = "STOCKGUARD_MAX_TURN_WAIT_MS", default_value_t = 10_000)]
+    pub max_turn_wait_ms: u64,
 
     /// Points in the cost bucket of each customer and anonymous caller
     /// (`throttleStatus.maximumAvailable`). An operation whose requested cost

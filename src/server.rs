@@ -111,7 +111,10 @@ impl Server {
             introspection: Arc::new(schema::build_for_introspection(self.state.clone())),
             bounds: Bounds { max_tokens: limits.max_tokens, max_selections: limits.max_complexity },
             in_flight: self.in_flight(),
-            fairness: Fairness::of(limits),
+            fairness: Fairness::of(
+                limits,
+                self.state.db.get_postgres_connection_pool().options().get_max_connections() as usize,
+            ),
             request_data: Arc::new(move |request| request_data(&state, request)),
         })
     }

@@ -26,9 +26,14 @@
 //! ignores `retryAfterMs` costs a lookup per request, not a parse and a
 //! validation.
 //!
-//! A caller's operations also take turns: at most `running` of them run at
-//! once, the rest wait for a turn behind that caller's own (a FIFO
-//! semaphore per account), never behind another caller's.
+//! A caller's operations also take turns: `running` of them may always run
+//! at once, the rest wait for a turn behind that caller's own (a FIFO
+//! semaphore per account), never behind another caller's. A caller whose
+//! bucket is not being drained may also borrow one of the process's spare
+//! turns (the pool's connections beyond the live listener's one and
+//! two callers' own turns), so a backend with a burst of cheap writes on one token is not
+//! held to four at a time on an idle pool, while a caller that spends
+//! faster than it refills (a flooder) never borrows.
 //!
 //! The accounts are per process (see docs/operations.md, "Fair share"): a
 //! shared store would put a round trip on every request's path.
@@ -158,10 +163,21 @@ impl Account {
         Self::level(self.bucket().as_ref(), tier, now) < tier.size / 2.0
     }
 
-    /// Waits for a turn to run among the caller's operations.
-    pub async fn turn(&self) -> Turn {
-        // The semaphore is never closed, so acquiring only ends with a permit.
-        Turn(self.running.clone().acquire_owned().await.ok())
+    /// Waits for a turn to run among the caller's operations: one of its
+    /// own, or one of `spare` if given and free first.
+    pub async fn turn(&self, spare: Option<&Arc<Semaphore>>) -> Turn {
+        // The semaphores are never closed, so acquiring only ends with a
+        // permit. An own turn free now is taken before a spare one.
+        let own = self.running.clone();
+        if let Ok(permit) = own.clone().try_acquire_owned() {
+            return Turn(Some(permit));
+        }
+        let Some(spare) = spare else { return Turn(own.acquire_owned().await.ok()) };
+        tokio::select! {
+            biased;
+            permit = own.acquire_owned() => Turn(permit.ok()),
+            permit = spare.clone().acquire_owned() => Turn(permit.ok()),
+        }
     }
 
     /// The bucket as it is now.
@@ -171,8 +187,8 @@ impl Account {
     }
 }
 
-/// One of a caller's turns to run, given back (to its next waiting
-/// operation) when dropped.
+/// One of a caller's turns to run (or a spare one it borrowed), given
+/// back (to the next waiting operation) when dropped.
 pub struct Turn(#[expect(dead_code, reason = "held for its drop")] Option<OwnedSemaphorePermit>);
 
 /// One place in a caller's share of the operations in flight, given back
@@ -392,13 +408,13 @@ mod tests {
         let accounts = Accounts::new(10, 2);
         let now = Instant::now();
         let (alice, bob) = (accounts.account(&user("alice"), TIER, now), accounts.account(&user("bob"), TIER, now));
-        let running = [alice.turn().await, alice.turn().await];
+        let running = [alice.turn(None).await, alice.turn(None).await];
         let (order, mut ended) = tokio::sync::mpsc::unbounded_channel();
         let waiting: Vec<_> = (0..5)
             .map(|n| {
                 let (alice, order) = (alice.clone(), order.clone());
                 tokio::spawn(async move {
-                    let turn = alice.turn().await;
+                    let turn = alice.turn(None).await;
                     order.send(n).expect("sent");
                     turn
                 })
@@ -408,7 +424,7 @@ mod tests {
         for _ in 0..5 {
             tokio::task::yield_now().await;
         }
-        let bobs = tokio::time::timeout(Duration::from_millis(100), bob.turn()).await;
+        let bobs = tokio::time::timeout(Duration::from_millis(100), bob.turn(None)).await;
         assert!(bobs.is_ok(), "bob runs at once while five of alice's wait");
         assert!(ended.try_recv().is_err(), "none of alice's ran past her two");
         drop(running);
@@ -418,6 +434,28 @@ mod tests {
             served.push(ended.recv().await.expect("an order"));
         }
         assert_eq!(served, [0, 1, 2, 3, 4], "in the order they came");
+    }
+
+    /// Past its own turns a caller runs on a spare one while one is free,
+    /// and waits for whichever comes first when none is; without spare
+    /// turns (it spends faster than it refills) it waits for its own.
+    #[tokio::test]
+    async fn a_caller_borrows_a_spare_turn_while_one_is_free() {
+        let accounts = Accounts::new(10, 1);
+        let alice = accounts.account(&user("alice"), TIER, Instant::now());
+        let spare = Arc::new(Semaphore::new(1));
+        let soon = Duration::from_millis(100);
+        let own = alice.turn(Some(&spare)).await;
+        assert_eq!(spare.available_permits(), 1, "her own turn first");
+        let borrowed = tokio::time::timeout(soon, alice.turn(Some(&spare))).await.expect("a spare turn at once");
+        assert_eq!(spare.available_permits(), 0);
+        assert!(tokio::time::timeout(soon, alice.turn(Some(&spare))).await.is_err(), "none left");
+        drop(borrowed);
+        assert_eq!(spare.available_permits(), 1, "given back");
+        assert!(tokio::time::timeout(soon, alice.turn(None)).await.is_err(), "not borrowing: her own only");
+        drop(own);
+        let again = tokio::time::timeout(soon, alice.turn(None)).await.expect("her own is back");
+        drop(again);
     }
 
     #[test]

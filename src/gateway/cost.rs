@@ -30,6 +30,7 @@ use std::{
 
 use async_graphql::{Name, Response, ServerError, Value};
 use rand::RngExt as _;
+use tokio::sync::Semaphore;
 
 use super::{
     accounts::{Account, Accounts, Share, Status, Tier, Turn},
@@ -48,19 +49,29 @@ pub struct Fairness {
     pub max_buckets: usize,
     /// Most operations one caller may have in flight.
     pub per_caller: usize,
-    /// Most operations of one caller running at once.
+    /// Operations of one caller that may always run at once.
     pub running_per_caller: usize,
+    /// Turns any caller whose bucket is not being drained may borrow past
+    /// its own: the pool's connections beyond the live listener's one and
+    /// twice a caller's own turns, so that however many one caller
+    /// borrows, as many connections as its own turns are left to others.
+    pub spare_turns: usize,
+    /// How long an operation waits for its turn before it is refused with
+    /// `THROTTLED`.
+    pub turn_wait: Duration,
 }
 
 impl Fairness {
-    /// The settings of `limits`.
-    pub fn of(limits: &Limits) -> Self {
+    /// The settings of `limits` for a pool of `pool_size` connections.
+    pub fn of(limits: &Limits, pool_size: usize) -> Self {
         Self {
             customer: Tier { size: limits.bucket_size, rate: limits.bucket_restore_rate },
             operator: Tier { size: limits.operator_bucket_size, rate: limits.operator_bucket_restore_rate },
             max_buckets: limits.max_buckets,
             per_caller: limits.max_in_flight_per_caller,
             running_per_caller: limits.max_running_per_caller,
+            spare_turns: pool_size.saturating_sub(1 + 2 * limits.max_running_per_caller),
+            turn_wait: Duration::from_millis(limits.max_turn_wait_ms),
         }
     }
 }
@@ -72,6 +83,10 @@ pub struct Fair {
     per_caller: usize,
     /// Most operations of one caller running at once.
     running: usize,
+    /// The longest an operation waits for its turn.
+    turn_wait: Duration,
+    /// Turns a caller whose bucket is not being drained may borrow.
+    spare: Arc<Semaphore>,
     customer: Tier,
     operator: Tier,
 }
@@ -83,6 +98,8 @@ impl Fair {
             accounts: Accounts::new(fairness.max_buckets, fairness.running_per_caller),
             per_caller: fairness.per_caller.max(1),
             running: fairness.running_per_caller.max(1),
+            turn_wait: fairness.turn_wait,
+            spare: Arc::new(Semaphore::new(fairness.spare_turns)),
             customer: fairness.customer,
             operator: fairness.operator,
         }
@@ -114,6 +131,8 @@ impl Fair {
         Arc::new(Meter {
             account: visitor.account.clone(),
             tier: visitor.tier,
+            turn_wait: self.turn_wait,
+            spare: self.spare.clone(),
             requested: AtomicUsize::new(0),
             charged: AtomicUsize::new(0),
         })
@@ -152,6 +171,10 @@ pub struct Meter {
     /// The caller's bucket and in-flight count.
     account: Arc<Account>,
     tier: Tier,
+    /// The longest the operation waits for its turn.
+    turn_wait: Duration,
+    /// The process's spare turns.
+    spare: Arc<Semaphore>,
     /// The complexity measured in validation (0 until then).
     requested: AtomicUsize,
     /// What was taken from the bucket and not settled yet.
@@ -190,9 +213,13 @@ impl Meter {
         response.extensions.insert("cost".to_owned(), report(self.requested.load(Ordering::Relaxed), actual, status));
     }
 
-    /// Waits for a turn among the operations of this meter's caller.
-    pub async fn turn(&self) -> Turn {
-        self.account.turn().await
+    /// Waits for a turn among the operations of this meter's caller (or a
+    /// spare one, unless it spends faster than it refills), or none when
+    /// it did not come within the turn's bound: the caller's own
+    /// operations held its share of the pool all that time.
+    pub async fn turn(&self) -> Option<Turn> {
+        let spare = (!self.spending()).then_some(&self.spare);
+        tokio::time::timeout(self.turn_wait, self.account.turn(spare)).await.ok()
     }
 
     /// How long the caller is still known to be short of budget, if it is.

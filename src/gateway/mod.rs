@@ -153,6 +153,10 @@ pub enum Refusal {
     /// The caller was refused for its budget and told to wait this much
     /// longer; nothing of its request was read.
     Short(std::time::Duration),
+    /// The operation's turn among its caller's did not come within
+    /// `STOCKGUARD_MAX_TURN_WAIT_MS`: the caller's own operations held its
+    /// share all that time. Nothing ran; the client may retry.
+    NoTurn,
     /// The document, or the choice of operation, is refused; nothing ran.
     Request(ServerError),
 }
@@ -167,7 +171,7 @@ impl Refusal {
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::Overloaded => ErrorCode::Overloaded,
-            Self::Throttled | Self::Short(_) => ErrorCode::Throttled,
+            Self::Throttled | Self::Short(_) | Self::NoTurn => ErrorCode::Throttled,
             Self::Request(error) => code_of(error).unwrap_or(ErrorCode::GraphqlValidationFailed),
         }
     }
@@ -190,6 +194,11 @@ impl Refusal {
                 let message = "your budget was short of an operation you sent and you were told to wait; \
                                retry after retryAfterMs";
                 Response::from_errors(vec![cost::throttled(message, wait)])
+            }
+            Self::NoTurn => {
+                let message = "your own operations held your share of the database for as long as an \
+                               operation waits for its turn; retry when some have ended";
+                Response::from_errors(vec![cost::throttled(message, SHARE_RETRY)])
             }
             Self::Request(error) => Response::from_errors(vec![error]),
         }
@@ -431,7 +440,12 @@ impl Admitted {
         finish: impl FnOnce(Response) -> T + Clone + Send + 'static,
     ) -> T {
         let Self { prepared: Prepared { request, schema, completion, in_flight, background, .. }, share } = self;
-        let turn = completion.meter.turn().await;
+        let Some(turn) = completion.meter.turn().await else {
+            crate::telemetry::throttled("turn");
+            let mut response = Refusal::NoTurn.into_response();
+            completion.meter.unmeasured(&mut response);
+            return finish(response);
+        };
         // Another of the caller's operations may have found its budget
         // short while this one waited: then this one is refused unvalidated.
         if let Some(wait) = completion.meter.short_for() {

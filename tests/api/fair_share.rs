@@ -324,3 +324,101 @@ async fn a_caller_past_its_in_flight_share_is_throttled_at_once_while_another_is
     assert_eq!(app.count(&format!("SELECT count(*) FROM reservations WHERE inventory_id = '{id}'")).await, 5);
     app.assert_invariant().await;
 }
+
+/// Alice's reserves wait in PostgreSQL on a row the test holds, fired
+/// `n` at once; the count of backends waiting on a lock is what ran.
+fn fire_reserves(app: &Arc<TestApp>, token: &str, id: uuid::Uuid, n: usize) -> Vec<tokio::task::JoinHandle<Answer>> {
+    let reserve = format!("mutation {{ reserve(input: {{ inventoryId: \"{id}\" }}) {{ __typename }} }}");
+    (0..n)
+        .map(|_| {
+            let (app, token, reserve) = (app.clone(), token.to_owned(), reserve.clone());
+            tokio::spawn(async move { ask(&app, Some(&token), None, &reserve, json!({})).await })
+        })
+        .collect()
+}
+
+const BLOCKED: &str =
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_operation_waits_for_its_turn_no_longer_than_the_turn_wait_then_is_throttled() {
+    // A pool of 4 (one for the live listener) and 2 turns a caller: no
+    // spare turn to borrow.
+    let limits = Limits { max_running_per_caller: 2, max_turn_wait_ms: 500, coalesce: false, ..Limits::default() };
+    let app = Arc::new(
+        TestApp::spawn_with_options(Options {
+            isolation: Isolation::ReadCommitted,
+            limits,
+            pool_size: 4,
+            ..Options::default()
+        })
+        .await,
+    );
+    let id = app.create_inventory("TURN-1", 100).await;
+    let (alice, bob) = (app.token("alice", Role::Customer), app.token("bob", Role::Customer));
+    let holder = app.db.begin().await.expect("begin");
+    holder.execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{id}' FOR UPDATE")).await.expect("lock");
+    let running = fire_reserves(&app, &alice, id, 2);
+    eventually(Duration::from_secs(20), "alice's two turns wait on the row", || async {
+        app.count(BLOCKED).await == 2
+    })
+    .await;
+
+    // Her next two wait for a turn that does not come within the turn
+    // wait: refused, nothing ran.
+    let waiting = fire_reserves(&app, &alice, id, 2);
+    // Bob is served all the while.
+    let read = ask(&app, Some(&bob), None, PAGE, json!({ "f": 5 })).await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    for task in waiting {
+        let refused = task.await.expect("task");
+        assert_eq!((refused.status, refused.code()), (429, Some("THROTTLED")), "{}", refused.body);
+        assert!(refused.retry_after.is_some(), "{}", refused.body);
+        assert!(refused.body["data"].is_null(), "{}", refused.body);
+    }
+    assert_eq!(app.count(BLOCKED).await, 2, "the refused reserves never reached the database");
+
+    holder.rollback().await.expect("release the row");
+    for task in running {
+        let ran = task.await.expect("task");
+        assert_eq!(ran.body["data"]["reserve"]["__typename"], "Reserved", "{}", ran.body);
+    }
+    assert_eq!(app.count(&format!("SELECT count(*) FROM reservations WHERE inventory_id = '{id}'")).await, 2);
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_caller_within_its_budget_borrows_spare_turns_and_leaves_its_own_to_others() {
+    // A pool of 8: the live listener's one, 2 turns a caller, and 3 spare.
+    let limits = Limits { max_running_per_caller: 2, coalesce: false, ..Limits::default() };
+    let app = Arc::new(
+        TestApp::spawn_with_options(Options {
+            isolation: Isolation::ReadCommitted,
+            limits,
+            pool_size: 8,
+            ..Options::default()
+        })
+        .await,
+    );
+    let id = app.create_inventory("TURN-2", 100).await;
+    let (alice, bob) = (app.token("alice", Role::Customer), app.token("bob", Role::Customer));
+    let holder = app.db.begin().await.expect("begin");
+    holder.execute_unprepared(&format!("SELECT 1 FROM inventories WHERE id = '{id}' FOR UPDATE")).await.expect("lock");
+    // Alice's cheap burst of 8 runs on her 2 turns and the 3 spare ones.
+    let alices = fire_reserves(&app, &alice, id, 8);
+    eventually(Duration::from_secs(20), "five of alice's reserves run", || async { app.count(BLOCKED).await == 5 })
+        .await;
+    // Bob's two run on his own turns, beside all she borrowed.
+    let bobs = fire_reserves(&app, &bob, id, 2);
+    eventually(Duration::from_secs(20), "bob's reserves run too", || async { app.count(BLOCKED).await == 7 }).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(app.count(BLOCKED).await, 7, "alice's other three wait for a turn, not for the pool");
+
+    holder.rollback().await.expect("release the row");
+    for task in alices.into_iter().chain(bobs) {
+        let ran = task.await.expect("task");
+        assert_eq!(ran.body["data"]["reserve"]["__typename"], "Reserved", "{}", ran.body);
+    }
+    assert_eq!(app.count(&format!("SELECT count(*) FROM reservations WHERE inventory_id = '{id}'")).await, 10);
+    app.assert_invariant().await;
+}

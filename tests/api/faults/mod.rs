@@ -31,7 +31,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Transac
 use serde_json::{Value, json};
 use stockguard::{
     auth::{Keys, Role},
-    config::DatabaseConfig,
+    config::{DatabaseConfig, Limits},
     db::{self, DbFailure},
     embedded::EmbeddedPostgres,
     invariant,
@@ -55,8 +55,11 @@ enum Answer {
     /// `data.<field>` is there: its `__typename` (or `"data"` for a plain
     /// object) and its value.
     Member(String, Value),
-    /// Every error is `DATABASE_UNAVAILABLE` with `retryable: true`.
-    Unavailable,
+    /// Every error is retryable and nothing ran: `DATABASE_UNAVAILABLE`
+    /// (HTTP 200), or `THROTTLED` (HTTP 429) when the caller's own
+    /// operations held its share of the pool as long as a connection is
+    /// waited for.
+    Retryable,
     /// Anything else: what it was.
     Bad(String),
 }
@@ -76,18 +79,19 @@ fn judge(reply: &Reply, field: &str) -> Answer {
     if let Some(err) = &reply.cut_short {
         return Answer::Bad(format!("HTTP {} with an incomplete body: {err}", reply.status));
     }
-    if reply.status != 200 {
-        return Answer::Bad(format!("HTTP {}: {text}", reply.status));
-    }
+    let code = match reply.status {
+        200 => "DATABASE_UNAVAILABLE",
+        429 => "THROTTLED",
+        status => return Answer::Bad(format!("HTTP {status}: {text}")),
+    };
     let Ok(body) = serde_json::from_slice::<Value>(&reply.body) else {
         return Answer::Bad(format!("not JSON: {text}"));
     };
     if let Some(errors) = body["errors"].as_array() {
-        let retryable = |e: &Value| {
-            e["extensions"]["code"] == "DATABASE_UNAVAILABLE" && e["extensions"]["retryable"] == Value::Bool(true)
-        };
+        let retryable =
+            |e: &Value| e["extensions"]["code"] == code && e["extensions"]["retryable"] == Value::Bool(true);
         return if !errors.is_empty() && errors.iter().all(retryable) {
-            Answer::Unavailable
+            Answer::Retryable
         } else {
             Answer::Bad(format!("errors: {body}"))
         };
@@ -125,11 +129,11 @@ where
 {
     for _ in 0..10 {
         match request().await.expect("an HTTP response") {
-            Answer::Unavailable => tokio::time::sleep(Duration::from_millis(100)).await,
+            Answer::Retryable => tokio::time::sleep(Duration::from_millis(100)).await,
             answer => return answer,
         }
     }
-    panic!("still DATABASE_UNAVAILABLE after 10 tries");
+    panic!("still a retryable error after 10 tries");
 }
 
 /// A client whose every request is answered or given up within 10 s.
@@ -246,6 +250,9 @@ async fn a_held_row_lock_and_a_starved_pool_give_fast_retryable_errors_and_write
             pool_size: 2,
             acquire_timeout_ms: 300,
             statement_timeout_ms: 1000,
+            // Carol's reserves past her turns wait for one no longer than
+            // one of them waits on the row.
+            limits: Limits { max_turn_wait_ms: 1000, ..Limits::default() },
             ..Options::default()
         })
         .await,
@@ -278,7 +285,7 @@ async fn a_held_row_lock_and_a_starved_pool_give_fast_retryable_errors_and_write
     let tally = Tally::default();
     for sent in reserves {
         let answer = tally.record("reserve", sent);
-        assert!(matches!(answer, Some(Answer::Unavailable)), "a reserve of a locked row: {answer:?}");
+        assert!(matches!(answer, Some(Answer::Retryable)), "a reserve of a locked row: {answer:?}");
     }
     for sent in reads {
         tally.record("inventories", sent);

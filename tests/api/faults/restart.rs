@@ -159,7 +159,7 @@ async fn a_database_restart_is_survived_without_restarting_the_server() {
                     let started = Instant::now();
                     let sent =
                         ask(&client, &app.address, Some(&token), "reserve", RESERVE, json!({ "input": input })).await;
-                    if let Some(Answer::Unavailable) = tally.record("reserve", sent) {
+                    if let Some(Answer::Retryable) = tally.record("reserve", sent) {
                         let mut slowest = slowest.lock().expect("slowest");
                         *slowest = (*slowest).max(started.elapsed());
                     }
@@ -186,7 +186,7 @@ async fn a_database_restart_is_survived_without_restarting_the_server() {
             .await
             .expect("an answer while the database is down");
         let took = started.elapsed();
-        assert!(matches!(answer, Answer::Unavailable), "reserve {n} while down: {answer:?}");
+        assert!(matches!(answer, Answer::Retryable), "reserve {n} while down: {answer:?}");
         // A refused connection fails at once; waiting for the pool instead
         // would take its 30 s acquire timeout.
         assert!(took < Duration::from_secs(10), "reserve {n} took {took:?} to fail");
@@ -212,7 +212,7 @@ async fn a_database_restart_is_survived_without_restarting_the_server() {
                 .expect("an answer after the restart");
         match answer {
             Answer::Member(name, _) => name == "Reserved",
-            Answer::Unavailable => false,
+            Answer::Retryable => false,
             Answer::Bad(what) => panic!("after the restart: {what}"),
         }
     })

@@ -28,7 +28,7 @@ impl Tally {
             Answer::Member(name, _) => {
                 *self.members.lock().expect("tally").entry(format!("{operation} {name}")).or_default() += 1;
             }
-            Answer::Unavailable => {
+            Answer::Retryable => {
                 self.retryable.fetch_add(1, Ordering::Relaxed);
             }
             Answer::Bad(what) => self.bad.lock().expect("tally").push(format!("{operation}: {what}")),
