@@ -8,7 +8,7 @@ use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 
 use super::{
-    service::{ReserveOutcome, ReserveRequest, replay},
+    reserve::{ReserveOutcome, ReserveRequest, replay},
     spread::Spread,
     store,
 };

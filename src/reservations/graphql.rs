@@ -13,10 +13,8 @@ use super::{
     ReservationRow,
     domain::{self, Unavailable},
     loader::ReservationLoader,
-    service::{
-        ChangeOutcome, ExtendOutcome, ReleaseOutcome, ReservationService, ReserveManyOutcome, ReserveOutcome,
-        ReserveRequest,
-    },
+    reserve::{ReserveOutcome, ReserveRequest},
+    service::{ChangeOutcome, ExtendOutcome, ReleaseOutcome, ReservationService, ReserveManyOutcome},
 };
 use crate::{
     context::Parts,

@@ -7,6 +7,7 @@ pub mod coalesce;
 pub mod domain;
 pub mod graphql;
 pub mod loader;
+pub mod reserve;
 pub mod service;
 pub mod spread;
 pub mod store;

@@ -17,6 +17,7 @@ use super::{
     alone::reserve_alone,
     coalesce::{Batching, Coalescer},
     domain::{self, Unavailable},
+    reserve::{ReserveOutcome, ReserveRequest},
     spread::Spread,
     store,
 };
@@ -34,53 +35,6 @@ use crate::{
         taking::ReservationChange,
     },
 };
-
-/// A checked reservation request.
-#[derive(Debug, Clone)]
-pub struct ReserveRequest {
-    /// The inventory to take from.
-    pub inventory_id: Uuid,
-    /// Units, already checked against the limits.
-    pub quantity: i32,
-    /// The version the client saw, for the optimistic check.
-    pub expected_version: Option<i32>,
-    /// The client's idempotency key.
-    pub idempotency_key: Option<String>,
-    /// Seconds until the reservation expires; 0 = never.
-    pub ttl_secs: i32,
-    /// Where its units may come from (location ids already checked).
-    pub allocating: Allocating,
-}
-
-/// How a reservation request ended.
-#[derive(Debug)]
-pub enum ReserveOutcome {
-    /// Stock was taken (now, or by the first request with this idempotency key).
-    Reserved {
-        /// The reservation.
-        reservation: ReservationRow,
-        /// The inventory as the reserving statement left it (for a replay: the latest row).
-        inventory: InventoryRow,
-    },
-    /// The row is no longer at the expected version; nothing was taken.
-    Conflict {
-        /// The version the request expected (or, without one, the last seen).
-        expected_version: i32,
-        /// The latest committed row.
-        inventory: InventoryRow,
-    },
-    /// Not enough stock; nothing was taken.
-    SoldOut {
-        /// Units asked for.
-        requested: i32,
-        /// What the eligible locations hold (see `SoldOut.available`).
-        available: i32,
-        /// The latest committed row.
-        inventory: InventoryRow,
-    },
-    /// No inventory has that id.
-    InventoryNotFound,
-}
 
 /// How a multi-item reservation ended.
 #[derive(Debug)]
@@ -392,20 +346,6 @@ pub async fn known_locations(db: &DatabaseConnection, allocating: &Allocating, f
         None => Ok(()),
         Some(id) => Err(AppError::bad_input(field, format!("no location has id {id}"))),
     }
-}
-
-/// The first outcome of a single `reserve` with this key, if one took stock
-/// (its reservation, and the inventory as it is now).
-pub(super) async fn replay(
-    db: &DatabaseConnection,
-    user_id: &str,
-    key: Option<&Key>,
-) -> Result<Option<ReserveOutcome>, AppError> {
-    let Some(key) = key else { return Ok(None) };
-    let Some(first) = idempotency::first_use(db, user_id, key).await? else { return Ok(None) };
-    let inventory = read_answer!(db, |db| inventory_store::find(db, first.inventory_id))?
-        .ok_or_else(|| AppError::internal(anyhow::anyhow!("a reservation's inventory is missing")))?;
-    Ok(Some(ReserveOutcome::Reserved { reservation: first, inventory }))
 }
 
 /// The reservations of the multi-item request that first used this key, if any.
