@@ -27,6 +27,8 @@ pub mod error;
 pub mod events;
 /// The one way in for a GraphQL operation (HTTP or websocket): bounds, caller, loaders, permit, error codes.
 pub mod gateway;
+/// Relay's global ids: the kinds of object that have one, and the encoding.
+pub mod global_id;
 /// The axum router and server: `/graphql`, `/graphql/ws`, GraphiQL, health, metrics, bounded connections, shutdown.
 pub mod http;
 /// Idempotency keys for every operation: fingerprints, first uses, replays.
@@ -39,7 +41,7 @@ pub mod inventory;
 pub mod live;
 /// Locations: the places that hold stock, each inventory's levels there, allocations, transfers.
 pub mod locations;
-/// Relay's object identification: the `Node` interface, global ids, `node` and `nodes`.
+/// Relay's object identification: the `Node` interface, `node` and `nodes`.
 pub mod node;
 /// Orders: the version-checked aggregate, checkout of a cart, confirm/cancel/fulfil with retry or report, the pessimistic path.
 pub mod orders;

@@ -16,9 +16,9 @@ use super::{
 use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
+    global_id,
     live::Feed,
     locations::graphql::{self as locations, Location, StockLevel},
-    node,
     pagination::{self, Connection, Cursor, VersionCursor, connection},
     telemetry, validate,
 };
@@ -43,7 +43,7 @@ impl Inventory {
 
     /// The inventory's global id, for `node(id:)` (Relay).
     pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::Inventory, self.0.id)
+        global_id::encode(global_id::Kind::Inventory, self.0.id)
     }
 
     /// Stock keeping unit, unique across inventories.
@@ -240,7 +240,7 @@ impl StockMovement {
 
     /// The ledger row's global id, for `node(id:)` (Relay).
     pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::StockMovement, self.0.id)
+        global_id::encode(global_id::Kind::StockMovement, self.0.id)
     }
 
     /// Units added; negative when stock was taken.

@@ -15,8 +15,8 @@ use super::{
 use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
+    global_id,
     inventory::graphql::{Conflict, Inventory, InventoryNotFound, MAX_STOCK_CHANGE},
-    node,
     pagination::{self, Connection, connection},
     reservations::graphql::SoldOut,
     stock::rows::AllocationRow,
@@ -39,7 +39,7 @@ impl Location {
 
     /// The location's global id, for `node(id:)` (Relay).
     pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::Location, self.0.id)
+        global_id::encode(global_id::Kind::Location, self.0.id)
     }
 
     /// Unique, 1 to 64 characters.

@@ -18,10 +18,10 @@ use crate::{
     auth::User,
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
+    global_id,
     inventory::graphql::{Inventory, load as load_inventory},
     live::Feed,
     locations::graphql::{self as locations, Allocation},
-    node,
     pagination::{self, Connection, Cursor, connection},
     reservations::{
         ReservationRow,
@@ -81,7 +81,7 @@ impl Order {
 
     /// The order's global id, for `node(id:)` (Relay).
     pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::Order, self.0.id)
+        global_id::encode(global_id::Kind::Order, self.0.id)
     }
 
     /// Life-cycle state.

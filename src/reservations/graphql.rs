@@ -19,9 +19,9 @@ use super::{
 use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
+    global_id,
     inventory::graphql::{Conflict, Inventory, InventoryNotFound, load as load_inventory},
     locations::graphql::{self as locations, Allocation},
-    node,
     pagination::{self, Connection, Cursor, connection},
     reservations, telemetry, validate,
 };
@@ -88,7 +88,7 @@ impl Reservation {
 
     /// The reservation's global id, for `node(id:)` (Relay).
     pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::Reservation, self.0.id)
+        global_id::encode(global_id::Kind::Reservation, self.0.id)
     }
 
     /// The inventory the stock was taken from (batched per request).

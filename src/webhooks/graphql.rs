@@ -12,7 +12,7 @@ use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     events::{self, outbox::history::DeliveryRow},
-    node,
+    global_id,
     pagination::{self, Connection, Cursor, connection},
 };
 
@@ -93,7 +93,7 @@ impl WebhookEndpoint {
 
     /// The endpoint's global id, for `node(id:)` (Relay).
     pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::WebhookEndpoint, self.0.id)
+        global_id::encode(global_id::Kind::WebhookEndpoint, self.0.id)
     }
 
     /// Where bodies are POSTed, as the server normalised it.
