@@ -13,8 +13,6 @@ use std::{
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
-use crate::error::AppError;
-
 /// Longest accepted user id.
 const MAX_SUB_LEN: usize = 128;
 
@@ -48,9 +46,6 @@ pub struct Claims {
 /// Shortest accepted HS256 secret: RFC 7518 asks for a key at least as long
 /// as the hash (256 bits); a shorter one can be guessed offline from any token.
 pub const MIN_SECRET_BYTES: usize = 32;
-
-/// Longest lifetime of a token, by default (a day).
-pub const DEFAULT_MAX_TOKEN_TTL_SECS: i64 = 24 * 60 * 60;
 
 /// Seconds a clock may be off between the token's issuer and this server.
 const LEEWAY_SECS: i64 = 30;
@@ -97,17 +92,6 @@ pub enum Viewer {
     Invalid(&'static str),
     /// A verified user.
     User(User),
-}
-
-impl Viewer {
-    /// The signed-in user, or `UNAUTHENTICATED` with the reason.
-    pub fn user(&self) -> Result<&User, AppError> {
-        match self {
-            Self::User(user) => Ok(user),
-            Self::Invalid(reason) => Err(AppError::Unauthenticated(reason)),
-            Self::Anonymous => Err(AppError::Unauthenticated("this operation needs a bearer token")),
-        }
-    }
 }
 
 /// The signing and verifying keys for one secret.
@@ -231,6 +215,7 @@ impl Keys {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::DEFAULT_MAX_TOKEN_TTL_SECS;
 
     const SECRET: &[u8] = b"a-secret-of-thirty-two-bytes-at-least";
 

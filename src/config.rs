@@ -380,6 +380,9 @@ pub enum LogFormat {
     Json,
 }
 
+/// Longest lifetime of a token, by default (a day).
+pub const DEFAULT_MAX_TOKEN_TTL_SECS: i64 = 24 * 60 * 60;
+
 /// Settings of the `serve` command.
 #[derive(Args, Debug, Clone)]
 pub struct ServeConfig {
@@ -396,7 +399,7 @@ pub struct ServeConfig {
 
     /// Longest lifetime of an accepted bearer token, from its `iat` (or from
     /// now, without one) to its `exp` (seconds).
-    #[arg(long, env = "STOCKGUARD_MAX_TOKEN_TTL_SECS", default_value_t = crate::auth::DEFAULT_MAX_TOKEN_TTL_SECS)]
+    #[arg(long, env = "STOCKGUARD_MAX_TOKEN_TTL_SECS", default_value_t = DEFAULT_MAX_TOKEN_TTL_SECS)]
     pub max_token_ttl_secs: i64,
 
     /// How long the process keeps serving after SIGTERM with `/readyz`

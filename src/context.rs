@@ -55,6 +55,19 @@ impl<'a> Parts<'a> for Context<'a> {
     }
 }
 
+// Here, not in `auth`: `auth` stays below `error` (which counts database
+// failures through `telemetry`, which labels a span by the caller's role).
+impl Viewer {
+    /// The signed-in user, or `UNAUTHENTICATED` with the reason.
+    pub fn user(&self) -> Result<&User, AppError> {
+        match self {
+            Self::User(user) => Ok(user),
+            Self::Invalid(reason) => Err(AppError::Unauthenticated(reason)),
+            Self::Anonymous => Err(AppError::Unauthenticated("this operation needs a bearer token")),
+        }
+    }
+}
+
 /// A DataLoader's loader, made on the pool its batches run on.
 pub trait FromPool: Send + Sync + 'static {
     /// The loader reading through `db`.
