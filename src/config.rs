@@ -43,19 +43,19 @@ pub struct DatabaseConfig {
 
 impl DatabaseConfig {
     /// The acquire timeout as a duration.
-    pub fn acquire_timeout(&self) -> Duration {
+    pub(crate) fn acquire_timeout(&self) -> Duration {
         Duration::from_millis(self.acquire_timeout_ms)
     }
 
     /// The statement timeout as a duration.
-    pub fn statement_timeout(&self) -> Duration {
+    pub(crate) fn statement_timeout(&self) -> Duration {
         Duration::from_millis(self.statement_timeout_ms)
     }
 }
 
 /// The process's own settings, for every command: its log lines and its threads.
 #[derive(Args, Debug, Clone)]
-pub struct ProcessConfig {
+pub(crate) struct ProcessConfig {
     /// Format of the log lines on stderr; `RUST_LOG` filters them.
     #[arg(long, env = "STOCKGUARD_LOG_FORMAT", value_enum, default_value = "text", global = true)]
     pub log_format: LogFormat,
@@ -373,7 +373,7 @@ pub enum OrderLocking {
 
 /// Log line format.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable lines.
     Text,
     /// One JSON object per line.
@@ -385,7 +385,7 @@ pub const DEFAULT_MAX_TOKEN_TTL_SECS: i64 = 24 * 60 * 60;
 
 /// Settings of the `serve` command.
 #[derive(Args, Debug, Clone)]
-pub struct ServeConfig {
+pub(crate) struct ServeConfig {
     /// Address to listen on.
     #[arg(long, env = "STOCKGUARD_ADDR", default_value = "127.0.0.1:8000")]
     pub addr: SocketAddr,

@@ -46,7 +46,7 @@ pub fn encode(kind: Kind, id: Uuid) -> ID {
 }
 
 /// The kind and UUID a global id names, if it is one.
-pub fn decode(id: &str) -> Option<(Kind, Uuid)> {
+pub(crate) fn decode(id: &str) -> Option<(Kind, Uuid)> {
     let text = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(id).ok()?).ok()?;
     let (name, uuid) = text.split_once(':')?;
     let kind = Kind::ALL.into_iter().find(|kind| kind.type_name() == name)?;

@@ -27,7 +27,7 @@ use crate::{
 /// An object with a global id, which `node(id:)` refetches.
 #[derive(Interface)]
 #[graphql(field(name = "node_id", ty = "ID", desc = "The object's global id, for `node(id:)` (Relay)."))]
-pub enum Node {
+pub(crate) enum Node {
     /// A stocked item.
     Inventory(Inventory),
     /// A hold on stock.
@@ -47,7 +47,7 @@ const MAX_NODES: usize = 100;
 
 /// Relay's root fields for any object with a global id.
 #[derive(Default)]
-pub struct NodeQuery;
+pub(crate) struct NodeQuery;
 
 #[Object]
 impl NodeQuery {

@@ -14,7 +14,7 @@ use crate::stock::{
 
 /// A client's idempotency key and the fingerprint of the request that carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Key {
+pub(crate) struct Key {
     /// The key, as the client sent it (already checked).
     pub key: String,
     /// The request's fingerprint, as it is stored: `v2:` and the hex
@@ -46,7 +46,7 @@ const MAGIC: &[u8] = b"stockguard.idempotency.v2";
 /// A request is [`MAGIC`], its operation's name as text (without its tag),
 /// then a record of its fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Part<'a> {
+pub(crate) enum Part<'a> {
     /// Text.
     Text(&'a str),
     /// An integer.
@@ -63,12 +63,12 @@ pub enum Part<'a> {
 
 impl<'a> Part<'a> {
     /// Text, or [`Part::Absent`].
-    pub fn optional_text(value: Option<&'a str>) -> Self {
+    pub(crate) fn optional_text(value: Option<&'a str>) -> Self {
         value.map_or(Self::Absent, Self::Text)
     }
 
     /// An integer, or [`Part::Absent`].
-    pub fn optional_int(value: Option<i32>) -> Self {
+    pub(crate) fn optional_int(value: Option<i32>) -> Self {
         value.map_or(Self::Absent, |n| Self::Int(n.into()))
     }
 
@@ -130,7 +130,7 @@ fn canonical(operation: &str, fields: Vec<(&str, Part<'_>)>) -> String {
 /// What else makes a multi-item request or a checkout what it is, beside
 /// its lines: its fields, and the text the legacy fingerprint held for them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Extra<'a> {
+pub(crate) struct Extra<'a> {
     /// Fields after the lines, in a fixed order.
     pub fields: Vec<(&'a str, Part<'a>)>,
     /// The same, as keys stored before the canonical encoding hashed it.
@@ -139,7 +139,7 @@ pub struct Extra<'a> {
 
 impl Key {
     /// The key of a single `reserve`.
-    pub fn reserve(
+    pub(crate) fn reserve(
         key: String,
         inventory_id: Uuid,
         quantity: i32,
@@ -162,7 +162,7 @@ impl Key {
     /// The key of a multi-item `operation` (`"reserveMany"`, `"placeOrder"`)
     /// over its merged lines `(inventory, quantity, expected version)`, plus
     /// `extra`: anything else that makes the request what it is.
-    pub fn multi_item<'l>(
+    pub(crate) fn multi_item<'l>(
         key: String,
         operation: &str,
         lines: impl IntoIterator<Item = (Uuid, i32, Option<i32>, &'l Allocating)>,
@@ -195,7 +195,7 @@ impl Key {
     /// The key of a `checkout` of these reservations (sorted, without
     /// repeats, as the request is merged), plus `extra`: anything else that
     /// makes the request what it is.
-    pub fn checkout(key: String, reservation_ids: &[Uuid], extra: Extra<'_>) -> Self {
+    pub(crate) fn checkout(key: String, reservation_ids: &[Uuid], extra: Extra<'_>) -> Self {
         let legacy = legacy::checkout(reservation_ids, &extra.legacy);
         let mut fields = vec![("reservationIds", Part::List(reservation_ids.iter().copied().map(Part::Id).collect()))];
         fields.extend(extra.fields);
@@ -205,7 +205,7 @@ impl Key {
     /// The key of a `transferStock`. A transfer has no fingerprint from
     /// before the canonical encoding: its legacy one is empty, which no
     /// stored fingerprint is, so a legacy key never matches it.
-    pub fn transfer(
+    pub(crate) fn transfer(
         key: String,
         inventory_id: Uuid,
         (from, to): (Uuid, Uuid),
@@ -226,7 +226,7 @@ impl Key {
     /// The lines enter in inventory order, whatever order the request named
     /// them in (each inventory is named once). A return has no fingerprint
     /// from before the canonical encoding (see [`Key::transfer`]).
-    pub fn return_order(key: String, order_id: Uuid, lines: &[ReturnLine], note: Option<&str>) -> Self {
+    pub(crate) fn return_order(key: String, order_id: Uuid, lines: &[ReturnLine], note: Option<&str>) -> Self {
         let mut sorted: Vec<&ReturnLine> = lines.iter().collect();
         sorted.sort_by_key(|line| line.inventory_id);
         let lines = sorted

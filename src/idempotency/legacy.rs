@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 /// An optional integer as `Debug` wrote it: `Some(3)`, `None`.
-pub fn optional(value: Option<i32>) -> String {
+pub(super) fn optional(value: Option<i32>) -> String {
     value.map_or_else(|| "None".to_owned(), |n| format!("Some({n})"))
 }
 

@@ -38,7 +38,7 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
-pub use self::fingerprint::{Extra, Key, Part};
+pub(crate) use self::fingerprint::{Extra, Key, Part};
 use crate::{
     db::{DbFailure, classify, read_answer},
     error::AppError,
@@ -92,7 +92,7 @@ async fn claim(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Opti
 /// Whether `err` is an index refusing a second use of a key: the key's
 /// first request has committed meanwhile, so its outcome can be replayed
 /// (or, for another request, refused).
-pub fn is_taken(err: &DbErr) -> bool {
+pub(crate) fn is_taken(err: &DbErr) -> bool {
     matches!(classify(err), DbFailure::UniqueViolation(Some(index)) if INDEXES.contains(&index.as_str()))
 }
 
@@ -100,13 +100,17 @@ pub fn is_taken(err: &DbErr) -> bool {
 /// that keeps no row of its own beside the key, such as `transferStock`,
 /// replays from the claim alone); `IDEMPOTENCY_KEY_REUSED` when a different
 /// request claimed it.
-pub async fn claimed(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<bool, AppError> {
+pub(crate) async fn claimed(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<bool, AppError> {
     Ok(claim(db, user_id, key).await?.is_some())
 }
 
 /// The reservation that first used this user's key, if any;
 /// `IDEMPOTENCY_KEY_REUSED` when that was a different request.
-pub async fn first_use(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<ReservationRow>, AppError> {
+pub(crate) async fn first_use(
+    db: &DatabaseConnection,
+    user_id: &str,
+    key: &Key,
+) -> Result<Option<ReservationRow>, AppError> {
     if claim(db, user_id, key).await?.is_none() {
         return Ok(None);
     }
@@ -122,7 +126,7 @@ pub async fn first_use(db: &DatabaseConnection, user_id: &str, key: &Key) -> Res
 
 /// Every reservation of the multi-item request that first used the key,
 /// ordered by inventory id (as `reserveMany` answered them), if any.
-pub async fn replay_multi_item(
+pub(crate) async fn replay_multi_item(
     db: &DatabaseConnection,
     user_id: &str,
     key: &Key,
@@ -138,13 +142,13 @@ pub async fn replay_multi_item(
 
 /// The order placed by the request (`placeOrder`, `checkout`) that first
 /// used the key, if any.
-pub async fn replay_order(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Uuid>, AppError> {
+pub(crate) async fn replay_order(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Uuid>, AppError> {
     let Some(claim) = claim(db, user_id, key).await? else { return Ok(None) };
     Ok(Some(claim.order_id.ok_or_else(|| AppError::internal(anyhow::anyhow!("an order key's claim has no order")))?))
 }
 
 /// The return made by the `returnOrder` that first used the key, if any.
-pub async fn replay_return(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Uuid>, AppError> {
+pub(crate) async fn replay_return(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Uuid>, AppError> {
     let Some(claim) = claim(db, user_id, key).await? else { return Ok(None) };
     Ok(Some(claim.return_id.ok_or_else(|| AppError::internal(anyhow::anyhow!("a return key's claim has no return")))?))
 }

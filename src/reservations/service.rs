@@ -38,7 +38,7 @@ use crate::{
 
 /// How a multi-item reservation ended.
 #[derive(Debug)]
-pub enum ReserveManyOutcome {
+pub(crate) enum ReserveManyOutcome {
     /// Every line was reserved (now, or by the first request with this key).
     ReservedAll(Vec<ReservationRow>),
     /// Nothing was reserved; the lines that could not be served.
@@ -47,7 +47,7 @@ pub enum ReserveManyOutcome {
 
 /// How a release ended.
 #[derive(Debug)]
-pub enum ReleaseOutcome {
+pub(crate) enum ReleaseOutcome {
     /// The stock went back; the reservation and inventory as the statement left them.
     Released {
         /// The reservation, now RELEASED.
@@ -63,7 +63,7 @@ pub enum ReleaseOutcome {
 
 /// How an extension ended.
 #[derive(Debug)]
-pub enum ExtendOutcome {
+pub(crate) enum ExtendOutcome {
     /// The new expiry is saved.
     Extended(ReservationRow),
     /// No such reservation of the caller's.
@@ -74,7 +74,7 @@ pub enum ExtendOutcome {
 
 /// How a change of a reservation's quantity ended.
 #[derive(Debug)]
-pub enum ChangeOutcome {
+pub(crate) enum ChangeOutcome {
     /// The reservation holds the new quantity (now, or already did).
     Changed {
         /// The reservation as changed.
@@ -103,7 +103,7 @@ const CHANGE_ATTEMPTS: u32 = 3;
 /// The reservations feature as the resolvers see it: one per server
 /// process, built by the composition root and handed to the schema as data.
 #[derive(Clone)]
-pub struct ReservationService {
+pub(crate) struct ReservationService {
     /// The connection pool.
     db: DatabaseConnection,
     /// Connections for one-statement reservations.
@@ -121,7 +121,7 @@ pub struct ReservationService {
 
 impl ReservationService {
     /// The service over `state`'s pools, coalescing if its limits say so.
-    pub fn new(state: &AppState) -> Self {
+    pub(crate) fn new(state: &AppState) -> Self {
         let limits = &state.limits;
         let coalescer = limits.coalesce.then(|| {
             Coalescer::new(
@@ -148,14 +148,14 @@ impl ReservationService {
     }
 
     /// The limits requests are checked against.
-    pub fn limits(&self) -> &Limits {
+    pub(crate) fn limits(&self) -> &Limits {
         &self.limits
     }
 
     /// One page of `user_id`'s reservations, oldest first: `first` rows
     /// (checked against the limits) after the cursor `after`, with one more
     /// when more follow.
-    pub async fn page(
+    pub(crate) async fn page(
         &self,
         user_id: &str,
         first: Option<i32>,
@@ -170,7 +170,7 @@ impl ReservationService {
     /// and it takes by the default choice (any active location, by priority,
     /// splitting allowed), wherever the inventory's stock is. A request that
     /// chooses otherwise is served alone.
-    pub async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
+    pub(crate) async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
         known_locations(&self.db, &request.allocating, "input.locationIds").await?;
         match &self.coalescer {
             Some(coalescer) if request.allocating.is_default() => coalescer.reserve(user_id, request).await,
@@ -179,7 +179,7 @@ impl ReservationService {
     }
 
     /// Reserves every line or none (see [`take_every_line`]).
-    pub async fn reserve_many(
+    pub(crate) async fn reserve_many(
         &self,
         user_id: &str,
         lines: &[Line],
@@ -224,7 +224,7 @@ impl ReservationService {
     /// When collision retries run out the reservation is as it was (still
     /// ACTIVE, most likely), which no member of the release's union says:
     /// the answer is the retryable `DATABASE_UNAVAILABLE`.
-    pub async fn release(&self, id: Uuid, owner: &str) -> Result<ReleaseOutcome, AppError> {
+    pub(crate) async fn release(&self, id: Uuid, owner: &str) -> Result<ReleaseOutcome, AppError> {
         if let Some(change) = store::release(&self.db, &self.collisions, id, owner).await?.done()? {
             return Ok(ReleaseOutcome::Released { reservation: change.reservation, inventory: change.inventory });
         }
@@ -236,7 +236,12 @@ impl ReservationService {
 
     /// Changes an ACTIVE, unexpired reservation of `owner`'s to `quantity`
     /// units in one statement (see `stock::adjusting`).
-    pub async fn change_quantity(&self, id: Uuid, owner: &str, quantity: i32) -> Result<ChangeOutcome, AppError> {
+    pub(crate) async fn change_quantity(
+        &self,
+        id: Uuid,
+        owner: &str,
+        quantity: i32,
+    ) -> Result<ChangeOutcome, AppError> {
         for _ in 0..CHANGE_ATTEMPTS {
             // Collision retries that run out are `DATABASE_UNAVAILABLE`.
             if let Some(change) =
@@ -271,7 +276,7 @@ impl ReservationService {
 
     /// Moves an ACTIVE, unexpired reservation's expiry `seconds` later, but
     /// never past `max_ttl_secs` from now.
-    pub async fn extend(
+    pub(crate) async fn extend(
         &self,
         id: Uuid,
         owner: &str,
@@ -302,7 +307,7 @@ impl ReservationService {
 
 /// The idempotency key of a multi-item `operation` over `lines`, with
 /// `extra` for anything else that makes the request what it is.
-pub fn multi_item_key(key: String, operation: &str, lines: &[Line], extra: Extra<'_>) -> Key {
+pub(crate) fn multi_item_key(key: String, operation: &str, lines: &[Line], extra: Extra<'_>) -> Key {
     let lines = lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version, &l.allocating));
     Key::multi_item(key, operation, lines, extra)
 }
@@ -311,7 +316,7 @@ pub fn multi_item_key(key: String, operation: &str, lines: &[Line], extra: Extra
 /// `txn`: the inventories are locked in id order, judged as locked, and one
 /// statement takes them all. `Ok(Err(..))` lists every line that cannot be
 /// served; the caller then rolls back (nothing was written).
-pub async fn take_every_line(
+pub(crate) async fn take_every_line(
     txn: &DatabaseTransaction,
     user_id: &str,
     lines: &[Line],
@@ -332,14 +337,18 @@ pub async fn take_every_line(
 
 /// Every line as a conflict, with the latest rows: what a multi-item
 /// request answers when its collision retries ran out.
-pub async fn lines_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
+pub(crate) async fn lines_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
     let latest = read_answer!(db, |db| inventory_store::find_many(db, lines.iter().map(|l| l.inventory_id)))?;
     Ok(domain::in_conflict(lines, &latest))
 }
 
 /// Refuses location ids that name no location (`BAD_USER_INPUT` at
 /// `field`); an empty list is refused before, with the other input checks.
-pub async fn known_locations(db: &DatabaseConnection, allocating: &Allocating, field: &str) -> Result<(), AppError> {
+pub(crate) async fn known_locations(
+    db: &DatabaseConnection,
+    allocating: &Allocating,
+    field: &str,
+) -> Result<(), AppError> {
     let Some(ids) = &allocating.location_ids else { return Ok(()) };
     let unknown = read_answer!(db, |db| inventory_store::unknown_locations(db, ids))?;
     match unknown.first() {
