@@ -368,7 +368,7 @@ impl OrderService {
 /// The address as it enters the fingerprint of a `placeOrder` or a
 /// `checkout`: its fields by their API names, in a fixed order, and the text
 /// keys stored before the canonical encoding hold for it (see
-/// `idempotency.rs`). That text is what `Debug` wrote for `ShippingAddress`,
+/// `idempotency/legacy.rs`). That text is what `Debug` wrote for `ShippingAddress`,
 /// spelled out so that renaming the struct or a field cannot change it; its
 /// strings are still escaped as `Debug` escapes a `str`, which is how they
 /// were stored (a printable ASCII address, the usual one, is written as is).
