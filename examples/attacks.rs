@@ -21,7 +21,10 @@ use clap::Parser;
 use futures::{SinkExt, StreamExt};
 use sea_orm::sqlx::{self, Connection as _, PgConnection};
 use serde_json::{Value, json};
-use stockguard::auth::{DEFAULT_MAX_TOKEN_TTL_SECS, Keys, Role};
+use stockguard::{
+    auth::{Keys, Role},
+    config::DEFAULT_MAX_TOKEN_TTL_SECS,
+};
 use stockguard_support::{
     client,
     database::{self, ThrowAway},

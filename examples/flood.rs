@@ -31,7 +31,10 @@ use std::{
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use serde_json::{Value, json};
-use stockguard::auth::{DEFAULT_MAX_TOKEN_TTL_SECS, Keys, Role};
+use stockguard::{
+    auth::{Keys, Role},
+    config::DEFAULT_MAX_TOKEN_TTL_SECS,
+};
 use stockguard_support::{
     client,
     database::ThrowAway,

@@ -19,20 +19,20 @@ pub struct AppState {
     /// The connection pool.
     pub db: DatabaseConnection,
     /// Connections for one-statement reservations (no per-use round trip).
-    pub statements: StatementPool,
+    pub(crate) statements: StatementPool,
     /// Signs and verifies bearer tokens (shared: the state is cloned for
     /// every request, and keys and limits are the large part of it).
-    pub keys: Arc<Keys>,
+    pub(crate) keys: Arc<Keys>,
     /// The API's limits.
-    pub limits: Arc<Limits>,
+    pub(crate) limits: Arc<Limits>,
     /// Re-runs collided statements.
-    pub collisions: Collisions,
+    pub(crate) collisions: Collisions,
     /// `/readyz`'s own database connection.
-    pub ready: ReadyProbe,
+    pub(crate) ready: ReadyProbe,
     /// Set when the process is about to stop (SIGTERM with a shutdown
     /// delay): `/readyz` answers 503 so load balancers send no new
     /// requests, while every request that still comes is served.
-    pub draining: Arc<AtomicBool>,
+    pub(crate) draining: Arc<AtomicBool>,
 }
 
 impl AppState {

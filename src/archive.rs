@@ -31,11 +31,11 @@ use crate::{
 /// The shortest retention the archive accepts: a day, so nothing a client
 /// may still replay (the contract remembers a key for at least 24 h) or a
 /// person may still look up today goes.
-pub const MIN_AGE: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MIN_AGE: Duration = Duration::from_secs(24 * 3600);
 
 /// A retention age as the command line writes it: a whole number and a unit
 /// (`90d`, `36h`, `2w`), at least [`MIN_AGE`].
-pub fn parse_age(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_age(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);

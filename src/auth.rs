@@ -13,8 +13,6 @@ use std::{
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
-use crate::error::AppError;
-
 /// Longest accepted user id.
 const MAX_SUB_LEN: usize = 128;
 
@@ -30,7 +28,7 @@ pub enum Role {
 
 /// The claims Stockguard signs and requires.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct Claims {
+pub(crate) struct Claims {
     /// The user id.
     pub sub: String,
     /// The user's role.
@@ -47,10 +45,7 @@ pub struct Claims {
 
 /// Shortest accepted HS256 secret: RFC 7518 asks for a key at least as long
 /// as the hash (256 bits); a shorter one can be guessed offline from any token.
-pub const MIN_SECRET_BYTES: usize = 32;
-
-/// Longest lifetime of a token, by default (a day).
-pub const DEFAULT_MAX_TOKEN_TTL_SECS: i64 = 24 * 60 * 60;
+pub(crate) const MIN_SECRET_BYTES: usize = 32;
 
 /// Seconds a clock may be off between the token's issuer and this server.
 const LEEWAY_SECS: i64 = 30;
@@ -69,7 +64,7 @@ pub struct WeakSecret(pub usize);
 
 /// A verified caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct User {
+pub(crate) struct User {
     /// The user id (`sub`).
     pub id: String,
     /// The role.
@@ -78,36 +73,25 @@ pub struct User {
 
 impl User {
     /// Whether this user is an operator.
-    pub fn is_operator(&self) -> bool {
+    pub(crate) fn is_operator(&self) -> bool {
         self.role == Role::Operator
     }
 
     /// Whether this user may see an object owned by `owner`.
-    pub fn may_see(&self, owner: &str) -> bool {
+    pub(crate) fn may_see(&self, owner: &str) -> bool {
         self.is_operator() || self.id == owner
     }
 }
 
 /// The caller of one request, put into the GraphQL context by the HTTP layer.
 #[derive(Debug, Clone)]
-pub enum Viewer {
+pub(crate) enum Viewer {
     /// No `Authorization` header.
     Anonymous,
     /// A header that did not verify; the reason is for the error message.
     Invalid(&'static str),
     /// A verified user.
     User(User),
-}
-
-impl Viewer {
-    /// The signed-in user, or `UNAUTHENTICATED` with the reason.
-    pub fn user(&self) -> Result<&User, AppError> {
-        match self {
-            Self::User(user) => Ok(user),
-            Self::Invalid(reason) => Err(AppError::Unauthenticated(reason)),
-            Self::Anonymous => Err(AppError::Unauthenticated("this operation needs a bearer token")),
-        }
-    }
 }
 
 /// The signing and verifying keys for one secret.
@@ -184,7 +168,7 @@ impl Keys {
     }
 
     /// Reads the caller from an `Authorization` header value, if any.
-    pub fn viewer(&self, authorization: Option<&str>) -> Viewer {
+    pub(crate) fn viewer(&self, authorization: Option<&str>) -> Viewer {
         self.viewer_at(authorization, chrono::Utc::now().timestamp())
     }
 
@@ -231,6 +215,7 @@ impl Keys {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::DEFAULT_MAX_TOKEN_TTL_SECS;
 
     const SECRET: &[u8] = b"a-secret-of-thirty-two-bytes-at-least";
 

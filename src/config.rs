@@ -43,19 +43,19 @@ pub struct DatabaseConfig {
 
 impl DatabaseConfig {
     /// The acquire timeout as a duration.
-    pub fn acquire_timeout(&self) -> Duration {
+    pub(crate) fn acquire_timeout(&self) -> Duration {
         Duration::from_millis(self.acquire_timeout_ms)
     }
 
     /// The statement timeout as a duration.
-    pub fn statement_timeout(&self) -> Duration {
+    pub(crate) fn statement_timeout(&self) -> Duration {
         Duration::from_millis(self.statement_timeout_ms)
     }
 }
 
 /// The process's own settings, for every command: its log lines and its threads.
 #[derive(Args, Debug, Clone)]
-pub struct ProcessConfig {
+pub(crate) struct ProcessConfig {
     /// Format of the log lines on stderr; `RUST_LOG` filters them.
     #[arg(long, env = "STOCKGUARD_LOG_FORMAT", value_enum, default_value = "text", global = true)]
     pub log_format: LogFormat,
@@ -373,16 +373,19 @@ pub enum OrderLocking {
 
 /// Log line format.
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable lines.
     Text,
     /// One JSON object per line.
     Json,
 }
 
+/// Longest lifetime of a token, by default (a day).
+pub const DEFAULT_MAX_TOKEN_TTL_SECS: i64 = 24 * 60 * 60;
+
 /// Settings of the `serve` command.
 #[derive(Args, Debug, Clone)]
-pub struct ServeConfig {
+pub(crate) struct ServeConfig {
     /// Address to listen on.
     #[arg(long, env = "STOCKGUARD_ADDR", default_value = "127.0.0.1:8000")]
     pub addr: SocketAddr,
@@ -396,7 +399,7 @@ pub struct ServeConfig {
 
     /// Longest lifetime of an accepted bearer token, from its `iat` (or from
     /// now, without one) to its `exp` (seconds).
-    #[arg(long, env = "STOCKGUARD_MAX_TOKEN_TTL_SECS", default_value_t = crate::auth::DEFAULT_MAX_TOKEN_TTL_SECS)]
+    #[arg(long, env = "STOCKGUARD_MAX_TOKEN_TTL_SECS", default_value_t = DEFAULT_MAX_TOKEN_TTL_SECS)]
     pub max_token_ttl_secs: i64,
 
     /// How long the process keeps serving after SIGTERM with `/readyz`

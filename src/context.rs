@@ -19,7 +19,7 @@ use crate::{
 };
 
 /// Checked access to what an operation's context holds.
-pub trait Parts<'a> {
+pub(crate) trait Parts<'a> {
     /// The part of type `T`, or `INTERNAL` when the schema was built without it.
     fn part<T: Any + Send + Sync>(&self) -> GqlResult<&'a T>;
 
@@ -55,8 +55,21 @@ impl<'a> Parts<'a> for Context<'a> {
     }
 }
 
+// Here, not in `auth`: `auth` stays below `error` (which counts database
+// failures through `telemetry`, which labels a span by the caller's role).
+impl Viewer {
+    /// The signed-in user, or `UNAUTHENTICATED` with the reason.
+    pub(crate) fn user(&self) -> Result<&User, AppError> {
+        match self {
+            Self::User(user) => Ok(user),
+            Self::Invalid(reason) => Err(AppError::Unauthenticated(reason)),
+            Self::Anonymous => Err(AppError::Unauthenticated("this operation needs a bearer token")),
+        }
+    }
+}
+
 /// A DataLoader's loader, made on the pool its batches run on.
-pub trait FromPool: Send + Sync + 'static {
+pub(crate) trait FromPool: Send + Sync + 'static {
     /// The loader reading through `db`.
     fn from_pool(db: DatabaseConnection) -> Self;
 }
@@ -67,7 +80,7 @@ pub trait FromPool: Send + Sync + 'static {
 macro_rules! pool_loader {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        pub struct $name {
+        pub(crate) struct $name {
             db: sea_orm::DatabaseConnection,
         }
 
@@ -84,7 +97,7 @@ pub(crate) use pool_loader;
 /// asks for it. Made up front, the nine of them (and their places in the
 /// request's data) were allocated for every operation, most of which use
 /// one or none: 1.6 % of the server's CPU under `bench load reserve`.
-pub struct Loaders {
+pub(crate) struct Loaders {
     /// The pool every loader reads through.
     db: DatabaseConnection,
     /// The loaders made so far, at most one of each type.
@@ -93,7 +106,7 @@ pub struct Loaders {
 
 impl Loaders {
     /// No loader yet; each will read through `db`.
-    pub fn new(db: DatabaseConnection) -> Self {
+    pub(crate) fn new(db: DatabaseConnection) -> Self {
         Self { db, made: Mutex::new(Vec::new()) }
     }
 

@@ -28,9 +28,9 @@ use uuid::Uuid;
 use crate::config::DatabaseConfig;
 
 pub mod local;
-pub mod primary;
+pub(crate) mod primary;
 mod statements;
-pub use primary::Primary;
+pub(crate) use primary::Primary;
 pub use statements::StatementPool;
 
 /// What a database error means to Stockguard.
@@ -62,7 +62,7 @@ pub enum DbFailure {
 
 impl DbFailure {
     /// A short name for logs and metric labels.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             Self::UniqueViolation(_) => "unique_violation",
             Self::CheckViolation(_) => "check_violation",
@@ -148,7 +148,7 @@ pub struct Collisions {
 }
 
 /// How a collision-guarded run ended.
-pub enum Attempted<T> {
+pub(crate) enum Attempted<T> {
     /// The statement ran (after one or more runs).
     Done(T),
     /// Every attempt collided.
@@ -164,7 +164,7 @@ impl<T> Attempted<T> {
     /// `Limits::collision_attempts`: the conflict member of its union with
     /// the latest rows where it has one, else `DATABASE_UNAVAILABLE`
     /// (`AppError`'s `From<Exhausted>`).
-    pub fn done(self) -> Result<T, Exhausted> {
+    pub(crate) fn done(self) -> Result<T, Exhausted> {
         match self {
             Self::Done(value) => Ok(value),
             Self::Exhausted { attempts } => Err(Exhausted { attempts }),
@@ -175,7 +175,7 @@ impl<T> Attempted<T> {
 /// Every run of a statement collided (40001 or 40P01), so nothing it would
 /// have written was written; the same request may succeed when retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Exhausted {
+pub(crate) struct Exhausted {
     /// How many runs were made.
     pub attempts: u32,
 }
@@ -191,7 +191,7 @@ impl Collisions {
 
     /// Runs `statement` until it does not collide or the attempts are used up.
     /// Errors that are not collisions are returned at once.
-    pub async fn run<T, F, Fut>(&self, key: Uuid, mut statement: F) -> Result<Attempted<T>, DbErr>
+    pub(crate) async fn run<T, F, Fut>(&self, key: Uuid, mut statement: F) -> Result<Attempted<T>, DbErr>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, DbErr>>,
@@ -409,7 +409,7 @@ pub async fn connect(url: &str, config: &DatabaseConfig) -> Result<DatabaseConne
 /// its own record to be flushed and replicated: a transactional logical
 /// message is the least WAL there is (no table, no lock, allowed to every
 /// role).
-pub async fn durable(db: &impl ConnectionTrait) -> Result<(), DbErr> {
+pub(crate) async fn durable(db: &impl ConnectionTrait) -> Result<(), DbErr> {
     db.execute_unprepared("SELECT pg_logical_emit_message(true, 'stockguard', 'durable')").await.map(drop)
 }
 
@@ -428,7 +428,12 @@ pub async fn durable(db: &impl ConnectionTrait) -> Result<(), DbErr> {
 /// options of the moment only, a side pool went on connecting to the old
 /// primary after a failover, and the events stopped until the process
 /// restarted.
-pub fn side_pool(db: &DatabaseConnection, name: &str, size: u32, settings: &[(&str, &str)]) -> DatabaseConnection {
+pub(crate) fn side_pool(
+    db: &DatabaseConnection,
+    name: &str,
+    size: u32,
+    settings: &[(&str, &str)],
+) -> DatabaseConnection {
     let pool = db.get_postgres_connection_pool();
     let options = pool.connect_options().as_ref().clone().application_name(name).options(settings.iter().copied());
     let side = pool
@@ -503,13 +508,13 @@ type Opened = (sqlx::postgres::PgConnection, Arc<sqlx::postgres::PgConnectOption
 
 impl ReadyProbe {
     /// A probe of the server `db`'s pool connects to.
-    pub fn beside(db: &DatabaseConnection) -> Self {
+    pub(crate) fn beside(db: &DatabaseConnection) -> Self {
         Self { pool: db.get_postgres_connection_pool().clone(), conn: Arc::default() }
     }
 
     /// Whether the database answers within `timeout` and accepts writes
     /// (`transaction_read_only` off: not a standby, not set read-only).
-    pub async fn is_ready(&self, timeout: Duration) -> bool {
+    pub(crate) async fn is_ready(&self, timeout: Duration) -> bool {
         use sqlx::Connection as _;
         let mut slot = self.conn.lock().await;
         let options = self.pool.connect_options();

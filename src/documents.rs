@@ -40,7 +40,7 @@ const MAX_DOCUMENTS: usize = 256;
 /// expanded; async-graphql's own recursive walk is set to the same bound
 /// (`limit_recursive_depth` in `schema.rs`), so it never walks deeper than
 /// this check has.
-pub const MAX_NESTING: usize = 32;
+pub(crate) const MAX_NESTING: usize = 32;
 
 /// Deepest nesting of brackets (`{`, `[`, `(`) in a query text, values
 /// included. Far above any real query (GraphiQL's introspection query nests
@@ -49,7 +49,7 @@ const MAX_BRACKETS: usize = 48;
 
 /// The bounds a document must keep.
 #[derive(Debug, Clone, Copy)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     /// Most lexical tokens in the query text.
     pub max_tokens: usize,
     /// Most selections (fields, fragment spreads, inline fragments) once every
@@ -61,7 +61,7 @@ pub struct Bounds {
 
 /// Why a query text was refused before validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// Not a GraphQL document, or past a bound of its text (tokens, brackets).
     Parse {
         /// What is wrong, for the client.
@@ -98,7 +98,7 @@ impl Refused {
     }
 
     /// The `extensions.code` of this refusal (docs/operations.md, Errors).
-    pub fn code(&self) -> ErrorCode {
+    pub(crate) fn code(&self) -> ErrorCode {
         match self {
             Self::Parse { .. } => ErrorCode::GraphqlParseFailed,
             Self::Invalid { .. } => ErrorCode::GraphqlValidationFailed,
@@ -108,7 +108,7 @@ impl Refused {
     }
 
     /// The refusal as a GraphQL error with its code.
-    pub fn into_server_error(self) -> ServerError {
+    pub(crate) fn into_server_error(self) -> ServerError {
         let code = self.code();
         let mut error = match self {
             Self::Parse { message, pos } => ServerError::new(message, pos),
@@ -121,7 +121,7 @@ impl Refused {
 }
 
 /// A checked document and what the gateway needs to know about it.
-pub struct Checked {
+pub(crate) struct Checked {
     /// The parsed document.
     pub document: ExecutableDocument,
     /// Whether every operation only introspects.
@@ -130,20 +130,20 @@ pub struct Checked {
 
 /// The cache; cheap to clone, shared by every request of a server.
 #[derive(Clone)]
-pub struct Documents {
+pub(crate) struct Documents {
     bounds: Bounds,
     parsed: Arc<Mutex<HashMap<String, Arc<Checked>>>>,
 }
 
 impl Documents {
     /// An empty cache whose documents keep `bounds`.
-    pub fn new(bounds: Bounds) -> Self {
+    pub(crate) fn new(bounds: Bounds) -> Self {
         Self { bounds, parsed: Arc::default() }
     }
 
     /// The checked document of `query`: from the cache, or scanned, parsed
     /// and measured now.
-    pub fn check(&self, query: &str) -> Result<Arc<Checked>, Refused> {
+    pub(crate) fn check(&self, query: &str) -> Result<Arc<Checked>, Refused> {
         if let Some(checked) = self.lock().get(query).cloned() {
             return Ok(checked);
         }
@@ -343,7 +343,7 @@ impl<'a> Measure<'a> {
 
 /// Whether a request selects only introspection fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Introspection {
+pub(crate) enum Introspection {
     /// Every operation is a query of `__schema`, `__type` or `__typename` only.
     Only,
     /// Anything else.

@@ -22,16 +22,16 @@ macro_rules! error_codes {
         /// An `extensions.code`: what a client switches on (docs/operations.md,
         /// "Errors", lists each; a unit test holds the two together).
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum ErrorCode {
+        pub(crate) enum ErrorCode {
             $($(#[doc = $doc])* $variant,)*
         }
 
         impl ErrorCode {
             /// Every code.
-            pub const ALL: [Self; [$($spelling),*].len()] = [$(Self::$variant),*];
+            pub(crate) const ALL: [Self; [$($spelling),*].len()] = [$(Self::$variant),*];
 
             /// The code as sent.
-            pub const fn as_str(self) -> &'static str {
+            pub(crate) const fn as_str(self) -> &'static str {
                 match self {
                     $(Self::$variant => $spelling,)*
                 }
@@ -86,7 +86,7 @@ error_codes! {
 
 impl ErrorCode {
     /// The code spelled `code`, if it is one.
-    pub fn parse(code: &str) -> Option<Self> {
+    pub(crate) fn parse(code: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|known| known.as_str() == code)
     }
 }
@@ -136,17 +136,17 @@ pub enum AppError {
 
 impl AppError {
     /// Bad input on `field`.
-    pub fn bad_input(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn bad_input(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::BadInput { field: field.into(), message: message.into() }
     }
 
     /// An internal error caused by `cause`.
-    pub fn internal(cause: impl Into<anyhow::Error>) -> Self {
+    pub(crate) fn internal(cause: impl Into<anyhow::Error>) -> Self {
         Self::Internal(Arc::new(cause.into()))
     }
 
     /// The `extensions.code` of this error.
-    pub fn code(&self) -> ErrorCode {
+    pub(crate) fn code(&self) -> ErrorCode {
         match self {
             Self::BadInput { .. } => ErrorCode::BadUserInput,
             Self::IdempotencyKeyReused => ErrorCode::IdempotencyKeyReused,
@@ -159,7 +159,7 @@ impl AppError {
 
     /// The error as an operator reads it at a command line: what a client
     /// reads, and for an internal error its cause, which no client is sent.
-    pub fn for_operator(&self) -> String {
+    pub(crate) fn for_operator(&self) -> String {
         match self {
             Self::Internal(cause) => format!("{self}: {cause:#}"),
             _ => self.to_string(),
@@ -218,13 +218,13 @@ impl ErrorExtensions for AppError {
 }
 
 /// The result of a resolver.
-pub type GqlResult<T> = async_graphql::Result<T>;
+pub(crate) type GqlResult<T> = async_graphql::Result<T>;
 
 /// Turns a service result into a resolver result, keeping the error's code.
 ///
 /// A bare `?` would go through async-graphql's blanket `From<Display>` and drop
 /// `extensions.code`, so every resolver converts through here.
-pub trait IntoGql<T> {
+pub(crate) trait IntoGql<T> {
     /// Convert, keeping `extensions`.
     fn gql(self) -> GqlResult<T>;
 }

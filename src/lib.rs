@@ -3,6 +3,17 @@
 //!
 //! The reasoning is in `docs/design.md` and in the modules' own docs; the tour:
 
+// Public, and why: the binary's entry (`cli`); what the tests, the
+// examples and the support crate build and reach a server with, the way
+// `stockguard serve` does (`startup`, `server`, `app`, `schema`, `config`,
+// `auth`, `db`, `embedded`); the checks they run on its database
+// (`invariant`, `archive`); and the few items the white-box tests of
+// tests/api name (statement plans, the coalescer, the sweeper, event
+// signatures: in `stock`, `reservations`, `locations`, `events`,
+// `pagination`, `global_id`). Everything else is `pub(crate)`, and the lint
+// below keeps it so: an item is `pub` only while one of those uses it.
+#![warn(unreachable_pub)]
+
 /// The state every request shares.
 pub mod app;
 /// Retention: `stockguard archive` deletes old done-with rows in time slices, keeping the ledger's sums.
@@ -14,35 +25,37 @@ pub mod cli;
 /// Every setting, from flags or the environment, with the API's limits.
 pub mod config;
 /// What a resolver takes from its context, checked: the caller, the state, services and loaders.
-pub mod context;
+pub(crate) mod context;
 /// Connecting, creating and migrating the database, the releases it runs on; the one place that classifies database errors.
 pub mod db;
 /// GraphQL documents read within bounds (tokens, nesting, expanded size), parsed once and kept.
-pub mod documents;
+pub(crate) mod documents;
 /// A private PostgreSQL started from the installed binaries when no database is given and the local one cannot be used.
 pub mod embedded;
 /// `AppError`: what is really an error (bad input, auth, database), and its GraphQL code.
-pub mod error;
+pub(crate) mod error;
 /// Events out: the pump, the outbox and the webhook deliveries, and the egress rules every webhook URL passes.
 pub mod events;
 /// The one way in for a GraphQL operation (HTTP or websocket): bounds, caller, loaders, permit, error codes.
-pub mod gateway;
+pub(crate) mod gateway;
+/// Relay's global ids: the kinds of object that have one, and the encoding.
+pub mod global_id;
 /// The axum router and server: `/graphql`, `/graphql/ws`, GraphiQL, health, metrics, bounded connections, shutdown.
-pub mod http;
+pub(crate) mod http;
 /// Idempotency keys for every operation: fingerprints, first uses, replays.
-pub mod idempotency;
+pub(crate) mod idempotency;
 /// The docs/design.md invariant, checked from the tables and the stock ledger.
 pub mod invariant;
 /// Inventories: reading, creating, restocking, and the per-request DataLoader.
-pub mod inventory;
+pub(crate) mod inventory;
 /// Live changes: `inventoryChanged` and `orderChanged` subscriptions fed by LISTEN/NOTIFY.
-pub mod live;
+pub(crate) mod live;
 /// Locations: the places that hold stock, each inventory's levels there, allocations, transfers.
 pub mod locations;
-/// Relay's object identification: the `Node` interface, global ids, `node` and `nodes`.
-pub mod node;
+/// Relay's object identification: the `Node` interface, `node` and `nodes`.
+pub(crate) mod node;
 /// Orders: the version-checked aggregate, checkout of a cart, confirm/cancel/fulfil with retry or report, the pessimistic path.
-pub mod orders;
+pub(crate) mod orders;
 /// Relay cursor pagination shared by every connection.
 pub mod pagination;
 /// Reservations: `reserve` alone or coalesced, multi-item requests, release, expiry and the sweeper.
@@ -50,7 +63,7 @@ pub mod reservations;
 /// The GraphQL schema assembled from the feature modules.
 pub mod schema;
 /// Demo inventory for an empty database.
-pub mod seed;
+pub(crate) mod seed;
 /// The composition root: each feature's runtime state, the schema, the workers, a request's data.
 pub mod server;
 /// The one way a server starts: the database opened, the application built, bound and run until stopped.
@@ -58,8 +71,8 @@ pub mod startup;
 /// Every statement that changes stock, built from one set of fragments.
 pub mod stock;
 /// Logs, spans per GraphQL operation, and Prometheus metrics.
-pub mod telemetry;
+pub(crate) mod telemetry;
 /// Input checks that turn bad input into `BAD_USER_INPUT` before anything runs.
-pub mod validate;
+pub(crate) mod validate;
 /// Webhook endpoints and their deliveries, as operators manage them.
-pub mod webhooks;
+pub(crate) mod webhooks;

@@ -48,7 +48,7 @@ use uuid::Uuid;
 const BUFFER: usize = 4096;
 
 /// A row a feed follows.
-pub trait Followed: Clone + Send + Sync + 'static {
+pub(crate) trait Followed: Clone + Send + Sync + 'static {
     /// The row's id, as its announcements and watcher rows name it.
     fn id(&self) -> Uuid;
     /// Its version: grows with every committed change.
@@ -59,11 +59,11 @@ pub trait Followed: Clone + Send + Sync + 'static {
 
 /// Reads the rows with these ids as they are committed now (missing ones
 /// are left out).
-pub type Read<T> =
+pub(crate) type Read<T> =
     Arc<dyn Fn(DatabaseConnection, Vec<Uuid>) -> BoxFuture<'static, Result<Vec<T>, DbErr>> + Send + Sync>;
 
 /// What a feature tells Live about the rows it follows.
-pub struct Source<T> {
+pub(crate) struct Source<T> {
     /// The table of watcher rows its trigger consults (`inventory_watchers`).
     pub watchers: &'static str,
     /// The watched row's id column in it (`inventory_id`).
@@ -89,7 +89,7 @@ enum Heard<T> {
 }
 
 /// The in-process fan-out of one kind of row's committed changes.
-pub struct Feed<T> {
+pub(crate) struct Feed<T> {
     /// The changes heard.
     heard: broadcast::Sender<Heard<T>>,
     /// The rows this process watches.
@@ -106,7 +106,7 @@ impl<T> Clone for Feed<T> {
 
 /// Why a subscription could not start.
 #[derive(Debug, thiserror::Error)]
-pub enum WatchError {
+pub(crate) enum WatchError {
     /// No row has this id; nothing was registered.
     #[error("no row has this id")]
     NotFound,
@@ -123,7 +123,7 @@ impl<T: Followed> Feed<T> {
 
     /// Every committed state of row `id` from now on, as announced; refused
     /// for a row that does not exist.
-    pub async fn watch(&self, db: DatabaseConnection, id: Uuid) -> Result<BoxStream<'static, T>, WatchError> {
+    pub(crate) async fn watch(&self, db: DatabaseConnection, id: Uuid) -> Result<BoxStream<'static, T>, WatchError> {
         if self.read_one(&db, id).await?.is_none() {
             return Err(WatchError::NotFound);
         }
@@ -160,7 +160,7 @@ impl<T: Followed> Feed<T> {
     /// on, each once and newer than the last, in commit order; the stream
     /// ends after a final state, and at once for a row already final. Who
     /// may follow is the caller's decision.
-    pub async fn follow(&self, db: DatabaseConnection, row: &T) -> Result<BoxStream<'static, T>, DbErr> {
+    pub(crate) async fn follow(&self, db: DatabaseConnection, row: &T) -> Result<BoxStream<'static, T>, DbErr> {
         if row.is_final() {
             return Ok(futures::stream::empty().boxed());
         }
@@ -260,7 +260,7 @@ impl<T: Followed> Hearing for Feed<T> {
 
 /// One listening connection per process for every feed made with [`Live::feed`].
 #[derive(Clone)]
-pub struct Live {
+pub(crate) struct Live {
     /// This process in the watcher tables.
     process: Uuid,
     /// The feeds, in the order they were made.
@@ -275,7 +275,7 @@ impl Default for Live {
 
 impl Live {
     /// A feed of the rows `source` describes, heard by this listener.
-    pub fn feed<T: Followed>(&mut self, source: Source<T>) -> Feed<T> {
+    pub(crate) fn feed<T: Followed>(&mut self, source: Source<T>) -> Feed<T> {
         let kind = Kind { table: source.watchers, key: source.key };
         let feed = Feed {
             heard: broadcast::channel(BUFFER).0,
@@ -288,7 +288,7 @@ impl Live {
 
     /// Listens on one connection until `stop` turns true, re-connecting after
     /// failures, and broadcasts every announcement.
-    pub fn spawn_listener(&self, db: DatabaseConnection, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+    pub(crate) fn spawn_listener(&self, db: DatabaseConnection, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
         let live = self.clone();
         tokio::spawn(async move {
             let mut reconnect = false;

@@ -12,11 +12,11 @@
 //! `FORBIDDEN`.
 
 use async_graphql::{Context, ID, Interface, Object};
-use base64::Engine as _;
 use uuid::Uuid;
 
 use crate::{
     error::{AppError, GqlResult, IntoGql},
+    global_id::{Kind, decode},
     inventory::graphql::{self as inventory, Inventory, StockMovement},
     locations::graphql::{self as locations, Location},
     orders::graphql::{self as orders, Order},
@@ -24,56 +24,10 @@ use crate::{
     webhooks::graphql::{self as webhooks, WebhookEndpoint},
 };
 
-/// The kinds of object that have a global id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// `Inventory`.
-    Inventory,
-    /// `Reservation`.
-    Reservation,
-    /// `Order`.
-    Order,
-    /// `StockMovement`.
-    StockMovement,
-    /// `Location`.
-    Location,
-    /// `WebhookEndpoint`.
-    WebhookEndpoint,
-}
-
-impl Kind {
-    const ALL: [Self; 6] =
-        [Self::Inventory, Self::Reservation, Self::Order, Self::StockMovement, Self::Location, Self::WebhookEndpoint];
-
-    fn type_name(self) -> &'static str {
-        match self {
-            Self::Inventory => "Inventory",
-            Self::Reservation => "Reservation",
-            Self::Order => "Order",
-            Self::StockMovement => "StockMovement",
-            Self::Location => "Location",
-            Self::WebhookEndpoint => "WebhookEndpoint",
-        }
-    }
-}
-
-/// The global id of the `kind` object with `id`.
-pub fn global_id(kind: Kind, id: Uuid) -> ID {
-    ID(base64::engine::general_purpose::STANDARD.encode(format!("{}:{id}", kind.type_name())))
-}
-
-/// The kind and UUID a global id names, if it is one.
-fn decode(id: &str) -> Option<(Kind, Uuid)> {
-    let text = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(id).ok()?).ok()?;
-    let (name, uuid) = text.split_once(':')?;
-    let kind = Kind::ALL.into_iter().find(|kind| kind.type_name() == name)?;
-    Some((kind, Uuid::parse_str(uuid).ok()?))
-}
-
 /// An object with a global id, which `node(id:)` refetches.
 #[derive(Interface)]
 #[graphql(field(name = "node_id", ty = "ID", desc = "The object's global id, for `node(id:)` (Relay)."))]
-pub enum Node {
+pub(crate) enum Node {
     /// A stocked item.
     Inventory(Inventory),
     /// A hold on stock.
@@ -93,7 +47,7 @@ const MAX_NODES: usize = 100;
 
 /// Relay's root fields for any object with a global id.
 #[derive(Default)]
-pub struct NodeQuery;
+pub(crate) struct NodeQuery;
 
 #[Object]
 impl NodeQuery {
@@ -133,20 +87,4 @@ async fn find(ctx: &Context<'_>, kind: Kind, id: Uuid) -> GqlResult<Option<Node>
         Kind::Location => locations::load(ctx, id).await?.map(Node::Location),
         Kind::WebhookEndpoint => webhooks::visible(ctx, id).await?.map(Node::WebhookEndpoint),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_global_id_names_its_kind_and_uuid_and_nothing_else_is_one() {
-        let id = Uuid::new_v4();
-        for kind in Kind::ALL {
-            assert_eq!(decode(&global_id(kind, id).0), Some((kind, id)));
-        }
-        assert_eq!(decode("not base64!"), None);
-        assert_eq!(decode(&base64::engine::general_purpose::STANDARD.encode("Nope:1")), None);
-        assert_eq!(decode(&base64::engine::general_purpose::STANDARD.encode(format!("Order:{id}x"))), None);
-    }
 }

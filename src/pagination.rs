@@ -24,9 +24,9 @@ const EARLIEST_MICROS: i64 = -210_866_803_200_000_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cursor {
     /// The row's creation time.
-    pub created_at: DateTime<Utc>,
+    pub(crate) created_at: DateTime<Utc>,
     /// The row's id, which breaks ties between rows created in the same microsecond.
-    pub id: Uuid,
+    pub(crate) id: Uuid,
 }
 
 impl CursorType for Cursor {
@@ -57,7 +57,7 @@ pub struct Page<C = Cursor> {
 
 impl<C: CursorType> Page<C> {
     /// Checks `first` against `1..=max` and decodes `after`.
-    pub fn parse(first: Option<i32>, after: Option<&str>, max: i32) -> Result<Self, AppError> {
+    pub(crate) fn parse(first: Option<i32>, after: Option<&str>, max: i32) -> Result<Self, AppError> {
         let first = validate::within("first", first.unwrap_or(DEFAULT_PAGE_SIZE), 1..=max)?;
         let after = after
             .map(C::decode_cursor)
@@ -73,7 +73,7 @@ impl Page {
     /// `(…, created_at, id)` index answers with one range scan (nothing
     /// without a cursor), and its values, parameters `$first` and
     /// `$first + 1`.
-    pub fn after_sql(&self, first: usize) -> (String, Vec<Value>) {
+    pub(crate) fn after_sql(&self, first: usize) -> (String, Vec<Value>) {
         match self.after {
             Some(Cursor { created_at, id }) => {
                 (format!("AND (created_at, id) > (${first}, ${})", first + 1), vec![created_at.into(), id.into()])
@@ -83,7 +83,7 @@ impl Page {
     }
 
     /// The `LIMIT` of the page: one row more than asked, to tell whether more follow.
-    pub fn limit(&self) -> Value {
+    pub(crate) fn limit(&self) -> Value {
         i64::try_from(self.first).unwrap_or(i64::MAX).saturating_add(1).into()
     }
 }
@@ -91,7 +91,7 @@ impl Page {
 /// A position in an inventory's ledger: ordered by version, then by row id,
 /// since one change writes a row per location it touches, all at one version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VersionCursor {
+pub(crate) struct VersionCursor {
     /// The row's `version_after`.
     pub version: i32,
     /// The row's id; `None` in a cursor made before a version could hold
@@ -123,18 +123,18 @@ impl CursorType for VersionCursor {
 /// asked for, at least 1) times the cost of one row, so that many aliased
 /// pages of 100 rows cost what they would read. The page size is checked
 /// against the configured maximum by the resolver, after this.
-pub fn page_cost(first: Option<i32>, row_cost: usize) -> usize {
+pub(crate) fn page_cost(first: Option<i32>, row_cost: usize) -> usize {
     let rows = usize::try_from(first.unwrap_or(DEFAULT_PAGE_SIZE)).unwrap_or(0).max(1);
     rows.saturating_mul(row_cost).saturating_add(1)
 }
 
 /// The page size of a connection when `first` is not given: the default
 /// every connection field declares (`default_with`), so the schema shows it.
-pub const DEFAULT_PAGE_SIZE: i32 = 20;
+pub(crate) const DEFAULT_PAGE_SIZE: i32 = 20;
 
 /// Orders `query` by `(created_at, id)` and narrows it to `page`, fetching
 /// one row more than asked so the caller can tell whether a next page exists.
-pub fn keyset<E: EntityTrait, C: ColumnTrait>(query: Select<E>, created_at: C, id: C, page: Page) -> Select<E> {
+pub(crate) fn keyset<E: EntityTrait, C: ColumnTrait>(query: Select<E>, created_at: C, id: C, page: Page) -> Select<E> {
     let query = match page.after {
         Some(after) => query.filter(
             Condition::any()
@@ -147,7 +147,7 @@ pub fn keyset<E: EntityTrait, C: ColumnTrait>(query: Select<E>, created_at: C, i
 }
 
 /// Builds a forward connection from rows fetched with one extra row.
-pub fn connection<C: CursorType + Send + Sync, Row, Node: OutputType>(
+pub(crate) fn connection<C: CursorType + Send + Sync, Row, Node: OutputType>(
     page: Page<C>,
     mut rows: Vec<Row>,
     cursor: impl Fn(&Row) -> C,
@@ -162,7 +162,7 @@ pub fn connection<C: CursorType + Send + Sync, Row, Node: OutputType>(
 /// A connection: one page of a list in Relay's shape. async-graphql's own
 /// has the same fields but no description; this is it with one, named
 /// `<Node>Connection` as async-graphql names its own, which clients know.
-pub struct Connection<C: CursorType + Send + Sync, N: OutputType> {
+pub(crate) struct Connection<C: CursorType + Send + Sync, N: OutputType> {
     edges: Vec<Edge<C, N, EmptyFields>>,
     has_previous_page: bool,
     has_next_page: bool,

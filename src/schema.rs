@@ -62,7 +62,7 @@ pub struct Subscription(InventorySubscription, OrderSubscription);
 pub type AppSchema = Schema<Query, Mutation, Subscription>;
 
 /// [`AppSchema`] while it is being built.
-pub type AppSchemaBuilder = async_graphql::SchemaBuilder<Query, Mutation, Subscription>;
+pub(crate) type AppSchemaBuilder = async_graphql::SchemaBuilder<Query, Mutation, Subscription>;
 
 fn builder(limits: &Limits) -> AppSchemaBuilder {
     Schema::build(Query::default(), Mutation::default(), Subscription::default())
@@ -77,7 +77,7 @@ fn builder(limits: &Limits) -> AppSchemaBuilder {
 
 /// Each feature's service, which its resolvers call.
 #[derive(Clone)]
-pub struct Services {
+pub(crate) struct Services {
     /// Inventories.
     pub inventory: InventoryService,
     /// Reservations, with the coalescer of hot items.
@@ -94,7 +94,7 @@ pub struct Services {
 
 /// The schema over `state` and the features' runtime state, which
 /// `features` adds as data, with the configured depth and complexity limits.
-pub fn build(state: AppState, features: impl FnOnce(AppSchemaBuilder) -> AppSchemaBuilder) -> AppSchema {
+pub(crate) fn build(state: AppState, features: impl FnOnce(AppSchemaBuilder) -> AppSchemaBuilder) -> AppSchema {
     let limits = state.limits.clone();
     features(builder(&limits)).data(state).extension(telemetry::Observe).finish()
 }
@@ -102,12 +102,12 @@ pub fn build(state: AppState, features: impl FnOnce(AppSchemaBuilder) -> AppSche
 /// Depth allowed to introspection-only requests. GraphiQL's own schema query
 /// nests `ofType` past the API's depth limit; introspection types form cycles
 /// (`__Type.fields.type.fields...`), so it still gets a bound, a looser one.
-pub const INTROSPECTION_DEPTH: usize = 20;
+pub(crate) const INTROSPECTION_DEPTH: usize = 20;
 
 /// The same schema for requests that only introspect, with the looser depth
 /// bound [`INTROSPECTION_DEPTH`]. Introspection resolves no feature's field,
 /// so it carries only the shared state.
-pub fn build_for_introspection(state: AppState) -> AppSchema {
+pub(crate) fn build_for_introspection(state: AppState) -> AppSchema {
     let limits = Limits { max_depth: state.limits.max_depth.max(INTROSPECTION_DEPTH), ..(*state.limits).clone() };
     builder(&limits).data(state).extension(telemetry::Observe).finish()
 }

@@ -14,7 +14,7 @@ const DEMO: &[(&str, &str, i32)] = &[
 ];
 
 /// Adds the demo items whose SKUs are not taken yet; returns how many were added.
-pub async fn seed(db: &DatabaseConnection) -> Result<usize, AppError> {
+pub(crate) async fn seed(db: &DatabaseConnection) -> Result<usize, AppError> {
     let mut added = 0;
     for (sku, name, stock) in DEMO {
         match service::create(db, sku, name, *stock, None).await {
@@ -27,7 +27,7 @@ pub async fn seed(db: &DatabaseConnection) -> Result<usize, AppError> {
 }
 
 /// Seeds only a database without inventories (a fresh one).
-pub async fn seed_if_empty(db: &DatabaseConnection) -> Result<usize, AppError> {
+pub(crate) async fn seed_if_empty(db: &DatabaseConnection) -> Result<usize, AppError> {
     if is_empty(db).await? { seed(db).await } else { Ok(0) }
 }
 

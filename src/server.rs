@@ -68,7 +68,7 @@ impl Server {
     }
 
     /// The permits of the in-flight limit.
-    pub fn in_flight(&self) -> Arc<Semaphore> {
+    pub(crate) fn in_flight(&self) -> Arc<Semaphore> {
         self.in_flight.clone()
     }
 
@@ -101,7 +101,7 @@ impl Server {
 
     /// The gateway every operation of this process enters through, over
     /// its schemas, its limits and its per-request DataLoaders.
-    pub fn gateway(&self) -> Gateway {
+    pub(crate) fn gateway(&self) -> Gateway {
         let limits = &self.state.limits;
         let schema = self.schema();
         let state = self.state.clone();

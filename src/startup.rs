@@ -117,7 +117,7 @@ impl Database {
     }
 
     /// Closes the pool and stops a private cluster this process started.
-    pub async fn close(self) -> anyhow::Result<()> {
+    pub(crate) async fn close(self) -> anyhow::Result<()> {
         self.conn.close().await?;
         if let Some(cluster) = self.embedded {
             cluster.stop().await?;
@@ -144,9 +144,9 @@ pub struct Settings {
 #[derive(Clone)]
 pub struct DevTokens {
     /// `sub=operator`; GraphiQL sends it.
-    pub operator: String,
+    pub(crate) operator: String,
     /// `sub=alice`.
-    pub customer: String,
+    pub(crate) customer: String,
 }
 
 impl Settings {
@@ -159,7 +159,7 @@ impl Settings {
     /// several processes, and a token one of them signed with a secret of its
     /// own would be refused by the others. An explicit secret must be long
     /// enough to resist guessing.
-    pub fn from_config(config: &ServeConfig, database_url: Option<&str>) -> anyhow::Result<Self> {
+    pub(crate) fn from_config(config: &ServeConfig, database_url: Option<&str>) -> anyhow::Result<Self> {
         let max_ttl = config.max_token_ttl_secs;
         let (keys, dev_tokens) = match &config.jwt_secret {
             Some(secret) => (Keys::new(secret.as_bytes(), max_ttl)?, None),
@@ -247,7 +247,7 @@ impl Application {
 /// SIGTERM, after `delay` during which `/readyz` answers 503 (`draining`) and
 /// every request is still served, so a load balancer takes the process out
 /// before its port closes.
-pub async fn drain(draining: Arc<AtomicBool>, delay: Duration) {
+pub(crate) async fn drain(draining: Arc<AtomicBool>, delay: Duration) {
     http::shutdown_signal().await;
     if delay.is_zero() {
         return;

@@ -4,7 +4,7 @@
 use crate::error::AppError;
 
 /// A quantity on a reservation line: `1..=max`.
-pub fn quantity(field: &str, value: i32, max: i32) -> Result<i32, AppError> {
+pub(crate) fn quantity(field: &str, value: i32, max: i32) -> Result<i32, AppError> {
     if (1..=max).contains(&value) {
         Ok(value)
     } else {
@@ -13,7 +13,7 @@ pub fn quantity(field: &str, value: i32, max: i32) -> Result<i32, AppError> {
 }
 
 /// A count that must be within `range`.
-pub fn within(field: &str, value: i32, range: std::ops::RangeInclusive<i32>) -> Result<i32, AppError> {
+pub(crate) fn within(field: &str, value: i32, range: std::ops::RangeInclusive<i32>) -> Result<i32, AppError> {
     if range.contains(&value) {
         Ok(value)
     } else {
@@ -26,7 +26,7 @@ pub fn within(field: &str, value: i32, range: std::ops::RangeInclusive<i32>) -> 
 
 /// A string that is neither blank nor longer than `max_chars`, and has no NUL
 /// (PostgreSQL text cannot hold one). Returned trimmed.
-pub fn text(field: &str, value: &str, max_chars: usize) -> Result<String, AppError> {
+pub(crate) fn text(field: &str, value: &str, max_chars: usize) -> Result<String, AppError> {
     let trimmed = value.trim();
     if trimmed.is_empty() {
         return Err(AppError::bad_input(field, format!("{field} must not be empty")));
@@ -41,7 +41,7 @@ pub fn text(field: &str, value: &str, max_chars: usize) -> Result<String, AppErr
 }
 
 /// An optional idempotency key: 1..=128 characters when given.
-pub fn idempotency_key(field: &str, value: Option<&str>) -> Result<Option<String>, AppError> {
+pub(crate) fn idempotency_key(field: &str, value: Option<&str>) -> Result<Option<String>, AppError> {
     value.map(|key| text(field, key, 128)).transpose()
 }
 

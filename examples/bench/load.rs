@@ -93,7 +93,7 @@ fn token(keys: &Keys, sub: &str, role: Role) -> anyhow::Result<String> {
 
 /// Runs the load and prints its report.
 pub async fn run(args: Args) -> anyhow::Result<std::process::ExitCode> {
-    let keys = Keys::new(args.secret.as_bytes(), stockguard::auth::DEFAULT_MAX_TOKEN_TTL_SECS)?;
+    let keys = Keys::new(args.secret.as_bytes(), stockguard::config::DEFAULT_MAX_TOKEN_TTL_SECS)?;
     let operator = token(&keys, "load-operator", Role::Operator)?;
     let started = Instant::now();
     let (tasks, success): (Vec<JoinHandle<anyhow::Result<Recorder>>>, &[&str]) = match args.scenario {

@@ -275,7 +275,7 @@ async fn run(
     database_url: &str,
 ) -> anyhow::Result<(String, bool)> {
     let secret = Keys::random_secret();
-    let keys = Keys::new(secret.as_bytes(), stockguard::auth::DEFAULT_MAX_TOKEN_TTL_SECS)?;
+    let keys = Keys::new(secret.as_bytes(), stockguard::config::DEFAULT_MAX_TOKEN_TTL_SECS)?;
     let locking = [("STOCKGUARD_ORDER_LOCKING", "optimistic".to_owned())];
     let server =
         ServerProcess::start(server_bin, database_url, Some(&secret), &locking, Log::Warnings(Stdio::inherit()))

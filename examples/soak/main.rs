@@ -124,7 +124,7 @@ fn listing(counts: &BTreeMap<String, impl std::fmt::Display>) -> String {
 /// whether the soak passed.
 async fn soak(args: &Args, server_bin: &Path, database_url: &str, log: &Path) -> anyhow::Result<(String, bool)> {
     let secret = Keys::random_secret();
-    let keys = Keys::new(secret.as_bytes(), stockguard::auth::DEFAULT_MAX_TOKEN_TTL_SECS)?;
+    let keys = Keys::new(secret.as_bytes(), stockguard::config::DEFAULT_MAX_TOKEN_TTL_SECS)?;
     let ttl = chrono::Duration::seconds(i64::try_from(args.seconds)? + 600);
     let log_file = std::fs::File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
     let env = [

@@ -18,7 +18,7 @@ use sea_orm::{
 
 /// The oldest release Stockguard runs on, as `server_version_num` spells
 /// it: the migrations use `NULLS NOT DISTINCT` (PostgreSQL 15).
-pub const MIN_SERVER_VERSION_NUM: u32 = 150_000;
+pub(crate) const MIN_SERVER_VERSION_NUM: u32 = 150_000;
 
 /// Where a PostgreSQL on this machine usually listens.
 pub const USUAL_ADDR: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 5432);
@@ -33,12 +33,12 @@ pub struct Release(pub u32);
 
 impl Release {
     /// The oldest release Stockguard runs on.
-    pub const MIN: Self = Self(MIN_SERVER_VERSION_NUM);
+    pub(crate) const MIN: Self = Self(MIN_SERVER_VERSION_NUM);
 
     /// The release a version string names, as `initdb --version` or
     /// `SHOW server_version` print it: `15.20`, `16.4 (Debian 16.4-1)`,
     /// `initdb (PostgreSQL) 17.0`, `18beta1`, `9.6.24`.
-    pub fn parse(text: &str) -> Option<Self> {
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         let version = text.rsplit_once("(PostgreSQL)").map_or(text, |(_, after)| after).trim_start();
         let mut numbers = version
             .split(|c: char| !c.is_ascii_digit() && c != '.')
@@ -57,12 +57,12 @@ impl Release {
     }
 
     /// The major release: 15 for 15.20, 9 for 9.6.24.
-    pub fn major(self) -> u32 {
+    pub(crate) fn major(self) -> u32 {
         self.0 / 10_000
     }
 
     /// Stockguard runs on it, or the error that says it does not.
-    pub fn require_supported(self) -> Result<Self, TooOld> {
+    pub(crate) fn require_supported(self) -> Result<Self, TooOld> {
         if self >= Self::MIN { Ok(self) } else { Err(TooOld(self)) }
     }
 }
@@ -80,7 +80,7 @@ impl fmt::Display for Release {
 pub struct TooOld(pub Release);
 
 /// The release of the server `db` is connected to.
-pub async fn release(db: &impl ConnectionTrait) -> Result<Release, DbErr> {
+pub(crate) async fn release(db: &impl ConnectionTrait) -> Result<Release, DbErr> {
     let row = db
         .query_one_raw(sea_orm::Statement::from_string(
             db.get_database_backend(),

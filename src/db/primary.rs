@@ -45,7 +45,7 @@ const RESCAN_AFTER: Duration = Duration::from_millis(200);
 
 /// The servers a `DATABASE_URL` names, and what Stockguard needs of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub(crate) struct Target {
     /// One URL per host, in the order given, each naming only that host
     /// (user, database and parameters as given, `target_session_attrs` left out).
     pub hosts: Vec<String>,
@@ -55,7 +55,7 @@ pub struct Target {
 
 /// Why a `DATABASE_URL` cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum UrlError {
+pub(crate) enum UrlError {
     /// Not `postgres://...` or `postgresql://...`.
     #[error("DATABASE_URL must start with postgres:// or postgresql://")]
     Scheme,
@@ -68,7 +68,7 @@ pub enum UrlError {
 }
 
 /// Splits a libpq-style URL with one or more hosts into one URL per host.
-pub fn parse(url: &str) -> Result<Target, UrlError> {
+pub(crate) fn parse(url: &str) -> Result<Target, UrlError> {
     let (scheme, rest) = url.split_once("://").ok_or(UrlError::Scheme)?;
     if scheme != "postgres" && scheme != "postgresql" {
         return Err(UrlError::Scheme);
@@ -117,7 +117,7 @@ pub fn parse(url: &str) -> Result<Target, UrlError> {
 /// Whether `conn`'s server accepts writes: `transaction_read_only` is off
 /// (on for a hot standby and for a database set
 /// `default_transaction_read_only`: libpq's `read-write` test).
-pub async fn accepts_writes(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+pub(crate) async fn accepts_writes(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
     let read_only: String = sqlx::query_scalar("SHOW transaction_read_only").fetch_one(conn).await?;
     Ok(read_only == "off")
 }
@@ -125,7 +125,7 @@ pub async fn accepts_writes(conn: &mut PgConnection) -> Result<bool, sqlx::Error
 /// Which host of a [`Target`] a process's pool talks to, and the watcher
 /// that moves it when that host stops accepting writes. Cheap to clone.
 #[derive(Clone)]
-pub struct Primary {
+pub(crate) struct Primary {
     inner: Arc<Inner>,
 }
 
@@ -145,7 +145,7 @@ struct Inner {
 
 impl Primary {
     /// The hosts of `target`; the pool starts on the first.
-    pub fn new(target: &Target) -> Result<Self, sqlx::Error> {
+    pub(crate) fn new(target: &Target) -> Result<Self, sqlx::Error> {
         let hosts = target
             .hosts
             .iter()
@@ -163,7 +163,7 @@ impl Primary {
     }
 
     /// Whether there is anywhere to move to.
-    pub fn has_alternatives(&self) -> bool {
+    pub(crate) fn has_alternatives(&self) -> bool {
         self.inner.hosts.len() > 1
     }
 
@@ -177,7 +177,7 @@ impl Primary {
     /// (and writes, when required) within `timeout` per host; tried until
     /// `deadline`. Makes it the current host and returns its index and the
     /// connection. The error says what each host answered.
-    pub async fn find(
+    pub(crate) async fn find(
         &self,
         template: &PgConnectOptions,
         timeout: Duration,
@@ -227,7 +227,7 @@ impl Primary {
 
     /// Whether `conn`'s server is one to use: it answers, and accepts writes
     /// when that is required.
-    pub async fn usable(&self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    pub(crate) async fn usable(&self, conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
         if !self.inner.read_write {
             return conn.ping().await.map(|()| true);
         }
@@ -236,7 +236,7 @@ impl Primary {
 
     /// The pool's `after_connect`: refuses a connection to a server that does
     /// not accept writes (when that is required), and wakes the watcher.
-    pub async fn check_new(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    pub(crate) async fn check_new(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         // A fresh connection answered its startup: without the write check
         // there is nothing more to ask (and no round trip to spend).
         if !self.inner.read_write || self.usable(conn).await? {
@@ -248,7 +248,7 @@ impl Primary {
 
     /// The pool's `before_acquire` and `after_release`: whether a connection
     /// may be used again, i.e. was opened after the pool last moved.
-    pub fn keep(&self, meta: &PoolConnectionMetadata) -> bool {
+    pub(crate) fn keep(&self, meta: &PoolConnectionMetadata) -> bool {
         let Some(moved_at) = *lock(&self.inner.moved_at) else { return true };
         Instant::now().checked_sub(meta.age).is_none_or(|opened| opened >= moved_at)
     }
@@ -259,7 +259,7 @@ impl Primary {
 
     /// Starts the watcher of `pool` (only worth it with several hosts). It
     /// ends when the pool is closed.
-    pub fn watch(&self, pool: PgPool, timeout: Duration) {
+    pub(crate) fn watch(&self, pool: PgPool, timeout: Duration) {
         let this = self.clone();
         tokio::spawn(async move { this.run_watcher(pool, timeout).await });
     }

@@ -32,7 +32,7 @@ pub const MAX_URL_LEN: usize = 2048;
 /// Why a URL or one of its addresses is refused. The messages are for the
 /// operator who gave the URL (and the delivery's `lastError`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EgressError {
+pub(crate) enum EgressError {
     /// Longer than [`MAX_URL_LEN`].
     #[error("the URL is longer than {MAX_URL_LEN} bytes")]
     TooLong,
@@ -68,17 +68,17 @@ pub enum EgressError {
 /// A URL that passed [`check_url`]: absolute, `http(s)`, with a host and no
 /// user info, whose host is not a forbidden address as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckedUrl(Url);
+pub(crate) struct CheckedUrl(Url);
 
 impl CheckedUrl {
     /// The URL as the parser normalised it (lower-case host, dotted IPv4,
     /// a path of at least `/`): what is stored and what is requested.
-    pub fn as_str(&self) -> &str {
+    pub(crate) fn as_str(&self) -> &str {
         self.0.as_str()
     }
 
     /// The parsed URL.
-    pub fn url(&self) -> &Url {
+    pub(crate) fn url(&self) -> &Url {
         &self.0
     }
 
@@ -90,7 +90,7 @@ impl CheckedUrl {
 
 /// Checks a webhook URL as written: its length, syntax, scheme, user info,
 /// and its host when that is a literal address or a loopback name.
-pub fn check_url(url: &str, allow_loopback: bool) -> Result<CheckedUrl, EgressError> {
+pub(crate) fn check_url(url: &str, allow_loopback: bool) -> Result<CheckedUrl, EgressError> {
     if url.len() > MAX_URL_LEN {
         return Err(EgressError::TooLong);
     }
@@ -126,7 +126,7 @@ pub fn check_url(url: &str, allow_loopback: bool) -> Result<CheckedUrl, EgressEr
 /// address its name resolves to now (`tokio::net::lookup_host`). Refused
 /// when any of them is forbidden, not only the first, since the connection
 /// may be made to any of them; for `http`, when any is not loopback.
-pub async fn resolve(url: &CheckedUrl, allow_loopback: bool) -> Result<Vec<SocketAddr>, EgressError> {
+pub(crate) async fn resolve(url: &CheckedUrl, allow_loopback: bool) -> Result<Vec<SocketAddr>, EgressError> {
     let parsed = url.url();
     let port = parsed.port_or_known_default().unwrap_or(443);
     let addrs: Vec<SocketAddr> = match parsed.host() {

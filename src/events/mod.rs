@@ -16,9 +16,9 @@ pub mod deliver;
 pub mod egress;
 pub mod outbox;
 pub mod pump;
-pub mod render;
-pub mod restart;
-pub mod retention;
+pub(crate) mod render;
+pub(crate) mod restart;
+pub(crate) mod retention;
 
 use sea_orm::{DatabaseConnection, DeriveActiveEnum, EnumIter};
 use tokio::{sync::watch, task::JoinHandle};
@@ -57,7 +57,7 @@ pub const SETTINGS: [(&str, &str); 2] = [("synchronous_commit", "off"), ("enable
 /// Their connections are the thread's too, so neither runtime wakes the
 /// other for them; only the looks for endpoints (once a second) go through
 /// `requests`' pool, which is open anyway.
-pub fn spawn(
+pub(crate) fn spawn(
     requests: DatabaseConnection,
     delivering: deliver::Delivering,
     stop: watch::Receiver<bool>,
@@ -103,7 +103,7 @@ pub const THREAD: &str = "sg-events";
 /// with `stock::rows::sql`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, EnumIter, DeriveActiveEnum)]
 #[sea_orm(rs_type = "String", db_type = "Text")]
-pub enum EventType {
+pub(crate) enum EventType {
     /// A change of an inventory's stock (one ledger change).
     #[sea_orm(string_value = "STOCK_CHANGED")]
     StockChanged,
@@ -119,7 +119,7 @@ pub enum EventType {
 /// as `webhook_deliveries.status` spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
 #[sea_orm(rs_type = "String", db_type = "Text")]
-pub enum DeliveryStatus {
+pub(crate) enum DeliveryStatus {
     /// Not yet answered with a 2xx; sent (again) at `next_attempt_at`.
     #[sea_orm(string_value = "PENDING")]
     Pending,

@@ -122,7 +122,7 @@ UPDATE event_pump SET seen = $11::text::pg_snapshot, last_seq = $12",
 /// every touched inventory's units was a fifth of the pump's statements'
 /// time, though a reservation changes neither (bench/results/decisions.md).
 #[derive(Default)]
-pub struct Kept {
+pub(crate) struct Kept {
     /// The snapshot the pump's row held after the pass that left `units`.
     seen: Option<String>,
     units: HashMap<Uuid, (i64, i64)>,
@@ -134,7 +134,7 @@ const MOST_KEPT: usize = 200_000;
 /// Runs one pass on `db`; how many events it numbered (0 when nothing was
 /// committed since the last pass, or another process is pumping), or None
 /// when no endpoint exists and it read nothing.
-pub async fn pump_once(
+pub(crate) async fn pump_once(
     requests: &DatabaseConnection,
     db: &DatabaseConnection,
     kept: &mut Kept,
@@ -336,7 +336,7 @@ SELECT coalesce(sum(CASE WHEN f.partition IS NULL THEN brin_summarize_new_values
 /// its last pass with rows read them from, each with the lowest block it
 /// read there, below which every range is summarized (see [`summarize`]).
 #[derive(Default)]
-pub struct Summarized {
+pub(crate) struct Summarized {
     below: HashMap<i64, i64>,
 }
 
@@ -368,7 +368,7 @@ async fn summarize(db: &DatabaseConnection, filling: HashMap<i64, i64>, ranges: 
 /// Pumps every `interval` until `stop` turns true; while no endpoint
 /// exists it only looks once every [`IDLE`]. A failed pass wrote nothing
 /// and is tried again.
-pub async fn run(
+pub(crate) async fn run(
     requests: DatabaseConnection,
     db: DatabaseConnection,
     interval: Duration,
@@ -392,4 +392,4 @@ pub async fn run(
 }
 
 /// How often an idle pump (no endpoint) looks for one.
-pub const IDLE: Duration = Duration::from_secs(1);
+pub(crate) const IDLE: Duration = Duration::from_secs(1);

@@ -35,7 +35,7 @@ use crate::stock::{
 
 /// One ledger row of a transaction the pass found committed.
 #[derive(Debug, Clone)]
-pub struct Move {
+pub(crate) struct Move {
     pub id: Uuid,
     pub inventory_id: Uuid,
     pub version: i32,
@@ -50,7 +50,7 @@ pub struct Move {
 
 /// An event a trigger recorded (an order's new version, a checkout).
 #[derive(Debug, Clone)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     pub id: Uuid,
     /// `RESERVATION_CHANGED` (a checkout) or `ORDER_CHANGED`, as the
     /// table's check allows.
@@ -72,7 +72,7 @@ pub struct Recorded {
 /// kept them, or (an inventory it does not follow yet) as it holds them at
 /// the pass's snapshot, which includes what the pass's changes did.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Units {
+pub(crate) struct Units {
     pub kept: Option<(i64, i64)>,
     pub held: Option<(i64, i64)>,
 }
@@ -98,7 +98,7 @@ struct Event {
 
 /// What a pass writes.
 #[derive(Debug, Default)]
-pub struct Made {
+pub(crate) struct Made {
     pub rows: Vec<Row>,
     /// Each touched inventory's units on hand and committed after the pass.
     pub units: Vec<(Uuid, i64, i64)>,
@@ -106,7 +106,7 @@ pub struct Made {
 }
 
 /// The changes a pass found.
-pub struct Pass<'a> {
+pub(crate) struct Pass<'a> {
     moves: &'a [Move],
     recorded: &'a [Recorded],
     /// The `default` location, named for ledger rows from before locations.
@@ -151,12 +151,12 @@ fn checkouts(moves: &[Move], recorded: &[Recorded]) -> Vec<(Uuid, i64, i32)> {
 impl<'a> Pass<'a> {
     /// The changes a pass found: the ledger rows `moves`, the `recorded`
     /// events, and the `home` location.
-    pub fn new(moves: &'a [Move], recorded: &'a [Recorded], home: Option<Uuid>) -> Self {
+    pub(crate) fn new(moves: &'a [Move], recorded: &'a [Recorded], home: Option<Uuid>) -> Self {
         Self { moves, recorded, home, checkouts: checkouts(moves, recorded) }
     }
 
     /// The inventories whose units the pass needs.
-    pub fn touched(&self) -> Vec<Uuid> {
+    pub(crate) fn touched(&self) -> Vec<Uuid> {
         let mut ids: Vec<Uuid> = self.moves.iter().map(|m| m.inventory_id).collect();
         ids.extend(self.checkouts.iter().map(|&(inventory, ..)| inventory));
         ids.sort_unstable();
@@ -166,7 +166,7 @@ impl<'a> Pass<'a> {
 
     /// The pass's events, numbered from `last_seq + 1` into rows; `units`,
     /// the touched inventories' units before it.
-    pub fn make(&self, last_seq: i64, units: &HashMap<Uuid, Units>) -> Made {
+    pub(crate) fn make(&self, last_seq: i64, units: &HashMap<Uuid, Units>) -> Made {
         let mut versions: BTreeMap<(Uuid, i32), Version<'a>> = BTreeMap::new();
         for m in self.moves {
             let version = versions.entry((m.inventory_id, m.version)).or_insert(Version {

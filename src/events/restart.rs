@@ -16,13 +16,18 @@ use crate::telemetry;
 
 /// How long a task that panicked waits before it starts again: a bug that
 /// panics at every start would otherwise spin and fill the log.
-pub const PAUSE: Duration = Duration::from_secs(1);
+pub(crate) const PAUSE: Duration = Duration::from_secs(1);
 
 /// Runs the task `start` makes until it ends of itself (asked to `stop`)
 /// or `stop` turns true while it is down; each time it panics, logs and
 /// counts the panic as `task`'s and starts it again after `pause`. How many
 /// times it panicked.
-pub async fn supervised<F, T>(task: &'static str, pause: Duration, mut stop: watch::Receiver<bool>, mut start: F) -> u64
+pub(crate) async fn supervised<F, T>(
+    task: &'static str,
+    pause: Duration,
+    mut stop: watch::Receiver<bool>,
+    mut start: F,
+) -> u64
 where
     F: FnMut() -> T,
     T: Future<Output = ()> + Send + 'static,

@@ -24,13 +24,13 @@ pub struct Aged {
     /// Deliveries, whatever their status.
     pub deliveries: u64,
     /// Statements run.
-    pub statements: u64,
+    pub(crate) statements: u64,
 }
 
 /// Deletes, `batch` rows per statement (each its own short transaction, safe
 /// under load and to stop at any point), the outbox rows, deliveries and
 /// unpumped order events made before `cutoff`.
-pub async fn archive(db: &DatabaseConnection, cutoff: DateTime<Utc>, batch: u64) -> Result<Aged, DbErr> {
+pub(crate) async fn archive(db: &DatabaseConnection, cutoff: DateTime<Utc>, batch: u64) -> Result<Aged, DbErr> {
     // Oldest first by each table's own order (`txid` grows with time, as
     // the outbox's `seq` does), so a batch is found by a short index scan
     // that stops at the first row inside the retention. Each says how many

@@ -53,7 +53,7 @@ use super::callers::CallerKey;
 
 /// The size and refill rate of one kind of caller's bucket.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Tier {
+pub(crate) struct Tier {
     /// Most points a bucket holds (`maximumAvailable`).
     pub size: f64,
     /// Points per second a bucket refills (`restoreRate`).
@@ -62,7 +62,7 @@ pub struct Tier {
 
 /// A bucket's state as a response reports it (`throttleStatus`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Status {
+pub(super) struct Status {
     /// `maximumAvailable`.
     pub maximum: f64,
     /// `currentlyAvailable`.
@@ -92,7 +92,7 @@ impl Bucket {
 }
 
 /// One caller's bucket, operations in flight and turns to run.
-pub struct Account {
+pub(super) struct Account {
     /// The bucket, `None` while it has never been drawn from (full). Its
     /// own lock: two operations of one caller meet only here, and nothing
     /// else waits for it.
@@ -124,7 +124,7 @@ impl Account {
     /// that many. A cost larger than the bucket can ever hold is refused
     /// with the time to fill it (it will still be refused then, as the
     /// complexity limit would refuse it anyway when set at or below the size).
-    pub fn take(&self, tier: Tier, cost: f64, now: Instant) -> Result<Status, Duration> {
+    pub(super) fn take(&self, tier: Tier, cost: f64, now: Instant) -> Result<Status, Duration> {
         let mut bucket = self.bucket();
         let level = Self::level(bucket.as_ref(), tier, now);
         if level < cost {
@@ -141,7 +141,7 @@ impl Account {
 
     /// Gives `points` back (what an operation took and did not use), and
     /// reports the bucket after it.
-    pub fn give_back(&self, tier: Tier, points: f64, now: Instant) -> Status {
+    pub(super) fn give_back(&self, tier: Tier, points: f64, now: Instant) -> Status {
         let mut bucket = self.bucket();
         let level = (Self::level(bucket.as_ref(), tier, now) + points.max(0.0)).min(tier.size);
         if let Some(drawn) = bucket.as_mut() {
@@ -152,20 +152,20 @@ impl Account {
 
     /// How long the caller is still known to be short at `now`: it was
     /// refused for its budget and told to wait past `now`.
-    pub fn short_for(&self, now: Instant) -> Option<Duration> {
+    pub(super) fn short_for(&self, now: Instant) -> Option<Duration> {
         let until = self.bucket().as_ref()?.short_until?;
         (until > now).then(|| until - now)
     }
 
     /// Whether the bucket holds less than half its size at `now`: the
     /// caller spends faster than it refills.
-    pub fn spending(&self, tier: Tier, now: Instant) -> bool {
+    pub(super) fn spending(&self, tier: Tier, now: Instant) -> bool {
         Self::level(self.bucket().as_ref(), tier, now) < tier.size / 2.0
     }
 
     /// Waits for a turn to run among the caller's operations: one of its
     /// own, or one of `spare` if given and free first.
-    pub async fn turn(&self, spare: Option<&Arc<Semaphore>>) -> Turn {
+    pub(super) async fn turn(&self, spare: Option<&Arc<Semaphore>>) -> Turn {
         // The semaphores are never closed, so acquiring only ends with a
         // permit. An own turn free now is taken before a spare one.
         let own = self.running.clone();
@@ -181,7 +181,7 @@ impl Account {
     }
 
     /// The bucket as it is now.
-    pub fn status(&self, tier: Tier, now: Instant) -> Status {
+    pub(super) fn status(&self, tier: Tier, now: Instant) -> Status {
         let available = Self::level(self.bucket().as_ref(), tier, now);
         Status { maximum: tier.size, available, rate: tier.rate }
     }
@@ -189,11 +189,11 @@ impl Account {
 
 /// One of a caller's turns to run (or a spare one it borrowed), given
 /// back (to the next waiting operation) when dropped.
-pub struct Turn(#[expect(dead_code, reason = "held for its drop")] Option<OwnedSemaphorePermit>);
+pub(super) struct Turn(#[expect(dead_code, reason = "held for its drop")] Option<OwnedSemaphorePermit>);
 
 /// One place in a caller's share of the operations in flight, given back
 /// when dropped.
-pub struct Share {
+pub(super) struct Share {
     account: Arc<Account>,
     /// Whether the caller had as many operations in flight as it may run
     /// at once when this one took its place: it asks for more than its
@@ -205,20 +205,20 @@ impl Share {
     /// A place among `account`'s at most `per_caller` operations in
     /// flight, or none when it holds them all; crowded when it already
     /// held `running` or more.
-    pub fn take(account: &Arc<Account>, per_caller: usize, running: usize) -> Option<Self> {
+    pub(super) fn take(account: &Arc<Account>, per_caller: usize, running: usize) -> Option<Self> {
         let more = |held: usize| (held < per_caller).then_some(held + 1);
         let held = account.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, more).ok()?;
         Some(Self { account: account.clone(), crowded: held >= running })
     }
 
     /// Whether the caller's share is full now: its next operation would be refused.
-    pub fn is_full(account: &Account, per_caller: usize) -> bool {
+    pub(super) fn is_full(account: &Account, per_caller: usize) -> bool {
         account.in_flight.load(Ordering::Acquire) >= per_caller
     }
 
     /// Whether the caller held as many operations in flight as it may run
     /// when this one was admitted.
-    pub fn crowded(&self) -> bool {
+    pub(super) fn crowded(&self) -> bool {
         self.crowded
     }
 }
@@ -230,7 +230,7 @@ impl Drop for Share {
 }
 
 /// Every caller's account in this process.
-pub struct Accounts {
+pub(super) struct Accounts {
     /// Accounts by caller. A std Mutex, not a tokio one: nothing awaits
     /// while it is held, and each hold is one lookup.
     map: Mutex<HashMap<CallerKey, Arc<Account>>>,
@@ -243,7 +243,7 @@ pub struct Accounts {
 impl Accounts {
     /// Accounts for at most `max_buckets` idle callers at once, each
     /// caller running at most `running` operations at once.
-    pub fn new(max_buckets: usize, running: usize) -> Self {
+    pub(super) fn new(max_buckets: usize, running: usize) -> Self {
         Self { map: Mutex::default(), max_buckets: max_buckets.max(1), running: running.max(1) }
     }
 
@@ -258,7 +258,7 @@ impl Accounts {
     }
 
     /// `key`'s account, opened with a full bucket if it has none.
-    pub fn account(&self, key: &CallerKey, tier: Tier, now: Instant) -> Arc<Account> {
+    pub(super) fn account(&self, key: &CallerKey, tier: Tier, now: Instant) -> Arc<Account> {
         let mut map = self.lock();
         if let Some(account) = map.get(key) {
             return account.clone();

@@ -35,7 +35,7 @@ type Job = BoxFuture<'static, ()>;
 /// Where background work is sent; cheap to clone. The thread ends when the
 /// last clone is dropped.
 #[derive(Clone)]
-pub struct Background {
+pub(super) struct Background {
     /// The lane's queue; `None` where there is no lane (no runtime to lend
     /// its context, or the thread could not start): work then runs in place.
     jobs: Option<mpsc::UnboundedSender<Job>>,
@@ -43,7 +43,7 @@ pub struct Background {
 
 impl Background {
     /// Starts the lane's thread, lending it the current runtime's context.
-    pub fn start() -> Self {
+    pub(super) fn start() -> Self {
         let Ok(runtime) = Handle::try_current() else { return Self { jobs: None } };
         let (jobs, queue) = mpsc::unbounded_channel();
         let started =
@@ -59,7 +59,7 @@ impl Background {
 
     /// Runs `work` on the lane (sent at once, so it runs to its end even if
     /// the returned future is dropped); its output, or `None` if it panicked.
-    pub fn run<T: Send + 'static>(
+    pub(super) fn run<T: Send + 'static>(
         &self,
         work: impl Future<Output = T> + Send + 'static,
     ) -> impl Future<Output = Option<T>> + Send + 'static {

@@ -46,7 +46,7 @@ use super::cost::{self, Meter};
 use crate::{config::Limits, error::ErrorCode};
 
 /// The `extensions.code` of an error, if it has one.
-pub fn code_of(error: &ServerError) -> Option<ErrorCode> {
+pub(crate) fn code_of(error: &ServerError) -> Option<ErrorCode> {
     match error.extensions.as_ref()?.get("code")? {
         Value::String(code) => ErrorCode::parse(code),
         _ => None,
@@ -54,7 +54,7 @@ pub fn code_of(error: &ServerError) -> Option<ErrorCode> {
 }
 
 /// `error` with `code` as its `extensions.code`.
-pub fn coded(mut error: ServerError, code: ErrorCode) -> ServerError {
+pub(crate) fn coded(mut error: ServerError, code: ErrorCode) -> ServerError {
     error.extensions.get_or_insert_with(Default::default).set("code", code);
     error
 }
@@ -62,7 +62,7 @@ pub fn coded(mut error: ServerError, code: ErrorCode) -> ServerError {
 /// The async-graphql extension that gives every error of an operation an
 /// `extensions.code` (see the module docs), refuses documents past the
 /// depth and complexity bounds, and charges the rest to their callers.
-pub struct ErrorCodes {
+pub(crate) struct ErrorCodes {
     /// Most complexity points (`limits.max_complexity`).
     max_complexity: usize,
     /// Deepest field nesting (`limits.max_depth`).
@@ -71,7 +71,7 @@ pub struct ErrorCodes {
 
 impl ErrorCodes {
     /// Codes errors and keeps the depth and complexity bounds of `limits`.
-    pub fn new(limits: &Limits) -> Self {
+    pub(crate) fn new(limits: &Limits) -> Self {
         Self { max_complexity: limits.max_complexity, max_depth: limits.max_depth }
     }
 }

@@ -40,7 +40,7 @@ use crate::{config::Limits, error::ErrorCode};
 
 /// The fair-share settings, from `limits`.
 #[derive(Debug, Clone, Copy)]
-pub struct Fairness {
+pub(crate) struct Fairness {
     /// Customers' and anonymous callers' buckets.
     pub customer: Tier,
     /// Operators' buckets.
@@ -63,7 +63,7 @@ pub struct Fairness {
 
 impl Fairness {
     /// The settings of `limits` for a pool of `pool_size` connections.
-    pub fn of(limits: &Limits, pool_size: usize) -> Self {
+    pub(crate) fn of(limits: &Limits, pool_size: usize) -> Self {
         Self {
             customer: Tier { size: limits.bucket_size, rate: limits.bucket_restore_rate },
             operator: Tier { size: limits.operator_bucket_size, rate: limits.operator_bucket_restore_rate },
@@ -77,7 +77,7 @@ impl Fairness {
 }
 
 /// Every caller's budget and in-flight share in this process.
-pub struct Fair {
+pub(super) struct Fair {
     accounts: Accounts,
     /// Most operations one caller may have in flight.
     per_caller: usize,
@@ -93,7 +93,7 @@ pub struct Fair {
 
 impl Fair {
     /// Budgets and shares by `fairness`.
-    pub fn new(fairness: Fairness) -> Self {
+    pub(super) fn new(fairness: Fairness) -> Self {
         Self {
             accounts: Accounts::new(fairness.max_buckets, fairness.running_per_caller),
             per_caller: fairness.per_caller.max(1),
@@ -106,7 +106,7 @@ impl Fair {
     }
 
     /// `caller`'s account, looked up once per request.
-    pub fn visitor(&self, caller: &Caller) -> Visitor {
+    pub(super) fn visitor(&self, caller: &Caller) -> Visitor {
         let tier = if caller.is_operator() { self.operator } else { self.customer };
         Visitor { account: self.accounts.account(&caller.key(), tier, Instant::now()), tier }
     }
@@ -114,7 +114,7 @@ impl Fair {
     /// Whether `visitor`'s caller is turned away before anything of its
     /// request is read, and for how long: it is known to be short of
     /// budget (`true`), or it holds its whole in-flight share (`false`).
-    pub fn turned_away(&self, visitor: &Visitor) -> Option<(bool, Duration)> {
+    pub(super) fn turned_away(&self, visitor: &Visitor) -> Option<(bool, Duration)> {
         if let Some(wait) = visitor.account.short_for(Instant::now()) {
             crate::telemetry::throttled("known_short");
             return Some((true, wait));
@@ -127,7 +127,7 @@ impl Fair {
     }
 
     /// The meter of one operation of `visitor`'s caller.
-    pub fn meter(&self, visitor: &Visitor) -> Arc<Meter> {
+    pub(super) fn meter(&self, visitor: &Visitor) -> Arc<Meter> {
         Arc::new(Meter {
             account: visitor.account.clone(),
             tier: visitor.tier,
@@ -140,7 +140,7 @@ impl Fair {
 
     /// A place in the share of `meter`'s caller, or none when it holds its
     /// whole share.
-    pub fn share(&self, meter: &Meter) -> Option<Share> {
+    pub(super) fn share(&self, meter: &Meter) -> Option<Share> {
         Share::take(&meter.account, self.per_caller, self.running)
     }
 }
@@ -148,10 +148,10 @@ impl Fair {
 /// When a caller past its in-flight share is told to retry: its own
 /// operations end in about this time, and it is the same second
 /// `OVERLOADED` gives.
-pub const SHARE_RETRY: Duration = Duration::from_secs(1);
+pub(super) const SHARE_RETRY: Duration = Duration::from_secs(1);
 
 /// A caller's account as one request found it, before its body is read.
-pub struct Visitor {
+pub(super) struct Visitor {
     account: Arc<Account>,
     tier: Tier,
 }
@@ -159,7 +159,7 @@ pub struct Visitor {
 impl Visitor {
     /// Puts the cost of a request refused before it was measured into
     /// `response`: nothing requested, nothing resolved, the bucket as it is.
-    pub fn unmeasured(&self, response: &mut Response) {
+    pub(super) fn unmeasured(&self, response: &mut Response) {
         let status = self.account.status(self.tier, Instant::now());
         response.extensions.insert("cost".to_owned(), report(0, 0, status));
     }
@@ -167,7 +167,7 @@ impl Visitor {
 
 /// One operation's cost: what it requested and took. In the request's
 /// data, where validation finds it (see [`charge`]).
-pub struct Meter {
+pub(super) struct Meter {
     /// The caller's bucket and in-flight count.
     account: Arc<Account>,
     tier: Tier,
@@ -193,7 +193,7 @@ impl Meter {
 
     /// The operation ended: what it took and did not use goes back, and
     /// `response` gets its `extensions.cost`.
-    pub fn settle(&self, response: &mut Response) {
+    pub(super) fn settle(&self, response: &mut Response) {
         let charged = self.charged.swap(0, Ordering::Relaxed);
         let actual = resolved(&response.data);
         let unused = charged.saturating_sub(actual) as f64;
@@ -202,7 +202,7 @@ impl Meter {
     }
 
     /// One event of a subscription: what it resolved, with the bucket now.
-    pub fn event(&self, response: &mut Response) {
+    pub(super) fn event(&self, response: &mut Response) {
         let actual = resolved(&response.data);
         let status = self.account.status(self.tier, Instant::now());
         self.report(response, actual, status);
@@ -217,24 +217,24 @@ impl Meter {
     /// spare one, unless it spends faster than it refills), or none when
     /// it did not come within the turn's bound: the caller's own
     /// operations held its share of the pool all that time.
-    pub async fn turn(&self) -> Option<Turn> {
+    pub(super) async fn turn(&self) -> Option<Turn> {
         let spare = (!self.spending()).then_some(&self.spare);
         tokio::time::timeout(self.turn_wait, self.account.turn(spare)).await.ok()
     }
 
     /// How long the caller is still known to be short of budget, if it is.
-    pub fn short_for(&self) -> Option<Duration> {
+    pub(super) fn short_for(&self) -> Option<Duration> {
         self.account.short_for(Instant::now())
     }
 
     /// Whether the caller spends its budget faster than it refills.
-    pub fn spending(&self) -> bool {
+    pub(super) fn spending(&self) -> bool {
         self.account.spending(self.tier, Instant::now())
     }
 
     /// The cost of an operation refused before it was measured: nothing
     /// requested, nothing resolved, the bucket as it is.
-    pub fn unmeasured(&self, response: &mut Response) {
+    pub(super) fn unmeasured(&self, response: &mut Response) {
         let status = self.account.status(self.tier, Instant::now());
         self.report(response, 0, status);
     }
@@ -284,7 +284,7 @@ fn report(requested: usize, actual: usize, status: Status) -> Value {
 /// quarter at random, so that the many connections of one caller refused
 /// at once do not all come back in the same instant (each is validated
 /// before its bucket can refuse it again).
-pub fn throttled(message: &str, retry_after: Duration) -> ServerError {
+pub(super) fn throttled(message: &str, retry_after: Duration) -> ServerError {
     let retry_after = retry_after.mul_f64(rand::rng().random_range(1.0..1.25));
     let mut error = ServerError::new(message, None);
     let extensions = error.extensions.get_or_insert_with(Default::default);
@@ -300,7 +300,7 @@ pub fn throttled(message: &str, retry_after: Duration) -> ServerError {
 /// charged; a schema run without the gateway has no meter, and its
 /// responses carry no cost. (Not an extension of its own: each extension
 /// is a boxed future on every field resolved.)
-pub fn charge(meter: Option<&Arc<Meter>>, complexity: usize) -> Result<(), ServerError> {
+pub(super) fn charge(meter: Option<&Arc<Meter>>, complexity: usize) -> Result<(), ServerError> {
     let Some(meter) = meter else { return Ok(()) };
     meter.charge(complexity).map_err(|wait| {
         crate::telemetry::throttled("cost");

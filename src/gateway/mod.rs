@@ -44,18 +44,17 @@ use std::{
     task::{Context, Poll},
 };
 
-pub use self::{
-    accounts::Tier,
-    callers::Caller,
-    codes::{ErrorCodes, code_of, coded},
-    cost::Fairness,
-};
 use self::{
     accounts::{Share, Turn},
     background::Background,
     cost::{Fair, Meter, SHARE_RETRY, Visitor},
     persisted::Persisted,
     shapes::Shapes,
+};
+pub(crate) use self::{
+    callers::Caller,
+    codes::{ErrorCodes, code_of, coded},
+    cost::Fairness,
 };
 
 use async_graphql::{
@@ -72,7 +71,7 @@ use crate::{
 
 /// What runs a checked operation: a schema, seen only as what it does
 /// (async-graphql's `Executor`, in a form that can be held as a value).
-pub trait Run: Send + Sync + 'static {
+pub(crate) trait Run: Send + Sync + 'static {
     /// Runs a query or mutation to its response.
     fn execute(&self, request: Request) -> BoxFuture<'static, Response>;
 
@@ -92,10 +91,10 @@ impl<E: async_graphql::Executor + Clone> Run for E {
 }
 
 /// Puts a request's own data (its DataLoaders) into it.
-pub type RequestData = Arc<dyn Fn(Request) -> Request + Send + Sync>;
+pub(crate) type RequestData = Arc<dyn Fn(Request) -> Request + Send + Sync>;
 
 /// What a gateway is made of, given by the composition root.
-pub struct Setup {
+pub(crate) struct Setup {
     /// The schema with the API's depth bound.
     pub schema: Arc<dyn Run>,
     /// The same schema with the looser depth bound for introspection-only documents.
@@ -114,7 +113,7 @@ pub struct Setup {
 
 /// Admits GraphQL operations; cheap to clone, one per server.
 #[derive(Clone)]
-pub struct Gateway {
+pub(crate) struct Gateway {
     /// The schema with the API's depth bound.
     schema: Arc<dyn Run>,
     /// The same schema with the looser depth bound for introspection-only documents.
@@ -137,14 +136,14 @@ pub struct Gateway {
 
 /// A caller as one request found it: who, and its account (looked up
 /// once, before the request's body is read).
-pub struct Visit {
+pub(crate) struct Visit {
     caller: Caller,
     visitor: Visitor,
 }
 
 /// Why an operation was not run.
 #[derive(Debug)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The in-flight limit is reached; the client may retry.
     Overloaded,
     /// The caller holds its whole share of the in-flight limit; it may
@@ -163,21 +162,12 @@ pub enum Refusal {
 
 impl Refusal {
     /// An operation that failed inside the server (its cause was logged).
-    pub fn internal() -> Self {
+    pub(crate) fn internal() -> Self {
         Self::Request(coded(ServerError::new("internal error", None), ErrorCode::Internal))
     }
 
-    /// The `extensions.code` of this refusal.
-    pub fn code(&self) -> ErrorCode {
-        match self {
-            Self::Overloaded => ErrorCode::Overloaded,
-            Self::Throttled | Self::Short(_) | Self::NoTurn => ErrorCode::Throttled,
-            Self::Request(error) => code_of(error).unwrap_or(ErrorCode::GraphqlValidationFailed),
-        }
-    }
-
     /// The refusal as a GraphQL response.
-    pub fn into_response(self) -> Response {
+    pub(crate) fn into_response(self) -> Response {
         match self {
             Self::Overloaded => {
                 let mut error = ServerError::new("the server is at its limit of requests in flight, try again", None);
@@ -207,7 +197,7 @@ impl Refusal {
 
 impl Gateway {
     /// A gateway made of `setup`.
-    pub fn new(setup: Setup) -> Self {
+    pub(crate) fn new(setup: Setup) -> Self {
         Self {
             shapes: Arc::new(Shapes::from_sdl(&setup.sdl)),
             introspection: setup.introspection,
@@ -222,7 +212,7 @@ impl Gateway {
     }
 
     /// `caller` and its account, for the requests it sends now.
-    pub fn visit(&self, caller: Caller) -> Visit {
+    pub(crate) fn visit(&self, caller: Caller) -> Visit {
         Visit { visitor: self.fair.visitor(&caller), caller }
     }
 
@@ -230,7 +220,7 @@ impl Gateway {
     /// wait, and back too early) or holds its whole in-flight share:
     /// decided before its request is read, so that a client that never
     /// waits costs this lookup and no parsing or validation.
-    pub fn turned_away(&self, visit: &Visit) -> Option<Refusal> {
+    pub(crate) fn turned_away(&self, visit: &Visit) -> Option<Refusal> {
         let (short, wait) = self.fair.turned_away(&visit.visitor)?;
         Some(if short { Refusal::Short(wait) } else { Refusal::Throttled })
     }
@@ -238,7 +228,7 @@ impl Gateway {
     /// Checks `request`'s document and picks its operation, without taking
     /// a permit: what an operation is must be known before it is admitted
     /// (a transport may refuse some kinds, a subscription takes no permit).
-    pub fn prepare(&self, mut request: Request, visit: &Visit) -> Result<Prepared, Refusal> {
+    pub(crate) fn prepare(&self, mut request: Request, visit: &Visit) -> Result<Prepared, Refusal> {
         let caller = &visit.caller;
         let to_keep = self.persisted.resolve(&mut request).map_err(Refusal::Request)?;
         if request.query.trim().is_empty() {
@@ -280,13 +270,13 @@ impl Gateway {
     /// Checks `request` and takes its place in the caller's share:
     /// everything an operation gets before its turn, whichever transport
     /// brought it.
-    pub fn admit(&self, request: Request, visit: &Visit) -> Result<Admitted, Refusal> {
+    pub(crate) fn admit(&self, request: Request, visit: &Visit) -> Result<Admitted, Refusal> {
         self.prepare(request, visit)?.admit()
     }
 
     /// `refusal` as a response, with the caller's `extensions.cost`
     /// (nothing requested, nothing resolved: it never ran).
-    pub fn refused(&self, refusal: Refusal, visit: &Visit) -> Response {
+    pub(crate) fn refused(&self, refusal: Refusal, visit: &Visit) -> Response {
         let mut response = refusal.into_response();
         visit.visitor.unmeasured(&mut response);
         response
@@ -343,7 +333,7 @@ impl Completion {
 }
 
 /// A checked operation that has not taken its permit yet.
-pub struct Prepared {
+pub(crate) struct Prepared {
     request: Request,
     schema: Arc<dyn Run>,
     completion: Completion,
@@ -354,7 +344,7 @@ pub struct Prepared {
 
 impl Prepared {
     /// Query, mutation or subscription.
-    pub fn kind(&self) -> OperationType {
+    pub(crate) fn kind(&self) -> OperationType {
         self.completion.kind
     }
 
@@ -363,7 +353,7 @@ impl Prepared {
     /// caller is still admitted. The permit of the in-flight limit is
     /// taken when the operation's turn comes ([`Admitted::execute`]), so
     /// only running operations hold one.
-    pub fn admit(self) -> Result<Admitted, Refusal> {
+    pub(crate) fn admit(self) -> Result<Admitted, Refusal> {
         let Some(share) = self.fair.share(&self.completion.meter) else {
             crate::telemetry::throttled("in_flight");
             return Err(Refusal::Throttled);
@@ -373,7 +363,7 @@ impl Prepared {
 
     /// Runs without a permit: for subscriptions, which hold a place under
     /// their own caps for as long as they live.
-    pub fn stream_unmetered(self) -> BoxStream<'static, Response> {
+    pub(crate) fn stream_unmetered(self) -> BoxStream<'static, Response> {
         let responses = self.schema.execute_stream(self.request);
         self.completion.stream(responses)
     }
@@ -381,7 +371,7 @@ impl Prepared {
 
 /// An operation that may run: its request prepared, its place in its
 /// caller's share held.
-pub struct Admitted {
+pub(crate) struct Admitted {
     prepared: Prepared,
     share: Share,
 }
@@ -409,11 +399,6 @@ impl Drop for InFlight {
 }
 
 impl Admitted {
-    /// Query, mutation or subscription.
-    pub fn kind(&self) -> OperationType {
-        self.prepared.kind()
-    }
-
     /// Waits for the operation's turn among its caller's, takes a permit
     /// of the in-flight limit (or answers `OVERLOADED`: a full server
     /// answers instead of queueing), and runs the operation to its end,
@@ -428,14 +413,14 @@ impl Admitted {
     /// threads. Only queries: a mutation may hold row locks or lead a
     /// coalesced statement that other callers wait on, and must not be
     /// slowed by a lower priority.
-    pub async fn execute(self) -> Response {
+    pub(crate) async fn execute(self) -> Response {
         self.execute_then(|response| response).await
     }
 
     /// [`Admitted::execute`], then `finish` on the response where the
     /// operation ran: a transport turns a large answer into bytes there,
     /// on the background lane too, instead of on the runtime's thread.
-    pub async fn execute_then<T: Send + 'static>(
+    pub(crate) async fn execute_then<T: Send + 'static>(
         self,
         finish: impl FnOnce(Response) -> T + Clone + Send + 'static,
     ) -> T {

@@ -20,7 +20,7 @@ const MAX_BYTES: usize = 4 << 20;
 
 /// The queries clients have registered, by the hex SHA-256 of their text.
 #[derive(Clone, Default)]
-pub struct Persisted {
+pub(super) struct Persisted {
     queries: Arc<Mutex<Kept>>,
 }
 
@@ -32,7 +32,7 @@ struct Kept {
 
 /// A persisted-query hash a request carried with its query, to keep once the
 /// query has passed its checks.
-pub struct ToKeep {
+pub(super) struct ToKeep {
     hash: String,
 }
 
@@ -40,7 +40,7 @@ impl Persisted {
     /// Fills in `request`'s query from its persisted-query hash, if it sent
     /// only the hash; checks the hash of a query it sent with one. Returns
     /// the hash to [`keep`](Self::keep) when the query came with it.
-    pub fn resolve(&self, request: &mut Request) -> Result<Option<ToKeep>, ServerError> {
+    pub(super) fn resolve(&self, request: &mut Request) -> Result<Option<ToKeep>, ServerError> {
         let Some(persisted) = request.extensions.get("persistedQuery") else { return Ok(None) };
         let Value::Object(persisted) = persisted else {
             return Err(bad_request("extensions.persistedQuery must be an object"));
@@ -70,7 +70,7 @@ impl Persisted {
     }
 
     /// Keeps `query` under the hash it came with.
-    pub fn keep(&self, kept: ToKeep, query: &str) {
+    pub(super) fn keep(&self, kept: ToKeep, query: &str) {
         let mut queries = self.lock();
         if queries.by_hash.contains_key(&kept.hash) {
             return;

@@ -32,7 +32,7 @@ use async_graphql::{
 use crate::error::ErrorCode;
 
 /// The declared type of every field of every object, interface and input type.
-pub struct Shapes {
+pub(super) struct Shapes {
     /// Output fields, by type and field name.
     fields: HashMap<String, HashMap<String, Type>>,
     /// Input object fields, by type and field name.
@@ -41,7 +41,7 @@ pub struct Shapes {
 
 impl Shapes {
     /// The shapes of the schema printed as `sdl`.
-    pub fn from_sdl(sdl: &str) -> Self {
+    pub(super) fn from_sdl(sdl: &str) -> Self {
         let mut shapes = Self { fields: HashMap::new(), inputs: HashMap::new() };
         let Ok(document) = async_graphql::parser::parse_schema(sdl) else {
             tracing::error!("the schema's own SDL does not parse; field errors keep async-graphql's shape");
@@ -65,7 +65,7 @@ impl Shapes {
 
     /// Refuses variables whose values are not of their declared types, where
     /// async-graphql does not (see the module docs).
-    pub fn coerce(
+    pub(super) fn coerce(
         &self,
         definitions: &[Positioned<VariableDefinition>],
         variables: &Variables,
@@ -133,7 +133,7 @@ impl Shapes {
 
     /// Puts the spec's nulls into `response` for every field error in it.
     /// `root` is the operation's root type, `selections` its selection set.
-    pub fn propagate(
+    pub(super) fn propagate(
         &self,
         response: &mut Response,
         document: &ExecutableDocument,

@@ -18,16 +18,16 @@ use super::Http;
 use crate::gateway::Caller;
 
 /// The peer of a request, as the server loop records it (`server.rs`).
-pub type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
+pub(super) type Peer = Option<Extension<ConnectInfo<SocketAddr>>>;
 
 /// The caller of a request with `headers` from `peer`, its token read from
 /// `authorization` (a websocket may carry it in `connection_init` instead).
-pub fn caller(http: &Http, headers: &HeaderMap, peer: &Peer, authorization: Option<&str>) -> Caller {
+pub(super) fn caller(http: &Http, headers: &HeaderMap, peer: &Peer, authorization: Option<&str>) -> Caller {
     Caller { viewer: http.app.keys.viewer(authorization), address: address(http, headers, peer) }
 }
 
 /// The client address of a request with `headers` from `peer`.
-pub fn address(http: &Http, headers: &HeaderMap, peer: &Peer) -> IpAddr {
+pub(super) fn address(http: &Http, headers: &HeaderMap, peer: &Peer) -> IpAddr {
     // Without a recorded peer (a router driven by hand), every such request
     // is one caller: the unspecified address.
     let peer = peer.as_ref().map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |Extension(ConnectInfo(peer))| peer.ip());
@@ -36,7 +36,7 @@ pub fn address(http: &Http, headers: &HeaderMap, peer: &Peer) -> IpAddr {
 }
 
 /// The authorization header's value, if it is text.
-pub fn authorization(headers: &HeaderMap) -> Option<&str> {
+pub(super) fn authorization(headers: &HeaderMap) -> Option<&str> {
     headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
 }
 

@@ -52,17 +52,17 @@ const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; st
 /// The document GraphiQL opens on (its `defaultQuery`, shown in a browser
 /// that has no tabs of its own stored yet): Stockguard's example operations,
 /// one named operation each, so the run button offers them by name.
-pub const EXAMPLES: &str = include_str!("examples.graphql");
+pub(super) const EXAMPLES: &str = include_str!("examples.graphql");
 
 /// The rendered page.
 #[derive(Clone)]
-pub struct Page(String);
+pub(super) struct Page(String);
 
 impl Page {
     /// The page for `/graphql` and `/graphql/ws`; `authorization`, when given,
     /// is sent by GraphiQL as the `Authorization` header (a development server's
     /// operator token).
-    pub fn new(authorization: Option<&str>) -> Self {
+    pub(super) fn new(authorization: Option<&str>) -> Self {
         let asset = |name: &str| format!("src=\"{}\" integrity=\"{}\"", path(name), integrity(name));
         let authorization =
             authorization.map(|value| format!(" data-authorization=\"{}\"", escape(value))).unwrap_or_default();
@@ -98,7 +98,7 @@ impl Page {
     }
 
     /// The page as a response, with its security headers.
-    pub fn response(&self) -> Response {
+    pub(super) fn response(&self) -> Response {
         let mut response = (StatusCode::OK, self.0.clone()).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/html; charset=utf-8"));
@@ -123,7 +123,7 @@ fn path(name: &str) -> String {
 }
 
 /// `GET /graphiql/{version}/{name}`.
-pub async fn asset(Path((version, name)): Path<(String, String)>) -> Response {
+pub(super) async fn asset(Path((version, name)): Path<(String, String)>) -> Response {
     match ASSETS.iter().find(|asset| asset.name == name && path(asset.name) == format!("/graphiql/{version}/{name}")) {
         Some(asset) => {
             let mut response = (StatusCode::OK, asset.bytes).into_response();

@@ -272,7 +272,12 @@ struct GetParams {
 
 /// `GET /graphql`: a query from the URL, or GraphiQL for a browser that
 /// asks for a page and no query.
-pub async fn get(State(http): State<Http>, peer: Peer, headers: HeaderMap, RawQuery(query): RawQuery) -> HttpResponse {
+pub(super) async fn get(
+    State(http): State<Http>,
+    peer: Peer,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> HttpResponse {
     if query.as_deref().is_none_or(str::is_empty) && wants_html(&headers) {
         return graphiql_page(State(http)).await;
     }
@@ -366,7 +371,7 @@ async fn read_body(body: Body, limit: usize) -> Result<Bytes, HttpResponse> {
 /// that is not JSON is 415, not a GraphQL request 400, over the limit 413,
 /// and a full server 503. A caller turned away (known to be short of
 /// budget, or holding its whole share) is refused before its body is read.
-pub async fn post(State(http): State<Http>, peer: Peer, headers: HeaderMap, body: Body) -> HttpResponse {
+pub(super) async fn post(State(http): State<Http>, peer: Peer, headers: HeaderMap, body: Body) -> HttpResponse {
     let Some(media) = negotiate(&headers) else { return not_acceptable() };
     if !is_json(&headers) {
         return error_response(

@@ -28,7 +28,7 @@ use tower_http::{
     cors::{AllowOrigin, CorsLayer},
 };
 
-pub use self::server::{ConnectionLimits, serve};
+pub(crate) use self::server::{ConnectionLimits, serve};
 use crate::{app::AppState, error::ErrorCode, gateway::Gateway, server::Server};
 
 /// What the handlers share: axum clones it for every request, so it is
@@ -60,7 +60,7 @@ struct Shared {
 /// The router over `server`. `graphiql_token`, when given, is prefilled as the
 /// `Authorization` header of GraphiQL (only for a server with a throw-away
 /// secret on a loopback address, see `Settings::from_config` in `startup.rs`).
-pub fn router(server: &Server, graphiql_token: Option<&str>) -> Router {
+pub(crate) fn router(server: &Server, graphiql_token: Option<&str>) -> Router {
     crate::telemetry::install_metrics();
     let bearer = graphiql_token.map(|token| format!("Bearer {token}"));
     let app = server.state().clone();
@@ -135,7 +135,7 @@ fn is_loopback_origin(origin: &str) -> bool {
 }
 
 /// The connection bounds of `limits`, for [`serve`].
-pub fn connection_limits(limits: &crate::config::Limits) -> ConnectionLimits {
+pub(crate) fn connection_limits(limits: &crate::config::Limits) -> ConnectionLimits {
     ConnectionLimits {
         max_connections: limits.max_connections,
         header_read_timeout: Duration::from_millis(limits.header_read_timeout_ms),
@@ -201,7 +201,7 @@ async fn readyz(State(http): State<Http>) -> Response {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let interrupt = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

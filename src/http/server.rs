@@ -41,7 +41,7 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The bounds every connection keeps.
 #[derive(Debug, Clone, Copy)]
-pub struct ConnectionLimits {
+pub(crate) struct ConnectionLimits {
     /// Most connections open at once.
     pub max_connections: usize,
     /// Longest wait for a request's head once it is due (connection opened,
@@ -53,7 +53,7 @@ pub struct ConnectionLimits {
 
 /// Serves `router` on `listener` until `shutdown` resolves, then lets the
 /// requests in flight finish (at most [`DRAIN_TIMEOUT`]).
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ConnectionLimits,

@@ -57,10 +57,10 @@ const READ_BUFFER: usize = 4096;
 
 /// Live subscriptions of the whole process, shared by every socket.
 #[derive(Clone, Default)]
-pub struct Subscriptions(Arc<AtomicUsize>);
+pub(super) struct Subscriptions(Arc<AtomicUsize>);
 
 /// Upgrades `/graphql/ws` to a websocket and serves GraphQL on it.
-pub async fn upgrade(
+pub(super) async fn upgrade(
     State(http): State<Http>,
     peer: Peer,
     headers: HeaderMap,

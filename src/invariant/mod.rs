@@ -83,7 +83,7 @@ pub enum Drift {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct InventoryDrift {
     /// The inventory.
-    pub id: Uuid,
+    pub(crate) id: Uuid,
     /// Its SKU.
     pub sku: String,
     /// Units available (the `stock` column).
@@ -91,23 +91,23 @@ pub struct InventoryDrift {
     /// Its version.
     pub version: i64,
     /// Units held by ACTIVE reservations.
-    pub reserved: i64,
+    pub(crate) reserved: i64,
     /// Units held by ORDERED reservations (order lines not yet fulfilled).
-    pub committed: i64,
+    pub(crate) committed: i64,
     /// Units of FULFILLED lines.
-    pub fulfilled: i64,
+    pub(crate) fulfilled: i64,
     /// Initial stock, restocks and units returned to stock, from the ledger.
-    pub received: i64,
+    pub(crate) received: i64,
     /// Number of distinct ledger versions (should equal `version`).
     pub changes: i64,
     /// Sum of the ledger's deltas of available stock (should equal `stock`).
-    pub ledger_stock: i64,
+    pub(crate) ledger_stock: i64,
     /// Minus the sum of the ledger's FULFILLED deltas (should equal `fulfilled`).
-    pub ledger_fulfilled: i64,
+    pub(crate) ledger_fulfilled: i64,
     /// Sum of its levels' available units (should equal `stock`).
     pub levels_available: i64,
     /// The locations of its levels.
-    pub level_locations: Vec<Uuid>,
+    pub(crate) level_locations: Vec<Uuid>,
     /// Its sole location, if any (should be its only level's).
     pub sole_location_id: Option<Uuid>,
     /// Its ACTIVE, ORDERED and FULFILLED lines whose allocations do not add
@@ -119,9 +119,9 @@ pub struct InventoryDrift {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct LevelDrift {
     /// The inventory.
-    pub inventory_id: Uuid,
+    pub(crate) inventory_id: Uuid,
     /// Its SKU.
-    pub sku: String,
+    pub(crate) sku: String,
     /// The location.
     pub location_id: Uuid,
     /// Its code; none when no location has this id.
@@ -145,11 +145,11 @@ pub struct LineDrift {
     /// The line (a reservation).
     pub reservation_id: Uuid,
     /// Its order.
-    pub order_id: Option<Uuid>,
+    pub(crate) order_id: Option<Uuid>,
     /// Its inventory.
-    pub inventory_id: Uuid,
+    pub(crate) inventory_id: Uuid,
     /// The inventory's SKU.
-    pub sku: String,
+    pub(crate) sku: String,
     /// The line's status (should be FULFILLED when it has returns).
     pub status: String,
     /// Units it shipped.
@@ -223,10 +223,10 @@ pub struct Options {
 }
 
 /// The time limit of [`Options::default`] and of `stockguard check`.
-pub const DEFAULT_TIME_LIMIT: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_TIME_LIMIT: Duration = Duration::from_secs(3600);
 
 /// The batch of [`Options::default`] and of `stockguard check`.
-pub const DEFAULT_BATCH: u64 = 1000;
+pub(crate) const DEFAULT_BATCH: u64 = 1000;
 
 impl Default for Options {
     fn default() -> Self {

@@ -34,7 +34,7 @@ use crate::stock::{
 /// The temporary tables of partial sums, gone with the check's
 /// transaction. A ledger part fills the ledger's columns and a range of
 /// reservations the lines', each leaving the others at 0.
-pub const TEMP_TABLES: &str = r#"
+pub(super) const TEMP_TABLES: &str = r#"
 CREATE TEMP TABLE check_inventory_parts (
     inventory_id     uuid   NOT NULL,
     changes          bigint NOT NULL DEFAULT 0,
@@ -63,7 +63,7 @@ CREATE TEMP TABLE check_level_parts (
 /// soundly. The partitions are read from the catalog, which locks none of
 /// them (`pg_partition_tree` would lock them all until the check ends), and
 /// measuring one locks it only for that moment.
-pub const LEDGER_PARTS: &str = "SELECT inhrelid::regclass::text AS part FROM pg_inherits \
+pub(super) const LEDGER_PARTS: &str = "SELECT inhrelid::regclass::text AS part FROM pg_inherits \
      WHERE inhparent = 'stock_movements'::regclass AND pg_relation_size(inhrelid) > 0 ORDER BY 1";
 
 /// Sums one partition of the ledger (`part`, a name [`LEDGER_PARTS`] gave):
@@ -73,7 +73,7 @@ pub const LEDGER_PARTS: &str = "SELECT inhrelid::regclass::text AS part FROM pg_
 /// one text: the changes are counted from the guard index alone (an
 /// index-only scan, once the day is vacuumed), the sums from one pass over
 /// the rows.
-pub fn ledger_part(part: &str) -> String {
+pub(super) fn ledger_part(part: &str) -> String {
     format!(
         r#"
 INSERT INTO check_inventory_parts (inventory_id, changes)
@@ -98,7 +98,7 @@ SELECT inventory_id, location_id, on_hand, stock FROM levels;"#,
 
 /// Adds the archive's checkpoints: what the ledger rows it deleted added up
 /// to, per inventory and per level.
-pub const CHECKPOINTS: &str = r#"
+pub(super) const CHECKPOINTS: &str = r#"
 INSERT INTO check_inventory_parts (inventory_id, changes, ledger_stock, received, ledger_fulfilled)
 SELECT inventory_id, changes, stock, received, fulfilled FROM ledger_checkpoints;
 INSERT INTO check_level_parts (inventory_id, location_id, on_hand, ledger_stock)
@@ -106,13 +106,13 @@ SELECT inventory_id, location_id, on_hand, stock FROM ledger_checkpoint_levels;"
 
 /// How many blocks the reservations take; one row, `blocks`. Read after the
 /// snapshot is taken, so every row the snapshot sees lies below it.
-pub const RESERVATION_BLOCKS: &str =
+pub(super) const RESERVATION_BLOCKS: &str =
     "SELECT pg_relation_size('reservations') / current_setting('block_size')::bigint AS blocks";
 
 /// The block number past every block a table can have: the upper bound of
 /// the last range of reservations, which so reaches any block added since
 /// they were measured.
-pub const PAST_LAST_BLOCK: u32 = u32::MAX;
+pub(super) const PAST_LAST_BLOCK: u32 = u32::MAX;
 
 /// Sums the reservation lines that count (ACTIVE, ORDERED, FULFILLED) in the
 /// blocks `[from, until)`: per inventory their units by status and how many
@@ -121,7 +121,7 @@ pub const PAST_LAST_BLOCK: u32 = u32::MAX;
 ///
 /// The released and expired lines, most of the table, are read and passed
 /// over; only the counted lines' allocations are looked up, by key.
-pub fn lines(from: u32, until: u32) -> Statement {
+pub(super) fn lines(from: u32, until: u32) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             r#"
@@ -160,7 +160,7 @@ SELECT r.inventory_id, a.location_id, coalesce({allocated_reserved}, 0), coalesc
 /// (`check_levels`), each looked up by key when its batch is judged.
 /// Temporary tables are never analyzed by autovacuum; the batches' plans
 /// need their sizes.
-pub const TOTALS: &str = r#"
+pub(super) const TOTALS: &str = r#"
 CREATE TEMP TABLE check_inventories ON COMMIT DROP AS
 SELECT inventory_id, sum(changes) AS changes, sum(ledger_stock) AS ledger_stock, sum(received) AS received,
        sum(ledger_fulfilled) AS ledger_fulfilled, sum(reserved) AS reserved, sum(committed) AS committed,
@@ -176,12 +176,12 @@ ANALYZE check_inventories;
 ANALYZE check_levels;"#;
 
 /// How many inventories there are; one row, `n`.
-pub const INVENTORIES: &str = "SELECT count(*) AS n FROM inventories";
+pub(super) const INVENTORIES: &str = "SELECT count(*) AS n FROM inventories";
 
 /// Where the next batch of at most `size` inventories by SKU ends, after
 /// the SKU `after` (from the first without one); one row: its last SKU
 /// (`last`, NULL when none is left) and its size (`n`).
-pub fn batch_end(after: Option<&str>, size: u64) -> Statement {
+pub(super) fn batch_end(after: Option<&str>, size: u64) -> Statement {
     let size = i64::try_from(size).unwrap_or(i64::MAX);
     match after {
         None => Statement::from_sql_and_values(
@@ -207,7 +207,7 @@ pub fn batch_end(after: Option<&str>, size: u64) -> Statement {
 /// The levels judged are every (inventory, location) that a level, a
 /// holding allocation, a ledger row or a checkpoint names; `available`
 /// stays NULL without a level.
-pub fn drifts(after: Option<&str>, last: &str) -> Statement {
+pub(super) fn drifts(after: Option<&str>, last: &str) -> Statement {
     static FIRST: LazyLock<String> = LazyLock::new(|| judge("sku <= $1"));
     static NEXT: LazyLock<String> = LazyLock::new(|| judge("sku > $2 AND sku <= $1"));
     match after {
@@ -282,7 +282,7 @@ SELECT kind, detail FROM (
 /// its return lines, or on a line that is not FULFILLED. Read once, after
 /// the inventories: only lines with returns can drift, and the partial
 /// index `reservations_returned` and the return lines find them.
-pub static RETURNED_LINES: LazyLock<String> = LazyLock::new(|| {
+pub(super) static RETURNED_LINES: LazyLock<String> = LazyLock::new(|| {
     format!(
         r#"
 SELECT 'line' AS kind, d.sku, to_jsonb(d) AS detail

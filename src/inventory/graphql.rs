@@ -16,19 +16,19 @@ use super::{
 use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
+    global_id,
     live::Feed,
     locations::graphql::{self as locations, Location, StockLevel},
-    node,
     pagination::{self, Connection, Cursor, VersionCursor, connection},
     telemetry, validate,
 };
 
 /// Largest `stock` of a new inventory, largest single restock and largest
 /// single transfer: operators move warehouse stock, not a customer's cart.
-pub const MAX_STOCK_CHANGE: i32 = 1_000_000_000;
+pub(crate) const MAX_STOCK_CHANGE: i32 = 1_000_000_000;
 
 /// An inventory row as the API shows it.
-pub struct Inventory(pub InventoryRow);
+pub(crate) struct Inventory(pub InventoryRow);
 
 /// A stocked item. `version` grows by exactly 1 for every change of the row:
 /// each reservation, release, expiry, restock, change of a held quantity and
@@ -42,8 +42,8 @@ impl Inventory {
     }
 
     /// The inventory's global id, for `node(id:)` (Relay).
-    pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::Inventory, self.0.id)
+    pub(crate) async fn node_id(&self) -> ID {
+        global_id::encode(global_id::Kind::Inventory, self.0.id)
     }
 
     /// Stock keeping unit, unique across inventories.
@@ -177,7 +177,7 @@ fn units(n: i64) -> GqlResult<i32> {
 
 /// Why stock changed.
 #[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MovementReason {
+pub(crate) enum MovementReason {
     /// The inventory was created with its initial stock.
     Created,
     /// A reservation took stock.
@@ -228,7 +228,7 @@ impl From<movements::MovementReason> for MovementReason {
 }
 
 /// A ledger row as the API shows it.
-pub struct StockMovement(movements::Model);
+pub(crate) struct StockMovement(movements::Model);
 
 /// Every change of stock, written in the same statement as the change itself.
 #[Object]
@@ -239,8 +239,8 @@ impl StockMovement {
     }
 
     /// The ledger row's global id, for `node(id:)` (Relay).
-    pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::StockMovement, self.0.id)
+    pub(crate) async fn node_id(&self) -> ID {
+        global_id::encode(global_id::Kind::StockMovement, self.0.id)
     }
 
     /// Units added; negative when stock was taken.
@@ -297,7 +297,7 @@ impl From<InventoryRow> for Inventory {
 
 /// One ledger row through the request's DataLoader (operators only, as
 /// `Inventory.movements`).
-pub async fn movement(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<StockMovement>> {
+pub(crate) async fn movement(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<StockMovement>> {
     ctx.operator()?;
     let loader = ctx.loader::<MovementLoader>()?;
     Ok(loader.load_one(id).await.gql()?.map(StockMovement))
@@ -305,7 +305,7 @@ pub async fn movement(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<StockMove
 
 /// Loads one inventory through the request's DataLoader, so that all the
 /// `inventory` fields of one response cost one statement.
-pub async fn load(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Inventory>> {
+pub(crate) async fn load(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Inventory>> {
     let loader = ctx.loader::<InventoryLoader>()?;
     let row = loader.load_one(id).await.gql()?;
     Ok(row.map(Inventory))
@@ -314,7 +314,7 @@ pub async fn load(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Inventory>> {
 /// The version the client expected is no longer the latest: nothing was
 /// written. Shows the latest committed state beside what the client sent.
 #[derive(SimpleObject)]
-pub struct Conflict {
+pub(crate) struct Conflict {
     /// The version the request expected (for a request without one whose
     /// collision retries ran out: the version the server last saw).
     pub expected_version: i32,
@@ -324,21 +324,21 @@ pub struct Conflict {
 
 /// No inventory has this id.
 #[derive(SimpleObject)]
-pub struct InventoryNotFound {
+pub(crate) struct InventoryNotFound {
     /// The id that was asked for.
     pub inventory_id: Uuid,
 }
 
 /// Stock was added.
 #[derive(SimpleObject)]
-pub struct Restocked {
+pub(crate) struct Restocked {
     /// The inventory as the restock left it.
     pub inventory: Inventory,
 }
 
 /// How a restock ended.
 #[derive(Union)]
-pub enum RestockResult {
+pub(crate) enum RestockResult {
     /// Stock was added.
     Restocked(Restocked),
     /// `expectedVersion` was stale; nothing was written.
@@ -349,7 +349,7 @@ pub enum RestockResult {
 
 /// A new inventory.
 #[derive(InputObject)]
-pub struct CreateInventoryInput {
+pub(crate) struct CreateInventoryInput {
     /// Stock keeping unit: 1 to 64 characters, unique.
     pub sku: String,
     /// Display name: 1 to 200 characters.
@@ -363,7 +363,7 @@ pub struct CreateInventoryInput {
 
 /// Stock to add to an inventory.
 #[derive(InputObject)]
-pub struct RestockInput {
+pub(crate) struct RestockInput {
     /// The inventory to restock.
     pub inventory_id: Uuid,
     /// Units to add, 1 or more.
@@ -378,7 +378,7 @@ pub struct RestockInput {
 
 /// Inventory queries; readable without a token.
 #[derive(Default)]
-pub struct InventoryQuery;
+pub(crate) struct InventoryQuery;
 
 #[Object]
 impl InventoryQuery {
@@ -426,7 +426,7 @@ impl InventoryQuery {
 
 /// Inventory mutations; operators only.
 #[derive(Default)]
-pub struct InventoryMutation;
+pub(crate) struct InventoryMutation;
 
 #[Object]
 impl InventoryMutation {
@@ -472,7 +472,7 @@ impl InventoryMutation {
 
 /// Live inventory; readable without a token.
 #[derive(Default)]
-pub struct InventorySubscription;
+pub(crate) struct InventorySubscription;
 
 #[Subscription]
 impl InventorySubscription {

@@ -1,10 +1,10 @@
 //! Inventories: the stocked items, their reads, creation and restocking, and
 //! the live `inventoryChanged` subscription.
 
-pub mod graphql;
-pub mod loader;
-pub mod movements;
-pub mod service;
-pub mod store;
+pub(crate) mod graphql;
+pub(crate) mod loader;
+pub(crate) mod movements;
+pub(crate) mod service;
+pub(crate) mod store;
 
-pub use crate::stock::rows::InventoryRow;
+pub(crate) use crate::stock::rows::InventoryRow;

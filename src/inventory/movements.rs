@@ -6,12 +6,12 @@ use chrono::{DateTime, Utc};
 use sea_orm::{ColumnTrait, Condition, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, entity::prelude::*};
 
 use crate::pagination::{Page, VersionCursor};
-pub use crate::stock::rows::MovementReason;
+pub(crate) use crate::stock::rows::MovementReason;
 
 /// One ledger row.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "stock_movements")]
-pub struct Model {
+pub(crate) struct Model {
     /// Primary key.
     #[sea_orm(primary_key, auto_increment = false)]
     pub id: Uuid,
@@ -38,7 +38,7 @@ pub struct Model {
 
 /// No relations are navigated through the ORM.
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub(crate) enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
 
@@ -47,7 +47,7 @@ impl ActiveModelBehavior for ActiveModel {}
 /// writes several rows at one version, so the version alone cannot say
 /// where a page ended; the id breaks the tie, and no row is skipped or
 /// repeated across pages.
-pub async fn page(
+pub(crate) async fn page(
     db: &impl ConnectionTrait,
     inventory_id: Uuid,
     page: Page<VersionCursor>,
@@ -66,6 +66,6 @@ pub async fn page(
 }
 
 /// The ledger rows with these ids (missing ones are left out).
-pub async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Model>, DbErr> {
+pub(crate) async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Model>, DbErr> {
     Entity::find().filter(Column::Id.is_in(ids.iter().copied())).all(db).await
 }

@@ -22,7 +22,7 @@ use crate::{
 /// The inventory feature as the resolvers see it: one per server process,
 /// built by the composition root and handed to the schema as data.
 #[derive(Clone)]
-pub struct InventoryService {
+pub(crate) struct InventoryService {
     /// The connection pool.
     db: DatabaseConnection,
     /// Re-runs collided statements.
@@ -33,7 +33,7 @@ pub struct InventoryService {
 
 /// How a restock ended.
 #[derive(Debug)]
-pub enum RestockOutcome {
+pub(crate) enum RestockOutcome {
     /// Stock was added; the row as the statement left it.
     Restocked(InventoryRow),
     /// `expectedVersion` was stale (or collisions ran out); the latest row.
@@ -49,13 +49,13 @@ pub enum RestockOutcome {
 
 impl InventoryService {
     /// The service over `state`'s pool, collision policy and limits.
-    pub fn new(state: &AppState) -> Self {
+    pub(crate) fn new(state: &AppState) -> Self {
         Self { db: state.db.clone(), collisions: state.collisions.clone(), limits: state.limits.clone() }
     }
 
     /// A new inventory at version 1 with its stock at `location_id` (None:
     /// the default location; see [`create`]).
-    pub async fn create(
+    pub(crate) async fn create(
         &self,
         sku: &str,
         name: &str,
@@ -69,7 +69,7 @@ impl InventoryService {
     /// optionally only if the row is still at `expected_version`. An unknown
     /// location is bad input. When collision retries run out the answer is
     /// `Conflict` with the latest row.
-    pub async fn restock(
+    pub(crate) async fn restock(
         &self,
         id: Uuid,
         quantity: i32,
@@ -100,13 +100,17 @@ impl InventoryService {
 
     /// One page of inventories, oldest first: `first` rows (checked against
     /// the limits) after the cursor `after`, with one more when more follow.
-    pub async fn page(&self, first: Option<i32>, after: Option<&str>) -> Result<(Page, Vec<InventoryRow>), AppError> {
+    pub(crate) async fn page(
+        &self,
+        first: Option<i32>,
+        after: Option<&str>,
+    ) -> Result<(Page, Vec<InventoryRow>), AppError> {
         let page = Page::parse(first, after, self.limits.max_page_size)?;
         Ok((page, store::page(&self.db, page).await?))
     }
 
     /// One page of inventory `id`'s ledger in version order, as [`Self::page`].
-    pub async fn movements(
+    pub(crate) async fn movements(
         &self,
         id: Uuid,
         first: Option<i32>,
@@ -118,7 +122,7 @@ impl InventoryService {
 
     /// Every committed change of inventory `id` from now on (see
     /// [`Feed::watch`]); none when no inventory has that id.
-    pub async fn watch(
+    pub(crate) async fn watch(
         &self,
         live: &Feed<InventoryRow>,
         id: Uuid,
@@ -135,7 +139,7 @@ impl InventoryService {
 /// at `location_id` (None: the default location). A taken SKU or an
 /// unknown location is bad input. Also what `stockguard seed` runs,
 /// without a server.
-pub async fn create(
+pub(crate) async fn create(
     db: &DatabaseConnection,
     sku: &str,
     name: &str,

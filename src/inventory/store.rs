@@ -19,29 +19,32 @@ use crate::{
 };
 
 /// One inventory by id.
-pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Model>, DbErr> {
+pub(crate) async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Model>, DbErr> {
     Entity::find_by_id(id).one(db).await
 }
 
 /// The inventories with these ids (missing ones are left out).
-pub async fn find_many(db: &impl ConnectionTrait, ids: impl IntoIterator<Item = Uuid>) -> Result<Vec<Model>, DbErr> {
+pub(crate) async fn find_many(
+    db: &impl ConnectionTrait,
+    ids: impl IntoIterator<Item = Uuid>,
+) -> Result<Vec<Model>, DbErr> {
     Entity::find().filter(Column::Id.is_in(ids)).all(db).await
 }
 
 /// The inventories with these SKUs (missing ones are left out).
-pub async fn find_by_skus(db: &impl ConnectionTrait, skus: &[String]) -> Result<Vec<Model>, DbErr> {
+pub(crate) async fn find_by_skus(db: &impl ConnectionTrait, skus: &[String]) -> Result<Vec<Model>, DbErr> {
     Entity::find().filter(Column::Sku.is_in(skus.iter().cloned())).all(db).await
 }
 
 /// One page in `(created_at, id)` order, with one extra row when more follow.
-pub async fn page(db: &DatabaseConnection, page: Page) -> Result<Vec<Model>, DbErr> {
+pub(crate) async fn page(db: &DatabaseConnection, page: Page) -> Result<Vec<Model>, DbErr> {
     pagination::keyset(Entity::find(), Column::CreatedAt, Column::Id, page).all(db).await
 }
 
 /// Runs the creation of an inventory with its `CREATED` ledger entry at
 /// `location_id` (None: the default location); the row as created, none
 /// when the location does not exist.
-pub async fn create(
+pub(crate) async fn create(
     db: &DatabaseConnection,
     id: Uuid,
     sku: &str,
@@ -56,7 +59,7 @@ pub async fn create(
 }
 
 /// Runs a restock, re-run on collisions; the row as left when it matched.
-pub async fn restock(
+pub(crate) async fn restock(
     db: &DatabaseConnection,
     collisions: &Collisions,
     id: Uuid,
@@ -72,7 +75,7 @@ pub async fn restock(
 }
 
 /// Which of `ids` name no location (none when all are known).
-pub async fn unknown_locations(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Uuid>, DbErr> {
+pub(crate) async fn unknown_locations(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Uuid>, DbErr> {
     let rows = db.query_all_raw(allocating::unknown(ids)).await?;
     rows.iter().map(|row| row.try_get("", "id")).collect()
 }
@@ -96,7 +99,7 @@ impl live::Followed for Model {
 /// changed row as JSON on `inventory_changed` and, for a checkout, which
 /// changes what an inventory holds but not its row, the id alone on
 /// `inventory_states_changed` (see the migrations).
-pub fn live_source() -> live::Source<Model> {
+pub(crate) fn live_source() -> live::Source<Model> {
     live::Source {
         watchers: "inventory_watchers",
         key: "inventory_id",

@@ -15,8 +15,8 @@ use super::{
 use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
+    global_id,
     inventory::graphql::{Conflict, Inventory, InventoryNotFound, MAX_STOCK_CHANGE},
-    node,
     pagination::{self, Connection, connection},
     reservations::graphql::SoldOut,
     stock::rows::AllocationRow,
@@ -27,7 +27,7 @@ use crate::{
 const DEFAULT_PRIORITY: i32 = 100;
 
 /// A location row as the API shows it.
-pub struct Location(pub LocationRow);
+pub(crate) struct Location(pub LocationRow);
 
 /// A place that holds stock: a warehouse, a store, a supplier's drop-ship stock.
 #[Object]
@@ -38,8 +38,8 @@ impl Location {
     }
 
     /// The location's global id, for `node(id:)` (Relay).
-    pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::Location, self.0.id)
+    pub(crate) async fn node_id(&self) -> ID {
+        global_id::encode(global_id::Kind::Location, self.0.id)
     }
 
     /// Unique, 1 to 64 characters.
@@ -64,7 +64,7 @@ impl Location {
 }
 
 /// One inventory's units at one location.
-pub struct StockLevel(pub LevelState);
+pub(crate) struct StockLevel(pub LevelState);
 
 /// One inventory's stock at one location.
 #[Object]
@@ -105,7 +105,7 @@ fn units(n: i64) -> GqlResult<i32> {
 }
 
 /// Units of a reservation taken from one location.
-pub struct Allocation(AllocationRow);
+pub(crate) struct Allocation(AllocationRow);
 
 /// Which location gave how many units of a reservation or order line.
 #[Object]
@@ -124,39 +124,39 @@ impl Allocation {
 }
 
 /// One location through the request's DataLoader.
-pub async fn load(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Location>> {
+pub(crate) async fn load(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Location>> {
     let loader = ctx.loader::<LocationLoader>()?;
     Ok(loader.load_one(id).await.gql()?.map(Location))
 }
 
 /// An inventory's levels, by priority then code, through the request's DataLoader.
-pub async fn levels(ctx: &Context<'_>, inventory_id: Uuid) -> GqlResult<Vec<StockLevel>> {
+pub(crate) async fn levels(ctx: &Context<'_>, inventory_id: Uuid) -> GqlResult<Vec<StockLevel>> {
     Ok(level_states(ctx, inventory_id).await?.into_iter().map(StockLevel).collect())
 }
 
 /// An inventory's levels as read, by priority then code, through the
 /// request's DataLoader: every field that asks for them in one response
 /// shares one statement, so they come from one snapshot.
-pub async fn level_states(ctx: &Context<'_>, inventory_id: Uuid) -> GqlResult<Vec<LevelState>> {
+pub(crate) async fn level_states(ctx: &Context<'_>, inventory_id: Uuid) -> GqlResult<Vec<LevelState>> {
     let loader = ctx.loader::<LevelsLoader>()?;
     Ok(loader.load_one(inventory_id).await.gql()?.unwrap_or_default())
 }
 
 /// An inventory's level at one location, if that location ever held it.
-pub async fn level(ctx: &Context<'_>, inventory_id: Uuid, location_id: Uuid) -> GqlResult<Option<StockLevel>> {
+pub(crate) async fn level(ctx: &Context<'_>, inventory_id: Uuid, location_id: Uuid) -> GqlResult<Option<StockLevel>> {
     Ok(levels(ctx, inventory_id).await?.into_iter().find(|level| level.0.location_id == location_id))
 }
 
 /// A reservation's (or order line's) allocations, by priority then code,
 /// through the request's DataLoader.
-pub async fn allocations(ctx: &Context<'_>, reservation_id: Uuid) -> GqlResult<Vec<Allocation>> {
+pub(crate) async fn allocations(ctx: &Context<'_>, reservation_id: Uuid) -> GqlResult<Vec<Allocation>> {
     let loader = ctx.loader::<AllocationsLoader>()?;
     Ok(loader.load_one(reservation_id).await.gql()?.unwrap_or_default().into_iter().map(Allocation).collect())
 }
 
 /// A new location.
 #[derive(InputObject)]
-pub struct CreateLocationInput {
+pub(crate) struct CreateLocationInput {
     /// Unique, 1 to 64 characters.
     pub code: String,
     /// Display name: 1 to 200 characters.
@@ -168,7 +168,7 @@ pub struct CreateLocationInput {
 
 /// Changes to a location; fields left out stay as they are.
 #[derive(InputObject)]
-pub struct UpdateLocationInput {
+pub(crate) struct UpdateLocationInput {
     /// The location to change.
     pub id: Uuid,
     /// A new display name: 1 to 200 characters.
@@ -182,7 +182,7 @@ pub struct UpdateLocationInput {
 
 /// Units to move from one location of an inventory to another.
 #[derive(InputObject)]
-pub struct TransferStockInput {
+pub(crate) struct TransferStockInput {
     /// The inventory.
     pub inventory_id: Uuid,
     /// Where the units are now.
@@ -202,7 +202,7 @@ pub struct TransferStockInput {
 /// Units moved: one change of the inventory (version + 1, stock unchanged)
 /// with two ledger rows.
 #[derive(SimpleObject)]
-pub struct StockTransferred {
+pub(crate) struct StockTransferred {
     /// The inventory as the transfer left it (for a replayed key: the latest row).
     pub inventory: Inventory,
     /// The source level after the transfer.
@@ -213,14 +213,14 @@ pub struct StockTransferred {
 
 /// No location has this id.
 #[derive(SimpleObject)]
-pub struct LocationNotFound {
+pub(crate) struct LocationNotFound {
     /// The id that was asked for.
     pub location_id: Uuid,
 }
 
 /// How a transfer ended.
 #[derive(Union)]
-pub enum TransferStockResult {
+pub(crate) enum TransferStockResult {
     /// Units moved.
     StockTransferred(StockTransferred),
     /// The source holds fewer units than asked for (`available` is the
@@ -256,7 +256,7 @@ impl TransferStockResult {
 
 /// Location queries; readable without a token.
 #[derive(Default)]
-pub struct LocationQuery;
+pub(crate) struct LocationQuery;
 
 #[Object]
 impl LocationQuery {
@@ -289,7 +289,7 @@ impl LocationQuery {
 
 /// Location mutations; operators only.
 #[derive(Default)]
-pub struct LocationMutation;
+pub(crate) struct LocationMutation;
 
 #[Object]
 impl LocationMutation {

@@ -2,9 +2,9 @@
 //! inventory's level at each of them, which location gave a reservation's
 //! units, and transfers of stock between two locations.
 
-pub mod graphql;
-pub mod loader;
-pub mod service;
+pub(crate) mod graphql;
+pub(crate) mod loader;
+pub(crate) mod service;
 pub mod store;
 
-pub use crate::stock::rows::LocationRow;
+pub(crate) use crate::stock::rows::LocationRow;

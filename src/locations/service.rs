@@ -26,7 +26,7 @@ use crate::{
 /// The location feature as the resolvers see it: one per server process,
 /// built by the composition root and handed to the schema as data.
 #[derive(Clone)]
-pub struct LocationService {
+pub(crate) struct LocationService {
     /// The connection pool.
     db: DatabaseConnection,
     /// Re-runs collided statements.
@@ -37,7 +37,7 @@ pub struct LocationService {
 
 /// A transfer as the resolver asks for it (already checked).
 #[derive(Debug, Clone)]
-pub struct TransferRequest {
+pub(crate) struct TransferRequest {
     /// The inventory.
     pub inventory_id: Uuid,
     /// The source location.
@@ -54,7 +54,7 @@ pub struct TransferRequest {
 
 /// How a transfer ended.
 #[derive(Debug)]
-pub enum TransferOutcome {
+pub(crate) enum TransferOutcome {
     /// The units moved (or, for a replayed key, had moved).
     Transferred {
         /// The inventory as the transfer left it (for a replay: the latest row).
@@ -88,18 +88,13 @@ pub enum TransferOutcome {
 
 impl LocationService {
     /// The service over `state`'s pool, collision policy and limits.
-    pub fn new(state: &AppState) -> Self {
+    pub(crate) fn new(state: &AppState) -> Self {
         Self { db: state.db.clone(), collisions: state.collisions.clone(), limits: state.limits.clone() }
-    }
-
-    /// The limits input is checked against.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
     }
 
     /// One page of locations by priority then code: `first` rows (checked
     /// against the limits) after the cursor `after`, with one more when more follow.
-    pub async fn page(
+    pub(crate) async fn page(
         &self,
         first: Option<i32>,
         after: Option<&str>,
@@ -110,7 +105,7 @@ impl LocationService {
     }
 
     /// A new location; a taken code is bad input.
-    pub async fn create(&self, code: &str, name: &str, priority: i32) -> Result<LocationRow, AppError> {
+    pub(crate) async fn create(&self, code: &str, name: &str, priority: i32) -> Result<LocationRow, AppError> {
         match store::create(&self.db, code, name, priority).await {
             Ok(row) => Ok(row),
             Err(err) if matches!(classify(&err), DbFailure::UniqueViolation(_)) => {
@@ -121,7 +116,7 @@ impl LocationService {
     }
 
     /// Changes the given fields of a location; `None` when there is none with `id`.
-    pub async fn update(
+    pub(crate) async fn update(
         &self,
         id: Uuid,
         name: Option<&str>,
@@ -136,7 +131,7 @@ impl LocationService {
     /// very request replays its outcome with the latest rows; for another
     /// request it is `IDEMPOTENCY_KEY_REUSED`. When collision retries run
     /// out the answer is `Conflict` with the latest row, as for a restock.
-    pub async fn transfer(&self, user_id: &str, request: &TransferRequest) -> Result<TransferOutcome, AppError> {
+    pub(crate) async fn transfer(&self, user_id: &str, request: &TransferRequest) -> Result<TransferOutcome, AppError> {
         let TransferRequest { inventory_id, from, to, quantity, expected_version, .. } = *request;
         let key = request
             .idempotency_key

@@ -27,7 +27,7 @@ use crate::{
 
 /// A position in the list of locations, ordered by priority, then code.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocationCursor {
+pub(crate) struct LocationCursor {
     /// The location's priority.
     pub priority: i32,
     /// The location's code, unique, which breaks ties.
@@ -49,12 +49,12 @@ impl CursorType for LocationCursor {
 }
 
 /// The locations with these ids (missing ones are left out).
-pub async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<LocationRow>, DbErr> {
+pub(crate) async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<LocationRow>, DbErr> {
     Entity::find().filter(Column::Id.is_in(ids.iter().copied())).all(db).await
 }
 
 /// One page in `(priority, code)` order, with one extra row when more follow.
-pub async fn page(db: &DatabaseConnection, page: Page<LocationCursor>) -> Result<Vec<LocationRow>, DbErr> {
+pub(crate) async fn page(db: &DatabaseConnection, page: Page<LocationCursor>) -> Result<Vec<LocationRow>, DbErr> {
     let mut query = Entity::find();
     if let Some(after) = page.after {
         query = query.filter(
@@ -67,7 +67,12 @@ pub async fn page(db: &DatabaseConnection, page: Page<LocationCursor>) -> Result
 }
 
 /// A new location; a taken code fails on its unique index.
-pub async fn create(db: &DatabaseConnection, code: &str, name: &str, priority: i32) -> Result<LocationRow, DbErr> {
+pub(crate) async fn create(
+    db: &DatabaseConnection,
+    code: &str,
+    name: &str,
+    priority: i32,
+) -> Result<LocationRow, DbErr> {
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         "INSERT INTO locations (id, code, name, priority) VALUES ($1, $2, $3, $4) RETURNING *",
@@ -78,7 +83,7 @@ pub async fn create(db: &DatabaseConnection, code: &str, name: &str, priority: i
 
 /// Changes the given fields of location `id` (the others stay); the row as
 /// left, or none when no location has that id.
-pub async fn update(
+pub(crate) async fn update(
     db: &DatabaseConnection,
     id: Uuid,
     name: Option<&str>,
@@ -100,15 +105,15 @@ pub async fn update(
 #[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
 pub struct LevelState {
     /// The inventory.
-    pub inventory_id: Uuid,
+    pub(crate) inventory_id: Uuid,
     /// The location.
-    pub location_id: Uuid,
+    pub(crate) location_id: Uuid,
     /// Free to reserve there.
-    pub available: i64,
+    pub(crate) available: i64,
     /// Allocated there to ACTIVE reservations.
     pub reserved: i64,
     /// Allocated there to ORDERED reservations (order lines).
-    pub committed: i64,
+    pub(crate) committed: i64,
 }
 
 /// The statement of [`levels`], over `$1`, the inventories' ids (public so
@@ -159,7 +164,10 @@ pub async fn levels(db: &impl ConnectionTrait, inventory_ids: &[Uuid]) -> Result
 
 /// The allocations of these reservations, each reservation's by its
 /// locations' priority then code.
-pub async fn allocations(db: &impl ConnectionTrait, reservation_ids: &[Uuid]) -> Result<Vec<AllocationRow>, DbErr> {
+pub(crate) async fn allocations(
+    db: &impl ConnectionTrait,
+    reservation_ids: &[Uuid],
+) -> Result<Vec<AllocationRow>, DbErr> {
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         "SELECT a.reservation_id, a.location_id, a.quantity
@@ -174,7 +182,7 @@ pub async fn allocations(db: &impl ConnectionTrait, reservation_ids: &[Uuid]) ->
 /// What a transfer left: the inventory, and the available units of its
 /// source and target levels.
 #[derive(Debug, Clone)]
-pub struct Moved {
+pub(crate) struct Moved {
     /// The inventory as the statement left it.
     pub inventory: InventoryRow,
     /// The source level's available units after it.
@@ -185,7 +193,7 @@ pub struct Moved {
 
 /// A transfer as the service asks for it.
 #[derive(Debug, Clone, Copy)]
-pub struct Transfer<'a> {
+pub(crate) struct Transfer<'a> {
     /// The inventory.
     pub inventory_id: Uuid,
     /// The source location.
@@ -204,7 +212,7 @@ pub struct Transfer<'a> {
 
 /// Runs a transfer (`stock::moving::transfer`), re-run on collisions; what
 /// it left when it moved stock.
-pub async fn transfer(
+pub(crate) async fn transfer(
     db: &DatabaseConnection,
     collisions: &Collisions,
     t: Transfer<'_>,

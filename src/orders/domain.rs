@@ -11,7 +11,7 @@ use super::entity::{Model, OrderStatus};
 
 /// Where an order goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShippingAddress {
+pub(crate) struct ShippingAddress {
     /// Recipient.
     pub name: String,
     /// Street address.
@@ -28,7 +28,7 @@ pub struct ShippingAddress {
 
 /// Who confirmed an order, and when.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Confirmation {
+pub(crate) struct Confirmation {
     /// When.
     pub at: DateTime<Utc>,
     /// The operator's user id.
@@ -37,7 +37,7 @@ pub struct Confirmation {
 
 /// Who fulfilled an order (its units left the warehouse), and when.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fulfilment {
+pub(crate) struct Fulfilment {
     /// When.
     pub at: DateTime<Utc>,
     /// The operator's user id.
@@ -46,7 +46,7 @@ pub struct Fulfilment {
 
 /// An order as one unit.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Order {
+pub(crate) struct Order {
     /// Its id.
     pub id: Uuid,
     /// The customer.
@@ -68,12 +68,12 @@ pub struct Order {
 /// A rule that forbids the change: the order is no longer PENDING.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the order is {0:?}, only PENDING orders can change")]
-pub struct NotPending(pub OrderStatus);
+pub(crate) struct NotPending(pub OrderStatus);
 
 /// A rule that forbids fulfilling: the order is not CONFIRMED.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the order is {0:?}, only CONFIRMED orders can be fulfilled")]
-pub struct NotConfirmed(pub OrderStatus);
+pub(crate) struct NotConfirmed(pub OrderStatus);
 
 /// A stored row that breaks the aggregate's rules.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -81,7 +81,7 @@ pub struct NotConfirmed(pub OrderStatus);
     "order {id} is inconsistent: status {status:?} with confirmed_at {at:?}, confirmed_by {by:?}, \
      fulfilled_at {fulfilled_at:?} and fulfilled_by {fulfilled_by:?}"
 )]
-pub struct InconsistentOrder {
+pub(crate) struct InconsistentOrder {
     /// The order.
     pub id: Uuid,
     /// Its status.
@@ -98,7 +98,7 @@ pub struct InconsistentOrder {
 
 impl Order {
     /// A new PENDING order at version 1.
-    pub fn place(id: Uuid, user_id: String, address: ShippingAddress, now: DateTime<Utc>) -> Self {
+    pub(crate) fn place(id: Uuid, user_id: String, address: ShippingAddress, now: DateTime<Utc>) -> Self {
         Self {
             id,
             user_id,
@@ -112,7 +112,7 @@ impl Order {
     }
 
     /// The order a row describes, or why the row cannot be one.
-    pub fn reconstitute(row: Model) -> Result<Self, InconsistentOrder> {
+    pub(crate) fn reconstitute(row: Model) -> Result<Self, InconsistentOrder> {
         let (confirmation, fulfilment) =
             match (row.status, row.confirmed_at, row.confirmed_by, row.fulfilled_at, row.fulfilled_by) {
                 (OrderStatus::Pending | OrderStatus::Cancelled, None, None, None, None) => (None, None),
@@ -144,22 +144,22 @@ impl Order {
     }
 
     /// Life-cycle state.
-    pub fn status(&self) -> OrderStatus {
+    pub(crate) fn status(&self) -> OrderStatus {
         self.status
     }
 
     /// Where it goes.
-    pub fn address(&self) -> &ShippingAddress {
+    pub(crate) fn address(&self) -> &ShippingAddress {
         &self.address
     }
 
     /// Who confirmed it and when, once confirmed (CONFIRMED or FULFILLED).
-    pub fn confirmation(&self) -> Option<&Confirmation> {
+    pub(crate) fn confirmation(&self) -> Option<&Confirmation> {
         self.confirmation.as_ref()
     }
 
     /// Who fulfilled it and when, if FULFILLED.
-    pub fn fulfilment(&self) -> Option<&Fulfilment> {
+    pub(crate) fn fulfilment(&self) -> Option<&Fulfilment> {
         self.fulfilment.as_ref()
     }
 
@@ -168,7 +168,7 @@ impl Order {
     }
 
     /// Confirms a PENDING order on behalf of `operator`.
-    pub fn confirm(&mut self, operator: &str, now: DateTime<Utc>) -> Result<(), NotPending> {
+    pub(crate) fn confirm(&mut self, operator: &str, now: DateTime<Utc>) -> Result<(), NotPending> {
         self.ensure_pending()?;
         self.status = OrderStatus::Confirmed;
         self.confirmation = Some(Confirmation { at: now, by: operator.to_owned() });
@@ -176,7 +176,7 @@ impl Order {
     }
 
     /// Cancels a PENDING order (its stock is returned by the same transaction).
-    pub fn cancel(&mut self) -> Result<(), NotPending> {
+    pub(crate) fn cancel(&mut self) -> Result<(), NotPending> {
         self.ensure_pending()?;
         self.status = OrderStatus::Cancelled;
         Ok(())
@@ -184,7 +184,7 @@ impl Order {
 
     /// Records that a CONFIRMED order's units left the warehouse, on behalf
     /// of `operator` (its lines turn FULFILLED in the same transaction).
-    pub fn fulfil(&mut self, operator: &str, now: DateTime<Utc>) -> Result<(), NotConfirmed> {
+    pub(crate) fn fulfil(&mut self, operator: &str, now: DateTime<Utc>) -> Result<(), NotConfirmed> {
         if self.status != OrderStatus::Confirmed {
             return Err(NotConfirmed(self.status));
         }
@@ -194,7 +194,7 @@ impl Order {
     }
 
     /// Sends a PENDING order elsewhere.
-    pub fn change_shipping_address(&mut self, address: ShippingAddress) -> Result<(), NotPending> {
+    pub(crate) fn change_shipping_address(&mut self, address: ShippingAddress) -> Result<(), NotPending> {
         self.ensure_pending()?;
         self.address = address;
         Ok(())

@@ -9,7 +9,7 @@ use sea_orm::entity::prelude::*;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum, serde::Deserialize)]
 #[sea_orm(rs_type = "String", db_type = "Text")]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum OrderStatus {
+pub(crate) enum OrderStatus {
     /// Placed; may be confirmed, cancelled or edited.
     #[sea_orm(string_value = "PENDING")]
     Pending,
@@ -27,7 +27,7 @@ pub enum OrderStatus {
 /// One order row, as the table and the live-order trigger's JSON spell it.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel, serde::Deserialize)]
 #[sea_orm(table_name = "orders")]
-pub struct Model {
+pub(crate) struct Model {
     /// Primary key.
     #[sea_orm(primary_key, auto_increment = false)]
     pub id: Uuid,
@@ -63,6 +63,6 @@ pub struct Model {
 
 /// No relations are navigated through the ORM; joins are written where needed.
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub(crate) enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}

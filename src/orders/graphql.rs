@@ -18,10 +18,10 @@ use crate::{
     auth::User,
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
+    global_id,
     inventory::graphql::{Inventory, load as load_inventory},
     live::Feed,
     locations::graphql::{self as locations, Allocation},
-    node,
     pagination::{self, Connection, Cursor, connection},
     reservations::{
         ReservationRow,
@@ -31,11 +31,11 @@ use crate::{
 };
 
 mod results;
-pub use results::*;
+pub(crate) use results::*;
 
 /// Where an order is in its life.
 #[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OrderStatus {
+pub(crate) enum OrderStatus {
     /// Placed; may be confirmed, cancelled or edited.
     Pending,
     /// Confirmed by an operator; may be fulfilled, no longer cancelled.
@@ -69,7 +69,7 @@ impl From<OrderStatus> for entity::OrderStatus {
 }
 
 /// An order as the API shows it.
-pub struct Order(pub OrderValue);
+pub(crate) struct Order(pub OrderValue);
 
 /// An order: its lines hold stock until it is cancelled or fulfilled.
 #[Object]
@@ -80,8 +80,8 @@ impl Order {
     }
 
     /// The order's global id, for `node(id:)` (Relay).
-    pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::Order, self.0.id)
+    pub(crate) async fn node_id(&self) -> ID {
+        global_id::encode(global_id::Kind::Order, self.0.id)
     }
 
     /// Life-cycle state.
@@ -147,7 +147,7 @@ impl Order {
 }
 
 /// A line of an order as the API shows it.
-pub struct OrderItem(ReservationRow);
+pub(crate) struct OrderItem(ReservationRow);
 
 /// One line of an order.
 #[Object]
@@ -178,7 +178,7 @@ impl OrderItem {
 
 /// Where an order goes.
 #[derive(SimpleObject, Clone)]
-pub struct ShippingAddress {
+pub(crate) struct ShippingAddress {
     /// Recipient.
     pub name: String,
     /// Street address.
@@ -208,7 +208,7 @@ impl From<&domain::ShippingAddress> for ShippingAddress {
 
 /// Where an order should go.
 #[derive(InputObject)]
-pub struct ShippingAddressInput {
+pub(crate) struct ShippingAddressInput {
     /// Recipient, 1 to 200 characters.
     pub name: String,
     /// Street address, 1 to 200 characters.
@@ -244,7 +244,7 @@ impl ShippingAddressInput {
 
 /// A new order.
 #[derive(InputObject)]
-pub struct PlaceOrderInput {
+pub(crate) struct PlaceOrderInput {
     /// The lines (at most 100 inventories); same-inventory lines are merged.
     pub items: Vec<ReserveItemInput>,
     /// Where it goes.
@@ -255,7 +255,7 @@ pub struct PlaceOrderInput {
 
 /// A new address for a PENDING order.
 #[derive(InputObject)]
-pub struct ChangeShippingAddressInput {
+pub(crate) struct ChangeShippingAddressInput {
     /// The order.
     pub order_id: Uuid,
     /// The version the client saw; the change is made only at that version.
@@ -266,7 +266,7 @@ pub struct ChangeShippingAddressInput {
 
 /// A cart to check out.
 #[derive(InputObject)]
-pub struct CheckoutInput {
+pub(crate) struct CheckoutInput {
     /// The caller's ACTIVE reservations (at most 100; repeats count once).
     /// Each becomes a line of the order with its quantity.
     pub reservation_ids: Vec<Uuid>,
@@ -293,7 +293,7 @@ async fn transition<R: TransitionResult>(
 /// The order with `id` if the caller may see it (their own, or any for
 /// operators), through the request's DataLoader; `UNAUTHENTICATED` without
 /// a token.
-pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Order>> {
+pub(crate) async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Order>> {
     let user = ctx.user()?;
     let loader = ctx.loader::<OrderLoader>()?;
     let order = loader.load_one(id).await.gql()?;
@@ -302,7 +302,7 @@ pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Order>> {
 
 /// Order queries; signed-in users.
 #[derive(Default)]
-pub struct OrderQuery;
+pub(crate) struct OrderQuery;
 
 #[Object]
 impl OrderQuery {
@@ -338,7 +338,7 @@ impl OrderQuery {
 
 /// Order mutations.
 #[derive(Default)]
-pub struct OrderMutation;
+pub(crate) struct OrderMutation;
 
 #[Object]
 impl OrderMutation {
@@ -475,7 +475,7 @@ impl OrderMutation {
 
 /// Live orders; the owner or an operator.
 #[derive(Default)]
-pub struct OrderSubscription;
+pub(crate) struct OrderSubscription;
 
 #[Subscription]
 impl OrderSubscription {

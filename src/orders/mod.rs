@@ -2,10 +2,10 @@
 //! version-checked; its lines are reservations with status ORDERED. Units
 //! of a fulfilled order that come back are its returns ([`returns`]).
 
-pub mod domain;
-pub mod entity;
-pub mod graphql;
-pub mod loader;
-pub mod returns;
-pub mod service;
-pub mod store;
+pub(crate) mod domain;
+pub(crate) mod entity;
+pub(crate) mod graphql;
+pub(crate) mod loader;
+pub(crate) mod returns;
+pub(crate) mod service;
+pub(crate) mod store;

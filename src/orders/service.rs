@@ -42,12 +42,12 @@ use crate::{
 };
 
 /// Attempts of a confirm or cancel before `OrderModifiedConcurrently`.
-pub const MAX_ATTEMPTS: u32 = 3;
+pub(crate) const MAX_ATTEMPTS: u32 = 3;
 
 /// The orders feature as the resolvers see it: one per server process,
 /// built by the composition root and handed to the schema as data.
 #[derive(Clone)]
-pub struct OrderService {
+pub(crate) struct OrderService {
     /// The connection pool.
     db: DatabaseConnection,
     /// Re-runs collided statements.
@@ -58,7 +58,7 @@ pub struct OrderService {
 
 /// How `placeOrder` ended.
 #[derive(Debug)]
-pub enum PlaceOutcome {
+pub(crate) enum PlaceOutcome {
     /// The order and its lines exist (now, or from the first request with this key).
     Placed(Order),
     /// Nothing was written; the lines that could not be served.
@@ -67,7 +67,7 @@ pub enum PlaceOutcome {
 
 /// Why a reservation of a cart cannot be checked out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnavailableReservationReason {
+pub(crate) enum UnavailableReservationReason {
     /// No such reservation, or someone else's.
     NotFound,
     /// Past its expiry, whether or not the sweeper has returned its stock yet.
@@ -80,7 +80,7 @@ pub enum UnavailableReservationReason {
 
 /// A reservation of a cart that cannot be checked out, with its latest state.
 #[derive(Debug, Clone)]
-pub struct UnavailableReservation {
+pub(crate) struct UnavailableReservation {
     /// The reservation the request named.
     pub reservation_id: Uuid,
     /// Why.
@@ -91,7 +91,7 @@ pub struct UnavailableReservation {
 
 /// How a checkout ended.
 #[derive(Debug)]
-pub enum CheckoutOutcome {
+pub(crate) enum CheckoutOutcome {
     /// The order and its lines exist (now, or from the first request with this key).
     Placed(Order),
     /// Nothing was written; the reservations that could not be checked out.
@@ -100,7 +100,7 @@ pub enum CheckoutOutcome {
 
 /// A change of status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
+pub(crate) enum Transition {
     /// PENDING → CONFIRMED (operators).
     Confirm,
     /// PENDING → CANCELLED, stock back.
@@ -111,7 +111,7 @@ pub enum Transition {
 
 /// How a confirm, cancel or fulfilment ended.
 #[derive(Debug)]
-pub enum TransitionOutcome {
+pub(crate) enum TransitionOutcome {
     /// Done; the order as saved.
     Done(Order),
     /// The order's status does not allow it (no longer PENDING; for a
@@ -128,7 +128,7 @@ pub enum TransitionOutcome {
 
 /// How `changeShippingAddress` ended.
 #[derive(Debug)]
-pub enum AddressOutcome {
+pub(crate) enum AddressOutcome {
     /// Saved; the order as it is now.
     Changed(Order),
     /// The order is no longer at the expected version; nothing was written.
@@ -141,19 +141,19 @@ pub enum AddressOutcome {
 
 impl OrderService {
     /// The service over `state`'s pool, collision policy and limits.
-    pub fn new(state: &AppState) -> Self {
+    pub(crate) fn new(state: &AppState) -> Self {
         Self { db: state.db.clone(), collisions: state.collisions.clone(), limits: state.limits.clone() }
     }
 
     /// The limits requests are checked against.
-    pub fn limits(&self) -> &Limits {
+    pub(crate) fn limits(&self) -> &Limits {
         &self.limits
     }
 
     /// Takes the stock of every line, creates the order and its ORDERED
     /// reservations, all in one short transaction: all or nothing. When
     /// collision retries run out, every line is `CONFLICT`.
-    pub async fn place_order(
+    pub(crate) async fn place_order(
         &self,
         user_id: &str,
         lines: &[Line],
@@ -201,7 +201,7 @@ impl OrderService {
     /// [`store::checkout`]). When collision retries run out nothing was
     /// judged, so no line can be named unavailable: the answer is the
     /// retryable `DATABASE_UNAVAILABLE`.
-    pub async fn checkout(
+    pub(crate) async fn checkout(
         &self,
         user_id: &str,
         reservation_ids: &[Uuid],
@@ -253,7 +253,7 @@ impl OrderService {
 
     /// Confirms, cancels or fulfils, re-reading and retrying on a lost race
     /// (at most [`MAX_ATTEMPTS`], then `ModifiedConcurrently`).
-    pub async fn transition(
+    pub(crate) async fn transition(
         &self,
         user: &User,
         id: Uuid,
@@ -298,7 +298,7 @@ impl OrderService {
     /// Never retried: a stale screen must be shown the current order. When
     /// collision retries run out the answer is the order as it is now, as
     /// for a lost race: `VersionConflict` (`NotEditable` once not PENDING).
-    pub async fn change_shipping_address(
+    pub(crate) async fn change_shipping_address(
         &self,
         user: &User,
         id: Uuid,
@@ -338,7 +338,7 @@ impl OrderService {
     /// `after` (checked against the limits): `user`'s own, or all for
     /// operators; only `status` when given. The rows, with one more when
     /// more follow.
-    pub async fn page(
+    pub(crate) async fn page(
         &self,
         user: &User,
         status: Option<OrderStatus>,
@@ -352,7 +352,7 @@ impl OrderService {
 
     /// Every committed change of order `id` from now on, if `user` may see
     /// it (see [`Live::watch_order`]); none when not.
-    pub async fn watch(
+    pub(crate) async fn watch(
         &self,
         live: &Feed<Order>,
         user: &User,
@@ -368,7 +368,7 @@ impl OrderService {
 /// The address as it enters the fingerprint of a `placeOrder` or a
 /// `checkout`: its fields by their API names, in a fixed order, and the text
 /// keys stored before the canonical encoding hold for it (see
-/// `idempotency.rs`). That text is what `Debug` wrote for `ShippingAddress`,
+/// `idempotency/legacy.rs`). That text is what `Debug` wrote for `ShippingAddress`,
 /// spelled out so that renaming the struct or a field cannot change it; its
 /// strings are still escaped as `Debug` escapes a `str`, which is how they
 /// were stored (a printable ASCII address, the usual one, is written as is).
@@ -402,7 +402,7 @@ async fn replay(db: &DatabaseConnection, user_id: &str, key: Option<&Key>) -> Re
 /// The reservations of a checkout as the request names them: sorted (the
 /// locking order) and without repeats, at least one and at most
 /// [`MAX_LINES`]; else `BAD_USER_INPUT`.
-pub fn cart(reservation_ids: &[Uuid]) -> Result<Vec<Uuid>, AppError> {
+pub(crate) fn cart(reservation_ids: &[Uuid]) -> Result<Vec<Uuid>, AppError> {
     let mut ids = reservation_ids.to_vec();
     ids.sort_unstable();
     ids.dedup();

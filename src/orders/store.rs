@@ -34,12 +34,12 @@ fn to_order(row: Model) -> Result<Order, DbErr> {
 }
 
 /// The latest committed order.
-pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Order>, DbErr> {
+pub(crate) async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Order>, DbErr> {
     Entity::find_by_id(id).one(db).await?.map(to_order).transpose()
 }
 
 /// The orders with these ids (missing ones are left out).
-pub async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Order>, DbErr> {
+pub(crate) async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Order>, DbErr> {
     Entity::find().filter(Column::Id.is_in(ids.iter().copied())).all(db).await?.into_iter().map(to_order).collect()
 }
 
@@ -48,7 +48,7 @@ pub async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Or
 /// This locks the row for the duration of the transaction so that a
 /// concurrent confirm or cancel waits here instead of racing to `save`; the
 /// wait is bounded by `lock_timeout` (SQLSTATE 55P03 when it runs out).
-pub async fn find_for_update(
+pub(crate) async fn find_for_update(
     txn: &DatabaseTransaction,
     id: Uuid,
     lock_timeout: Duration,
@@ -68,7 +68,7 @@ pub async fn find_for_update(
 }
 
 /// Writes a newly placed order.
-pub async fn insert(txn: &DatabaseTransaction, order: &Order) -> Result<(), DbErr> {
+pub(crate) async fn insert(txn: &DatabaseTransaction, order: &Order) -> Result<(), DbErr> {
     let address = order.address();
     ActiveModel {
         id: Set(order.id),
@@ -94,7 +94,7 @@ pub async fn insert(txn: &DatabaseTransaction, order: &Order) -> Result<(), DbEr
 
 /// Saves `order` if the row is still at `seen`, the version it was read at.
 /// Returns whether it was saved; `false` means modified concurrently.
-pub async fn save(db: &impl ConnectionTrait, order: &Order, seen: i32) -> Result<bool, DbErr> {
+pub(crate) async fn save(db: &impl ConnectionTrait, order: &Order, seen: i32) -> Result<bool, DbErr> {
     // The version condition is the whole point: 0 rows means someone saved
     // after we read, and their change must not be overwritten.
     const SQL: &str = r#"
@@ -132,14 +132,14 @@ UPDATE orders
 /// Gives back the stock of a cancelled order's lines, in `txn`: the lines
 /// turn RELEASED and each inventory and the ledger change in one statement,
 /// after its inventories are locked in id order (see `stock::returning`).
-pub async fn return_stock(txn: &DatabaseTransaction, order_id: Uuid) -> Result<(), DbErr> {
+pub(crate) async fn return_stock(txn: &DatabaseTransaction, order_id: Uuid) -> Result<(), DbErr> {
     move_lines(txn, order_id, returning::cancel_order(order_id)).await
 }
 
 /// Ships a fulfilled order's lines, in `txn`: they turn FULFILLED and each
 /// inventory and the ledger change in one statement, after its inventories
 /// are locked in id order (see `stock::shipping`).
-pub async fn ship(txn: &DatabaseTransaction, order_id: Uuid) -> Result<(), DbErr> {
+pub(crate) async fn ship(txn: &DatabaseTransaction, order_id: Uuid) -> Result<(), DbErr> {
     move_lines(txn, order_id, shipping::fulfil_order(order_id)).await
 }
 
@@ -167,7 +167,7 @@ async fn move_lines(txn: &DatabaseTransaction, order_id: Uuid, statement: Statem
 /// that won leaves it out, an extension keeps it in. The order is inserted
 /// only when every listed row counted; 0 rows means some line was
 /// unavailable, and one read afterwards tells which and why.
-pub async fn checkout(
+pub(crate) async fn checkout(
     db: &DatabaseConnection,
     order: &Order,
     reservation_ids: &[Uuid],
@@ -224,7 +224,7 @@ SELECT * FROM ordered ORDER BY id"#,
 
 /// One page of orders in `(created_at, id)` order, with one extra row when
 /// more follow; only `user_id`'s when given, only `status` when given.
-pub async fn page(
+pub(crate) async fn page(
     db: &DatabaseConnection,
     user_id: Option<&str>,
     status: Option<OrderStatus>,
@@ -242,7 +242,7 @@ pub async fn page(
 }
 
 /// The lines (reservations) of these orders.
-pub async fn lines(db: &impl ConnectionTrait, order_ids: &[Uuid]) -> Result<Vec<ReservationRow>, DbErr> {
+pub(crate) async fn lines(db: &impl ConnectionTrait, order_ids: &[Uuid]) -> Result<Vec<ReservationRow>, DbErr> {
     reservations::Entity::find().filter(reservations::Column::OrderId.is_in(order_ids.iter().copied())).all(db).await
 }
 
@@ -263,7 +263,7 @@ impl live::Followed for Order {
 /// The orders as the live feed follows them: the trigger announces a
 /// changed row as JSON on `order_changed` (see the migrations); a row that
 /// breaks the order rules is not announced to anyone.
-pub fn live_source() -> live::Source<Order> {
+pub(crate) fn live_source() -> live::Source<Order> {
     live::Source {
         watchers: "order_watchers",
         key: "order_id",

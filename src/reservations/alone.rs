@@ -8,7 +8,7 @@ use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 
 use super::{
-    service::{ReserveOutcome, ReserveRequest, replay},
+    reserve::{ReserveOutcome, ReserveRequest, replay},
     spread::Spread,
     store,
 };
@@ -32,7 +32,7 @@ use crate::{
 /// ledger rows are written by the same statement as the decrement, so a
 /// reservation exists exactly when stock was taken; when nothing was taken,
 /// one read of the latest row tells why.
-pub async fn reserve_alone(
+pub(crate) async fn reserve_alone(
     db: &DatabaseConnection,
     statements: &StatementPool,
     collisions: &Collisions,

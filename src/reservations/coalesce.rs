@@ -52,7 +52,7 @@ use uuid::Uuid;
 
 use super::{
     ReservationRow, ReservationStatus, alone,
-    service::{self, ReserveOutcome, ReserveRequest},
+    reserve::{self, ReserveOutcome, ReserveRequest},
     spread::Spread,
     store,
 };
@@ -315,7 +315,7 @@ impl Coalescer {
             }
             return;
         }
-        // Time-ordered keys (see `service::reserve_alone`).
+        // Time-ordered keys (see `alone::reserve_once`).
         let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::now_v7()).collect();
         let movement_ids: Vec<Uuid> = batch.iter().map(|_| Uuid::now_v7()).collect();
         let inventories: Vec<Uuid> = batch.iter().map(|w| w.request.inventory_id).collect();
@@ -426,7 +426,7 @@ impl Coalescer {
         };
         // Not served now, but its key may have been by an earlier request:
         // that first outcome is the answer, as alone.
-        Ok(service::replay(&self.db, user_id, key.as_ref()).await?.unwrap_or(refused))
+        Ok(reserve::replay(&self.db, user_id, key.as_ref()).await?.unwrap_or(refused))
     }
 
     /// Serves the callers of a failed batch statement (it wrote nothing)

@@ -26,7 +26,7 @@ use crate::{
 /// `reservation`'s status as it reads at `now`: an ACTIVE one past its
 /// expiry is EXPIRED at once, whether or not the sweeper has returned its
 /// stock yet (those units count as held until it has).
-pub fn status_at(reservation: &ReservationRow, now: DateTime<Utc>) -> ReservationStatus {
+pub(crate) fn status_at(reservation: &ReservationRow, now: DateTime<Utc>) -> ReservationStatus {
     match (reservation.status, reservation.expires_at) {
         (ReservationStatus::Active, Some(at)) if at <= now => ReservationStatus::Expired,
         (status, _) => status,
@@ -34,11 +34,11 @@ pub fn status_at(reservation: &ReservationRow, now: DateTime<Utc>) -> Reservatio
 }
 
 /// Most lines in one request, after merging.
-pub const MAX_LINES: usize = 100;
+pub(crate) const MAX_LINES: usize = 100;
 
 /// A line as the client sent it.
 #[derive(Debug, Clone)]
-pub struct LineInput {
+pub(crate) struct LineInput {
     /// The inventory.
     pub inventory_id: Uuid,
     /// Units.
@@ -50,12 +50,12 @@ pub struct LineInput {
 }
 
 /// Most location ids one request or line may name.
-pub const MAX_LOCATION_IDS: usize = 100;
+pub(crate) const MAX_LOCATION_IDS: usize = 100;
 
 /// Checks a request's choice of locations: a list, when given, names 1 to
 /// [`MAX_LOCATION_IDS`] locations, none twice (whether they exist is
 /// checked against the database afterwards).
-pub fn choice(
+pub(crate) fn choice(
     field: &str,
     location_ids: Option<Vec<Uuid>>,
     strategy: Strategy,
@@ -80,7 +80,7 @@ pub fn choice(
 /// `1..=max_quantity`, at most [`MAX_LINES`], one expected version and one
 /// choice of locations per inventory. The result is sorted by inventory
 /// id, the locking order.
-pub fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>, AppError> {
+pub(crate) fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>, AppError> {
     if lines.is_empty() {
         return Err(AppError::bad_input("input.items", "input.items must name at least one inventory"));
     }
@@ -120,7 +120,7 @@ pub fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>, AppErr
 
 /// Why a line could not be served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnavailableReason {
+pub(crate) enum UnavailableReason {
     /// Not enough stock.
     SoldOut,
     /// The row is no longer at the expected version.
@@ -131,7 +131,7 @@ pub enum UnavailableReason {
 
 /// A line that could not be served, with the latest state of its inventory.
 #[derive(Debug, Clone)]
-pub struct Unavailable {
+pub(crate) struct Unavailable {
     /// The inventory the line named.
     pub inventory_id: Uuid,
     /// Why.
@@ -144,7 +144,7 @@ pub struct Unavailable {
 }
 
 /// Every line the locked rows cannot serve.
-pub fn judge(lines: &[Line], locked: &[LockedLine]) -> Vec<Unavailable> {
+pub(crate) fn judge(lines: &[Line], locked: &[LockedLine]) -> Vec<Unavailable> {
     lines
         .iter()
         .filter_map(|line| {
@@ -167,7 +167,7 @@ pub fn judge(lines: &[Line], locked: &[LockedLine]) -> Vec<Unavailable> {
 /// Every line as a conflict beside `latest`, the rows as they are now (a
 /// line whose inventory is missing is not found): what a multi-item request
 /// answers when its collision retries ran out.
-pub fn in_conflict(lines: &[Line], latest: &[InventoryRow]) -> Vec<Unavailable> {
+pub(crate) fn in_conflict(lines: &[Line], latest: &[InventoryRow]) -> Vec<Unavailable> {
     lines
         .iter()
         .map(|line| {

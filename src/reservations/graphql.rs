@@ -7,30 +7,28 @@ use uuid::Uuid;
 
 mod inputs;
 
-pub use inputs::{AllocationStrategy, ReserveInput, ReserveItemInput, ReserveManyInput};
+pub(crate) use inputs::{ReserveInput, ReserveItemInput, ReserveManyInput};
 
 use super::{
     ReservationRow,
     domain::{self, Unavailable},
     loader::ReservationLoader,
-    service::{
-        ChangeOutcome, ExtendOutcome, ReleaseOutcome, ReservationService, ReserveManyOutcome, ReserveOutcome,
-        ReserveRequest,
-    },
+    reserve::{ReserveOutcome, ReserveRequest},
+    service::{ChangeOutcome, ExtendOutcome, ReleaseOutcome, ReservationService, ReserveManyOutcome},
 };
 use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
+    global_id,
     inventory::graphql::{Conflict, Inventory, InventoryNotFound, load as load_inventory},
     locations::graphql::{self as locations, Allocation},
-    node,
     pagination::{self, Connection, Cursor, connection},
     reservations, telemetry, validate,
 };
 
 /// Where a reservation is in its life.
 #[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReservationStatus {
+pub(crate) enum ReservationStatus {
     /// Holds stock for the user.
     Active,
     /// Given back by the user or an operator; its stock was returned.
@@ -58,7 +56,7 @@ impl From<reservations::ReservationStatus> for ReservationStatus {
 
 /// Why a line could not be served.
 #[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnavailableReason {
+pub(crate) enum UnavailableReason {
     /// Not enough stock.
     SoldOut,
     /// The row is no longer at the expected version.
@@ -78,7 +76,7 @@ impl From<domain::UnavailableReason> for UnavailableReason {
 }
 
 /// A reservation row as the API shows it.
-pub struct Reservation(pub ReservationRow);
+pub(crate) struct Reservation(pub ReservationRow);
 
 /// Units of one inventory held for one user.
 #[Object]
@@ -89,8 +87,8 @@ impl Reservation {
     }
 
     /// The reservation's global id, for `node(id:)` (Relay).
-    pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::Reservation, self.0.id)
+    pub(crate) async fn node_id(&self) -> ID {
+        global_id::encode(global_id::Kind::Reservation, self.0.id)
     }
 
     /// The inventory the stock was taken from (batched per request).
@@ -134,7 +132,7 @@ impl Reservation {
 
 /// Stock was taken.
 #[derive(SimpleObject)]
-pub struct Reserved {
+pub(crate) struct Reserved {
     /// The new reservation (for a replayed idempotency key: the first one).
     pub reservation: Reservation,
     /// The inventory exactly as the reserving statement left it (for a replay: the latest row).
@@ -143,7 +141,7 @@ pub struct Reserved {
 
 /// Not enough stock; nothing was taken.
 #[derive(SimpleObject)]
-pub struct SoldOut {
+pub(crate) struct SoldOut {
     /// Units asked for.
     pub requested: i32,
     /// What the eligible locations hold together (with `allowSplit: false`:
@@ -155,7 +153,7 @@ pub struct SoldOut {
 
 /// How a reservation request ended.
 #[derive(Union)]
-pub enum ReserveResult {
+pub(crate) enum ReserveResult {
     /// Stock was taken.
     Reserved(Reserved),
     /// `expectedVersion` was stale; nothing was taken.
@@ -186,7 +184,7 @@ impl ReserveResult {
 /// The reservation with `id` if the caller may see it (their own, or any
 /// for operators), through the request's DataLoader; `UNAUTHENTICATED`
 /// without a token.
-pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Reservation>> {
+pub(crate) async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Reservation>> {
     let user = ctx.user()?;
     let loader = ctx.loader::<ReservationLoader>()?;
     let row = loader.load_one(id).await.gql()?;
@@ -195,7 +193,7 @@ pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<Reservatio
 
 /// Reservation queries; signed-in users.
 #[derive(Default)]
-pub struct ReservationQuery;
+pub(crate) struct ReservationQuery;
 
 #[Object]
 impl ReservationQuery {
@@ -229,7 +227,7 @@ impl ReservationQuery {
 
 /// Reservation mutations; signed-in users.
 #[derive(Default)]
-pub struct ReservationMutation;
+pub(crate) struct ReservationMutation;
 
 #[Object]
 impl ReservationMutation {
@@ -392,7 +390,7 @@ impl ReservationMutation {
 
 /// A new quantity for a held reservation.
 #[derive(InputObject)]
-pub struct ChangeReservationQuantityInput {
+pub(crate) struct ChangeReservationQuantityInput {
     /// The caller's ACTIVE reservation.
     pub reservation_id: Uuid,
     /// The new quantity, 1 to the server's maximum quantity (STOCKGUARD_MAX_QUANTITY).
@@ -401,7 +399,7 @@ pub struct ChangeReservationQuantityInput {
 
 /// The reservation holds its new quantity.
 #[derive(SimpleObject)]
-pub struct ReservationChanged {
+pub(crate) struct ReservationChanged {
     /// The reservation with its new quantity.
     pub reservation: Reservation,
     /// The inventory exactly as the change left it (when the reservation
@@ -411,7 +409,7 @@ pub struct ReservationChanged {
 
 /// How a change of quantity ended.
 #[derive(Union)]
-pub enum ChangeReservationQuantityResult {
+pub(crate) enum ChangeReservationQuantityResult {
     /// Changed.
     ReservationChanged(ReservationChanged),
     /// The difference does not fit in the stock; nothing changed.
@@ -424,14 +422,14 @@ pub enum ChangeReservationQuantityResult {
 
 /// Every line was reserved.
 #[derive(SimpleObject)]
-pub struct ReservedAll {
+pub(crate) struct ReservedAll {
     /// One reservation per inventory, ordered by inventory id.
     pub reservations: Vec<Reservation>,
 }
 
 /// A line that could not be served.
 #[derive(SimpleObject)]
-pub struct UnavailableItem {
+pub(crate) struct UnavailableItem {
     /// The inventory the line named.
     pub inventory_id: Uuid,
     /// Why it could not be served.
@@ -445,14 +443,14 @@ pub struct UnavailableItem {
 
 /// Nothing was reserved; every line that could not be served, and why.
 #[derive(SimpleObject)]
-pub struct ItemsUnavailable {
+pub(crate) struct ItemsUnavailable {
     /// Only the failing lines.
     pub items: Vec<UnavailableItem>,
 }
 
 impl ItemsUnavailable {
     /// The GraphQL view of the lines a store call refused.
-    pub fn new(unavailable: Vec<Unavailable>) -> Self {
+    pub(crate) fn new(unavailable: Vec<Unavailable>) -> Self {
         let items = unavailable
             .into_iter()
             .map(|u| UnavailableItem {
@@ -468,7 +466,7 @@ impl ItemsUnavailable {
 
 /// How a multi-item reservation ended.
 #[derive(Union)]
-pub enum ReserveManyResult {
+pub(crate) enum ReserveManyResult {
     /// Every line was reserved.
     ReservedAll(ReservedAll),
     /// Nothing was reserved.
@@ -477,7 +475,7 @@ pub enum ReserveManyResult {
 
 /// The stock went back.
 #[derive(SimpleObject)]
-pub struct ReservationReleased {
+pub(crate) struct ReservationReleased {
     /// The reservation, now RELEASED.
     pub reservation: Reservation,
     /// The inventory after the stock came back.
@@ -486,28 +484,28 @@ pub struct ReservationReleased {
 
 /// No reservation with this id is visible to the caller.
 #[derive(SimpleObject)]
-pub struct ReservationNotFound {
+pub(crate) struct ReservationNotFound {
     /// The id that was asked for.
     pub reservation_id: Uuid,
 }
 
 /// The reservation is no longer ACTIVE (released, expired, or an order line).
 #[derive(SimpleObject)]
-pub struct ReservationNotActive {
+pub(crate) struct ReservationNotActive {
     /// The reservation as it is.
     pub reservation: Reservation,
 }
 
 /// The reservation's expiry moved.
 #[derive(SimpleObject)]
-pub struct ReservationExtended {
+pub(crate) struct ReservationExtended {
     /// The reservation with its new `expiresAt`.
     pub reservation: Reservation,
 }
 
 /// How an extension ended.
 #[derive(Union)]
-pub enum ExtendResult {
+pub(crate) enum ExtendResult {
     /// The expiry moved.
     ReservationExtended(ReservationExtended),
     /// Not found (or not the caller's).
@@ -518,7 +516,7 @@ pub enum ExtendResult {
 
 /// How a release ended.
 #[derive(Union)]
-pub enum ReleaseResult {
+pub(crate) enum ReleaseResult {
     /// The stock went back.
     ReservationReleased(ReservationReleased),
     /// Not found (or not the caller's).

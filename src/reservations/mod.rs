@@ -2,14 +2,15 @@
 //! inventories at once, idempotent replays, release, expiry and the sweeper,
 //! and reading reservations back.
 
-pub mod alone;
+pub(crate) mod alone;
 pub mod coalesce;
-pub mod domain;
-pub mod graphql;
-pub mod loader;
-pub mod service;
-pub mod spread;
+pub(crate) mod domain;
+pub(crate) mod graphql;
+pub(crate) mod loader;
+pub mod reserve;
+pub(crate) mod service;
+pub(crate) mod spread;
 pub mod store;
 pub mod sweeper;
 
-pub use crate::stock::rows::{ReservationRow, ReservationStatus};
+pub(crate) use crate::stock::rows::{ReservationRow, ReservationStatus};

@@ -17,6 +17,7 @@ use super::{
     alone::reserve_alone,
     coalesce::{Batching, Coalescer},
     domain::{self, Unavailable},
+    reserve::{ReserveOutcome, ReserveRequest},
     spread::Spread,
     store,
 };
@@ -35,56 +36,9 @@ use crate::{
     },
 };
 
-/// A checked reservation request.
-#[derive(Debug, Clone)]
-pub struct ReserveRequest {
-    /// The inventory to take from.
-    pub inventory_id: Uuid,
-    /// Units, already checked against the limits.
-    pub quantity: i32,
-    /// The version the client saw, for the optimistic check.
-    pub expected_version: Option<i32>,
-    /// The client's idempotency key.
-    pub idempotency_key: Option<String>,
-    /// Seconds until the reservation expires; 0 = never.
-    pub ttl_secs: i32,
-    /// Where its units may come from (location ids already checked).
-    pub allocating: Allocating,
-}
-
-/// How a reservation request ended.
-#[derive(Debug)]
-pub enum ReserveOutcome {
-    /// Stock was taken (now, or by the first request with this idempotency key).
-    Reserved {
-        /// The reservation.
-        reservation: ReservationRow,
-        /// The inventory as the reserving statement left it (for a replay: the latest row).
-        inventory: InventoryRow,
-    },
-    /// The row is no longer at the expected version; nothing was taken.
-    Conflict {
-        /// The version the request expected (or, without one, the last seen).
-        expected_version: i32,
-        /// The latest committed row.
-        inventory: InventoryRow,
-    },
-    /// Not enough stock; nothing was taken.
-    SoldOut {
-        /// Units asked for.
-        requested: i32,
-        /// What the eligible locations hold (see `SoldOut.available`).
-        available: i32,
-        /// The latest committed row.
-        inventory: InventoryRow,
-    },
-    /// No inventory has that id.
-    InventoryNotFound,
-}
-
 /// How a multi-item reservation ended.
 #[derive(Debug)]
-pub enum ReserveManyOutcome {
+pub(crate) enum ReserveManyOutcome {
     /// Every line was reserved (now, or by the first request with this key).
     ReservedAll(Vec<ReservationRow>),
     /// Nothing was reserved; the lines that could not be served.
@@ -93,7 +47,7 @@ pub enum ReserveManyOutcome {
 
 /// How a release ended.
 #[derive(Debug)]
-pub enum ReleaseOutcome {
+pub(crate) enum ReleaseOutcome {
     /// The stock went back; the reservation and inventory as the statement left them.
     Released {
         /// The reservation, now RELEASED.
@@ -109,7 +63,7 @@ pub enum ReleaseOutcome {
 
 /// How an extension ended.
 #[derive(Debug)]
-pub enum ExtendOutcome {
+pub(crate) enum ExtendOutcome {
     /// The new expiry is saved.
     Extended(ReservationRow),
     /// No such reservation of the caller's.
@@ -120,7 +74,7 @@ pub enum ExtendOutcome {
 
 /// How a change of a reservation's quantity ended.
 #[derive(Debug)]
-pub enum ChangeOutcome {
+pub(crate) enum ChangeOutcome {
     /// The reservation holds the new quantity (now, or already did).
     Changed {
         /// The reservation as changed.
@@ -149,7 +103,7 @@ const CHANGE_ATTEMPTS: u32 = 3;
 /// The reservations feature as the resolvers see it: one per server
 /// process, built by the composition root and handed to the schema as data.
 #[derive(Clone)]
-pub struct ReservationService {
+pub(crate) struct ReservationService {
     /// The connection pool.
     db: DatabaseConnection,
     /// Connections for one-statement reservations.
@@ -167,7 +121,7 @@ pub struct ReservationService {
 
 impl ReservationService {
     /// The service over `state`'s pools, coalescing if its limits say so.
-    pub fn new(state: &AppState) -> Self {
+    pub(crate) fn new(state: &AppState) -> Self {
         let limits = &state.limits;
         let coalescer = limits.coalesce.then(|| {
             Coalescer::new(
@@ -194,14 +148,14 @@ impl ReservationService {
     }
 
     /// The limits requests are checked against.
-    pub fn limits(&self) -> &Limits {
+    pub(crate) fn limits(&self) -> &Limits {
         &self.limits
     }
 
     /// One page of `user_id`'s reservations, oldest first: `first` rows
     /// (checked against the limits) after the cursor `after`, with one more
     /// when more follow.
-    pub async fn page(
+    pub(crate) async fn page(
         &self,
         user_id: &str,
         first: Option<i32>,
@@ -216,7 +170,7 @@ impl ReservationService {
     /// and it takes by the default choice (any active location, by priority,
     /// splitting allowed), wherever the inventory's stock is. A request that
     /// chooses otherwise is served alone.
-    pub async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
+    pub(crate) async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
         known_locations(&self.db, &request.allocating, "input.locationIds").await?;
         match &self.coalescer {
             Some(coalescer) if request.allocating.is_default() => coalescer.reserve(user_id, request).await,
@@ -225,7 +179,7 @@ impl ReservationService {
     }
 
     /// Reserves every line or none (see [`take_every_line`]).
-    pub async fn reserve_many(
+    pub(crate) async fn reserve_many(
         &self,
         user_id: &str,
         lines: &[Line],
@@ -270,7 +224,7 @@ impl ReservationService {
     /// When collision retries run out the reservation is as it was (still
     /// ACTIVE, most likely), which no member of the release's union says:
     /// the answer is the retryable `DATABASE_UNAVAILABLE`.
-    pub async fn release(&self, id: Uuid, owner: &str) -> Result<ReleaseOutcome, AppError> {
+    pub(crate) async fn release(&self, id: Uuid, owner: &str) -> Result<ReleaseOutcome, AppError> {
         if let Some(change) = store::release(&self.db, &self.collisions, id, owner).await?.done()? {
             return Ok(ReleaseOutcome::Released { reservation: change.reservation, inventory: change.inventory });
         }
@@ -282,7 +236,12 @@ impl ReservationService {
 
     /// Changes an ACTIVE, unexpired reservation of `owner`'s to `quantity`
     /// units in one statement (see `stock::adjusting`).
-    pub async fn change_quantity(&self, id: Uuid, owner: &str, quantity: i32) -> Result<ChangeOutcome, AppError> {
+    pub(crate) async fn change_quantity(
+        &self,
+        id: Uuid,
+        owner: &str,
+        quantity: i32,
+    ) -> Result<ChangeOutcome, AppError> {
         for _ in 0..CHANGE_ATTEMPTS {
             // Collision retries that run out are `DATABASE_UNAVAILABLE`.
             if let Some(change) =
@@ -317,7 +276,7 @@ impl ReservationService {
 
     /// Moves an ACTIVE, unexpired reservation's expiry `seconds` later, but
     /// never past `max_ttl_secs` from now.
-    pub async fn extend(
+    pub(crate) async fn extend(
         &self,
         id: Uuid,
         owner: &str,
@@ -348,7 +307,7 @@ impl ReservationService {
 
 /// The idempotency key of a multi-item `operation` over `lines`, with
 /// `extra` for anything else that makes the request what it is.
-pub fn multi_item_key(key: String, operation: &str, lines: &[Line], extra: Extra<'_>) -> Key {
+pub(crate) fn multi_item_key(key: String, operation: &str, lines: &[Line], extra: Extra<'_>) -> Key {
     let lines = lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version, &l.allocating));
     Key::multi_item(key, operation, lines, extra)
 }
@@ -357,7 +316,7 @@ pub fn multi_item_key(key: String, operation: &str, lines: &[Line], extra: Extra
 /// `txn`: the inventories are locked in id order, judged as locked, and one
 /// statement takes them all. `Ok(Err(..))` lists every line that cannot be
 /// served; the caller then rolls back (nothing was written).
-pub async fn take_every_line(
+pub(crate) async fn take_every_line(
     txn: &DatabaseTransaction,
     user_id: &str,
     lines: &[Line],
@@ -378,34 +337,24 @@ pub async fn take_every_line(
 
 /// Every line as a conflict, with the latest rows: what a multi-item
 /// request answers when its collision retries ran out.
-pub async fn lines_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
+pub(crate) async fn lines_in_conflict(db: &DatabaseConnection, lines: &[Line]) -> Result<Vec<Unavailable>, AppError> {
     let latest = read_answer!(db, |db| inventory_store::find_many(db, lines.iter().map(|l| l.inventory_id)))?;
     Ok(domain::in_conflict(lines, &latest))
 }
 
 /// Refuses location ids that name no location (`BAD_USER_INPUT` at
 /// `field`); an empty list is refused before, with the other input checks.
-pub async fn known_locations(db: &DatabaseConnection, allocating: &Allocating, field: &str) -> Result<(), AppError> {
+pub(crate) async fn known_locations(
+    db: &DatabaseConnection,
+    allocating: &Allocating,
+    field: &str,
+) -> Result<(), AppError> {
     let Some(ids) = &allocating.location_ids else { return Ok(()) };
     let unknown = read_answer!(db, |db| inventory_store::unknown_locations(db, ids))?;
     match unknown.first() {
         None => Ok(()),
         Some(id) => Err(AppError::bad_input(field, format!("no location has id {id}"))),
     }
-}
-
-/// The first outcome of a single `reserve` with this key, if one took stock
-/// (its reservation, and the inventory as it is now).
-pub(super) async fn replay(
-    db: &DatabaseConnection,
-    user_id: &str,
-    key: Option<&Key>,
-) -> Result<Option<ReserveOutcome>, AppError> {
-    let Some(key) = key else { return Ok(None) };
-    let Some(first) = idempotency::first_use(db, user_id, key).await? else { return Ok(None) };
-    let inventory = read_answer!(db, |db| inventory_store::find(db, first.inventory_id))?
-        .ok_or_else(|| AppError::internal(anyhow::anyhow!("a reservation's inventory is missing")))?;
-    Ok(Some(ReserveOutcome::Reserved { reservation: first, inventory }))
 }
 
 /// The reservations of the multi-item request that first used this key, if any.

@@ -20,10 +20,10 @@ use crate::inventory::InventoryRow;
 /// (`sole_location_id` never comes back). Bounded: past [`MAX_SPREAD`] it
 /// learns no more, and requests for the rest take the longer way.
 #[derive(Debug, Default)]
-pub struct Spread(Mutex<HashSet<Uuid>>);
+pub(crate) struct Spread(Mutex<HashSet<Uuid>>);
 
 /// Most inventories a [`Spread`] remembers.
-pub const MAX_SPREAD: usize = 100_000;
+pub(crate) const MAX_SPREAD: usize = 100_000;
 
 impl Spread {
     fn held(&self) -> MutexGuard<'_, HashSet<Uuid>> {
@@ -31,7 +31,7 @@ impl Spread {
     }
 
     /// Whether `inventory_id` is known to be held in several places.
-    pub fn contains(&self, inventory_id: Uuid) -> bool {
+    pub(crate) fn contains(&self, inventory_id: Uuid) -> bool {
         self.held().contains(&inventory_id)
     }
 

@@ -32,7 +32,7 @@ use crate::{
 
 /// Runs the one-statement reservation on the statement pool (one round
 /// trip), re-run on collisions; the change when stock was taken.
-pub async fn reserve(
+pub(crate) async fn reserve(
     statements: &StatementPool,
     collisions: &Collisions,
     reserve: &Reserve<'_>,
@@ -50,7 +50,7 @@ pub async fn reserve(
 
 /// Runs the one-statement reservation across the inventory's levels on
 /// the statement pool, re-run on collisions; the change when stock was taken.
-pub async fn reserve_allocating(
+pub(crate) async fn reserve_allocating(
     statements: &StatementPool,
     collisions: &Collisions,
     reserve: &Reserve<'_>,
@@ -64,14 +64,18 @@ pub async fn reserve_allocating(
 
 /// What the locations a request may take from hold for it (its sum, or
 /// without a split the largest), read after it could not be served.
-pub async fn available(db: &impl ConnectionTrait, inventory_id: Uuid, allocating: &Allocating) -> Result<i32, DbErr> {
+pub(crate) async fn available(
+    db: &impl ConnectionTrait,
+    inventory_id: Uuid,
+    allocating: &Allocating,
+) -> Result<i32, DbErr> {
     let row = db.query_one_raw(allocating::available(inventory_id, allocating)).await?;
     Ok(row.map(|row| row.try_get("", "available")).transpose()?.unwrap_or(0))
 }
 
 /// What the locations `reservation` may take more from hold for it: by its
 /// own choice, and without a split only where it already is.
-pub async fn available_for_more(db: &impl ConnectionTrait, reservation: &Model) -> Result<i32, DbErr> {
+pub(crate) async fn available_for_more(db: &impl ConnectionTrait, reservation: &Model) -> Result<i32, DbErr> {
     let mut choice =
         Allocating::stored(reservation.location_ids.clone(), reservation.fewest_locations, reservation.allow_split);
     if !choice.allow_split {
@@ -88,7 +92,7 @@ pub async fn available_for_more(db: &impl ConnectionTrait, reservation: &Model) 
 
 /// Runs one coalesced statement for several callers (of one inventory or
 /// many), re-run on collisions; one turn per caller, in arrival order.
-pub async fn reserve_coalesced(
+pub(crate) async fn reserve_coalesced(
     statements: &StatementPool,
     collisions: &Collisions,
     reserve: &CoalescedReserve<'_>,
@@ -104,14 +108,14 @@ pub async fn reserve_coalesced(
 /// in id order, then their levels, for the rest of `txn`; each line's
 /// locked row and whether its locations can give it (a missing one is
 /// left out).
-pub async fn lock_lines(txn: &DatabaseTransaction, lines: &[Line]) -> Result<Vec<LockedLine>, DbErr> {
+pub(crate) async fn lock_lines(txn: &DatabaseTransaction, lines: &[Line]) -> Result<Vec<LockedLine>, DbErr> {
     txn.query_all_raw(lines::lock_lines(lines)).await?.iter().map(LockedLine::from_row).collect()
 }
 
 /// Takes the stock of every line for `purpose` in one statement inside
 /// `txn`, after [`lock_lines`]: the reservations and their ledger rows, the
 /// first line carrying `key`. The reservations, one per line.
-pub async fn take_lines(
+pub(crate) async fn take_lines(
     txn: &DatabaseTransaction,
     user_id: &str,
     lines: &[Line],
@@ -125,7 +129,7 @@ pub async fn take_lines(
 
 /// Runs the release of `owner`'s reservation, re-run on collisions; the
 /// change when its stock went back.
-pub async fn release(
+pub(crate) async fn release(
     db: &DatabaseConnection,
     collisions: &Collisions,
     id: Uuid,
@@ -139,7 +143,7 @@ pub async fn release(
 
 /// Runs the change of `owner`'s reservation to `quantity` units, re-run on
 /// collisions; the change when it was made.
-pub async fn change_quantity(
+pub(crate) async fn change_quantity(
     db: &DatabaseConnection,
     collisions: &Collisions,
     id: Uuid,
@@ -158,7 +162,7 @@ pub async fn change_quantity(
 /// The reservation as saved, or none when nothing matched; re-run on
 /// collisions (a checkout or a change of the same line at REPEATABLE READ
 /// or SERIALIZABLE).
-pub async fn extend(
+pub(crate) async fn extend(
     db: &DatabaseConnection,
     collisions: &Collisions,
     id: Uuid,
@@ -188,17 +192,20 @@ RETURNING *"#,
 }
 
 /// One reservation and its inventory by the reservation's id, in one read.
-pub async fn find_with_inventory(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<ReservationChange>, DbErr> {
+pub(crate) async fn find_with_inventory(
+    db: &impl ConnectionTrait,
+    id: Uuid,
+) -> Result<Option<ReservationChange>, DbErr> {
     db.query_one_raw(ReservationChange::latest(id)).await?.as_ref().map(ReservationChange::from_row).transpose()
 }
 
 /// One reservation by id.
-pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Model>, DbErr> {
+pub(crate) async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Model>, DbErr> {
     Entity::find_by_id(id).one(db).await
 }
 
 /// The reservations with these ids (missing ones are left out).
-pub async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Model>, DbErr> {
+pub(crate) async fn find_many(db: &impl ConnectionTrait, ids: &[Uuid]) -> Result<Vec<Model>, DbErr> {
     Entity::find().filter(Column::Id.is_in(ids.iter().copied())).all(db).await
 }
 

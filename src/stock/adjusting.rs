@@ -40,7 +40,7 @@ use super::{
 /// re-read. 0 rows: not there, not the caller's, not
 /// ACTIVE, expired, already at `quantity`, or the locations cannot give
 /// the difference; one read afterwards tells which.
-pub fn change_quantity(reservation_id: Uuid, owner: &str, quantity: i32) -> Statement {
+pub(crate) fn change_quantity(reservation_id: Uuid, owner: &str, quantity: i32) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             r#"

@@ -48,19 +48,19 @@ impl Default for Allocating {
 impl Allocating {
     /// Whether this is the default choice (what a request naming no
     /// location gets).
-    pub fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         *self == Self::default()
     }
 
     /// Whether this takes from any active location, however it splits: a
     /// request that may take from anywhere takes from an inventory with one
     /// level directly (every strategy chooses that level).
-    pub fn is_anywhere(&self) -> bool {
+    pub(crate) fn is_anywhere(&self) -> bool {
         self.location_ids.is_none()
     }
 
     /// The choice a reservation row stored.
-    pub fn stored(location_ids: Option<Vec<Uuid>>, fewest: Option<bool>, allow_split: Option<bool>) -> Self {
+    pub(crate) fn stored(location_ids: Option<Vec<Uuid>>, fewest: Option<bool>, allow_split: Option<bool>) -> Self {
         Self {
             location_ids,
             strategy: if fewest == Some(true) { Strategy::FewestLocations } else { Strategy::Priority },
@@ -71,7 +71,7 @@ impl Allocating {
     /// The three values a statement binds and a reservation stores:
     /// `location_ids`, `fewest_locations`, `allow_split`, each NULL when
     /// it is the default, so a plain reservation stores nothing more.
-    pub fn columns(&self) -> (Option<Vec<Uuid>>, Option<bool>, Option<bool>) {
+    pub(crate) fn columns(&self) -> (Option<Vec<Uuid>>, Option<bool>, Option<bool>) {
         (
             self.location_ids.clone(),
             (self.strategy == Strategy::FewestLocations).then_some(true),
@@ -80,7 +80,7 @@ impl Allocating {
     }
 
     /// The values bound for [`available`]'s parameters (`ids`, `fewest`, `split`).
-    pub fn values(&self) -> [Value; 3] {
+    pub(crate) fn values(&self) -> [Value; 3] {
         let (ids, fewest, split) = self.columns();
         [Value::from(ids), Value::from(fewest.unwrap_or(false)), Value::from(split.unwrap_or(true))]
     }
@@ -92,7 +92,7 @@ impl Allocating {
 /// columns `location_id` (the level's) and `active` (its location's)
 /// unqualified, so it reads a level joined to its location and a row of
 /// both alike.
-pub fn eligible(ids: &str) -> String {
+pub(crate) fn eligible(ids: &str) -> String {
     format!("active AND ({ids} IS NULL OR location_id = ANY({ids}))")
 }
 
@@ -100,7 +100,7 @@ pub fn eligible(ids: &str) -> String {
 /// are the `uuid[]` expression `ids`: the list's order when given, else
 /// priority then code (columns `location_id`, `priority`, `code`, unqualified
 /// as in [`eligible`]).
-pub fn preference(ids: &str) -> String {
+pub(crate) fn preference(ids: &str) -> String {
     format!("array_position({ids}, location_id), priority, code")
 }
 
@@ -110,14 +110,14 @@ pub fn preference(ids: &str) -> String {
 /// split allowed the largest of them, since one level must then give it
 /// all; 0 for none. What a refused request is told (`SoldOut.available`),
 /// and what [`super::lines::lock_lines`] says of each line.
-pub fn held(split: &str) -> String {
+pub(crate) fn held(split: &str) -> String {
     format!("coalesce(CASE WHEN {split} THEN sum(available) ELSE max(available) END, 0)::integer")
 }
 
 /// What the eligible levels of `inventory_id` hold for a request choosing
 /// by `allocating` ([`held`]), read after it could not be served. One row,
 /// `available`.
-pub fn available(inventory_id: Uuid, allocating: &Allocating) -> Statement {
+pub(crate) fn available(inventory_id: Uuid, allocating: &Allocating) -> Statement {
     let [ids, _fewest, split] = allocating.values();
     Statement::from_sql_and_values(
         DbBackend::Postgres,
@@ -134,7 +134,7 @@ pub fn available(inventory_id: Uuid, allocating: &Allocating) -> Statement {
 
 /// Which of `ids` name no location: one row (`id`) per unknown id, none
 /// when all are known.
-pub fn unknown(ids: &[Uuid]) -> Statement {
+pub(crate) fn unknown(ids: &[Uuid]) -> Statement {
     Statement::from_sql_and_values(
         DbBackend::Postgres,
         "SELECT u.id FROM unnest($1::uuid[]) AS u(id) WHERE NOT EXISTS (SELECT 1 FROM locations WHERE id = u.id)",

@@ -36,7 +36,7 @@ fn done() -> String {
 
 /// When the oldest idempotency key was claimed; one row, NULL when there is
 /// none.
-pub fn oldest_key() -> Statement {
+pub(crate) fn oldest_key() -> Statement {
     Statement::from_string(DbBackend::Postgres, "SELECT min(created_at) FROM idempotency_keys")
 }
 
@@ -57,7 +57,7 @@ pub fn oldest_key() -> Statement {
 /// this statement on the unique indexes, and finds the key free. A replay
 /// that read the claim just before it went finds no line, and is told the
 /// key was forgotten meanwhile (see `idempotency::first_use`).
-pub fn forget_keys(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
+pub(crate) fn forget_keys(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             r#"
@@ -86,7 +86,7 @@ SELECT (SELECT count(*) FROM forgotten) AS archived, (SELECT count(*) FROM gone)
 
 /// When the oldest reservation the archive may delete was made; one row,
 /// NULL when there is none.
-pub fn oldest_reservation() -> Statement {
+pub(crate) fn oldest_reservation() -> Statement {
     static SQL: LazyLock<String> =
         LazyLock::new(|| format!("SELECT min(created_at) FROM reservations WHERE {}", archivable()));
     Statement::from_string(DbBackend::Postgres, SQL.as_str())
@@ -99,7 +99,7 @@ pub fn oldest_reservation() -> Statement {
 /// Nothing reads the allocations of a reservation that is done with, and
 /// an allocation without its reservation would be read by nothing ever
 /// again; they go together, so no check sees one without the other.
-pub fn archive_reservations(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
+pub(crate) fn archive_reservations(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             r#"
@@ -117,7 +117,7 @@ SELECT count(*) AS archived FROM gone"#,
 }
 
 /// When the oldest ledger row was made; one row, NULL when there is none.
-pub fn oldest_ledger_row() -> Statement {
+pub(crate) fn oldest_ledger_row() -> Statement {
     Statement::from_string(DbBackend::Postgres, "SELECT min(created_at) FROM stock_movements")
 }
 
@@ -139,7 +139,7 @@ pub fn oldest_ledger_row() -> Statement {
 /// cannot count a row twice: a row is in the `RETURNING` of the statement
 /// that deleted it only, and the checkpoint is added to under its row lock
 /// (`ON CONFLICT DO UPDATE`).
-pub fn archive_ledger(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
+pub(crate) fn archive_ledger(from: DateTime<Utc>, until: DateTime<Utc>) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             r#"
@@ -191,7 +191,7 @@ SELECT count(*) AS archived FROM old"#,
 /// (the archive has emptied them); one row, how many it dropped. It waits
 /// at most a moment for the table's lock and leaves the rest for the next
 /// run when it cannot have it.
-pub fn drop_empty_partitions(before: DateTime<Utc>) -> Statement {
+pub(crate) fn drop_empty_partitions(before: DateTime<Utc>) -> Statement {
     Statement::from_sql_and_values(
         DbBackend::Postgres,
         "SELECT drop_empty_ledger_partitions($1) AS dropped",

@@ -375,7 +375,7 @@ impl CoalescedReserve<'_> {
 /// One caller's turn in a coalesced statement (a row of any of this
 /// module's statements).
 #[derive(Debug)]
-pub enum Turn {
+pub(crate) enum Turn {
     /// The caller's inventory does not exist.
     NotFound,
     /// Nothing was taken for the caller, and the statement cannot tell why
@@ -399,7 +399,7 @@ pub enum Turn {
 
 impl Turn {
     /// The turn a statement's row describes.
-    pub fn from_row(row: &QueryResult) -> Result<Self, DbErr> {
+    pub(crate) fn from_row(row: &QueryResult) -> Result<Self, DbErr> {
         match row.try_get::<Option<bool>>("", "found")? {
             None => return Ok(Self::NotTaken),
             Some(false) => return Ok(Self::NotFound),

@@ -8,26 +8,26 @@ use super::rows::{MovementReason, ReservationStatus, inventory, reservation, sql
 
 /// The inventory columns of the inventory aliased `alias` (`""`, `"i."`),
 /// every one an `InventoryRow` reads (SeaORM reads a row's columns by name).
-pub fn inventory_columns(alias: &str) -> String {
+pub(crate) fn inventory_columns(alias: &str) -> String {
     inventory::Column::iter().map(|column| format!("{alias}{}", column.as_str())).collect::<Vec<_>>().join(", ")
 }
 
 /// Every reservation column of `r` as `r_<column>`, so one row carries an
 /// inventory and a reservation side by side (read back with the prefix `"r_"`).
-pub fn reservation_columns_as_r() -> String {
+pub(crate) fn reservation_columns_as_r() -> String {
     let columns = reservation::Column::iter().map(|column| format!("r.{0} AS r_{0}", column.as_str()));
     columns.collect::<Vec<_>>().join(", ")
 }
 
 /// The `SET` of a change that leaves the row at `stock` and `version`; the
 /// one place `updated_at` is kept.
-pub fn set(stock: &str, version: &str) -> String {
+pub(crate) fn set(stock: &str, version: &str) -> String {
     format!("SET stock = {stock}, version = {version}, updated_at = now()")
 }
 
 /// The `SET` of one change of the row aliased `alias` (`""` or `"i."`) by
 /// `delta` (`"- $2"`): one version step.
-pub fn step(alias: &str, delta: &str) -> String {
+pub(crate) fn step(alias: &str, delta: &str) -> String {
     set(&format!("{alias}stock {delta}"), &format!("{alias}version + 1"))
 }
 
@@ -35,26 +35,26 @@ pub fn step(alias: &str, delta: &str) -> String {
 /// of exactly these eight values. A change that touches several levels of
 /// its inventory writes one row for each, all with the change's stock and
 /// version.
-pub const LEDGER: &str = "INSERT INTO stock_movements \
+pub(crate) const LEDGER: &str = "INSERT INTO stock_movements \
      (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id)";
 
 /// [`LEDGER`] for an operator's change (ten values): the eight, then the
 /// operator's `note` and their `sub` as `actor`.
-pub const LEDGER_BY_OPERATOR: &str = "INSERT INTO stock_movements \
+pub(crate) const LEDGER_BY_OPERATOR: &str = "INSERT INTO stock_movements \
      (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id, note, actor)";
 
 /// [`LEDGER`] with the row's id first (nine values): the reserve paths,
 /// which write most ledger rows, send time-ordered (v7) ids made by the
 /// server, so new rows land at the right edge of the primary key instead of
 /// on a random page of a B-tree that history makes larger than the cache.
-pub const LEDGER_WITH_ID: &str = "INSERT INTO stock_movements \
+pub(crate) const LEDGER_WITH_ID: &str = "INSERT INTO stock_movements \
      (id, inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id)";
 
 /// The condition of an inventory row (aliased `alias`: `""`, `"i."`) whose
 /// units may be taken from its one level directly, as the conditional
 /// UPDATE of the row alone: it has one level (`sole_location_id`) and that
 /// location is active. Any other is taken from through its levels.
-pub fn sole(alias: &str) -> String {
+pub(crate) fn sole(alias: &str) -> String {
     format!("{alias}sole_location_id IN (SELECT id FROM locations WHERE active)")
 }
 
@@ -64,7 +64,7 @@ pub fn sole(alias: &str) -> String {
 /// (an index probe for one id, an index scan over an array), so a statement
 /// built from [`lock_inventories`] is planned as one that spelled it out.
 #[derive(Debug, Clone, Copy)]
-pub enum Ids<'a> {
+pub(crate) enum Ids<'a> {
     /// One inventory: an expression of its id (`"$1"`, `"(SELECT id FROM inv)"`).
     One(&'a str),
     /// The inventories of a `uuid[]` expression (`"$1"`, `"ARRAY(SELECT id FROM locked)"`).
@@ -96,7 +96,7 @@ impl Ids<'_> {
 /// drops it). Every statement that locks inventory rows does it with this
 /// (as a `MATERIALIZED` CTE, or whole), and locks levels only after it,
 /// with [`lock_levels`].
-pub fn lock_inventories(columns: &str, ids: Ids<'_>, condition: Option<&str>) -> String {
+pub(crate) fn lock_inventories(columns: &str, ids: Ids<'_>, condition: Option<&str>) -> String {
     let condition = condition.map(|c| format!(" AND {c}")).unwrap_or_default();
     format!(
         "SELECT {columns} FROM inventories
@@ -111,7 +111,7 @@ pub fn lock_inventories(columns: &str, ids: Ids<'_>, condition: Option<&str>) ->
 /// priority, code, active`, the columns [`super::allocating::eligible`] and
 /// [`super::allocating::preference`] read. Unlocked: for a statement whose
 /// transaction locked them before ([`lock_levels`]).
-pub fn levels(ids: Ids<'_>) -> String {
+pub(crate) fn levels(ids: Ids<'_>) -> String {
     format!(
         "SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
       FROM stock_levels l JOIN locations c ON c.id = l.location_id
@@ -130,24 +130,24 @@ pub fn levels(ids: Ids<'_>) -> String {
 /// not among them, which the statement detects by their sum against the
 /// row's `stock` (`retry_stale_read`). Only the levels are locked, never
 /// their locations.
-pub fn lock_levels(ids: Ids<'_>) -> String {
+pub(crate) fn lock_levels(ids: Ids<'_>) -> String {
     format!("{}\n       FOR UPDATE OF l", levels(ids))
 }
 
 /// The columns a reservation stores of how it chose its locations, in the
 /// order [`choice`] gives their values.
-pub const CHOICE_COLUMNS: &str = "location_ids, fewest_locations, allow_split";
+pub(crate) const CHOICE_COLUMNS: &str = "location_ids, fewest_locations, allow_split";
 
 /// The values of [`CHOICE_COLUMNS`] from a request's location ids (`uuid[]`
 /// expression, NULL: any), FEWEST_LOCATIONS flag and split flag (boolean
 /// expressions): NULL for each default, so a plain reservation stores nothing.
-pub fn choice(ids: &str, fewest: &str, split: &str) -> String {
+pub(crate) fn choice(ids: &str, fewest: &str, split: &str) -> String {
     format!("{ids}, CASE WHEN {fewest} THEN true END, CASE WHEN NOT {split} THEN false END")
 }
 
 /// What a change of many reservation lines at once does to their stock.
 #[derive(Debug, Clone, Copy)]
-pub enum Lines {
+pub(crate) enum Lines {
     /// Their units come back to available stock (an expiry, a cancel).
     Return,
     /// Their units leave the warehouse: on-hand stock falls, available
@@ -187,7 +187,7 @@ pub enum Lines {
 /// statement timeout, so expired stock never came back
 /// (bench/results/decisions.md, "the sweeper stuck behind a plan without
 /// statistics").
-pub fn per_line(lines: &str, what: Lines, reason: MovementReason, order_id: &str, locked: bool) -> String {
+pub(crate) fn per_line(lines: &str, what: Lines, reason: MovementReason, order_id: &str, locked: bool) -> String {
     let (stock, delta, stock_after) = match what {
         Lines::Return => ("i.stock + t.quantity", "p.quantity", "n.stock - n.total + n.upto"),
         Lines::Ship => ("i.stock", "-p.quantity", "n.stock"),
@@ -244,7 +244,7 @@ pub fn per_line(lines: &str, what: Lines, reason: MovementReason, order_id: &str
 /// `status` at once, each line one change of its inventory (see
 /// [`per_line`]); one row, how many lines moved. Only ORDERED lines match,
 /// so a line moves once.
-pub fn order_lines(status: ReservationStatus, what: Lines, reason: MovementReason) -> String {
+pub(crate) fn order_lines(status: ReservationStatus, what: Lines, reason: MovementReason) -> String {
     format!(
         r#"
 WITH moved AS (
@@ -261,52 +261,52 @@ SELECT count(*) FROM moved"#,
 
 /// When a reservation made now expires, given its TTL in seconds as the
 /// integer parameter `seconds` (`"$8"`); 0 means never (NULL).
-pub fn expiry(seconds: &str) -> String {
+pub(crate) fn expiry(seconds: &str) -> String {
     format!("CASE WHEN {seconds}::integer > 0 THEN now() + {seconds}::integer * interval '1 second' END")
 }
 
 /// The condition of a reservation that holds stock for its user and has
 /// not run out: ACTIVE and unexpired. Only such a line may be released,
 /// changed, extended or checked out; one past its expiry is the sweeper's.
-pub fn active_unexpired() -> String {
+pub(crate) fn active_unexpired() -> String {
     format!("status = {} AND (expires_at IS NULL OR expires_at > now())", sql(ReservationStatus::Active))
 }
 
 /// The statuses of reservations that hold stock (`('ACTIVE', 'ORDERED')`):
 /// the predicate of the partial index `reservations_held`, which a read of
 /// what an inventory holds names in its text so the index serves it.
-pub fn holding() -> String {
+pub(crate) fn holding() -> String {
     sql_list([ReservationStatus::Active, ReservationStatus::Ordered])
 }
 
 /// The units of reservations in `status` (`sum(quantity) FILTER (...)`,
 /// NULL for none), summed over the group.
-pub fn units(status: ReservationStatus) -> String {
+pub(crate) fn units(status: ReservationStatus) -> String {
     format!("sum(quantity) FILTER (WHERE status = {})", sql(status))
 }
 
 /// The ledger rows' sum of changes of available stock (every reason but
 /// FULFILLED, which moves on-hand units only), 0 for none.
-pub fn ledger_stock() -> String {
+pub(crate) fn ledger_stock() -> String {
     format!("coalesce(sum(delta) FILTER (WHERE reason <> {}), 0)", sql(MovementReason::Fulfilled))
 }
 
 /// The ledger rows' units received from outside: initial stock, restocks
 /// and units returned to stock (a fulfilled order's line restocked), 0 for none.
-pub fn ledger_received() -> String {
+pub(crate) fn ledger_received() -> String {
     let received = sql_list([MovementReason::Created, MovementReason::Restocked, MovementReason::Returned]);
     format!("coalesce(sum(delta) FILTER (WHERE reason IN {received}), 0)")
 }
 
 /// The ledger rows' units shipped (positive), 0 for none.
-pub fn ledger_fulfilled() -> String {
+pub(crate) fn ledger_fulfilled() -> String {
     format!("coalesce(-sum(delta) FILTER (WHERE reason = {}), 0)", sql(MovementReason::Fulfilled))
 }
 
 /// The location of the ledger rows aliased `alias` (`""`, `"m."`): rows
 /// from before locations have none (NULL), and their stock was all at the
 /// default location, where the migration put it.
-pub fn ledger_location(alias: &str) -> String {
+pub(crate) fn ledger_location(alias: &str) -> String {
     let default = super::rows::location::DEFAULT_CODE;
     format!("coalesce({alias}location_id, (SELECT id FROM locations WHERE code = '{default}'))")
 }
@@ -314,7 +314,7 @@ pub fn ledger_location(alias: &str) -> String {
 /// The ledger rows whose `delta` is a change of the units on hand (the
 /// units in the building: received, moved between locations, shipped,
 /// returned to stock).
-pub const ON_HAND_MOVES: [MovementReason; 6] = [
+pub(crate) const ON_HAND_MOVES: [MovementReason; 6] = [
     MovementReason::Created,
     MovementReason::Restocked,
     MovementReason::TransferredIn,
@@ -328,28 +328,18 @@ pub const ON_HAND_MOVES: [MovementReason; 6] = [
 /// given back by its cancellation. A shipment (FULFILLED) changes them by
 /// its `delta`; a checkout, which commits reserved units, writes no ledger
 /// row.
-pub const COMMITTING_MOVES: [MovementReason; 2] = [MovementReason::Ordered, MovementReason::OrderCancelled];
+pub(crate) const COMMITTING_MOVES: [MovementReason; 2] = [MovementReason::Ordered, MovementReason::OrderCancelled];
 
 /// The ledger rows' sum of changes of on-hand units ([`ON_HAND_MOVES`]), 0
 /// for none. Over one location's rows, it is what that location should
 /// hold: available plus what its allocations hold.
-pub fn ledger_on_hand() -> String {
+pub(crate) fn ledger_on_hand() -> String {
     format!("coalesce(sum(delta) FILTER (WHERE reason IN {}), 0)", sql_list(ON_HAND_MOVES))
-}
-
-/// The ledger rows' sum of changes of committed units
-/// ([`COMMITTING_MOVES`] and shipments), 0 for none.
-pub fn ledger_committed() -> String {
-    format!(
-        "coalesce(-sum(delta) FILTER (WHERE reason IN {}), 0) + coalesce(sum(delta) FILTER (WHERE reason = {}), 0)",
-        sql_list(COMMITTING_MOVES),
-        sql(MovementReason::Fulfilled)
-    )
 }
 
 /// The units of the allocations `a` of reservations `r` in `status`
 /// (`sum(a.quantity) FILTER (...)`, NULL for none), summed over the group:
 /// a location's reserved or committed units.
-pub fn allocated(status: ReservationStatus) -> String {
+pub(crate) fn allocated(status: ReservationStatus) -> String {
     format!("sum(a.quantity) FILTER (WHERE r.status = {})", sql(status))
 }

@@ -21,7 +21,7 @@ use super::{
 
 /// What the lines of a multi-item request are taken for.
 #[derive(Debug, Clone, Copy)]
-pub enum Purpose {
+pub(crate) enum Purpose {
     /// Plain reservations (`reserveMany`): ACTIVE for `ttl_secs` (0 = never
     /// expire), ledger reason RESERVED.
     Reservations {
@@ -34,7 +34,7 @@ pub enum Purpose {
 
 /// One line of a multi-item request, merged and checked (one per inventory).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Line {
+pub(crate) struct Line {
     /// The inventory.
     pub inventory_id: Uuid,
     /// Units, summed over the request's lines for this inventory.
@@ -94,7 +94,7 @@ fn line_values(lines: &[Line]) -> Vec<Value> {
 /// as [`held`] says), read with [`LockedLine`].
 /// Levels added after the statement began do not add up to their row's
 /// stock, and the statement is run again (`retry_stale_read`).
-pub fn lock_lines(lines: &[Line]) -> Statement {
+pub(crate) fn lock_lines(lines: &[Line]) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             r#"
@@ -133,7 +133,7 @@ SELECT k.*, coalesce(j.feasible, false) AS feasible, j.eligible
 /// A line's inventory as [`lock_lines`] locked it, and whether its
 /// eligible locations can give the line.
 #[derive(Debug)]
-pub struct LockedLine {
+pub(crate) struct LockedLine {
     /// The locked inventory row.
     pub inventory: InventoryRow,
     /// Whether the line's eligible locations can give it under its rules.
@@ -144,7 +144,7 @@ pub struct LockedLine {
 
 impl LockedLine {
     /// The line a row of [`lock_lines`] describes.
-    pub fn from_row(row: &QueryResult) -> Result<Self, DbErr> {
+    pub(crate) fn from_row(row: &QueryResult) -> Result<Self, DbErr> {
         Ok(Self {
             inventory: InventoryRow::from_query_result(row, "")?,
             feasible: row.try_get("", "feasible")?,
@@ -163,7 +163,7 @@ impl LockedLine {
 /// decides again with `allocate` what [`lock_lines`] judged; it writes only
 /// when every line can be served, so a line that did not match shows up as
 /// missing rows, which the caller must treat as a failure.
-pub fn take_lines(
+pub(crate) fn take_lines(
     lines: &[Line],
     purpose: Purpose,
     user_id: &str,

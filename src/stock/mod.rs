@@ -24,13 +24,13 @@
 //! inventories or levels is built from [`fragments::lock_inventories`] and
 //! [`fragments::lock_levels`].
 
-pub mod adjusting;
+pub(crate) mod adjusting;
 pub mod allocating;
-pub mod archiving;
+pub(crate) mod archiving;
 pub mod coalesced;
-pub mod fragments;
-pub mod lines;
-pub mod moving;
+pub(crate) mod fragments;
+pub(crate) mod lines;
+pub(crate) mod moving;
 pub mod partitions;
 pub mod receiving;
 pub mod returning;
@@ -45,14 +45,14 @@ use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
 pub use coalesced::{ACROSS_LEVELS_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL};
-pub use taking::{ALLOCATING_RESERVE_SQL, RESERVE_SQL};
+pub use taking::RESERVE_SQL;
 
 /// This locks the inventories of an order's lines in id order, the order
 /// every multi-item writer (and the sweeper) locks in, so a cancel or a
 /// fulfilment and a `placeOrder` cannot deadlock. Run inside the cancelling
 /// or fulfilling transaction, before [`returning::cancel_order`] or
 /// [`shipping::fulfil_order`].
-pub fn lock_order(order_id: Uuid) -> Statement {
+pub(crate) fn lock_order(order_id: Uuid) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         fragments::lock_inventories(
             "1",

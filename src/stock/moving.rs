@@ -35,7 +35,7 @@ use super::{
 /// (`retry_stale_read`) instead of reading the source as absent. A key
 /// already claimed fails on `idempotency_keys`' primary key and rolls the
 /// whole statement back.
-pub fn transfer(
+pub(crate) fn transfer(
     inventory_id: Uuid,
     from: Uuid,
     to: Uuid,

@@ -36,7 +36,7 @@ pub async fn make(db: &impl ConnectionTrait, days_back: i32, days_ahead: i32) ->
 /// Makes the partitions ahead every hour until `stop` turns true (the
 /// first an hour after start: opening the database made them); a failure
 /// is logged and tried again next hour.
-pub fn spawn(db: DatabaseConnection, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
+pub(crate) fn spawn(db: DatabaseConnection, mut stop: watch::Receiver<bool>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + EVERY, EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

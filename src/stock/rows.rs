@@ -9,26 +9,25 @@
 //! Each status is spelled once, by its enum; a statement's text takes it
 //! from there with [`sql`].
 
-pub mod allocation;
-pub mod inventory;
-pub mod level;
-pub mod location;
-pub mod reservation;
-pub mod returns;
+pub(crate) mod allocation;
+pub(crate) mod inventory;
+pub(crate) mod location;
+pub(crate) mod reservation;
+pub(crate) mod returns;
 
 use sea_orm::{ActiveEnum, DeriveActiveEnum, EnumIter};
 
-pub use allocation::Model as AllocationRow;
-pub use inventory::Model as InventoryRow;
-pub use level::Model as LevelRow;
-pub use location::Model as LocationRow;
-pub use reservation::{Model as ReservationRow, ReservationStatus};
-pub use returns::{ReturnDisposition, ReturnLineRow, ReturnRow};
+pub(crate) use allocation::Model as AllocationRow;
+pub(crate) use inventory::Model as InventoryRow;
+pub(crate) use location::Model as LocationRow;
+pub(crate) use reservation::{Model as ReservationRow, ReservationStatus};
+pub use returns::ReturnDisposition;
+pub(crate) use returns::{ReturnLineRow, ReturnRow};
 
 /// Why stock changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
 #[sea_orm(rs_type = "String", db_type = "Text")]
-pub enum MovementReason {
+pub(crate) enum MovementReason {
     /// The inventory was created with its initial stock.
     #[sea_orm(string_value = "CREATED")]
     Created,
@@ -74,12 +73,12 @@ pub enum MovementReason {
 /// partial index (`reservations_held`, `reservations_due`) only when it can
 /// see at planning time that the statement's condition implies the index's,
 /// and a generic plan cannot see through a parameter.
-pub fn sql<E: ActiveEnum<Value = String>>(value: E) -> String {
+pub(crate) fn sql<E: ActiveEnum<Value = String>>(value: E) -> String {
     format!("'{}'", value.to_value())
 }
 
 /// `values` as an SQL list of literals (`('ACTIVE', 'ORDERED')`), for `IN`.
-pub fn sql_list<E: ActiveEnum<Value = String>>(values: impl IntoIterator<Item = E>) -> String {
+pub(crate) fn sql_list<E: ActiveEnum<Value = String>>(values: impl IntoIterator<Item = E>) -> String {
     format!("({})", values.into_iter().map(sql).collect::<Vec<_>>().join(", "))
 }
 

@@ -106,7 +106,7 @@ SELECT taken.*, {reservation} FROM taken, reservation r"#,
 /// is run again (`retry_stale_read`, a serialization failure). 0 rows: no
 /// such row, the version moved, or the eligible locations cannot give the
 /// units under the rules; one read afterwards tells which.
-pub static ALLOCATING_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
+pub(crate) static ALLOCATING_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         r#"
 WITH inv AS MATERIALIZED (
@@ -225,7 +225,7 @@ impl Reserve<'_> {
 /// A reservation and its inventory as the statement that changed both left
 /// them (a row of [`RESERVE_SQL`] or of a release).
 #[derive(Debug)]
-pub struct ReservationChange {
+pub(crate) struct ReservationChange {
     /// The inventory after the change.
     pub inventory: InventoryRow,
     /// The reservation after the change.
@@ -234,7 +234,7 @@ pub struct ReservationChange {
 
 impl ReservationChange {
     /// The change a statement's row describes.
-    pub fn from_row(row: &QueryResult) -> Result<Self, DbErr> {
+    pub(crate) fn from_row(row: &QueryResult) -> Result<Self, DbErr> {
         Ok(Self {
             inventory: InventoryRow::from_query_result(row, "")?,
             reservation: ReservationRow::from_query_result(row, "r_")?,
@@ -244,7 +244,7 @@ impl ReservationChange {
     /// A read (it changes nothing) of the latest committed reservation
     /// `reservation_id` and its inventory in one statement, so both come
     /// from one snapshot; read with [`ReservationChange::from_row`].
-    pub fn latest(reservation_id: Uuid) -> Statement {
+    pub(crate) fn latest(reservation_id: Uuid) -> Statement {
         static SQL: LazyLock<String> = LazyLock::new(|| {
             format!(
                 "SELECT {inventory}, {reservation} FROM reservations r JOIN inventories i ON i.id = r.inventory_id \

@@ -10,14 +10,14 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::{
-    ACROSS_LEVELS_RESERVE_SQL, ALLOCATING_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL,
-    adjusting, allocating, archiving,
+    ACROSS_LEVELS_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL, adjusting, allocating,
+    archiving,
     coalesced::CoalescedReserve,
     lines::{self, Line, Purpose},
     lock_order, moving, receiving, returning,
     rows::ReturnDisposition,
     shipping,
-    taking::{self, Reserve},
+    taking::{self, ALLOCATING_RESERVE_SQL, Reserve},
     taking_back::{self, OrderReturn, ReturnLine},
 };
 use crate::config::DatabaseConfig;

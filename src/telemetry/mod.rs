@@ -25,7 +25,7 @@ use sea_orm::DatabaseConnection;
 use tracing::Instrument;
 use tracing_subscriber::{EnvFilter, Layer, fmt, layer::SubscriberExt, util::SubscriberInitExt};
 
-pub use self::traces::{Traces, batch, caller_span, http_request, link_callers, statement};
+pub(crate) use self::traces::{Traces, batch, caller_span, http_request, link_callers, statement};
 use crate::{
     auth::{Role, Viewer},
     config::LogFormat,
@@ -34,7 +34,7 @@ use crate::{
 /// Installs the global subscriber: log lines on stderr and, when the
 /// environment asks for them, traces to an OpenTelemetry collector (see
 /// `traces.rs`). A second call is a no-op. Must run on the runtime.
-pub fn init(format: LogFormat) -> Traces {
+pub(crate) fn init(format: LogFormat) -> Traces {
     // The ORM's per-statement spans are for traces, not for log lines.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,sea_orm=warn"));
     let (spans, traces) = traces::layer();
@@ -111,12 +111,12 @@ fn spawn_upkeep(handle: PrometheusHandle) {
 }
 
 /// Makes sure the registry exists before the first request is counted.
-pub fn install_metrics() {
+pub(crate) fn install_metrics() {
     registry();
 }
 
 /// The metrics in Prometheus' text format, with the pool's gauges read now.
-pub fn render(db: &DatabaseConnection) -> String {
+pub(crate) fn render(db: &DatabaseConnection) -> String {
     let pool = db.get_postgres_connection_pool();
     let (size, idle) = (pool.size(), pool.num_idle() as u32);
     gauge!("stockguard_db_pool_connections", "state" => "in_use").set(f64::from(size.saturating_sub(idle)));
@@ -126,72 +126,72 @@ pub fn render(db: &DatabaseConnection) -> String {
 
 /// Counts how a mutation ended by its union member (`Reserved`, `SoldOut`,
 /// ...), and hands the result back.
-pub fn counted<T: OutputType>(field: &'static str, result: T) -> T {
+pub(crate) fn counted<T: OutputType>(field: &'static str, result: T) -> T {
     let member = result.introspection_type_name().into_owned();
     counter!("stockguard_outcomes_total", "field" => field, "outcome" => member).increment(1);
     result
 }
 
 /// Counts a statement or transaction re-run after a collision.
-pub fn collision_retry(kind: &'static str) {
+pub(crate) fn collision_retry(kind: &'static str) {
     counter!("stockguard_collision_retries_total", "kind" => kind).increment(1);
 }
 
 /// Counts database failures by class (serialization_failure, deadlock,
 /// lock_timeout, unavailable, ...).
-pub fn db_failure(class: &'static str) {
+pub(crate) fn db_failure(class: &'static str) {
     counter!("stockguard_db_failures_total", "class" => class).increment(1);
 }
 
 /// Counts GraphQL operations refused at the in-flight limit (`OVERLOADED`):
 /// the server was full, the database was not asked.
-pub fn overloaded() {
+pub(crate) fn overloaded() {
     counter!("stockguard_overloaded_total").increment(1);
 }
 
 /// Counts GraphQL operations refused with `THROTTLED`, by `reason`: `cost`
 /// (the caller's bucket), `known_short` (back before the wait its last
 /// refusal named, refused unread) or `in_flight` (the caller's share).
-pub fn throttled(reason: &'static str) {
+pub(crate) fn throttled(reason: &'static str) {
     counter!("stockguard_throttled_total", "reason" => reason).increment(1);
 }
 
 /// Counts queries run on the background lane: their callers took more
 /// than their share.
-pub fn background_operation() {
+pub(crate) fn background_operation() {
     counter!("stockguard_background_operations_total").increment(1);
 }
 
 /// Counts TCP connections opening (`1`) and closing (`-1`).
-pub fn http_connections(delta: i8) {
+pub(crate) fn http_connections(delta: i8) {
     gauge!("stockguard_http_connections").increment(f64::from(delta));
 }
 
 /// Counts GraphQL operations taking (`1`) and giving back (`-1`) their
 /// place under the in-flight limit, which they hold until their work ends.
-pub fn operations_in_flight(delta: i8) {
+pub(crate) fn operations_in_flight(delta: i8) {
     gauge!("stockguard_operations_in_flight").increment(f64::from(delta));
 }
 
 /// Counts live subscriptions starting (`1`) and ending (`-1`).
-pub fn subscriptions(delta: i8) {
+pub(crate) fn subscriptions(delta: i8) {
     gauge!("stockguard_subscriptions").increment(f64::from(delta));
 }
 
 /// Counts reservations whose stock the sweeper returned.
-pub fn sweeper_returned(expired: i64) {
+pub(crate) fn sweeper_returned(expired: i64) {
     counter!("stockguard_sweeper_expired_total").increment(expired.max(0) as u64);
 }
 
 /// Counts a panic of an events task, `pump` or `dispatcher`, which is
 /// started again (`events::restart`).
-pub fn events_task_panicked(task: &'static str) {
+pub(crate) fn events_task_panicked(task: &'static str) {
     counter!("stockguard_events_task_panics_total", "task" => task).increment(1);
 }
 
 /// The async-graphql extension that times root fields and wraps each
 /// operation in a span.
-pub struct Observe;
+pub(crate) struct Observe;
 
 impl ExtensionFactory for Observe {
     fn create(&self) -> Arc<dyn Extension> {

@@ -40,11 +40,11 @@ fn wanted() -> bool {
 }
 
 /// The export pipeline, flushed by [`Traces::shutdown`].
-pub struct Traces(Option<SdkTracerProvider>);
+pub(crate) struct Traces(Option<SdkTracerProvider>);
 
 impl Traces {
     /// Sends the spans still buffered and stops the exporter.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         let Some(provider) = self.0 else { return };
         // The batch processor's shutdown blocks until its thread has sent
         // the last batch, which our client sends on this runtime.
@@ -108,14 +108,14 @@ const TARGET: &str = "stockguard::trace";
 static ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Whether spans leave the process.
-pub fn on() -> bool {
+pub(super) fn on() -> bool {
     ON.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The span of an HTTP request to `/graphql`: a child of the caller's
 /// `traceparent` when it sends one, and named in the response's
 /// `traceparent` so the caller can find it. With traces off, nothing.
-pub async fn http_request(request: Request, next: Next) -> Response {
+pub(crate) async fn http_request(request: Request, next: Next) -> Response {
     if !on() {
         return next.run(request).await;
     }
@@ -139,7 +139,7 @@ pub async fn http_request(request: Request, next: Next) -> Response {
 }
 
 /// The span of one database statement, by its name (never its parameters).
-pub fn statement(name: &'static str) -> Span {
+pub(crate) fn statement(name: &'static str) -> Span {
     tracing::debug_span!(
         target: TARGET,
         "statement",
@@ -152,17 +152,17 @@ pub fn statement(name: &'static str) -> Span {
 
 /// The span of a coalesced batch of `callers`; link it to theirs with
 /// [`link_callers`].
-pub fn batch(callers: usize) -> Span {
+pub(crate) fn batch(callers: usize) -> Span {
     tracing::debug_span!(target: TARGET, "coalesced batch", stockguard.callers = callers)
 }
 
 /// The span a caller was in, kept to link the batch that serves it.
-pub fn caller_span() -> Span {
+pub(crate) fn caller_span() -> Span {
     if on() { Span::current() } else { Span::none() }
 }
 
 /// Links `batch` to the span of every caller it serves.
-pub fn link_callers<'a>(batch: &Span, callers: impl Iterator<Item = &'a Span>) {
+pub(crate) fn link_callers<'a>(batch: &Span, callers: impl Iterator<Item = &'a Span>) {
     if batch.is_disabled() {
         return;
     }

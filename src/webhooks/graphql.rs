@@ -12,13 +12,13 @@ use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     events::{self, outbox::history::DeliveryRow},
-    node,
+    global_id,
     pagination::{self, Connection, Cursor, connection},
 };
 
 /// What an event is about.
 #[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
+pub(crate) enum EventType {
     /// A change of an inventory's stock: one per change, however many
     /// locations it touched.
     StockChanged,
@@ -51,7 +51,7 @@ impl From<events::EventType> for EventType {
 
 /// Where a delivery stands.
 #[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeliveryStatus {
+pub(crate) enum DeliveryStatus {
     /// Not yet answered with a 2xx; sent (again) at `nextAttemptAt`.
     Pending,
     /// Answered with a 2xx.
@@ -81,7 +81,7 @@ impl From<events::DeliveryStatus> for DeliveryStatus {
 }
 
 /// An endpoint row as the API shows it.
-pub struct WebhookEndpoint(pub EndpointRow);
+pub(crate) struct WebhookEndpoint(pub EndpointRow);
 
 /// A URL that events are POSTed to, signed with the endpoint's secret.
 #[Object]
@@ -92,8 +92,8 @@ impl WebhookEndpoint {
     }
 
     /// The endpoint's global id, for `node(id:)` (Relay).
-    pub async fn node_id(&self) -> ID {
-        node::global_id(node::Kind::WebhookEndpoint, self.0.id)
+    pub(crate) async fn node_id(&self) -> ID {
+        global_id::encode(global_id::Kind::WebhookEndpoint, self.0.id)
     }
 
     /// Where bodies are POSTed, as the server normalised it.
@@ -148,7 +148,7 @@ impl WebhookEndpoint {
 }
 
 /// A delivery row as the API shows it.
-pub struct WebhookDelivery(DeliveryRow);
+pub(crate) struct WebhookDelivery(DeliveryRow);
 
 /// One body of events sent to one endpoint, and what became of it.
 #[Object]
@@ -202,7 +202,7 @@ impl WebhookDelivery {
 
 /// A new webhook endpoint.
 #[derive(InputObject)]
-pub struct CreateWebhookInput {
+pub(crate) struct CreateWebhookInput {
     /// `https://…`, at most 2048 bytes, to a public address (docs/webhooks.md,
     /// "Egress"); `http://` only to loopback, with STOCKGUARD_WEBHOOK_ALLOW_LOOPBACK=true.
     pub url: String,
@@ -212,7 +212,7 @@ pub struct CreateWebhookInput {
 
 /// An endpoint was created.
 #[derive(SimpleObject)]
-pub struct WebhookCreated {
+pub(crate) struct WebhookCreated {
     /// The endpoint.
     pub endpoint: WebhookEndpoint,
     /// The signing secret (64 hex digits), shown this once: no read returns
@@ -222,7 +222,7 @@ pub struct WebhookCreated {
 
 /// Changes to an endpoint; fields left out stay as they are.
 #[derive(InputObject)]
-pub struct UpdateWebhookInput {
+pub(crate) struct UpdateWebhookInput {
     /// The endpoint to change.
     pub id: Uuid,
     /// A new URL, under the same rules as `createWebhook`'s.
@@ -234,14 +234,14 @@ pub struct UpdateWebhookInput {
 }
 
 /// The endpoint with `id`, for `node(id:)`: operators only, as the typed fields.
-pub async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<WebhookEndpoint>> {
+pub(crate) async fn visible(ctx: &Context<'_>, id: Uuid) -> GqlResult<Option<WebhookEndpoint>> {
     ctx.operator()?;
     Ok(ctx.part::<WebhookService>()?.find(id).await.gql()?.map(WebhookEndpoint))
 }
 
 /// Webhook queries; operators only.
 #[derive(Default)]
-pub struct WebhookQuery;
+pub(crate) struct WebhookQuery;
 
 #[Object]
 impl WebhookQuery {
@@ -266,7 +266,7 @@ impl WebhookQuery {
 
 /// Webhook mutations; operators only.
 #[derive(Default)]
-pub struct WebhookMutation;
+pub(crate) struct WebhookMutation;
 
 #[Object]
 impl WebhookMutation {

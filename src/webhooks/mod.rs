@@ -7,6 +7,6 @@
 //! feature reads and writes the deliveries through; docs/webhooks.md is the
 //! integrators' side.
 
-pub mod graphql;
-pub mod service;
-pub mod store;
+pub(crate) mod graphql;
+pub(crate) mod service;
+pub(crate) mod store;

@@ -27,7 +27,7 @@ use crate::{
 /// The webhook feature as the resolvers see it: one per server process,
 /// built by the composition root and handed to the schema as data.
 #[derive(Clone)]
-pub struct WebhookService {
+pub(crate) struct WebhookService {
     /// The connection pool.
     db: DatabaseConnection,
     /// Page sizes, and whether webhooks may reach loopback.
@@ -36,7 +36,7 @@ pub struct WebhookService {
 
 /// An endpoint's signing secret: 32 random bytes as 64 hex digits. Its
 /// `Debug` prints nothing of it, so no log line or span can carry it.
-pub struct Secret(String);
+pub(crate) struct Secret(String);
 
 impl Secret {
     /// A fresh secret from the thread's CSPRNG (ChaCha, seeded by the OS).
@@ -45,7 +45,7 @@ impl Secret {
     }
 
     /// The secret itself, to show its operator once.
-    pub fn reveal(self) -> String {
+    pub(crate) fn reveal(self) -> String {
         self.0
     }
 }
@@ -58,13 +58,13 @@ impl fmt::Debug for Secret {
 
 impl WebhookService {
     /// The service over `state`'s pool and limits.
-    pub fn new(state: &AppState) -> Self {
+    pub(crate) fn new(state: &AppState) -> Self {
         Self { db: state.db.clone(), limits: state.limits.clone() }
     }
 
     /// Creates an endpoint for `url` taking `events`, with a new secret,
     /// returned this once. It is sent the events recorded after it.
-    pub async fn create(&self, url: &str, events: &[EventType]) -> Result<(EndpointRow, Secret), AppError> {
+    pub(crate) async fn create(&self, url: &str, events: &[EventType]) -> Result<(EndpointRow, Secret), AppError> {
         let url = self.check_url(url)?;
         let events = each_once(events)?;
         let secret = Secret::generate();
@@ -75,7 +75,7 @@ impl WebhookService {
     /// Changes the given fields of an endpoint (a new URL passes the egress
     /// rules, new events must name one type at least); `None` when there
     /// is none with `id`.
-    pub async fn update(
+    pub(crate) async fn update(
         &self,
         id: Uuid,
         url: Option<&str>,
@@ -88,25 +88,29 @@ impl WebhookService {
     }
 
     /// Deletes an endpoint and its deliveries; whether there was one.
-    pub async fn delete(&self, id: Uuid) -> Result<bool, AppError> {
+    pub(crate) async fn delete(&self, id: Uuid) -> Result<bool, AppError> {
         Ok(store::delete(&self.db, id).await?)
     }
 
     /// The endpoint with `id`, if there is one.
-    pub async fn find(&self, id: Uuid) -> Result<Option<EndpointRow>, AppError> {
+    pub(crate) async fn find(&self, id: Uuid) -> Result<Option<EndpointRow>, AppError> {
         Ok(store::find(&self.db, id).await?)
     }
 
     /// One page of endpoints, oldest first: `first` rows (checked against
     /// the limits) after the cursor `after`, with one more when more follow.
-    pub async fn page(&self, first: Option<i32>, after: Option<&str>) -> Result<(Page, Vec<EndpointRow>), AppError> {
+    pub(crate) async fn page(
+        &self,
+        first: Option<i32>,
+        after: Option<&str>,
+    ) -> Result<(Page, Vec<EndpointRow>), AppError> {
         let page = Page::parse(first, after, self.limits.max_page_size)?;
         Ok((page, store::page(&self.db, page).await?))
     }
 
     /// One page of an endpoint's deliveries, oldest first, only those with
     /// `status` when given.
-    pub async fn deliveries(
+    pub(crate) async fn deliveries(
         &self,
         endpoint_id: Uuid,
         status: Option<DeliveryStatus>,
@@ -120,7 +124,7 @@ impl WebhookService {
 
     /// Makes an endpoint's FAILED deliveries PENDING again, due now with no
     /// attempts; how many (0 for an unknown endpoint).
-    pub async fn redeliver_failed(&self, endpoint_id: Uuid) -> Result<u64, AppError> {
+    pub(crate) async fn redeliver_failed(&self, endpoint_id: Uuid) -> Result<u64, AppError> {
         Ok(history::redeliver_failed(&self.db, endpoint_id).await?)
     }
 

@@ -12,7 +12,7 @@ use crate::{events::EventType, pagination::Page};
 
 /// An endpoint as the API shows it: never its secret, lease or cursor.
 #[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
-pub struct EndpointRow {
+pub(crate) struct EndpointRow {
     /// The endpoint's id.
     pub id: Uuid,
     /// Where bodies are POSTed (checked by the egress rules when written).
@@ -32,7 +32,7 @@ pub struct EndpointRow {
 const ENDPOINT: &str = "id, url, events, active, created_at, disabled_at";
 
 /// A new endpoint with `secret`, as a row.
-pub struct NewEndpoint<'a> {
+pub(crate) struct NewEndpoint<'a> {
     /// The checked URL.
     pub url: &'a str,
     /// The event types, at least one.
@@ -59,7 +59,7 @@ const WAKE: &str = "wake AS (UPDATE event_pump SET seen = pg_current_snapshot()
 /// events of its window too, which were recorded at about the same
 /// instant; sending an event more is allowed, blocking every creation
 /// behind the pump's transaction buys nothing.
-pub async fn create(db: &impl ConnectionTrait, new: NewEndpoint<'_>) -> Result<EndpointRow, DbErr> {
+pub(crate) async fn create(db: &impl ConnectionTrait, new: NewEndpoint<'_>) -> Result<EndpointRow, DbErr> {
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         format!(
@@ -74,7 +74,7 @@ pub async fn create(db: &impl ConnectionTrait, new: NewEndpoint<'_>) -> Result<E
 
 /// Changes the given fields of endpoint `id` (the others stay); the row as
 /// left, or none when no endpoint has that id.
-pub async fn update(
+pub(crate) async fn update(
     db: &impl ConnectionTrait,
     id: Uuid,
     url: Option<&str>,
@@ -97,14 +97,14 @@ pub async fn update(
 
 /// Deletes endpoint `id` with its deliveries (`ON DELETE CASCADE`); whether
 /// there was one.
-pub async fn delete(db: &impl ConnectionTrait, id: Uuid) -> Result<bool, DbErr> {
+pub(crate) async fn delete(db: &impl ConnectionTrait, id: Uuid) -> Result<bool, DbErr> {
     let statement =
         Statement::from_sql_and_values(DbBackend::Postgres, "DELETE FROM webhook_endpoints WHERE id = $1", [id.into()]);
     Ok(db.execute_raw(statement).await?.rows_affected() == 1)
 }
 
 /// The endpoint with `id`, if there is one.
-pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<EndpointRow>, DbErr> {
+pub(crate) async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<EndpointRow>, DbErr> {
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         format!("SELECT {ENDPOINT} FROM webhook_endpoints WHERE id = $1"),
@@ -115,7 +115,7 @@ pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<Endpoint
 
 /// One page of endpoints by `(created_at, id)`, with one extra row when more
 /// follow (the `webhook_endpoints_created` index).
-pub async fn page(db: &impl ConnectionTrait, page: Page) -> Result<Vec<EndpointRow>, DbErr> {
+pub(crate) async fn page(db: &impl ConnectionTrait, page: Page) -> Result<Vec<EndpointRow>, DbErr> {
     let (after, mut values) = page.after_sql(2);
     values.insert(0, page.limit());
     let statement = Statement::from_sql_and_values(

@@ -174,7 +174,7 @@ async fn only_the_owner_releases_a_reservation_or_moves_an_order() {
 async fn tokens_from_the_future_or_past_the_lifetime_cap_are_unauthenticated() {
     let app = TestApp::spawn().await;
     let now = chrono::Utc::now().timestamp();
-    let day = stockguard::auth::DEFAULT_MAX_TOKEN_TTL_SECS;
+    let day = stockguard::config::DEFAULT_MAX_TOKEN_TTL_SECS;
     let tokens = [
         ("a week-long token", signed(json!({ "sub": "alice", "role": "operator", "exp": now + 7 * day }))),
         (

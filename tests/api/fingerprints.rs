@@ -80,7 +80,7 @@ async fn a_place_order_key_stored_with_the_legacy_fingerprint_replays_its_first_
 
 #[test]
 fn the_legacy_texts_here_are_the_ones_the_unit_tests_pin() {
-    // The same spelling as above, for the inputs `idempotency.rs` pins.
+    // The same spelling as above, for the inputs `src/idempotency/fingerprint.rs` pins.
     let text = format!("reserve\n{}\n2\nSome(3)", Uuid::from_u128(1));
     assert_eq!(sha256_hex(&text), "7b4809da65cb4d8601e408b69581b64c75c341d4bc16551c7821af6a333104bf");
 }

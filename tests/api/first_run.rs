@@ -9,8 +9,8 @@ use std::{net::SocketAddr, time::Duration};
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 use serde_json::json;
 use stockguard::{
-    auth::{DEFAULT_MAX_TOKEN_TTL_SECS, Keys, Role},
-    config::{DatabaseConfig, Limits},
+    auth::{Keys, Role},
+    config::{DEFAULT_MAX_TOKEN_TTL_SECS, DatabaseConfig, Limits},
     db::local::{self, Unusable},
     startup::{Application, Database, Settings},
 };

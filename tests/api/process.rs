@@ -13,8 +13,8 @@ use std::{path::PathBuf, process::ExitStatus, time::Duration};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::Value;
 use stockguard::{
-    auth::{DEFAULT_MAX_TOKEN_TTL_SECS, Keys, Role},
-    config::DatabaseConfig,
+    auth::{Keys, Role},
+    config::{DEFAULT_MAX_TOKEN_TTL_SECS, DatabaseConfig},
     db,
 };
 use stockguard_support::{

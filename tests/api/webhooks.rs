@@ -102,7 +102,7 @@ async fn customers_and_anonymous_callers_may_not_touch_webhooks_and_write_nothin
         let body = app.graphql(None, query, variables).await;
         assert_eq!(error_code(&body), Some("UNAUTHENTICATED"), "{body}");
     }
-    let node = json!({ "id": stockguard::node::global_id(stockguard::node::Kind::WebhookEndpoint, existing) });
+    let node = json!({ "id": stockguard::global_id::encode(stockguard::global_id::Kind::WebhookEndpoint, existing) });
     let body = app.graphql(Some(&alice), NODE, node.clone()).await;
     assert_eq!(error_code(&body), Some("FORBIDDEN"), "{body}");
     let body = app.graphql(Some(&app.operator()), NODE, node).await;

@@ -22,7 +22,7 @@ use crate::events::{
 };
 
 /// Serves one endpoint while this process holds its lease.
-pub async fn serve(
+pub(super) async fn serve(
     db: &DatabaseConnection,
     me: Uuid,
     endpoint_id: Uuid,

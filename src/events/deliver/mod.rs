@@ -30,7 +30,7 @@ use std::time::Duration;
 
 /// How a process delivers.
 #[derive(Debug, Clone)]
-pub struct Delivering {
+pub(crate) struct Delivering {
     /// How long a process holds an endpoint without renewing its lease.
     pub lease: Duration,
     /// How long one attempt may take, connection included.

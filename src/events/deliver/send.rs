@@ -21,7 +21,7 @@ const MAX_ERROR_CHARS: usize = 300;
 /// connection opened each time, was most of a body's time on loopback); a
 /// new one when the endpoint's host or its resolved addresses change.
 #[derive(Default)]
-pub struct Client {
+pub(crate) struct Client {
     kept: Option<(String, Vec<std::net::SocketAddr>, reqwest::Client)>,
 }
 
@@ -50,7 +50,7 @@ impl Client {
 }
 
 /// What one attempt came to.
-pub struct Attempt {
+pub(crate) struct Attempt {
     /// The receiver's status, when it answered.
     pub status: Option<u16>,
     /// Why it failed, when it did.
@@ -70,7 +70,7 @@ pub fn signature(secret: &str, t: i64, body: &str) -> Option<String> {
 /// Sends `body` once: the egress rules checked again on the resolved
 /// addresses (an endpoint's name may have come to point inside), no
 /// redirects, the whole attempt bounded by the timeout.
-pub async fn send(
+pub(crate) async fn send(
     client: &mut Client,
     endpoint: &Endpoint,
     delivery_id: Uuid,

@@ -21,7 +21,7 @@ use super::{Delivering, endpoint::serve};
 /// pool, open anyway); the endpoints' tasks work on `db`. The tasks end
 /// with it, even when it panics ([`Serving`] aborts them when dropped), so
 /// the dispatcher started again as the same `me` serves each endpoint once.
-pub async fn run(
+pub(crate) async fn run(
     requests: DatabaseConnection,
     db: DatabaseConnection,
     delivering: Delivering,

@@ -10,7 +10,7 @@ use crate::{events::DeliveryStatus, pagination::Page, stock::rows::sql};
 
 /// One delivery of one endpoint: a body of events and what became of it.
 #[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
-pub struct DeliveryRow {
+pub(crate) struct DeliveryRow {
     /// The delivery's id (the `stockguard-delivery` header).
     pub id: Uuid,
     /// The events in its body, in order.
@@ -36,7 +36,7 @@ pub struct DeliveryRow {
 /// One page of endpoint `endpoint_id`'s deliveries by `(created_at, id)`,
 /// only those with `status` when given, with one extra row when more follow
 /// (the `webhook_deliveries_endpoint` index).
-pub async fn deliveries(
+pub(crate) async fn deliveries(
     db: &impl ConnectionTrait,
     endpoint_id: Uuid,
     status: Option<DeliveryStatus>,
@@ -67,7 +67,7 @@ pub async fn deliveries(
 /// stay, as what happened before the replay. The replayed deliveries are
 /// the endpoint's oldest, and the dispatcher sends an endpoint's oldest
 /// PENDING delivery first, so they go before anything newer.
-pub async fn redeliver_failed(db: &impl ConnectionTrait, endpoint_id: Uuid) -> Result<u64, DbErr> {
+pub(crate) async fn redeliver_failed(db: &impl ConnectionTrait, endpoint_id: Uuid) -> Result<u64, DbErr> {
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         format!(

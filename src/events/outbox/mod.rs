@@ -17,7 +17,7 @@
 //! (`crate::webhooks`, through [`history`]); the archive ages out both
 //! ([`AGED_ROWS_SQL`], [`AGED_DELIVERIES_SQL`]).
 
-pub mod history;
+pub(crate) mod history;
 pub mod step;
 
 use std::sync::LazyLock;
@@ -29,11 +29,11 @@ use super::{DeliveryStatus, EventType};
 use crate::stock::rows::sql;
 
 /// Most events in one outbox row, and so in one body.
-pub const EVENTS_PER_ROW: usize = 100;
+pub(crate) const EVENTS_PER_ROW: usize = 100;
 
 /// One outbox row: events `first_seq..=last_seq`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Row {
+pub(crate) struct Row {
     /// The number of its first event.
     pub first_seq: i64,
     /// The number of its last event (the row's key, `seq`).
@@ -50,7 +50,11 @@ pub struct Row {
 
 /// `events`, numbered from `last_seq + 1`, cut into rows: `write` puts an
 /// event's text at the end of the body it is given and names its id and type.
-pub fn rows<E>(last_seq: i64, events: &[E], mut write: impl FnMut(&E, &mut String) -> (Uuid, EventType)) -> Vec<Row> {
+pub(crate) fn rows<E>(
+    last_seq: i64,
+    events: &[E],
+    mut write: impl FnMut(&E, &mut String) -> (Uuid, EventType),
+) -> Vec<Row> {
     let mut rows = Vec::with_capacity(events.len().div_ceil(EVENTS_PER_ROW));
     for (n, chunk) in events.chunks(EVENTS_PER_ROW).enumerate() {
         let first_seq = last_seq + (n * EVENTS_PER_ROW) as i64 + 1;
@@ -80,7 +84,7 @@ pub fn rows<E>(last_seq: i64, events: &[E], mut write: impl FnMut(&E, &mut Strin
 
 /// Writes outbox rows, as a CTE's statement in the pump's pass: the first
 /// seven parameters of the statement it is part of, [`row_values`].
-pub const WRITE_ROWS: &str = "
+pub(crate) const WRITE_ROWS: &str = "
     INSERT INTO outbox (seq, first_seq, ids, types, ends, body)
     SELECT r.seq, r.first_seq, ($7::uuid[])[r.start : r.start + (r.seq - r.first_seq)::integer],
            string_to_array(r.types, ','), string_to_array(r.ends, ',')::integer[], r.body
@@ -91,7 +95,7 @@ pub const WRITE_ROWS: &str = "
 /// bodies moved out, not copied): each row's first and last number, where
 /// its ids start in the seventh, its types and ends as text lists, its
 /// body; the ids of all its events.
-pub fn row_values(rows: &mut [Row], last_seq: i64) -> [Value; 7] {
+pub(crate) fn row_values(rows: &mut [Row], last_seq: i64) -> [Value; 7] {
     let ids: Vec<Uuid> = rows.iter().flat_map(|r| r.ids.iter().copied()).collect();
     let bodies: Vec<String> = rows.iter_mut().map(|r| std::mem::take(&mut r.body)).collect();
     let listed = |items: Vec<String>| items.join(",");
@@ -114,7 +118,7 @@ pub fn row_values(rows: &mut [Row], last_seq: i64) -> [Value; 7] {
 /// replayed). A body is cut, and the cursor moved past it, in one
 /// statement ([`step`]), so the pass's snapshot sees either the old cursor
 /// or the new delivery; an older snapshot only keeps more.
-pub static PRUNE: LazyLock<String> = LazyLock::new(|| {
+pub(crate) static PRUNE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "needed AS (
     SELECT least((SELECT min(sent_through) FROM webhook_endpoints) + 1,
@@ -131,7 +135,7 @@ pub static PRUNE: LazyLock<String> = LazyLock::new(|| {
 /// with the row's body whole when the delivery has all of the row's
 /// events, or else its own events cut out by `ends`; the events list is
 /// empty if the row has been aged out.
-pub fn body(seqs: &str) -> String {
+pub(crate) fn body(seqs: &str) -> String {
     format!(
         "'{{\"events\":[' || coalesce((SELECT CASE WHEN cardinality(o.ids) = cardinality({seqs}) THEN o.body ELSE (
                -- An endpoint subscribed to some of the row's types: its events, cut out.
@@ -148,7 +152,7 @@ pub fn body(seqs: &str) -> String {
 /// rows and how many events they held. Oldest by `seq`, which grows with
 /// time, so a batch is found by a short index scan that stops at the first
 /// row inside the retention.
-pub const AGED_ROWS_SQL: &str = "WITH gone AS (
+pub(crate) const AGED_ROWS_SQL: &str = "WITH gone AS (
         DELETE FROM outbox WHERE seq IN (SELECT seq FROM outbox WHERE created_at < $1 ORDER BY seq LIMIT $2)
         RETURNING cardinality(ids) AS events)
         SELECT count(*) AS rows, coalesce(sum(events), 0)::bigint AS events FROM gone";
@@ -156,7 +160,7 @@ pub const AGED_ROWS_SQL: &str = "WITH gone AS (
 /// Deletes up to `$2` deliveries made before `$1`, whatever their status,
 /// oldest first; how many (as `rows` and `events`, the shape of
 /// [`AGED_ROWS_SQL`]'s answer).
-pub const AGED_DELIVERIES_SQL: &str = "WITH gone AS (
+pub(crate) const AGED_DELIVERIES_SQL: &str = "WITH gone AS (
         DELETE FROM webhook_deliveries WHERE id IN (
             SELECT id FROM webhook_deliveries WHERE created_at < $1 ORDER BY created_at LIMIT $2)
         RETURNING 1)

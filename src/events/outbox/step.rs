@@ -16,7 +16,7 @@ use crate::{events::DeliveryStatus, stock::rows::sql};
 
 /// What a task needs of its endpoint, read again before every attempt (an
 /// operator may change the URL, or deactivate it).
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     /// Where bodies are POSTed.
     pub url: String,
     /// What they are signed with.
@@ -24,7 +24,7 @@ pub struct Endpoint {
 }
 
 /// A delivery to attempt.
-pub struct Delivery {
+pub(crate) struct Delivery {
     /// The delivery's id.
     pub id: Uuid,
     /// Attempts made before this one.
@@ -37,7 +37,7 @@ pub struct Delivery {
 
 /// A delivery that was sent and answered 2xx, not yet recorded: the next
 /// step's statement records it (one round trip a step instead of two).
-pub struct Delivered {
+pub(crate) struct Delivered {
     /// The delivery.
     pub id: Uuid,
     /// Attempts made before this one.
@@ -172,7 +172,7 @@ SELECT e.url, e.secret, c.id, c.attempts, c.next_attempt_at,
 /// share `created_at`; their first events order them. The endpoint's row
 /// is written once (the lease and the cursor in one UPDATE): PostgreSQL
 /// does not let one statement update a row twice.
-pub async fn next(
+pub(crate) async fn next(
     db: &DatabaseConnection,
     me: Uuid,
     endpoint_id: Uuid,
@@ -200,7 +200,7 @@ pub async fn next(
 
 /// Records `delivered` as DELIVERED on its own: what a task sent before it
 /// stopped, with no next step to record it.
-pub async fn record_delivered(db: &DatabaseConnection, delivered: &[Delivered]) -> Result<(), DbErr> {
+pub(crate) async fn record_delivered(db: &DatabaseConnection, delivered: &[Delivered]) -> Result<(), DbErr> {
     let sql = recording_delivered("unnest($1::uuid[], $2::integer[], $3::integer[]) AS d(id, attempts, status)");
     let values = Delivered::values(delivered);
     db.execute_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await?;
@@ -228,7 +228,7 @@ static RECORD_FAILURE_SQL: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// A failed attempt, as [`record_failure`] records it.
-pub struct Failure {
+pub(crate) struct Failure {
     /// The delivery.
     pub id: Uuid,
     /// Attempts made, this one included.
@@ -249,7 +249,7 @@ pub struct Failure {
 /// endpoint off (`disabled_at`) in the same statement: every later body
 /// would wait out the whole schedule too, while the cursor keeps its place
 /// for `redeliverFailed` to resume from.
-pub async fn record_failure(db: &DatabaseConnection, failure: Failure) -> Result<(), DbErr> {
+pub(crate) async fn record_failure(db: &DatabaseConnection, failure: Failure) -> Result<(), DbErr> {
     let values: [Value; 6] = [
         failure.id.into(),
         failure.status.into(),

@@ -13,14 +13,14 @@ use crate::{
 /// The order was placed: stock taken (or, for a checkout, kept from the
 /// cart), lines ORDERED.
 #[derive(SimpleObject)]
-pub struct OrderPlaced {
+pub(crate) struct OrderPlaced {
     /// The order (for a replayed idempotency key: the first one, as it is now).
     pub order: Order,
 }
 
 /// Why a reservation of a cart cannot be checked out.
 #[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnavailableReservationReason {
+pub(crate) enum UnavailableReservationReason {
     /// No such reservation, or someone else's.
     NotFound,
     /// Past its expiry, whether or not the sweeper has returned its stock yet.
@@ -44,7 +44,7 @@ impl From<service::UnavailableReservationReason> for UnavailableReservationReaso
 
 /// A reservation of the cart that cannot be checked out.
 #[derive(SimpleObject)]
-pub struct UnavailableReservation {
+pub(crate) struct UnavailableReservation {
     /// The reservation the request named.
     pub reservation_id: Uuid,
     /// Why it cannot be checked out.
@@ -56,14 +56,14 @@ pub struct UnavailableReservation {
 /// Nothing was written: every reservation of the cart that cannot be
 /// checked out, and why.
 #[derive(SimpleObject)]
-pub struct ReservationsUnavailable {
+pub(crate) struct ReservationsUnavailable {
     /// Only the failing ones.
     pub reservations: Vec<UnavailableReservation>,
 }
 
 /// How a checkout ended.
 #[derive(Union)]
-pub enum CheckoutResult {
+pub(crate) enum CheckoutResult {
     /// The order was placed; its lines are the cart's reservations.
     OrderPlaced(OrderPlaced),
     /// Nothing was written.
@@ -72,7 +72,7 @@ pub enum CheckoutResult {
 
 /// How `placeOrder` ended.
 #[derive(Union)]
-pub enum PlaceOrderResult {
+pub(crate) enum PlaceOrderResult {
     /// Placed.
     OrderPlaced(OrderPlaced),
     /// Nothing was written.
@@ -81,49 +81,49 @@ pub enum PlaceOrderResult {
 
 /// The order was confirmed.
 #[derive(SimpleObject)]
-pub struct OrderConfirmed {
+pub(crate) struct OrderConfirmed {
     /// The order, CONFIRMED.
     pub order: Order,
 }
 
 /// The order was cancelled and its stock returned.
 #[derive(SimpleObject)]
-pub struct OrderCancelled {
+pub(crate) struct OrderCancelled {
     /// The order, CANCELLED.
     pub order: Order,
 }
 
 /// The order is not PENDING (e.g. already cancelled); nothing changed.
 #[derive(SimpleObject)]
-pub struct OrderCannotBeConfirmed {
+pub(crate) struct OrderCannotBeConfirmed {
     /// The order as it is.
     pub order: Order,
 }
 
 /// The order is not PENDING (e.g. already confirmed or fulfilled); nothing changed.
 #[derive(SimpleObject)]
-pub struct OrderCannotBeCancelled {
+pub(crate) struct OrderCannotBeCancelled {
     /// The order as it is.
     pub order: Order,
 }
 
 /// The order's units left the warehouse.
 #[derive(SimpleObject)]
-pub struct OrderFulfilled {
+pub(crate) struct OrderFulfilled {
     /// The order, FULFILLED.
     pub order: Order,
 }
 
 /// The order is not CONFIRMED (pending, cancelled or already fulfilled); nothing changed.
 #[derive(SimpleObject)]
-pub struct OrderCannotBeFulfilled {
+pub(crate) struct OrderCannotBeFulfilled {
     /// The order as it is.
     pub order: Order,
 }
 
 /// No order with this id is visible to the caller.
 #[derive(SimpleObject)]
-pub struct OrderNotFound {
+pub(crate) struct OrderNotFound {
     /// The id that was asked for.
     pub order_id: Uuid,
 }
@@ -131,7 +131,7 @@ pub struct OrderNotFound {
 /// Every attempt lost a race with another writer, or the lock wait ran out;
 /// nothing changed. Safe to retry.
 #[derive(SimpleObject)]
-pub struct OrderModifiedConcurrently {
+pub(crate) struct OrderModifiedConcurrently {
     /// The order.
     pub order_id: Uuid,
     /// Attempts made.
@@ -140,7 +140,7 @@ pub struct OrderModifiedConcurrently {
 
 /// How `confirmOrder` ended.
 #[derive(Union)]
-pub enum ConfirmOrderResult {
+pub(crate) enum ConfirmOrderResult {
     /// Confirmed.
     OrderConfirmed(OrderConfirmed),
     /// Not PENDING.
@@ -153,7 +153,7 @@ pub enum ConfirmOrderResult {
 
 /// How `cancelOrder` ended.
 #[derive(Union)]
-pub enum CancelOrderResult {
+pub(crate) enum CancelOrderResult {
     /// Cancelled; stock returned.
     OrderCancelled(OrderCancelled),
     /// Not PENDING.
@@ -166,7 +166,7 @@ pub enum CancelOrderResult {
 
 /// How `fulfillOrder` ended.
 #[derive(Union)]
-pub enum FulfillOrderResult {
+pub(crate) enum FulfillOrderResult {
     /// Fulfilled; the lines shipped.
     OrderFulfilled(OrderFulfilled),
     /// Not CONFIRMED.
@@ -230,14 +230,14 @@ impl TransitionResult for FulfillOrderResult {
 
 /// The address was changed.
 #[derive(SimpleObject)]
-pub struct ShippingAddressChanged {
+pub(crate) struct ShippingAddressChanged {
     /// The order as saved.
     pub order: Order,
 }
 
 /// The order changed since the client saw it; nothing was written.
 #[derive(SimpleObject)]
-pub struct OrderVersionConflict {
+pub(crate) struct OrderVersionConflict {
     /// The version the client sent.
     pub expected_version: i32,
     /// The order as it is now.
@@ -248,14 +248,14 @@ pub struct OrderVersionConflict {
 
 /// The order is no longer PENDING; nothing was written.
 #[derive(SimpleObject)]
-pub struct OrderNotEditable {
+pub(crate) struct OrderNotEditable {
     /// The order as it is.
     pub order: Order,
 }
 
 /// How `changeShippingAddress` ended.
 #[derive(Union)]
-pub enum ChangeShippingAddressResult {
+pub(crate) enum ChangeShippingAddressResult {
     /// Changed.
     ShippingAddressChanged(ShippingAddressChanged),
     /// Stale `expectedVersion`.

@@ -11,11 +11,11 @@ use crate::{
 };
 
 /// The longest note a return keeps, in characters.
-pub const MAX_NOTE_CHARS: usize = 500;
+pub(crate) const MAX_NOTE_CHARS: usize = 500;
 
 /// A checked `returnOrder` request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReturnRequest {
+pub(crate) struct ReturnRequest {
     /// The order.
     pub order_id: Uuid,
     /// One line per inventory, in the order the request named them.
@@ -30,7 +30,7 @@ impl ReturnRequest {
     /// to `max_quantity` units, with a location only when RESTOCK; a note
     /// of at most [`MAX_NOTE_CHARS`]. Otherwise `BAD_USER_INPUT` naming the
     /// field (`input.lines[2].quantity`).
-    pub fn check(
+    pub(crate) fn check(
         order_id: Uuid,
         lines: Vec<ReturnLine>,
         note: Option<&str>,
@@ -66,7 +66,7 @@ impl ReturnRequest {
     }
 
     /// The locations the request names (RESTOCK lines' `locationId`), each once.
-    pub fn locations(&self) -> Vec<Uuid> {
+    pub(crate) fn locations(&self) -> Vec<Uuid> {
         let mut ids: Vec<Uuid> = self.lines.iter().filter_map(|line| line.location_id).collect();
         ids.sort_unstable();
         ids.dedup();

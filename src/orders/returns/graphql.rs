@@ -28,7 +28,7 @@ use crate::{
 
 /// What happens to returned units.
 #[derive(Enum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReturnDisposition {
+pub(crate) enum ReturnDisposition {
     /// Back to available stock: at the line's `locationId`, or where the
     /// order line shipped them from, most preferred location first.
     Restock,
@@ -57,7 +57,7 @@ impl From<rows::ReturnDisposition> for ReturnDisposition {
 
 /// Units of one inventory of the order coming back.
 #[derive(InputObject)]
-pub struct ReturnLineInput {
+pub(crate) struct ReturnLineInput {
     /// An inventory the order has a line of; each inventory once per return.
     pub inventory_id: Uuid,
     /// Units, 1 to the server's maximum quantity (STOCKGUARD_MAX_QUANTITY);
@@ -75,7 +75,7 @@ pub struct ReturnLineInput {
 
 /// A return of a FULFILLED order.
 #[derive(InputObject)]
-pub struct ReturnOrderInput {
+pub(crate) struct ReturnOrderInput {
     /// The order.
     pub order_id: Uuid,
     /// 1 to 100 lines, one per inventory.
@@ -89,7 +89,7 @@ pub struct ReturnOrderInput {
 }
 
 /// A return as the API shows it.
-pub struct OrderReturn(pub ReturnRecord);
+pub(crate) struct OrderReturn(pub ReturnRecord);
 
 /// Units of a fulfilled order that came back, restocked or written off.
 #[Object]
@@ -122,7 +122,7 @@ impl OrderReturn {
 }
 
 /// A line of a return as the API shows it.
-pub struct ReturnLine(ReturnLineRow);
+pub(crate) struct ReturnLine(ReturnLineRow);
 
 /// Units of one inventory a return restocked at one location, or wrote off.
 #[Object]
@@ -162,7 +162,7 @@ fn units(n: i64) -> GqlResult<i32> {
 
 /// The return was made: RESTOCK units are available again, every line counts in `OrderItem.returned`.
 #[derive(SimpleObject)]
-pub struct OrderReturned {
+pub(crate) struct OrderReturned {
     /// The order as it is now: still FULFILLED, its version unchanged.
     pub order: Order,
     /// The return (for a replayed idempotency key: the first one).
@@ -173,7 +173,7 @@ pub struct OrderReturned {
 /// A line would return more units than its order lines shipped; nothing
 /// was written.
 #[derive(SimpleObject)]
-pub struct ReturnExceedsFulfilled {
+pub(crate) struct ReturnExceedsFulfilled {
     /// The inventory of the line.
     pub inventory_id: Uuid,
     /// Units the order's lines of it shipped.
@@ -186,14 +186,14 @@ pub struct ReturnExceedsFulfilled {
 
 /// The order is not FULFILLED (PENDING, CONFIRMED or CANCELLED); nothing was written.
 #[derive(SimpleObject)]
-pub struct OrderCannotBeReturned {
+pub(crate) struct OrderCannotBeReturned {
     /// The order as it is.
     pub order: Order,
 }
 
 /// How `returnOrder` ended.
 #[derive(Union)]
-pub enum ReturnOrderResult {
+pub(crate) enum ReturnOrderResult {
     /// Returned.
     OrderReturned(OrderReturned),
     /// More than shipped; nothing written.
@@ -206,14 +206,14 @@ pub enum ReturnOrderResult {
 
 /// The returns of order `order_id`, in the order they were made, through
 /// the request's DataLoader.
-pub async fn of_order(ctx: &Context<'_>, order_id: Uuid) -> GqlResult<Vec<OrderReturn>> {
+pub(crate) async fn of_order(ctx: &Context<'_>, order_id: Uuid) -> GqlResult<Vec<OrderReturn>> {
     let loader = ctx.loader::<ReturnsLoader>()?;
     Ok(loader.load_one(order_id).await.gql()?.unwrap_or_default().into_iter().map(OrderReturn).collect())
 }
 
 /// Return mutations; operators.
 #[derive(Default)]
-pub struct ReturnMutation;
+pub(crate) struct ReturnMutation;
 
 #[Object]
 impl ReturnMutation {

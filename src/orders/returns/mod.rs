@@ -3,8 +3,8 @@
 //! (`service.rs`), the SQL (`store.rs`, the stock statement in
 //! `stock::taking_back`), the per-request loader and the GraphQL types.
 
-pub mod domain;
-pub mod graphql;
-pub mod loader;
-pub mod service;
-pub mod store;
+pub(crate) mod domain;
+pub(crate) mod graphql;
+pub(crate) mod loader;
+pub(crate) mod service;
+pub(crate) mod store;

@@ -27,7 +27,7 @@ use crate::{
 /// The returns feature as the resolvers see it: one per server process,
 /// built by the composition root and handed to the schema as data.
 #[derive(Clone)]
-pub struct ReturnService {
+pub(crate) struct ReturnService {
     /// The connection pool.
     db: DatabaseConnection,
     /// Re-runs collided statements.
@@ -38,7 +38,7 @@ pub struct ReturnService {
 
 /// How a return ended.
 #[derive(Debug)]
-pub enum ReturnOutcome {
+pub(crate) enum ReturnOutcome {
     /// The return was made (now, or by the first request with this key).
     Returned {
         /// The order as it is now.
@@ -65,12 +65,12 @@ pub enum ReturnOutcome {
 
 impl ReturnService {
     /// The service over `state`'s pool, collision policy and limits.
-    pub fn new(state: &AppState) -> Self {
+    pub(crate) fn new(state: &AppState) -> Self {
         Self { db: state.db.clone(), collisions: state.collisions.clone(), limits: state.limits.clone() }
     }
 
     /// The limits requests are checked against.
-    pub fn limits(&self) -> &Limits {
+    pub(crate) fn limits(&self) -> &Limits {
         &self.limits
     }
 
@@ -81,7 +81,7 @@ impl ReturnService {
     /// `IDEMPOTENCY_KEY_REUSED`. An unknown `locationId`, or an inventory
     /// the order has no line of, is `BAD_USER_INPUT`. When collision retries
     /// run out nothing was judged: the retryable `DATABASE_UNAVAILABLE`.
-    pub async fn return_order(
+    pub(crate) async fn return_order(
         &self,
         operator: &str,
         request: &ReturnRequest,

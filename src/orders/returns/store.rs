@@ -18,7 +18,7 @@ use crate::{
 
 /// How the return statement judged one asked inventory.
 #[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
-pub struct Judged {
+pub(crate) struct Judged {
     /// The inventory.
     pub inventory_id: Uuid,
     /// Units asked for.
@@ -35,7 +35,7 @@ pub struct Judged {
 
 /// Runs a return (see `stock::taking_back::return_order`), re-run on
 /// collisions; one row per asked inventory.
-pub async fn return_order(
+pub(crate) async fn return_order(
     db: &DatabaseConnection,
     collisions: &Collisions,
     r: OrderReturn<'_>,
@@ -46,7 +46,7 @@ pub async fn return_order(
 
 /// A return with its lines.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReturnRecord {
+pub(crate) struct ReturnRecord {
     /// The return.
     pub row: ReturnRow,
     /// Its lines, by inventory, RESTOCK before WRITE_OFF, then by location
@@ -55,7 +55,7 @@ pub struct ReturnRecord {
 }
 
 /// The returns of these orders, each order's in the order they were made.
-pub async fn of_orders(db: &impl ConnectionTrait, order_ids: &[Uuid]) -> Result<Vec<ReturnRecord>, DbErr> {
+pub(crate) async fn of_orders(db: &impl ConnectionTrait, order_ids: &[Uuid]) -> Result<Vec<ReturnRecord>, DbErr> {
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         "SELECT id, order_id, number, note, created_by, created_at FROM returns
@@ -66,7 +66,7 @@ pub async fn of_orders(db: &impl ConnectionTrait, order_ids: &[Uuid]) -> Result<
 }
 
 /// The return with this id, if any.
-pub async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<ReturnRecord>, DbErr> {
+pub(crate) async fn find(db: &impl ConnectionTrait, id: Uuid) -> Result<Option<ReturnRecord>, DbErr> {
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
         "SELECT id, order_id, number, note, created_by, created_at FROM returns WHERE id = $1",

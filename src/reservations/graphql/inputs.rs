@@ -13,7 +13,7 @@ use crate::{
 
 /// A request to take stock of one inventory.
 #[derive(InputObject)]
-pub struct ReserveInput {
+pub(crate) struct ReserveInput {
     /// The inventory to take from.
     pub inventory_id: Uuid,
     /// Units, 1 to the server's maximum quantity (STOCKGUARD_MAX_QUANTITY).
@@ -38,7 +38,7 @@ pub struct ReserveInput {
 
 /// How the locations a reservation takes from are chosen (docs/locations.md).
 #[derive(Enum, Copy, Clone, Eq, PartialEq, Debug)]
-pub enum AllocationStrategy {
+pub(crate) enum AllocationStrategy {
     /// Fill from the active locations in priority order, splitting when one is short.
     Priority,
     /// One location if any can give it all (by priority); else the fewest, largest first.
@@ -56,7 +56,7 @@ impl From<AllocationStrategy> for Strategy {
 
 /// One line of a multi-item request.
 #[derive(InputObject)]
-pub struct ReserveItemInput {
+pub(crate) struct ReserveItemInput {
     /// The inventory.
     pub inventory_id: Uuid,
     /// Units, 1 to the server's maximum quantity (STOCKGUARD_MAX_QUANTITY). Lines naming the same
@@ -79,7 +79,7 @@ pub struct ReserveItemInput {
 
 impl ReserveItemInput {
     /// Checks and merges a request's lines.
-    pub fn merge(items: &[Self], max_quantity: i32) -> Result<Vec<Line>, AppError> {
+    pub(crate) fn merge(items: &[Self], max_quantity: i32) -> Result<Vec<Line>, AppError> {
         let lines = items
             .iter()
             .enumerate()
@@ -104,7 +104,7 @@ impl ReserveItemInput {
 
 /// Several inventories at once: all or nothing.
 #[derive(InputObject)]
-pub struct ReserveManyInput {
+pub(crate) struct ReserveManyInput {
     /// The lines (at most 100 inventories).
     pub items: Vec<ReserveItemInput>,
     /// Same key from the same user = same outcome, stock taken at most once.

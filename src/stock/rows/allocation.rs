@@ -7,7 +7,7 @@ use sea_orm::entity::prelude::*;
 /// allocations of a reservation add up to its quantity.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "allocations")]
-pub struct Model {
+pub(crate) struct Model {
     /// The reservation (or order line).
     #[sea_orm(primary_key, auto_increment = false)]
     pub reservation_id: Uuid,
@@ -20,6 +20,6 @@ pub struct Model {
 
 /// No relations are navigated through the ORM; joins are written where needed.
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub(crate) enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}

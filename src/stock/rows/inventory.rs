@@ -11,25 +11,25 @@ use sea_orm::entity::prelude::*;
 pub struct Model {
     /// Primary key.
     #[sea_orm(primary_key, auto_increment = false)]
-    pub id: Uuid,
+    pub(crate) id: Uuid,
     /// Stock keeping unit, unique.
     #[sea_orm(unique)]
-    pub sku: String,
+    pub(crate) sku: String,
     /// Display name.
-    pub name: String,
+    pub(crate) name: String,
     /// Units on hand; `CHECK (stock >= 0)`.
     pub stock: i32,
     /// Optimistic-lock version.
     pub version: i32,
     /// When the row was created.
-    pub created_at: DateTime<Utc>,
+    pub(crate) created_at: DateTime<Utc>,
     /// When the row last changed.
-    pub updated_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
     /// The location of all its stock while it has one level (one location
     /// ever held it), NULL once a second location holds it: a reservation
     /// that may come from anywhere then takes from this one level with the
     /// conditional UPDATE of this row, without reading the levels first.
-    pub sole_location_id: Option<Uuid>,
+    pub(crate) sole_location_id: Option<Uuid>,
 }
 
 /// No relations are navigated through the ORM; joins are written where needed.

@@ -5,12 +5,12 @@ use sea_orm::entity::prelude::*;
 
 /// The code of the location every database has, made by the migration that
 /// brought locations: stock received without a location goes there.
-pub const DEFAULT_CODE: &str = "default";
+pub(crate) const DEFAULT_CODE: &str = "default";
 
 /// A place that holds stock: a warehouse, a store, a supplier's drop-ship stock.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
 #[sea_orm(table_name = "locations")]
-pub struct Model {
+pub(crate) struct Model {
     /// Primary key.
     #[sea_orm(primary_key, auto_increment = false)]
     pub id: Uuid,
@@ -29,6 +29,6 @@ pub struct Model {
 
 /// No relations are navigated through the ORM; joins are written where needed.
 #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-pub enum Relation {}
+pub(crate) enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}

@@ -34,19 +34,19 @@ pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
     pub id: Uuid,
     /// The inventory the stock was taken from.
-    pub inventory_id: Uuid,
+    pub(crate) inventory_id: Uuid,
     /// The order this is a line of, when it is one.
-    pub order_id: Option<Uuid>,
+    pub(crate) order_id: Option<Uuid>,
     /// The owner (the token's `sub`).
-    pub user_id: String,
+    pub(crate) user_id: String,
     /// Units held; `CHECK (quantity > 0)`.
     pub quantity: i32,
     /// Life-cycle state.
-    pub status: ReservationStatus,
+    pub(crate) status: ReservationStatus,
     /// The client's idempotency key, unique per user.
-    pub idempotency_key: Option<String>,
+    pub(crate) idempotency_key: Option<String>,
     /// Hash of the request that used the key, to tell a replay from a reuse.
-    pub request_fingerprint: Option<String>,
+    pub(crate) request_fingerprint: Option<String>,
     /// When the stock was taken.
     pub created_at: DateTime<Utc>,
     /// When the reservation lapses; `None` = never.
@@ -56,19 +56,19 @@ pub struct Model {
     /// The column keeps its first name, `batch_id`, so that databases and
     /// server processes of earlier releases go on working beside this one.
     #[sea_orm(column_name = "batch_id")]
-    pub multi_item_id: Option<Uuid>,
+    pub(crate) multi_item_id: Option<Uuid>,
     /// The locations it may take from, in order of preference; `None`:
     /// every active location, by priority.
-    pub location_ids: Option<Vec<Uuid>>,
+    pub(crate) location_ids: Option<Vec<Uuid>>,
     /// `Some(true)` when it takes from the fewest locations (FEWEST_LOCATIONS);
     /// `None` is PRIORITY.
-    pub fewest_locations: Option<bool>,
+    pub(crate) fewest_locations: Option<bool>,
     /// `Some(false)` when its units must all come from one location; `None`
     /// allows a split.
-    pub allow_split: Option<bool>,
+    pub(crate) allow_split: Option<bool>,
     /// Units of a FULFILLED order line returned since (restocked or written
     /// off); 0 for every other reservation. `CHECK (returned BETWEEN 0 AND quantity)`.
-    pub returned: i32,
+    pub(crate) returned: i32,
 }
 
 /// No relations are navigated through the ORM; joins are written where needed.

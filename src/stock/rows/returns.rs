@@ -20,7 +20,7 @@ pub enum ReturnDisposition {
 
 /// One return of an order, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
-pub struct ReturnRow {
+pub(crate) struct ReturnRow {
     /// Its id.
     pub id: Uuid,
     /// The order it returns units of.
@@ -39,7 +39,7 @@ pub struct ReturnRow {
 /// location (none for a write-off), summed over the order's lines of that
 /// inventory.
 #[derive(Debug, Clone, PartialEq, Eq, FromQueryResult)]
-pub struct ReturnLineRow {
+pub(crate) struct ReturnLineRow {
     /// The return.
     pub return_id: Uuid,
     /// The inventory.

@@ -14,7 +14,7 @@ use stockguard::{
     db::{Collisions, StatementPool},
     reservations::{
         coalesce::{Batching, Coalescer},
-        service::{ReserveOutcome, ReserveRequest},
+        reserve::{ReserveOutcome, ReserveRequest},
     },
     stock::allocating::Allocating,
 };

@@ -19,8 +19,8 @@ use std::{
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::{
-    auth::{DEFAULT_MAX_TOKEN_TTL_SECS, Keys, Role},
-    config::{DatabaseConfig, Limits},
+    auth::{Keys, Role},
+    config::{DEFAULT_MAX_TOKEN_TTL_SECS, DatabaseConfig, Limits},
     db, invariant,
     schema::AppSchema,
     server::Server,

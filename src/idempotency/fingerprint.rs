@@ -1,65 +1,20 @@
-//! Idempotency keys, for `reserve`, `reserveMany`, `placeOrder`,
-//! `checkout`, `transferStock` and `returnOrder` alike.
-//!
-//! A user has one key space for all of them, held by the primary key of
-//! `idempotency_keys` (user, key). The first request with a key claims it in
-//! the statement that writes its outcome, so a second statement with the
-//! same key fails on the key and is rolled back whole: stock is taken (or a
-//! cart checked out) at most once. A request that writes reservations
-//! stores the key on the (first) reservation, under the unique index
-//! `reservations_user_idempotency_key`, and a trigger claims it in the same
-//! statement; a checkout, which writes no reservation, claims its key beside
-//! the order it inserts, and a return beside the return it makes. Beside the key goes the request's fingerprint, a
-//! hash of what makes it that request, so a true replay (same key, same
-//! request) gets the first outcome and a reuse (same key, other request, or
-//! another operation) is refused with `IDEMPOTENCY_KEY_REUSED`.
-//!
-//! Fingerprints are stored, so what they hash must never change: it is an
-//! explicit byte encoding of the request ([`Part`]), written here and pinned
-//! by the tests below, never a text the toolchain makes. A stored
-//! fingerprint is `v2:` and the hex SHA-256 of that encoding.
-//!
-//! Keys stored before the encoding existed hold the bare hex SHA-256 of a
-//! text made with Rust's `Debug` ([`legacy`]). A replay of such a key is
-//! matched against that text, so it still gets its first outcome; a key is
-//! matched by the scheme its stored fingerprint names, never by both. The
-//! legacy scheme stays while `SELECT count(*) FROM idempotency_keys WHERE
-//! request_fingerprint NOT LIKE 'v2:%'` is above zero; once it is zero, or
-//! `stockguard archive` has forgotten every key older than the encoding,
-//! [`legacy`] can go.
-//!
-//! Keys follow the archive's retention: `stockguard archive --older-than`
-//! forgets the keys claimed before its cutoff (at least a day ago, so a key
-//! is remembered for at least 24 h), each whole in one statement
-//! (`stock::archiving::forget_keys`). The same key is then a new request.
+//! A request's fingerprint: the canonical byte encoding of what makes it
+//! that request ([`Part`]), hashed into what is stored beside its key, and
+//! the legacy fingerprint a key stored before the encoding holds instead.
 
-use sea_orm::{
-    ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, FromQueryResult, QueryFilter, QueryOrder, Statement,
-};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::{
-    db::{DbFailure, classify, read_answer},
-    error::AppError,
-    stock::{
-        allocating::{Allocating, Strategy},
-        rows::{
-            ReservationRow, ReturnDisposition,
-            reservation::{Column, Entity},
-        },
-        taking_back::ReturnLine,
-    },
+use super::legacy;
+use crate::stock::{
+    allocating::{Allocating, Strategy},
+    rows::ReturnDisposition,
+    taking_back::ReturnLine,
 };
-
-/// The unique indexes that refuse a second use of a user's key: the key
-/// space itself, and the reservations' own (which a second `reserve` of the
-/// same key meets first).
-const INDEXES: [&str; 2] = ["idempotency_keys_pkey", "reservations_user_idempotency_key"];
 
 /// A client's idempotency key and the fingerprint of the request that carries it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Key {
+pub(crate) struct Key {
     /// The key, as the client sent it (already checked).
     pub key: String,
     /// The request's fingerprint, as it is stored: `v2:` and the hex
@@ -91,7 +46,7 @@ const MAGIC: &[u8] = b"stockguard.idempotency.v2";
 /// A request is [`MAGIC`], its operation's name as text (without its tag),
 /// then a record of its fields.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Part<'a> {
+pub(crate) enum Part<'a> {
     /// Text.
     Text(&'a str),
     /// An integer.
@@ -108,12 +63,12 @@ pub enum Part<'a> {
 
 impl<'a> Part<'a> {
     /// Text, or [`Part::Absent`].
-    pub fn optional_text(value: Option<&'a str>) -> Self {
+    pub(crate) fn optional_text(value: Option<&'a str>) -> Self {
         value.map_or(Self::Absent, Self::Text)
     }
 
     /// An integer, or [`Part::Absent`].
-    pub fn optional_int(value: Option<i32>) -> Self {
+    pub(crate) fn optional_int(value: Option<i32>) -> Self {
         value.map_or(Self::Absent, |n| Self::Int(n.into()))
     }
 
@@ -175,7 +130,7 @@ fn canonical(operation: &str, fields: Vec<(&str, Part<'_>)>) -> String {
 /// What else makes a multi-item request or a checkout what it is, beside
 /// its lines: its fields, and the text the legacy fingerprint held for them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Extra<'a> {
+pub(crate) struct Extra<'a> {
     /// Fields after the lines, in a fixed order.
     pub fields: Vec<(&'a str, Part<'a>)>,
     /// The same, as keys stored before the canonical encoding hashed it.
@@ -184,7 +139,7 @@ pub struct Extra<'a> {
 
 impl Key {
     /// The key of a single `reserve`.
-    pub fn reserve(
+    pub(crate) fn reserve(
         key: String,
         inventory_id: Uuid,
         quantity: i32,
@@ -207,7 +162,7 @@ impl Key {
     /// The key of a multi-item `operation` (`"reserveMany"`, `"placeOrder"`)
     /// over its merged lines `(inventory, quantity, expected version)`, plus
     /// `extra`: anything else that makes the request what it is.
-    pub fn multi_item<'l>(
+    pub(crate) fn multi_item<'l>(
         key: String,
         operation: &str,
         lines: impl IntoIterator<Item = (Uuid, i32, Option<i32>, &'l Allocating)>,
@@ -240,7 +195,7 @@ impl Key {
     /// The key of a `checkout` of these reservations (sorted, without
     /// repeats, as the request is merged), plus `extra`: anything else that
     /// makes the request what it is.
-    pub fn checkout(key: String, reservation_ids: &[Uuid], extra: Extra<'_>) -> Self {
+    pub(crate) fn checkout(key: String, reservation_ids: &[Uuid], extra: Extra<'_>) -> Self {
         let legacy = legacy::checkout(reservation_ids, &extra.legacy);
         let mut fields = vec![("reservationIds", Part::List(reservation_ids.iter().copied().map(Part::Id).collect()))];
         fields.extend(extra.fields);
@@ -250,7 +205,7 @@ impl Key {
     /// The key of a `transferStock`. A transfer has no fingerprint from
     /// before the canonical encoding: its legacy one is empty, which no
     /// stored fingerprint is, so a legacy key never matches it.
-    pub fn transfer(
+    pub(crate) fn transfer(
         key: String,
         inventory_id: Uuid,
         (from, to): (Uuid, Uuid),
@@ -271,7 +226,7 @@ impl Key {
     /// The lines enter in inventory order, whatever order the request named
     /// them in (each inventory is named once). A return has no fingerprint
     /// from before the canonical encoding (see [`Key::transfer`]).
-    pub fn return_order(key: String, order_id: Uuid, lines: &[ReturnLine], note: Option<&str>) -> Self {
+    pub(crate) fn return_order(key: String, order_id: Uuid, lines: &[ReturnLine], note: Option<&str>) -> Self {
         let mut sorted: Vec<&ReturnLine> = lines.iter().collect();
         sorted.sort_by_key(|line| line.inventory_id);
         let lines = sorted
@@ -296,50 +251,8 @@ impl Key {
 
     /// Whether a stored fingerprint is this request's, by the scheme it was
     /// stored with.
-    fn matches(&self, stored: &str) -> bool {
+    pub(super) fn matches(&self, stored: &str) -> bool {
         if stored.starts_with(CANONICAL) { stored == self.fingerprint } else { stored == self.legacy }
-    }
-}
-
-/// The fingerprints of keys stored before the canonical encoding: the hex
-/// SHA-256 of a text that wrote optional integers (and, from `orders`, the
-/// shipping address) as `Debug` did. The texts are spelled out here so that
-/// no `Debug` output enters them; they are matched, never stored (see the
-/// module docs for when they can go).
-pub mod legacy {
-    use sha2::{Digest, Sha256};
-    use uuid::Uuid;
-
-    /// An optional integer as `Debug` wrote it: `Some(3)`, `None`.
-    pub fn optional(value: Option<i32>) -> String {
-        value.map_or_else(|| "None".to_owned(), |n| format!("Some({n})"))
-    }
-
-    pub(super) fn reserve(inventory_id: Uuid, quantity: i32, expected_version: Option<i32>) -> String {
-        let text = format!("reserve\n{inventory_id}\n{quantity}\n{}", optional(expected_version));
-        hex::encode(Sha256::digest(text.as_bytes()))
-    }
-
-    pub(super) fn multi_item(operation: &str, lines: &[(Uuid, i32, Option<i32>)], extra: &str) -> String {
-        let mut hasher = Sha256::new();
-        hasher.update(operation.as_bytes());
-        for (inventory_id, quantity, expected_version) in lines {
-            hasher.update(format!("\n{inventory_id}:{quantity}:{}", optional(*expected_version)));
-        }
-        hasher.update(b"\n");
-        hasher.update(extra.as_bytes());
-        hex::encode(hasher.finalize())
-    }
-
-    pub(super) fn checkout(reservation_ids: &[Uuid], extra: &str) -> String {
-        let mut hasher = Sha256::new();
-        hasher.update(b"checkout");
-        for id in reservation_ids {
-            hasher.update(format!("\n{id}"));
-        }
-        hasher.update(b"\n");
-        hasher.update(extra.as_bytes());
-        hex::encode(hasher.finalize())
     }
 }
 
@@ -371,99 +284,6 @@ fn choice(allocating: &Allocating) -> Vec<(&'static str, Part<'static>)> {
 /// and gets none (an empty text matches no stored fingerprint).
 fn legacy_unless_located(allocating: &Allocating, legacy: impl FnOnce() -> String) -> String {
     if allocating.is_default() { legacy() } else { String::new() }
-}
-
-/// A user's claim of a key: which request made it, and its order if it placed one.
-#[derive(Debug, FromQueryResult)]
-struct Claim {
-    /// The fingerprint of the request that claimed the key.
-    request_fingerprint: String,
-    /// The order it placed (`placeOrder`, `checkout`).
-    order_id: Option<Uuid>,
-    /// The return it made (`returnOrder`).
-    return_id: Option<Uuid>,
-}
-
-/// The claim of this user's key, if any; `IDEMPOTENCY_KEY_REUSED` when a
-/// different request (of any operation) made it. A claim of this request
-/// is returned once its first outcome is durable ([`crate::db::durable`]):
-/// every replay is answered from it.
-async fn claim(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Claim>, AppError> {
-    let claim = read_answer!(db, |db| Claim::find_by_statement(Statement::from_sql_and_values(
-        DbBackend::Postgres,
-        "SELECT request_fingerprint, order_id, return_id FROM idempotency_keys \
-         WHERE user_id = $1 AND idempotency_key = $2",
-        [user_id.into(), key.key.as_str().into()],
-    ))
-    .one(db))?;
-    match claim {
-        Some(claim) if !key.matches(&claim.request_fingerprint) => Err(AppError::IdempotencyKeyReused),
-        Some(claim) => {
-            crate::db::durable(db).await?;
-            Ok(Some(claim))
-        }
-        None => Ok(None),
-    }
-}
-
-/// Whether `err` is an index refusing a second use of a key: the key's
-/// first request has committed meanwhile, so its outcome can be replayed
-/// (or, for another request, refused).
-pub fn is_taken(err: &DbErr) -> bool {
-    matches!(classify(err), DbFailure::UniqueViolation(Some(index)) if INDEXES.contains(&index.as_str()))
-}
-
-/// Whether this user's key was claimed by this very request (an operation
-/// that keeps no row of its own beside the key, such as `transferStock`,
-/// replays from the claim alone); `IDEMPOTENCY_KEY_REUSED` when a different
-/// request claimed it.
-pub async fn claimed(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<bool, AppError> {
-    Ok(claim(db, user_id, key).await?.is_some())
-}
-
-/// The reservation that first used this user's key, if any;
-/// `IDEMPOTENCY_KEY_REUSED` when that was a different request.
-pub async fn first_use(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<ReservationRow>, AppError> {
-    if claim(db, user_id, key).await?.is_none() {
-        return Ok(None);
-    }
-    let mine = || Entity::find().filter(Column::UserId.eq(user_id)).filter(Column::IdempotencyKey.eq(&key.key));
-    match read_answer!(db, |db| mine().one(db))? {
-        Some(first) => Ok(Some(first)),
-        // The archive forgot the key between the two reads: a new request.
-        None if claim(db, user_id, key).await?.is_none() => Ok(None),
-        // Claimed by this very request, so it wrote its reservation in the same statement.
-        None => Err(AppError::internal(anyhow::anyhow!("a claimed idempotency key has no reservation"))),
-    }
-}
-
-/// Every reservation of the multi-item request that first used the key,
-/// ordered by inventory id (as `reserveMany` answered them), if any.
-pub async fn replay_multi_item(
-    db: &DatabaseConnection,
-    user_id: &str,
-    key: &Key,
-) -> Result<Option<Vec<ReservationRow>>, AppError> {
-    let Some(first) = first_use(db, user_id, key).await? else { return Ok(None) };
-    let multi_item = first
-        .multi_item_id
-        .ok_or_else(|| AppError::internal(anyhow::anyhow!("a reserveMany key's first use has no multi-item id")))?;
-    let its_lines = || Entity::find().filter(Column::MultiItemId.eq(multi_item)).order_by_asc(Column::InventoryId);
-    let lines = read_answer!(db, |db| its_lines().all(db))?;
-    Ok(Some(lines))
-}
-
-/// The order placed by the request (`placeOrder`, `checkout`) that first
-/// used the key, if any.
-pub async fn replay_order(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Uuid>, AppError> {
-    let Some(claim) = claim(db, user_id, key).await? else { return Ok(None) };
-    Ok(Some(claim.order_id.ok_or_else(|| AppError::internal(anyhow::anyhow!("an order key's claim has no order")))?))
-}
-
-/// The return made by the `returnOrder` that first used the key, if any.
-pub async fn replay_return(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Uuid>, AppError> {
-    let Some(claim) = claim(db, user_id, key).await? else { return Ok(None) };
-    Ok(Some(claim.return_id.ok_or_else(|| AppError::internal(anyhow::anyhow!("a return key's claim has no return")))?))
 }
 
 #[cfg(test)]
