@@ -114,6 +114,17 @@ impl Inventory {
         units(self.states(ctx).await?.on_hand())
     }
 
+    /// Its levels' safety stock, summed: units no customer may take.
+    async fn safety_stock(&self, ctx: &Context<'_>) -> GqlResult<i32> {
+        units(self.states(ctx).await?.safety_stock)
+    }
+
+    /// Units a customer may take: each level's `sellable`
+    /// (`max(0, available - safetyStock)`), summed, from the same snapshot.
+    async fn sellable(&self, ctx: &Context<'_>) -> GqlResult<i32> {
+        units(self.states(ctx).await?.sellable)
+    }
+
     /// Its stock at each location that ever held it, by priority then code
     /// (batched per request); the state fields above are their sums.
     async fn levels(&self, ctx: &Context<'_>) -> GqlResult<Vec<StockLevel>> {
@@ -141,6 +152,10 @@ struct StockStates {
     reserved: i64,
     /// Held by ORDERED reservations: the lines of PENDING and CONFIRMED orders.
     committed: i64,
+    /// The levels' safety stock.
+    safety_stock: i64,
+    /// What customers may take: the levels' sellable units.
+    sellable: i64,
 }
 
 impl StockStates {
@@ -159,11 +174,13 @@ impl Inventory {
     /// under load one event's levels did not add up to its states.
     async fn states(&self, ctx: &Context<'_>) -> GqlResult<StockStates> {
         let levels = locations::level_states(ctx, self.0.id).await?;
-        let none = StockStates { available: 0, reserved: 0, committed: 0 };
+        let none = StockStates { available: 0, reserved: 0, committed: 0, safety_stock: 0, sellable: 0 };
         Ok(levels.iter().fold(none, |sums, level| StockStates {
             available: sums.available + level.available,
             reserved: sums.reserved + level.reserved,
             committed: sums.committed + level.committed,
+            safety_stock: sums.safety_stock + i64::from(level.safety_stock),
+            sellable: sums.sellable + level.sellable(),
         }))
     }
 }

@@ -108,12 +108,13 @@ pub fn lock_inventories(columns: &str, ids: Ids<'_>, condition: Option<&str>) ->
 
 /// The levels of the inventories `ids` names, each with its location's
 /// priority, code and active flag: `inventory_id, location_id, available,
-/// priority, code, active`, the columns [`super::allocating::eligible`] and
+/// safety_stock, priority, code, active`, the columns
+/// [`super::allocating::eligible`], [`super::allocating::offered`] and
 /// [`super::allocating::preference`] read. Unlocked: for a statement whose
 /// transaction locked them before ([`lock_levels`]).
 pub fn levels(ids: Ids<'_>) -> String {
     format!(
-        "SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
+        "SELECT l.inventory_id, l.location_id, l.available, l.safety_stock, c.priority, c.code, c.active
       FROM stock_levels l JOIN locations c ON c.id = l.location_id
      WHERE {}",
         ids.of("l.inventory_id")

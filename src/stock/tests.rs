@@ -75,7 +75,8 @@ fn statements() -> Vec<(&'static str, Statement)> {
             lines::take_lines(&lines, Purpose::Reservations { ttl_secs: 900 }, "alice", Some(("k", "f")), id),
         ),
         ("take_lines for an order", lines::take_lines(&lines, Purpose::Order(id), "alice", None, id)),
-        ("eligible available", allocating::available(id, &somewhere)),
+        ("eligible available", allocating::available(id, &somewhere, false)),
+        ("eligible available with safety stock", allocating::available(id, &somewhere, true)),
         ("transfer", moving::transfer(id, id, Uuid::new_v4(), 1, Some(1), "op", Some(("k", "f")))),
         ("unknown locations", allocating::unknown(&[id])),
         ("release", returning::release(id, "alice")),
@@ -85,10 +86,6 @@ fn statements() -> Vec<(&'static str, Statement)> {
         ("change_quantity", adjusting::change_quantity(id, "alice", 3)),
         ("fulfil_order", shipping::fulfil_order(id)),
         ("return_order", taking_back::return_order(order_return)),
-        (
-            "return_order without a note or key",
-            taking_back::return_order(OrderReturn { note: None, key: None, ..order_return }),
-        ),
         ("latest reservation change", taking::ReservationChange::latest(id)),
         ("oldest key", archiving::oldest_key()),
         ("forget_keys", archiving::forget_keys(now, now)),
@@ -134,6 +131,7 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
         fingerprint: Some("f"),
         ttl_secs: 900,
         allocating: &somewhere(),
+        use_safety_stock: true,
     };
     let explained = reserve.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *RESERVE_SQL))));
     if let Err(err) = explained.fetch_all(&mut conn).await {
@@ -159,6 +157,7 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
         fingerprints: &[None, Some("f2"), None],
         expected_versions: &[None, Some(1), None],
         ttl_secs: &[0, 900, 60],
+        use_safety_stock: &[false, true, false],
         across_levels: false,
     };
     let explained = coalesced.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *COALESCED_RESERVE_SQL))));

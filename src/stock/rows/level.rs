@@ -16,6 +16,9 @@ pub struct Model {
     pub location_id: Uuid,
     /// Units there that nobody holds.
     pub available: i32,
+    /// The last available units there that no customer may take (an
+    /// operator may, with `useSafetyStock`); `CHECK (safety_stock >= 0)`.
+    pub safety_stock: i32,
 }
 
 /// No relations are navigated through the ORM; joins are written where needed.
