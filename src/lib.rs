@@ -3,6 +3,8 @@
 //!
 //! The reasoning is in `docs/design.md` and in the modules' own docs; the tour:
 
+/// Adjustments: an operator's change or count of a level with a reason, and a level's safety stock.
+pub mod adjustments;
 /// The state every request shares.
 pub mod app;
 /// Retention: `stockguard archive` deletes old done-with rows in time slices, keeping the ledger's sums.

@@ -2,6 +2,7 @@
 //! which stored fingerprints a request matches.
 
 use super::*;
+use crate::stock::rows::AdjustmentReason;
 
 // Stored fingerprints must stay valid across releases: a changed
 // encoding would turn every replay of an older key into
@@ -106,6 +107,30 @@ fn the_fingerprint_of_a_return_never_changes() {
     let reordered = [lines[1].clone(), lines[0].clone()];
     let same = Key::return_order("k".into(), Uuid::from_u128(1), &reordered, Some("dented"));
     assert!(key.matches(&same.fingerprint), "the order of the lines does not make the request");
+}
+
+#[test]
+fn the_fingerprint_of_an_adjustment_never_changes() {
+    let adjustment = Adjustment {
+        inventory_id: Uuid::from_u128(1),
+        location_id: None,
+        change: Change::Delta(-2),
+        reason: AdjustmentReason::Damaged,
+        note: Some("forklift"),
+        expected_version: Some(3),
+        operator: "operator",
+        key: None,
+    };
+    let key = Key::adjust("k".into(), &adjustment);
+    assert_eq!(key.fingerprint, "v2:d95aaa55d581936309803e6d1abb328647fa11465ee70c65fab0249cc567e884");
+    let counted = Adjustment { change: Change::Count(-2), ..adjustment };
+    assert!(!key.matches(&Key::adjust("k".into(), &counted).fingerprint), "a count is not a change");
+    let elsewhere = Adjustment { location_id: Some(Uuid::from_u128(9)), ..adjustment };
+    assert!(!key.matches(&Key::adjust("k".into(), &elsewhere).fingerprint));
+    let other_reason = Adjustment { reason: AdjustmentReason::Shrinkage, ..adjustment };
+    assert!(!key.matches(&Key::adjust("k".into(), &other_reason).fingerprint));
+    let by_another = Adjustment { operator: "someone else", ..adjustment };
+    assert!(key.matches(&Key::adjust("k".into(), &by_another).fingerprint), "the key space is the user's");
 }
 
 #[test]

@@ -5,7 +5,8 @@
 //! - `stock >= 0` (`stock` is `available`);
 //! - `received - fulfilled = available + reserved + committed`, where
 //!   `received` is its initial stock plus restocks plus the units returned
-//!   to stock (RESTOCK lines of returns, `RETURNED`), `fulfilled` the units of
+//!   to stock (RESTOCK lines of returns, `RETURNED`) plus operators'
+//!   adjustments (`ADJUSTED`, signed), `fulfilled` the units of
 //!   its FULFILLED lines, `reserved` the units of its ACTIVE reservations and
 //!   `committed` those of its ORDERED ones (lines of PENDING and CONFIRMED
 //!   orders). An ACTIVE reservation past its expiry counts as `reserved`
@@ -27,7 +28,7 @@
 //!
 //! - the level exists and `available >= 0`;
 //! - `on hand = available + reserved + committed`, where `on hand` is the
-//!   ledger's received, transferred, fulfilled and returned units there, and `reserved`
+//!   ledger's received, transferred, fulfilled, returned and adjusted units there, and `reserved`
 //!   / `committed` the allocations there of ACTIVE / ORDERED lines;
 //! - `available` = the ledger's deltas there of every change of available stock.
 //!
@@ -96,7 +97,8 @@ pub struct InventoryDrift {
     pub committed: i64,
     /// Units of FULFILLED lines.
     pub fulfilled: i64,
-    /// Initial stock, restocks and units returned to stock, from the ledger.
+    /// Initial stock, restocks, units returned to stock and adjustments
+    /// (signed), from the ledger.
     pub received: i64,
     /// Number of distinct ledger versions (should equal `version`).
     pub changes: i64,

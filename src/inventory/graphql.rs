@@ -14,6 +14,7 @@ use super::{
     service::{InventoryService, RestockOutcome},
 };
 use crate::{
+    adjustments::graphql::AdjustmentReason,
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     live::Feed,
@@ -109,7 +110,8 @@ impl Inventory {
     }
 
     /// Units in the warehouse: `available + reserved + committed`, from one
-    /// snapshot. Falls only when an order is fulfilled; grows with restocks.
+    /// snapshot. Falls when an order is fulfilled or an adjustment takes
+    /// units away; grows with restocks, returns and adjustments that add.
     async fn on_hand(&self, ctx: &Context<'_>) -> GqlResult<i32> {
         units(self.states(ctx).await?.on_hand())
     }
@@ -222,6 +224,10 @@ pub enum MovementReason {
     /// (`returnOrder`, RESTOCK); `delta` is positive, `reservationId` the
     /// order line. A WRITE_OFF writes no row.
     Returned,
+    /// An operator changed the units here for a reason other than a sale
+    /// (`adjustStock`): on hand and available change by `delta`;
+    /// `adjustmentReason` says why.
+    Adjusted,
 }
 
 impl From<movements::MovementReason> for MovementReason {
@@ -240,6 +246,7 @@ impl From<movements::MovementReason> for MovementReason {
             Ledger::TransferredOut => Self::TransferredOut,
             Ledger::TransferredIn => Self::TransferredIn,
             Ledger::Returned => Self::Returned,
+            Ledger::Adjusted => Self::Adjusted,
         }
     }
 }
@@ -303,6 +310,22 @@ impl StockMovement {
             Some(id) => locations::load(ctx, id).await,
             None => Ok(None),
         }
+    }
+
+    /// Why an operator adjusted stock; set on `ADJUSTED` rows, null on all others.
+    async fn adjustment_reason(&self) -> Option<AdjustmentReason> {
+        self.0.adjustment_reason.map(Into::into)
+    }
+
+    /// The operator's note, on `ADJUSTED` and `RETURNED` rows.
+    async fn note(&self) -> Option<&str> {
+        self.0.note.as_deref()
+    }
+
+    /// The operator who made the change (their token's `sub`), on `ADJUSTED`
+    /// and `RETURNED` rows; null for customers' and the sweeper's rows.
+    async fn actor(&self) -> Option<&str> {
+        self.0.actor.as_deref()
     }
 }
 

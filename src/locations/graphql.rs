@@ -110,7 +110,7 @@ impl StockLevel {
 
 /// A count of units as a GraphQL `Int`; one past `i32::MAX` is a broken
 /// database, not a client's fault.
-fn units(n: i64) -> GqlResult<i32> {
+pub fn units(n: i64) -> GqlResult<i32> {
     i32::try_from(n)
         .map_err(|_| AppError::internal(anyhow::anyhow!("a level of {n} units does not fit in an Int")).extend())
 }

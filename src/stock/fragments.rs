@@ -43,6 +43,13 @@ pub const LEDGER: &str = "INSERT INTO stock_movements \
 pub const LEDGER_BY_OPERATOR: &str = "INSERT INTO stock_movements \
      (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id, note, actor)";
 
+/// [`LEDGER_BY_OPERATOR`] for an adjustment (eleven values): the ten, then
+/// its `adjustment_reason`, which the table requires on ADJUSTED rows and
+/// refuses on any other.
+pub const LEDGER_ADJUSTED: &str = "INSERT INTO stock_movements \
+     (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id, note, actor, \
+      adjustment_reason)";
+
 /// [`LEDGER`] with the row's id first (nine values): the reserve paths,
 /// which write most ledger rows, send time-ordered (v7) ids made by the
 /// server, so new rows land at the right edge of the primary key instead of
@@ -292,16 +299,68 @@ pub fn ledger_stock() -> String {
     format!("coalesce(sum(delta) FILTER (WHERE reason <> {}), 0)", sql(MovementReason::Fulfilled))
 }
 
-/// The ledger rows' units received from outside: initial stock, restocks
-/// and units returned to stock (a fulfilled order's line restocked), 0 for none.
+/// The ledger rows' units received from outside: initial stock, restocks,
+/// units returned to stock (a fulfilled order's line restocked) and
+/// operators' adjustments (signed), 0 for none.
 pub fn ledger_received() -> String {
-    let received = sql_list([MovementReason::Created, MovementReason::Restocked, MovementReason::Returned]);
+    let received = sql_list([
+        MovementReason::Created,
+        MovementReason::Restocked,
+        MovementReason::Returned,
+        MovementReason::Adjusted,
+    ]);
     format!("coalesce(sum(delta) FILTER (WHERE reason IN {received}), 0)")
 }
 
 /// The ledger rows' units shipped (positive), 0 for none.
 pub fn ledger_fulfilled() -> String {
     format!("coalesce(-sum(delta) FILTER (WHERE reason = {}), 0)", sql(MovementReason::Fulfilled))
+}
+
+/// The location `n` (a `uuid` expression, `"$2"`) names, or the default
+/// location when it is NULL: one row (`id`), none when it names none.
+pub fn location_or_default(n: &str) -> String {
+    let default = super::rows::location::DEFAULT_CODE;
+    format!(
+        "SELECT id FROM locations WHERE id = coalesce({n}::uuid, (SELECT id FROM locations WHERE code = '{default}'))"
+    )
+}
+
+/// A freshness check for a statement that has locked one inventory row
+/// (the CTE `inv` of [`lock_inventories`], with its `version`) and then
+/// reads what reservations hold of it, unlocked. At READ COMMITTED a
+/// statement that waited for the row reads it (and its levels, locked) as
+/// they are now, but the reservations and allocations as its snapshot had
+/// them, before the change it waited for. Every change of what is held
+/// steps the inventory's version and locks its row first, so when the
+/// version the snapshot sees is not the one locked, the holds read may be
+/// stale, and the statement is run again (`retry_stale_read`); true
+/// otherwise (and when the inventory `id`, an expression, does not exist).
+pub fn seen_as_locked(id: &str) -> String {
+    format!(
+        "CASE WHEN (SELECT version FROM inventories WHERE id = {id}) IS NOT DISTINCT FROM (SELECT version FROM inv) \
+              THEN true ELSE retry_stale_read() END"
+    )
+}
+
+/// The units the holding reservations of the inventory `inventory` (an
+/// expression) hold at the location `location` (an expression): one row,
+/// `reserved` (ACTIVE) and `committed` (ORDERED), 0 for none. Each holding
+/// reservation's allocation there is looked up by its key
+/// (`reservations_held` finds the reservations, whatever number of released
+/// ones the inventory has had).
+pub fn held_at(inventory: &str, location: &str) -> String {
+    format!(
+        "SELECT coalesce({reserved}, 0)::integer AS reserved, coalesce({committed}, 0)::integer AS committed
+      FROM reservations r
+     CROSS JOIN LATERAL (
+        SELECT a.quantity FROM allocations a WHERE a.reservation_id = r.id AND a.location_id = {location} OFFSET 0
+     ) a
+     WHERE r.inventory_id = {inventory} AND r.status IN {holding}",
+        reserved = allocated(ReservationStatus::Active),
+        committed = allocated(ReservationStatus::Ordered),
+        holding = holding(),
+    )
 }
 
 /// The location of the ledger rows aliased `alias` (`""`, `"m."`): rows
@@ -314,14 +373,15 @@ pub fn ledger_location(alias: &str) -> String {
 
 /// The ledger rows whose `delta` is a change of the units on hand (the
 /// units in the building: received, moved between locations, shipped,
-/// returned to stock).
-pub const ON_HAND_MOVES: [MovementReason; 6] = [
+/// returned to stock, adjusted by an operator).
+pub const ON_HAND_MOVES: [MovementReason; 7] = [
     MovementReason::Created,
     MovementReason::Restocked,
     MovementReason::TransferredIn,
     MovementReason::TransferredOut,
     MovementReason::Fulfilled,
     MovementReason::Returned,
+    MovementReason::Adjusted,
 ];
 
 /// The ledger rows whose `delta` is the opposite of a change of committed

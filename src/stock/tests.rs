@@ -13,9 +13,10 @@ use super::{
     ACROSS_LEVELS_RESERVE_SQL, ALLOCATING_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL,
     adjusting, allocating, archiving,
     coalesced::CoalescedReserve,
+    correcting::{self, Adjustment, Change},
     lines::{self, Line, Purpose},
     lock_order, moving, receiving, returning,
-    rows::ReturnDisposition,
+    rows::{AdjustmentReason, ReturnDisposition},
     shipping,
     taking::{self, Reserve},
     taking_back::{self, OrderReturn, ReturnLine},
@@ -64,6 +65,16 @@ fn statements() -> Vec<(&'static str, Statement)> {
         lines: &returned,
         key: Some(("k", "f")),
     };
+    let adjustment = Adjustment {
+        inventory_id: id,
+        location_id: Some(id),
+        change: Change::Delta(-2),
+        reason: AdjustmentReason::Damaged,
+        note: Some("forklift"),
+        expected_version: Some(3),
+        operator: "op",
+        key: Some(("k", "f")),
+    };
     vec![
         ("create", receiving::create(id, "SKU-1", "an item", 10, None)),
         ("create at a location", receiving::create(id, "SKU-1", "an item", 10, Some(id))),
@@ -86,6 +97,24 @@ fn statements() -> Vec<(&'static str, Statement)> {
         ("change_quantity", adjusting::change_quantity(id, "alice", 3)),
         ("fulfil_order", shipping::fulfil_order(id)),
         ("return_order", taking_back::return_order(order_return)),
+        ("adjust by a delta", correcting::adjust(adjustment)),
+        (
+            "adjust to a count, without a location, note, version or key",
+            correcting::adjust(Adjustment {
+                location_id: None,
+                change: Change::Count(0),
+                note: None,
+                expected_version: None,
+                key: None,
+                ..adjustment
+            }),
+        ),
+        ("set_safety_stock", correcting::set_safety_stock(id, Some(id), 5)),
+        ("set_safety_stock at the default location", correcting::set_safety_stock(id, None, 0)),
+        (
+            "return_order without a note or key",
+            taking_back::return_order(OrderReturn { note: None, key: None, ..order_return }),
+        ),
         ("latest reservation change", taking::ReservationChange::latest(id)),
         ("oldest key", archiving::oldest_key()),
         ("forget_keys", archiving::forget_keys(now, now)),

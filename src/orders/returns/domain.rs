@@ -10,8 +10,7 @@ use crate::{
     validate,
 };
 
-/// The longest note a return keeps, in characters.
-pub const MAX_NOTE_CHARS: usize = 500;
+pub use crate::validate::MAX_NOTE_CHARS;
 
 /// A checked `returnOrder` request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,10 +57,7 @@ impl ReturnRequest {
                 ));
             }
         }
-        let note = match note.map(str::trim) {
-            None | Some("") => None,
-            Some(note) => Some(validate::text("input.note", note, MAX_NOTE_CHARS)?),
-        };
+        let note = validate::note("input.note", note)?;
         Ok(Self { order_id, lines, note })
     }
 
