@@ -14,6 +14,8 @@
 // below keeps it so: an item is `pub` only while one of those uses it.
 #![warn(unreachable_pub)]
 
+/// Adjustments: an operator's change or count of a level with a reason, and a level's safety stock.
+pub(crate) mod adjustments;
 /// The state every request shares.
 pub mod app;
 /// Retention: `stockguard archive` deletes old done-with rows in time slices, keeping the ledger's sums.

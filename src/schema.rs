@@ -11,6 +11,7 @@ use async_graphql::{
 };
 
 use crate::{
+    adjustments::{graphql::AdjustmentMutation, service::AdjustmentService},
     app::AppState,
     config::Limits,
     documents, gateway,
@@ -50,6 +51,7 @@ pub struct Mutation(
     ReservationMutation,
     OrderMutation,
     ReturnMutation,
+    AdjustmentMutation,
     LocationMutation,
     WebhookMutation,
 );
@@ -86,6 +88,8 @@ pub(crate) struct Services {
     pub orders: OrderService,
     /// Returns of fulfilled orders.
     pub returns: ReturnService,
+    /// Adjustments of levels and their safety stock.
+    pub adjustments: AdjustmentService,
     /// Locations, their levels and transfers.
     pub locations: LocationService,
     /// Webhook endpoints and their deliveries.

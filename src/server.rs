@@ -16,6 +16,7 @@ use tokio::{
 };
 
 use crate::{
+    adjustments::service::AdjustmentService,
     app::AppState,
     context::Loaders,
     documents::Bounds,
@@ -57,6 +58,7 @@ impl Server {
             reservations: ReservationService::new(&state),
             orders: OrderService::new(&state),
             returns: ReturnService::new(&state),
+            adjustments: AdjustmentService::new(&state),
             locations: LocationService::new(&state),
             webhooks: WebhookService::new(&state),
         };
@@ -86,13 +88,15 @@ impl Server {
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
         schema::build(self.state.clone(), |schema| {
-            let Services { inventory, reservations, orders, returns, locations, webhooks } = self.services.clone();
+            let Services { inventory, reservations, orders, returns, adjustments, locations, webhooks } =
+                self.services.clone();
             schema
                 .data(inventory)
                 .data(locations)
                 .data(reservations)
                 .data(orders)
                 .data(returns)
+                .data(adjustments)
                 .data(webhooks)
                 .data(self.inventories.clone())
                 .data(self.orders.clone())

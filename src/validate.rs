@@ -40,6 +40,19 @@ pub(crate) fn text(field: &str, value: &str, max_chars: usize) -> Result<String,
     Ok(trimmed.to_owned())
 }
 
+/// The longest note an operator's change keeps (a return, an adjustment),
+/// in characters.
+pub(crate) const MAX_NOTE_CHARS: usize = 500;
+
+/// An operator's optional note: trimmed, none when not given or blank, at
+/// most [`MAX_NOTE_CHARS`] characters.
+pub(crate) fn note(field: &str, value: Option<&str>) -> Result<Option<String>, AppError> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(note) => text(field, note, MAX_NOTE_CHARS).map(Some),
+    }
+}
+
 /// An optional idempotency key: 1..=128 characters when given.
 pub(crate) fn idempotency_key(field: &str, value: Option<&str>) -> Result<Option<String>, AppError> {
     value.map(|key| text(field, key, 128)).transpose()

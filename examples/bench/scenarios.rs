@@ -448,6 +448,7 @@ impl Bench {
                             fingerprint: key.as_ref().map(|(_, fingerprint)| fingerprint.as_str()),
                             ttl_secs,
                             allocating: &anywhere,
+                            use_safety_stock: false,
                         };
                         let query = match statement {
                             Raw::Limit => reserve.query(),

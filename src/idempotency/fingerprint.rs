@@ -2,12 +2,14 @@
 //! that request ([`Part`]), hashed into what is stored beside its key, and
 //! the legacy fingerprint a key stored before the encoding holds instead.
 
+use sea_orm::ActiveEnum as _;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::legacy;
 use crate::stock::{
     allocating::{Allocating, Strategy},
+    correcting::{Adjustment, Change},
     rows::ReturnDisposition,
     taking_back::ReturnLine,
 };
@@ -138,13 +140,16 @@ pub(crate) struct Extra<'a> {
 }
 
 impl Key {
-    /// The key of a single `reserve`.
+    /// The key of a single `reserve`. Taking safety stock enters the
+    /// fingerprint only when asked for, so every fingerprint from before
+    /// safety stock stays what it was.
     pub(crate) fn reserve(
         key: String,
         inventory_id: Uuid,
         quantity: i32,
         expected_version: Option<i32>,
         allocating: &Allocating,
+        use_safety_stock: bool,
     ) -> Self {
         let mut fields = vec![
             ("inventoryId", Part::Id(inventory_id)),
@@ -152,11 +157,16 @@ impl Key {
             ("expectedVersion", Part::optional_int(expected_version)),
         ];
         fields.extend(choice(allocating));
-        Self {
-            key,
-            fingerprint: canonical("reserve", fields),
-            legacy: legacy_unless_located(allocating, || legacy::reserve(inventory_id, quantity, expected_version)),
+        if use_safety_stock {
+            fields.push(("useSafetyStock", Part::Int(1)));
         }
+        // No request from before safety stock took it.
+        let legacy = if use_safety_stock {
+            String::new()
+        } else {
+            legacy_unless_located(allocating, || legacy::reserve(inventory_id, quantity, expected_version))
+        };
+        Self { key, fingerprint: canonical("reserve", fields), legacy }
     }
 
     /// The key of a multi-item `operation` (`"reserveMany"`, `"placeOrder"`)
@@ -249,6 +259,27 @@ impl Key {
         Self { key, fingerprint: canonical("returnOrder", fields), legacy: String::new() }
     }
 
+    /// The key of an `adjustStock`: the inventory, the location (none: the
+    /// default one), the change or the count, the reason, the note and the
+    /// expected version. An adjustment has no fingerprint from before the
+    /// canonical encoding (see [`Key::transfer`]).
+    pub(crate) fn adjust(key: String, request: &Adjustment<'_>) -> Self {
+        let reason = request.reason.to_value();
+        let (change, units) = match request.change {
+            Change::Delta(delta) => ("delta", delta),
+            Change::Count(counted) => ("countedOnHand", counted),
+        };
+        let fields = vec![
+            ("inventoryId", Part::Id(request.inventory_id)),
+            ("locationId", request.location_id.map_or(Part::Absent, Part::Id)),
+            (change, Part::Int(units.into())),
+            ("reason", Part::Text(&reason)),
+            ("note", Part::optional_text(request.note)),
+            ("expectedVersion", Part::optional_int(request.expected_version)),
+        ];
+        Self { key, fingerprint: canonical("adjustStock", fields), legacy: String::new() }
+    }
+
     /// Whether a stored fingerprint is this request's, by the scheme it was
     /// stored with.
     pub(super) fn matches(&self, stored: &str) -> bool {
@@ -289,6 +320,7 @@ fn legacy_unless_located(allocating: &Allocating, legacy: impl FnOnce() -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stock::rows::AdjustmentReason;
 
     // Stored fingerprints must stay valid across releases: a changed
     // encoding would turn every replay of an older key into
@@ -342,7 +374,7 @@ mod tests {
 
     #[test]
     fn the_fingerprint_of_a_reserve_never_changes() {
-        let key = Key::reserve("k".into(), Uuid::from_u128(1), 2, Some(3), &Allocating::default());
+        let key = Key::reserve("k".into(), Uuid::from_u128(1), 2, Some(3), &Allocating::default(), false);
         assert_eq!(key.fingerprint, "v2:4ca41c39e0d2d05362162d67b6506b965caa63bf8499d33ad82d15569210e961");
         assert_eq!(key.legacy, "7b4809da65cb4d8601e408b69581b64c75c341d4bc16551c7821af6a333104bf");
     }
@@ -371,7 +403,7 @@ mod tests {
         let (from, to) = (Uuid::from_u128(2), Uuid::from_u128(3));
         let key = Key::transfer("k".into(), Uuid::from_u128(1), (from, to), 4, None);
         assert_eq!(key.fingerprint, "v2:85d447ebb7636b910a87f8b55514fc2c99e09413911ba93f14d82622f79b8e2a");
-        let legacy = Key::reserve("k".into(), Uuid::from_u128(1), 4, None, &Allocating::default()).legacy;
+        let legacy = Key::reserve("k".into(), Uuid::from_u128(1), 4, None, &Allocating::default(), false).legacy;
         assert!(!key.matches(&legacy), "no legacy fingerprint is a transfer's");
         assert!(!key.matches(&Key::transfer("k".into(), Uuid::from_u128(1), (to, from), 4, None).fingerprint));
     }
@@ -397,10 +429,10 @@ mod tests {
 
     #[test]
     fn a_stored_fingerprint_is_matched_by_the_scheme_it_names() {
-        let key = Key::reserve("k".into(), Uuid::from_u128(1), 2, Some(3), &Allocating::default());
+        let key = Key::reserve("k".into(), Uuid::from_u128(1), 2, Some(3), &Allocating::default(), false);
         assert!(key.matches(&key.fingerprint));
         assert!(key.matches(&key.legacy), "a key stored before the canonical encoding replays");
-        let other = Key::reserve("k".into(), Uuid::from_u128(1), 5, Some(3), &Allocating::default());
+        let other = Key::reserve("k".into(), Uuid::from_u128(1), 5, Some(3), &Allocating::default(), false);
         assert!(!key.matches(&other.fingerprint));
         assert!(!key.matches(&other.legacy));
         // A legacy hex behind the canonical prefix is not this request's.
@@ -409,18 +441,52 @@ mod tests {
 
     #[test]
     fn a_key_reused_with_another_choice_of_locations_is_another_request() {
-        let anywhere = Key::reserve("k".into(), Uuid::from_u128(1), 2, None, &Allocating::default());
+        let anywhere = Key::reserve("k".into(), Uuid::from_u128(1), 2, None, &Allocating::default(), false);
         let choices = [
             Allocating { location_ids: Some(vec![Uuid::from_u128(7)]), ..Allocating::default() },
             Allocating { strategy: Strategy::FewestLocations, ..Allocating::default() },
             Allocating { allow_split: false, ..Allocating::default() },
         ];
         for choice in &choices {
-            let located = Key::reserve("k".into(), Uuid::from_u128(1), 2, None, choice);
+            let located = Key::reserve("k".into(), Uuid::from_u128(1), 2, None, choice, false);
             assert!(!located.matches(&anywhere.fingerprint), "{choice:?}");
             assert!(!located.matches(&anywhere.legacy), "{choice:?} replays a key from before locations");
             assert!(!anywhere.matches(&located.fingerprint), "{choice:?}");
             assert!(located.matches(&located.fingerprint));
         }
+    }
+
+    #[test]
+    fn the_fingerprint_of_an_adjustment_never_changes() {
+        let adjustment = Adjustment {
+            inventory_id: Uuid::from_u128(1),
+            location_id: None,
+            change: Change::Delta(-2),
+            reason: AdjustmentReason::Damaged,
+            note: Some("forklift"),
+            expected_version: Some(3),
+            operator: "operator",
+            key: None,
+        };
+        let key = Key::adjust("k".into(), &adjustment);
+        assert_eq!(key.fingerprint, "v2:d95aaa55d581936309803e6d1abb328647fa11465ee70c65fab0249cc567e884");
+        let counted = Adjustment { change: Change::Count(-2), ..adjustment };
+        assert!(!key.matches(&Key::adjust("k".into(), &counted).fingerprint), "a count is not a change");
+        let elsewhere = Adjustment { location_id: Some(Uuid::from_u128(9)), ..adjustment };
+        assert!(!key.matches(&Key::adjust("k".into(), &elsewhere).fingerprint));
+        let other_reason = Adjustment { reason: AdjustmentReason::Shrinkage, ..adjustment };
+        assert!(!key.matches(&Key::adjust("k".into(), &other_reason).fingerprint));
+        let by_another = Adjustment { operator: "someone else", ..adjustment };
+        assert!(key.matches(&Key::adjust("k".into(), &by_another).fingerprint), "the key space is the user's");
+    }
+
+    #[test]
+    fn a_key_reused_to_take_safety_stock_is_another_request() {
+        let plain = Key::reserve("k".into(), Uuid::from_u128(1), 2, None, &Allocating::default(), false);
+        let safety = Key::reserve("k".into(), Uuid::from_u128(1), 2, None, &Allocating::default(), true);
+        assert!(!safety.matches(&plain.fingerprint));
+        assert!(!safety.matches(&plain.legacy), "no key from before safety stock took it");
+        assert!(!plain.matches(&safety.fingerprint));
+        assert!(safety.matches(&safety.fingerprint));
     }
 }

@@ -1,5 +1,5 @@
 //! Idempotency keys, for `reserve`, `reserveMany`, `placeOrder`,
-//! `checkout`, `transferStock` and `returnOrder` alike.
+//! `checkout`, `transferStock`, `returnOrder` and `adjustStock` alike.
 //!
 //! A user has one key space for all of them, held by the primary key of
 //! `idempotency_keys` (user, key). The first request with a key claims it in
@@ -9,7 +9,8 @@
 //! stores the key on the (first) reservation, under the unique index
 //! `reservations_user_idempotency_key`, and a trigger claims it in the same
 //! statement; a checkout, which writes no reservation, claims its key beside
-//! the order it inserts, and a return beside the return it makes. Beside the key goes the request's fingerprint, a
+//! the order it inserts, a return beside the return it makes, and an
+//! adjustment beside the delta it applied. Beside the key goes the request's fingerprint, a
 //! hash of what makes it that request, so a true replay (same key, same
 //! request) gets the first outcome and a reuse (same key, other request, or
 //! another operation) is refused with `IDEMPOTENCY_KEY_REUSED`.
@@ -65,6 +66,8 @@ struct Claim {
     order_id: Option<Uuid>,
     /// The return it made (`returnOrder`).
     return_id: Option<Uuid>,
+    /// The delta it applied (`adjustStock`).
+    adjusted: Option<i32>,
 }
 
 /// The claim of this user's key, if any; `IDEMPOTENCY_KEY_REUSED` when a
@@ -74,7 +77,7 @@ struct Claim {
 async fn claim(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Claim>, AppError> {
     let claim = read_answer!(db, |db| Claim::find_by_statement(Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "SELECT request_fingerprint, order_id, return_id FROM idempotency_keys \
+        "SELECT request_fingerprint, order_id, return_id, adjusted FROM idempotency_keys \
          WHERE user_id = $1 AND idempotency_key = $2",
         [user_id.into(), key.key.as_str().into()],
     ))
@@ -151,4 +154,16 @@ pub(crate) async fn replay_order(db: &DatabaseConnection, user_id: &str, key: &K
 pub(crate) async fn replay_return(db: &DatabaseConnection, user_id: &str, key: &Key) -> Result<Option<Uuid>, AppError> {
     let Some(claim) = claim(db, user_id, key).await? else { return Ok(None) };
     Ok(Some(claim.return_id.ok_or_else(|| AppError::internal(anyhow::anyhow!("a return key's claim has no return")))?))
+}
+
+/// The delta applied by the `adjustStock` that first used the key, if any.
+pub(crate) async fn replay_adjustment(
+    db: &DatabaseConnection,
+    user_id: &str,
+    key: &Key,
+) -> Result<Option<i32>, AppError> {
+    let Some(claim) = claim(db, user_id, key).await? else { return Ok(None) };
+    let delta =
+        claim.adjusted.ok_or_else(|| AppError::internal(anyhow::anyhow!("an adjustment key's claim has no delta")));
+    Ok(Some(delta?))
 }

@@ -5,7 +5,8 @@
 //! - `stock >= 0` (`stock` is `available`);
 //! - `received - fulfilled = available + reserved + committed`, where
 //!   `received` is its initial stock plus restocks plus the units returned
-//!   to stock (RESTOCK lines of returns, `RETURNED`), `fulfilled` the units of
+//!   to stock (RESTOCK lines of returns, `RETURNED`) plus operators'
+//!   adjustments (`ADJUSTED`, signed), `fulfilled` the units of
 //!   its FULFILLED lines, `reserved` the units of its ACTIVE reservations and
 //!   `committed` those of its ORDERED ones (lines of PENDING and CONFIRMED
 //!   orders). An ACTIVE reservation past its expiry counts as `reserved`
@@ -27,7 +28,7 @@
 //!
 //! - the level exists and `available >= 0`;
 //! - `on hand = available + reserved + committed`, where `on hand` is the
-//!   ledger's received, transferred, fulfilled and returned units there, and `reserved`
+//!   ledger's received, transferred, fulfilled, returned and adjusted units there, and `reserved`
 //!   / `committed` the allocations there of ACTIVE / ORDERED lines;
 //! - `available` = the ledger's deltas there of every change of available stock.
 //!
@@ -83,7 +84,7 @@ pub enum Drift {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct InventoryDrift {
     /// The inventory.
-    pub(crate) id: Uuid,
+    pub id: Uuid,
     /// Its SKU.
     pub sku: String,
     /// Units available (the `stock` column).
@@ -95,13 +96,14 @@ pub struct InventoryDrift {
     /// Units held by ORDERED reservations (order lines not yet fulfilled).
     pub(crate) committed: i64,
     /// Units of FULFILLED lines.
-    pub(crate) fulfilled: i64,
-    /// Initial stock, restocks and units returned to stock, from the ledger.
-    pub(crate) received: i64,
+    pub fulfilled: i64,
+    /// Initial stock, restocks, units returned to stock and adjustments
+    /// (signed), from the ledger.
+    pub received: i64,
     /// Number of distinct ledger versions (should equal `version`).
     pub changes: i64,
     /// Sum of the ledger's deltas of available stock (should equal `stock`).
-    pub(crate) ledger_stock: i64,
+    pub ledger_stock: i64,
     /// Minus the sum of the ledger's FULFILLED deltas (should equal `fulfilled`).
     pub(crate) ledger_fulfilled: i64,
     /// Sum of its levels' available units (should equal `stock`).

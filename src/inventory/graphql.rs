@@ -14,6 +14,7 @@ use super::{
     service::{InventoryService, RestockOutcome},
 };
 use crate::{
+    adjustments::graphql::AdjustmentReason,
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     global_id,
@@ -109,9 +110,21 @@ impl Inventory {
     }
 
     /// Units in the warehouse: `available + reserved + committed`, from one
-    /// snapshot. Falls only when an order is fulfilled; grows with restocks.
+    /// snapshot. Falls when an order is fulfilled or an adjustment takes
+    /// units away; grows with restocks, returns and adjustments that add.
     async fn on_hand(&self, ctx: &Context<'_>) -> GqlResult<i32> {
         units(self.states(ctx).await?.on_hand())
+    }
+
+    /// Its levels' safety stock, summed: units no customer may take.
+    async fn safety_stock(&self, ctx: &Context<'_>) -> GqlResult<i32> {
+        units(self.states(ctx).await?.safety_stock)
+    }
+
+    /// Units a customer may take: each level's `sellable`
+    /// (`max(0, available - safetyStock)`), summed, from the same snapshot.
+    async fn sellable(&self, ctx: &Context<'_>) -> GqlResult<i32> {
+        units(self.states(ctx).await?.sellable)
     }
 
     /// Its stock at each location that ever held it, by priority then code
@@ -141,6 +154,10 @@ struct StockStates {
     reserved: i64,
     /// Held by ORDERED reservations: the lines of PENDING and CONFIRMED orders.
     committed: i64,
+    /// The levels' safety stock.
+    safety_stock: i64,
+    /// What customers may take: the levels' sellable units.
+    sellable: i64,
 }
 
 impl StockStates {
@@ -159,11 +176,13 @@ impl Inventory {
     /// under load one event's levels did not add up to its states.
     async fn states(&self, ctx: &Context<'_>) -> GqlResult<StockStates> {
         let levels = locations::level_states(ctx, self.0.id).await?;
-        let none = StockStates { available: 0, reserved: 0, committed: 0 };
+        let none = StockStates { available: 0, reserved: 0, committed: 0, safety_stock: 0, sellable: 0 };
         Ok(levels.iter().fold(none, |sums, level| StockStates {
             available: sums.available + level.available,
             reserved: sums.reserved + level.reserved,
             committed: sums.committed + level.committed,
+            safety_stock: sums.safety_stock + i64::from(level.safety_stock),
+            sellable: sums.sellable + level.sellable(),
         }))
     }
 }
@@ -205,6 +224,10 @@ pub(crate) enum MovementReason {
     /// (`returnOrder`, RESTOCK); `delta` is positive, `reservationId` the
     /// order line. A WRITE_OFF writes no row.
     Returned,
+    /// An operator changed the units here for a reason other than a sale
+    /// (`adjustStock`): on hand and available change by `delta`;
+    /// `adjustmentReason` says why.
+    Adjusted,
 }
 
 impl From<movements::MovementReason> for MovementReason {
@@ -223,6 +246,7 @@ impl From<movements::MovementReason> for MovementReason {
             Ledger::TransferredOut => Self::TransferredOut,
             Ledger::TransferredIn => Self::TransferredIn,
             Ledger::Returned => Self::Returned,
+            Ledger::Adjusted => Self::Adjusted,
         }
     }
 }
@@ -286,6 +310,22 @@ impl StockMovement {
             Some(id) => locations::load(ctx, id).await,
             None => Ok(None),
         }
+    }
+
+    /// Why an operator adjusted stock; set on `ADJUSTED` rows, null on all others.
+    async fn adjustment_reason(&self) -> Option<AdjustmentReason> {
+        self.0.adjustment_reason.map(Into::into)
+    }
+
+    /// The operator's note, on `ADJUSTED` and `RETURNED` rows.
+    async fn note(&self) -> Option<&str> {
+        self.0.note.as_deref()
+    }
+
+    /// The operator who made the change (their token's `sub`), on `ADJUSTED`
+    /// and `RETURNED` rows; null for customers' and the sweeper's rows.
+    async fn actor(&self) -> Option<&str> {
+        self.0.actor.as_deref()
     }
 }
 

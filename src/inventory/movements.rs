@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sea_orm::{ColumnTrait, Condition, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect, entity::prelude::*};
 
 use crate::pagination::{Page, VersionCursor};
-pub(crate) use crate::stock::rows::MovementReason;
+pub(crate) use crate::stock::rows::{AdjustmentReason, MovementReason};
 
 /// One ledger row.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
@@ -34,6 +34,13 @@ pub(crate) struct Model {
     /// The location whose level changed; `None` for rows written before
     /// stock was kept per location (they were all at the default location).
     pub location_id: Option<Uuid>,
+    /// The operator's note, on the rows of adjustments and returns.
+    pub note: Option<String>,
+    /// The operator who made the change (the token's `sub`), on the rows of
+    /// adjustments and returns; none for customers' and the sweeper's rows.
+    pub actor: Option<String>,
+    /// Why an operator adjusted stock: set on ADJUSTED rows, and only on them.
+    pub adjustment_reason: Option<AdjustmentReason>,
 }
 
 /// No relations are navigated through the ORM.

@@ -95,11 +95,22 @@ impl StockLevel {
     async fn on_hand(&self) -> GqlResult<i32> {
         units(self.0.available + self.0.reserved + self.0.committed)
     }
+
+    /// The last available units here that no customer may take
+    /// (`setSafetyStock`); an operator's `useSafetyStock` may.
+    async fn safety_stock(&self) -> i32 {
+        self.0.safety_stock
+    }
+
+    /// Units a customer may take here: `max(0, available - safetyStock)`.
+    async fn sellable(&self) -> GqlResult<i32> {
+        units(self.0.sellable())
+    }
 }
 
 /// A count of units as a GraphQL `Int`; one past `i32::MAX` is a broken
 /// database, not a client's fault.
-fn units(n: i64) -> GqlResult<i32> {
+pub(crate) fn units(n: i64) -> GqlResult<i32> {
     i32::try_from(n)
         .map_err(|_| AppError::internal(anyhow::anyhow!("a level of {n} units does not fit in an Int")).extend())
 }

@@ -224,13 +224,8 @@ impl LocationService {
     async fn levels(&self, inventory_id: Uuid, from: Uuid, to: Uuid) -> Result<(LevelState, LevelState), AppError> {
         let levels = read_answer!(&self.db, |db| store::levels(db, &[inventory_id]))?;
         let at = |location_id: Uuid| {
-            levels.iter().find(|level| level.location_id == location_id).cloned().unwrap_or(LevelState {
-                inventory_id,
-                location_id,
-                available: 0,
-                reserved: 0,
-                committed: 0,
-            })
+            let level = levels.iter().find(|level| level.location_id == location_id).cloned();
+            level.unwrap_or_else(|| LevelState::empty(inventory_id, location_id))
         };
         Ok((at(from), at(to)))
     }

@@ -113,7 +113,21 @@ pub struct LevelState {
     /// Allocated there to ACTIVE reservations.
     pub reserved: i64,
     /// Allocated there to ORDERED reservations (order lines).
-    pub(crate) committed: i64,
+    pub committed: i64,
+    /// The last available units there that no customer may take.
+    pub safety_stock: i32,
+}
+
+impl LevelState {
+    /// The level of an inventory at a location that never held it: nothing.
+    pub fn empty(inventory_id: Uuid, location_id: Uuid) -> Self {
+        Self { inventory_id, location_id, available: 0, reserved: 0, committed: 0, safety_stock: 0 }
+    }
+
+    /// Units a customer may take there: available above the safety stock.
+    pub fn sellable(&self) -> i64 {
+        (self.available - i64::from(self.safety_stock)).max(0)
+    }
 }
 
 /// The statement of [`levels`], over `$1`, the inventories' ids (public so
@@ -122,7 +136,7 @@ pub static LEVELS_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         r#"
 SELECT l.inventory_id, l.location_id, l.available::bigint AS available,
-       coalesce(h.reserved, 0)::bigint AS reserved, coalesce(h.committed, 0)::bigint AS committed
+       coalesce(h.reserved, 0)::bigint AS reserved, coalesce(h.committed, 0)::bigint AS committed, l.safety_stock
   FROM stock_levels l
   JOIN locations loc ON loc.id = l.location_id
   LEFT JOIN (

@@ -40,9 +40,7 @@ pub(crate) async fn reserve_alone(
     request: &ReserveRequest,
     spread: &Spread,
 ) -> Result<ReserveOutcome, AppError> {
-    let key = request.idempotency_key.clone().map(|key| {
-        Key::reserve(key, request.inventory_id, request.quantity, request.expected_version, &request.allocating)
-    });
+    let key = request.key();
     if request.allocating.is_anywhere() && !spread.contains(request.inventory_id) {
         match reserve_once(db, statements, collisions, user_id, request, key.as_ref(), Path::SoleLevel).await? {
             Taken::Done(outcome) => return Ok(outcome),
@@ -98,6 +96,7 @@ async fn reserve_once(
         fingerprint: key.map(|k| k.fingerprint.as_str()),
         ttl_secs: request.ttl_secs,
         allocating: &request.allocating,
+        use_safety_stock: request.use_safety_stock,
     };
     let attempted = match path {
         Path::SoleLevel => store::reserve(statements, collisions, &reserve).await,
@@ -125,10 +124,11 @@ async fn reserve_once(
 
 /// Serves a request that may take from anywhere and that the inventory's
 /// one level did not serve (alone, or at its turn in a coalesced
-/// statement): a read tells whether that was the answer (no such
-/// inventory, another version, too little stock in its one place) or the
-/// stock is in several places (or its one place is inactive), and then the
-/// request is served across the levels.
+/// statement, or passed over there as a caller who may take safety stock):
+/// a read tells whether that was the answer (no such inventory, another
+/// version, too little sellable stock in its one place) or the stock is in
+/// several places (or its one place is inactive), and then the request is
+/// served across the levels.
 pub(super) async fn beyond_sole_level(
     db: &DatabaseConnection,
     statements: &StatementPool,
@@ -145,9 +145,18 @@ pub(super) async fn beyond_sole_level(
         return Ok(ReserveOutcome::InventoryNotFound);
     };
     spread.learn(&inventory);
-    let held_in_one_place = inventory.sole_location_id.is_some();
-    if held_in_one_place && inventory.stock < request.quantity {
-        return Ok(ReserveOutcome::SoldOut { requested: request.quantity, available: inventory.stock, inventory });
+    if inventory.sole_location_id.is_some() {
+        // What its one level offers the request: its stock less the level's
+        // safety stock, unless the request may take that too.
+        let available = read_answer!(db, |db| store::available(
+            db,
+            request.inventory_id,
+            &request.allocating,
+            request.use_safety_stock
+        ))?;
+        if available < request.quantity {
+            return Ok(ReserveOutcome::SoldOut { requested: request.quantity, available, inventory });
+        }
     }
     if let Some(expected_version) = request.expected_version.filter(|&v| v != inventory.version) {
         return Ok(ReserveOutcome::Conflict { expected_version, inventory });
@@ -192,7 +201,12 @@ async fn not_taken(
     let Some(inventory) = read_answer!(db, |db| inventory_store::find(db, request.inventory_id))? else {
         return Ok(ReserveOutcome::InventoryNotFound);
     };
-    let available = read_answer!(db, |db| store::available(db, request.inventory_id, &request.allocating))?;
+    let available = read_answer!(db, |db| store::available(
+        db,
+        request.inventory_id,
+        &request.allocating,
+        request.use_safety_stock
+    ))?;
     Ok(match request.expected_version {
         expected if exhausted => {
             ReserveOutcome::Conflict { expected_version: expected.unwrap_or(inventory.version), inventory }

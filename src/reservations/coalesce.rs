@@ -83,9 +83,7 @@ struct Waiting {
 impl Waiting {
     /// `user_id`'s `request`, arriving now, answered on `reply`.
     fn new(user_id: &str, request: &ReserveRequest, reply: oneshot::Sender<Result<ReserveOutcome, AppError>>) -> Self {
-        let ReserveRequest { inventory_id, quantity, expected_version, .. } = *request;
-        let key = (request.idempotency_key.clone())
-            .map(|key| Key::reserve(key, inventory_id, quantity, expected_version, &request.allocating));
+        let key = request.key();
         let span = telemetry::caller_span();
         Self { user_id: user_id.to_owned(), request: request.clone(), key, arrived: Instant::now(), reply, span }
     }
@@ -326,6 +324,8 @@ impl Coalescer {
             batch.iter().map(|w| w.key.as_ref().map(|k| k.fingerprint.as_str())).collect();
         let expected_versions: Vec<Option<i32>> = batch.iter().map(|w| w.request.expected_version).collect();
         let ttl_secs: Vec<i32> = batch.iter().map(|w| w.request.ttl_secs).collect();
+        // Per caller: customers and operators share batches.
+        let use_safety_stock: Vec<bool> = batch.iter().map(|w| w.request.use_safety_stock).collect();
         let across_levels = inventories.iter().any(|&id| self.spread.contains(id));
         let reserve = CoalescedReserve {
             inventory_ids: &inventories,
@@ -337,6 +337,7 @@ impl Coalescer {
             fingerprints: &fingerprints,
             expected_versions: &expected_versions,
             ttl_secs: &ttl_secs,
+            use_safety_stock: &use_safety_stock,
             across_levels,
         };
         let span = telemetry::batch(batch.len());
@@ -408,8 +409,9 @@ impl Coalescer {
                 return Ok(ReserveOutcome::Reserved { reservation, inventory });
             }
             // The statement cannot tell why (the stock may be in several
-            // places): decided by a read, and served across the levels as
-            // alone when that is why.
+            // places), or passed the caller over (one who may take safety
+            // stock, on stock in several places): decided by a read, and
+            // served across the levels as alone when that is why.
             Turn::NotTaken => {
                 let (db, statements, collisions) = (&self.db, &self.statements, &self.collisions);
                 let key = key.as_ref();

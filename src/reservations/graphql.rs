@@ -144,8 +144,11 @@ pub(crate) struct Reserved {
 pub(crate) struct SoldOut {
     /// Units asked for.
     pub requested: i32,
-    /// What the eligible locations hold together (with `allowSplit: false`:
-    /// the largest single one; for a transfer: the source's).
+    /// What the eligible locations offer the request together: their
+    /// sellable units, those above each level's `safetyStock` (all their
+    /// available units for an operator's `useSafetyStock`); with
+    /// `allowSplit: false` the largest single one. For a transfer or an
+    /// adjustment: the level's available units.
     pub available: i32,
     /// The latest committed state.
     pub inventory: Inventory,
@@ -239,6 +242,11 @@ impl ReservationMutation {
         #[graphql(desc = "What to take, and how to guard it.")] input: ReserveInput,
     ) -> GqlResult<ReserveResult> {
         let user = ctx.user()?;
+        // Safety stock is the shop's own: only an operator may take it, and
+        // a customer asking to is refused before anything is read.
+        if input.use_safety_stock && !user.is_operator() {
+            return Err(AppError::Forbidden.extend());
+        }
         let service = ctx.part::<ReservationService>()?;
         let limits = service.limits();
         let request = ReserveRequest {
@@ -255,6 +263,7 @@ impl ReservationMutation {
                 input.allow_split,
             )
             .gql()?,
+            use_safety_stock: input.use_safety_stock,
         };
         let outcome = service.reserve(&user.id, &request).await.gql()?;
         Ok(telemetry::counted("reserve", ReserveResult::from_outcome(outcome, request.inventory_id)))
@@ -436,8 +445,9 @@ pub(crate) struct UnavailableItem {
     pub reason: UnavailableReason,
     /// The latest committed state (null when not found).
     pub inventory: Option<Inventory>,
-    /// For a `SOLD_OUT` line: what its eligible locations held together
-    /// (with `allowSplit: false`: the largest single one); null otherwise.
+    /// For a `SOLD_OUT` line: the sellable units its eligible locations
+    /// offered together, those above each level's `safetyStock` (with
+    /// `allowSplit: false`: the largest single one); null otherwise.
     pub available: Option<i32>,
 }
 

@@ -30,6 +30,18 @@ pub struct ReserveRequest {
     pub ttl_secs: i32,
     /// Where its units may come from (location ids already checked).
     pub allocating: Allocating,
+    /// Whether it may take the levels' safety stock (an operator's
+    /// `useSafetyStock`, checked); a customer's never does.
+    pub use_safety_stock: bool,
+}
+
+impl ReserveRequest {
+    /// Its idempotency key with the request's fingerprint, if it sent one.
+    pub(super) fn key(&self) -> Option<Key> {
+        let key = self.idempotency_key.clone()?;
+        let Self { inventory_id, quantity, expected_version, .. } = *self;
+        Some(Key::reserve(key, inventory_id, quantity, expected_version, &self.allocating, self.use_safety_stock))
+    }
 }
 
 /// How a reservation request ended.
@@ -53,7 +65,8 @@ pub enum ReserveOutcome {
     SoldOut {
         /// Units asked for.
         requested: i32,
-        /// What the eligible locations hold (see `SoldOut.available`).
+        /// What the eligible locations offer the request (its sellable
+        /// units; see `SoldOut.available`).
         available: i32,
         /// The latest committed row.
         inventory: InventoryRow,

@@ -62,20 +62,24 @@ pub(crate) async fn reserve_allocating(
     collisions.run(reserve.inventory_id, run).await
 }
 
-/// What the locations a request may take from hold for it (its sum, or
-/// without a split the largest), read after it could not be served.
-pub(crate) async fn available(
+/// What the locations a request may take from offer it (their sellable
+/// units, or with `use_safety` all of them: their sum, or without a split
+/// the largest), read after it could not be served.
+pub async fn available(
     db: &impl ConnectionTrait,
     inventory_id: Uuid,
     allocating: &Allocating,
+    use_safety: bool,
 ) -> Result<i32, DbErr> {
-    let row = db.query_one_raw(allocating::available(inventory_id, allocating)).await?;
+    let row = db.query_one_raw(allocating::available(inventory_id, allocating, use_safety)).await?;
     Ok(row.map(|row| row.try_get("", "available")).transpose()?.unwrap_or(0))
 }
 
-/// What the locations `reservation` may take more from hold for it: by its
-/// own choice, and without a split only where it already is.
-pub(crate) async fn available_for_more(db: &impl ConnectionTrait, reservation: &Model) -> Result<i32, DbErr> {
+/// What the locations `reservation` may take more from offer it: by its
+/// own choice, and without a split only where it already is; never their
+/// safety stock (a quantity increase is a customer's path, whoever holds
+/// the reservation).
+pub async fn available_for_more(db: &impl ConnectionTrait, reservation: &Model) -> Result<i32, DbErr> {
     let mut choice =
         Allocating::stored(reservation.location_ids.clone(), reservation.fewest_locations, reservation.allow_split);
     if !choice.allow_split {
@@ -87,7 +91,7 @@ pub(crate) async fn available_for_more(db: &impl ConnectionTrait, reservation: &
             None => held,
         });
     }
-    available(db, reservation.inventory_id, &choice).await
+    available(db, reservation.inventory_id, &choice, false).await
 }
 
 /// Runs one coalesced statement for several callers (of one inventory or

@@ -6,7 +6,7 @@ use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
 use super::{
-    allocating::{eligible, preference},
+    allocating::{eligible, offered, preference},
     fragments::{
         Ids, LEDGER, active_unexpired, inventory_columns, lock_inventories, lock_levels, reservation_columns_as_r, step,
     },
@@ -15,8 +15,9 @@ use super::{
 
 /// Changes an ACTIVE, unexpired reservation of `owner`'s to `quantity`
 /// units in one statement: more takes the difference by the reservation's
-/// own choice of locations (`allocate` over its eligible levels; without a
-/// split only from the location that holds it), fewer gives the difference
+/// own choice of locations (`allocate` over what its eligible levels offer
+/// a customer, [`offered`]: never their safety stock, whoever the owner;
+/// without a split only from the location that holds it), fewer gives the difference
 /// back to the locations that gave it, the least preferred first, so no
 /// location ends up holding more of it than it gave. One change of the
 /// inventory (version + 1) with one QUANTITY_CHANGED ledger row per
@@ -64,7 +65,7 @@ WITH line AS MATERIALIZED (
     SELECT v.*, coalesce(h.quantity, 0) AS held FROM lvl v LEFT JOIN held h ON h.location_id = v.location_id
 ), plan AS (
     SELECT CASE WHEN $3::integer > l.quantity THEN
-               allocate(array_agg(v.available ORDER BY {preference})
+               allocate(array_agg({offered} ORDER BY {preference})
                             FILTER (WHERE {eligible} AND (l.split OR v.held > 0)),
                         $3::integer - l.quantity, l.fewest, l.split)
            END AS takes,
@@ -129,6 +130,7 @@ SELECT changed.*, {reservation} FROM changed, resized r"#,
             lvl = lock_levels(Ids::One("(SELECT id FROM inv)")),
             preference = preference("l.location_ids"),
             eligible = eligible("l.location_ids"),
+            offered = offered("v.", None),
             reason = sql(MovementReason::QuantityChanged),
             set = step("i.", "- ($3::integer - l.quantity)"),
             columns = inventory_columns("i."),

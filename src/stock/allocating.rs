@@ -1,5 +1,6 @@
-//! How a request chooses the locations its units come from, and what the
-//! eligible locations hold when they cannot give them.
+//! How a request chooses the locations its units come from, what each
+//! level offers it (its units above the level's safety stock, [`offered`]),
+//! and what the eligible locations hold when they cannot give them.
 //!
 //! The rules themselves live in one place, the database function
 //! `allocate(available, wanted, fewest, split)` that every taking statement
@@ -8,6 +9,8 @@
 //! decision and the write it leads to are made in one statement over the
 //! same rows. [`model`] is the same rules in Rust, for the tests that
 //! compare outcomes against them.
+
+use std::sync::LazyLock;
 
 use sea_orm::{DbBackend, Statement, Value};
 use uuid::Uuid;
@@ -104,31 +107,75 @@ pub(crate) fn preference(ids: &str) -> String {
     format!("array_position({ids}, location_id), priority, code")
 }
 
-/// What the eligible levels hold for a request, as an aggregate over them
-/// (the column `available`, unqualified as in [`eligible`]), given whether
-/// it may split (`split`, a boolean expression): their sum, or with no
-/// split allowed the largest of them, since one level must then give it
-/// all; 0 for none. What a refused request is told (`SoldOut.available`),
-/// and what [`super::lines::lock_lines`] says of each line.
-pub(crate) fn held(split: &str) -> String {
-    format!("coalesce(CASE WHEN {split} THEN sum(available) ELSE max(available) END, 0)::integer")
+/// What a level offers a request: its available units above its safety
+/// stock (`greatest(available - safety_stock, 0)`, its sellable units),
+/// or, when `use_safety` (a boolean expression: an operator's
+/// `useSafetyStock`) is true, all of them. `None`: the request is a
+/// customer's, which never takes safety stock. The one home of that rule:
+/// every statement that takes stock for a reservation or an order line
+/// allocates what this offers, never `available` itself, so no customer
+/// path can take a level's last `safety_stock` units. It names the columns
+/// `available` and `safety_stock` of the level aliased `alias` (`""`,
+/// `"v."`), as [`eligible`] names its columns.
+pub fn offered(alias: &str, use_safety: Option<&str>) -> String {
+    let sellable = format!("greatest({alias}available - {alias}safety_stock, 0)");
+    match use_safety {
+        None => sellable,
+        Some(flag) => format!("CASE WHEN {flag} THEN {alias}available ELSE {sellable} END"),
+    }
 }
 
-/// What the eligible levels of `inventory_id` hold for a request choosing
-/// by `allocating` ([`held`]), read after it could not be served. One row,
-/// `available`.
-pub(crate) fn available(inventory_id: Uuid, allocating: &Allocating) -> Statement {
+/// The safety stock of the one level of an inventory held in one place
+/// (`sole_location_id`), read by key through the inventory row aliased
+/// `alias` (`""`, `"i."`); NULL for an inventory held in several places.
+/// Unlocked: a statement that takes from the row alone decides with it
+/// instead of locking the level first, so a change of it that commits while
+/// such a statement runs applies from the next statement on
+/// (docs/stock-operations.md, "Safety stock").
+pub fn sole_safety_stock(alias: &str) -> String {
+    format!(
+        "(SELECT safety_stock FROM stock_levels WHERE inventory_id = {alias}id AND location_id = {alias}sole_location_id)"
+    )
+}
+
+/// [`offered`] for an inventory held in one place, whose units are all at
+/// its one level, through its row aliased `alias`: its `stock` less that
+/// level's safety stock ([`sole_safety_stock`]), unless `use_safety` (a
+/// boolean expression) is true. Not floored at 0: it is compared with a
+/// quantity of at least 1.
+pub fn sole_offered(alias: &str, use_safety: &str) -> String {
+    format!("({alias}stock - CASE WHEN {use_safety} THEN 0 ELSE {} END)", sole_safety_stock(alias))
+}
+
+/// What the eligible levels hold for a request, as an aggregate over them
+/// of what each offers it (`offered`, an expression of [`offered`]), given
+/// whether it may split (`split`, a boolean expression): their sum, or with
+/// no split allowed the largest of them, since one level must then give it
+/// all; 0 for none. What a refused request is told (`SoldOut.available`),
+/// and what [`super::lines::lock_lines`] says of each line.
+pub fn held(split: &str, offered: &str) -> String {
+    format!("coalesce(CASE WHEN {split} THEN sum({offered}) ELSE max({offered}) END, 0)::integer")
+}
+
+/// What the eligible levels of `inventory_id` offer a request choosing by
+/// `allocating` ([`held`]), a customer's or, with `use_safety`, an
+/// operator's taking safety stock too, read after it could not be served.
+/// One row, `available`.
+pub fn available(inventory_id: Uuid, allocating: &Allocating, use_safety: bool) -> Statement {
     let [ids, _fewest, split] = allocating.values();
-    Statement::from_sql_and_values(
-        DbBackend::Postgres,
+    static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "SELECT {} AS available \
                FROM stock_levels l JOIN locations c ON c.id = l.location_id \
               WHERE inventory_id = $1 AND {}",
-            held("$3"),
+            held("$3", &offered("l.", Some("$4::boolean"))),
             eligible("$2::uuid[]")
-        ),
-        [inventory_id.into(), ids, split],
+        )
+    });
+    Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        SQL.as_str(),
+        [inventory_id.into(), ids, split, use_safety.into()],
     )
 }
 

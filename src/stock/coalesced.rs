@@ -15,7 +15,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::{
-    allocating::{eligible, preference},
+    allocating::{eligible, offered, preference, sole_offered, sole_safety_stock},
     fragments::{Ids, LEDGER_WITH_ID, expiry, inventory_columns, lock_inventories, lock_levels, set, sole, step},
     rows::{InventoryRow, MovementReason, ReservationStatus, sql},
 };
@@ -23,9 +23,9 @@ use super::{
 /// The callers of a batch, from the bind arrays: one row per caller
 /// (`r`), `n` its place in arrival order.
 const CALLERS: &str = "unnest($1::uuid[], $2::uuid[], $3::text[], $4::integer[], $6::uuid[], $7::text[], $8::text[],
-                  $9::integer[], $5::integer[]) WITH ORDINALITY
+                  $9::integer[], $5::integer[], $10::boolean[]) WITH ORDINALITY
         AS r(inventory_id, reservation_id, user_id, quantity, movement_id, idempotency_key, request_fingerprint,
-             expected_version, ttl_secs, n)";
+             expected_version, ttl_secs, use_safety, n)";
 
 /// The end of a walk (`walk` rows of `inventory_id`, `k`, `stock`,
 /// `version`, `granted`, over the locked rows `inv`): its steps, each
@@ -46,6 +46,14 @@ fn steps() -> String {
 )",
         set = set("last.stock", "last.version"),
     )
+}
+
+/// What the one level of a walk's inventory offers the caller `r` (its
+/// `use_safety`) in the walk row aliased `alias` (`"w."`, `"s."`), whose
+/// `stock` is the level's units and `kept` its safety stock: the rule of
+/// [`super::allocating::offered`], on the walk's running stock.
+fn offer(alias: &str) -> String {
+    format!("({alias}stock - CASE WHEN r.use_safety THEN 0 ELSE {alias}kept END)")
 }
 
 /// A walk's answer, one row per caller in arrival order (see [`Turn`]),
@@ -70,8 +78,9 @@ fn answers(available: &str) -> String {
 /// inventories, `$2` reservation ids, `$3` users, `$4` quantities, `$6`
 /// ledger row ids, `$7` idempotency keys and `$8` request fingerprints
 /// (NULL for a caller without a key), `$9` expected versions (NULL for a
-/// caller without one), `$5` TTLs in seconds (0: never expires); one
-/// element per caller, in arrival order. A key used before (by any request of its
+/// caller without one), `$5` TTLs in seconds (0: never expires), `$10`
+/// whether each may take safety stock (an operator's `useSafetyStock`);
+/// one element per caller, in arrival order. A key used before (by any request of its
 /// user) fails the whole statement on the keys' unique index, so it
 /// writes nothing and its callers are served alone, where the key replays.
 ///
@@ -80,7 +89,10 @@ fn answers(available: &str) -> String {
 /// order every multi-item writer and the sweeper lock in, so two batches of
 /// this or another process that share inventories wait for each other
 /// instead of deadlocking. Then it walks each inventory's callers in arrival
-/// order granting each whose quantity still fits and whose expected version,
+/// order granting each whose quantity still fits in what the level offers
+/// that caller (its units above the level's safety stock, `kept`, or all
+/// of them for a caller who may take safety stock: a batch mixes customers
+/// and operators, so this is decided per caller) and whose expected version,
 /// if it gave one, is the version at its turn (a caller that does not fit
 /// is refused, a later smaller one may still be served: exactly what
 /// one-at-a-time would do), writes each inventory's new stock and version
@@ -101,13 +113,14 @@ WITH RECURSIVE req AS MATERIALIZED (
 ), inv AS MATERIALIZED (
     {inv}
 ), walk AS (
-    SELECT inv.id AS inventory_id, 0::bigint AS k, inv.stock AS stock, inv.version AS version, false AS granted
+    SELECT inv.id AS inventory_id, 0::bigint AS k, inv.stock AS stock, inv.version AS version, false AS granted,
+           inv.kept AS kept
       FROM inv WHERE inv.sole
     UNION ALL
     SELECT w.inventory_id, r.k,
            CASE WHEN {fits} THEN w.stock - r.quantity ELSE w.stock END,
            CASE WHEN {fits} THEN w.version + 1 ELSE w.version END,
-           {fits}
+           {fits}, w.kept
       FROM walk w JOIN req r ON r.inventory_id = w.inventory_id AND r.k = w.k + 1
 ), {steps}, drawn AS (
     UPDATE stock_levels l SET available = t.stock
@@ -132,13 +145,20 @@ WITH RECURSIVE req AS MATERIALIZED (
       FROM granted
 )
 {answers}"#,
-        answers = answers("s.stock"),
+        answers = answers(&format!("greatest({}, 0)", offer("s."))),
         steps = steps(),
-        inv = lock_inventories(&format!("{}, {} AS sole", inventory_columns(""), sole("")), Ids::Array("$1"), None),
+        inv = lock_inventories(
+            &format!("{}, {} AS sole, {} AS kept", inventory_columns(""), sole(""), sole_safety_stock("")),
+            Ids::Array("$1"),
+            None
+        ),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
         granted_expires = expiry("ttl_secs"),
-        fits = "(w.stock >= r.quantity AND (r.expected_version IS NULL OR r.expected_version = w.version))",
+        fits = format!(
+            "({} >= r.quantity AND (r.expected_version IS NULL OR r.expected_version = w.version))",
+            offer("w.")
+        ),
     )
 });
 
@@ -146,7 +166,8 @@ WITH RECURSIVE req AS MATERIALIZED (
 /// inventories, the common batch on a catalogue: with one caller per row
 /// there is nothing to walk, so each caller's reservation is the conditional
 /// UPDATE of its own row, decided by the UPDATE's own WHERE as in
-/// [`RESERVE_SQL`]. Without the walk's `FOR UPDATE` and recursive CTE it
+/// [`RESERVE_SQL`] (what the level offers each caller, [`sole_offered`], by
+/// the caller's own `use_safety`). Without the walk's `FOR UPDATE` and recursive CTE it
 /// costs PostgreSQL about 15 % less per batch
 /// (bench/results/decisions.md#a-statement-without-the-walk-for-batches-of-distinct-inventories-kept).
 /// The same parameters; one row per caller in arrival order, as
@@ -173,7 +194,7 @@ WITH req AS MATERIALIZED (
     UPDATE inventories i
        {set}
       FROM req r
-     WHERE i.id = r.inventory_id AND i.id = ANY($1) AND i.stock >= r.quantity
+     WHERE i.id = r.inventory_id AND i.id = ANY($1) AND {offered} >= r.quantity
        AND (r.expected_version IS NULL OR i.version = r.expected_version) AND {sole}
  RETURNING {inventory}, r.n, r.reservation_id, r.user_id, r.quantity, r.movement_id, r.idempotency_key,
            r.request_fingerprint, r.ttl_secs
@@ -202,6 +223,7 @@ SELECT CASE WHEN t.n IS NOT NULL THEN true END AS found, t.n IS NOT NULL AS gran
  ORDER BY r.n"#,
         set = step("i.", "- r.quantity"),
         sole = sole("i."),
+        offered = sole_offered("i.", "r.use_safety"),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
         inventory = inventory_columns("i."),
@@ -215,18 +237,26 @@ SELECT CASE WHEN t.n IS NOT NULL THEN true END AS found, t.n IS NOT NULL AS gran
 /// several places (any inventory of it may be): each caller takes by the
 /// default choice (every active location, by priority then code, splitting
 /// allowed), the only choice the coalescer batches. The same parameters and
-/// rows, where `available` is what the active locations held after the
-/// caller's turn (`SoldOut.available`, as alone).
+/// rows, where `available` is what the active locations offered customers
+/// after the caller's turn (their sellable units, `SoldOut.available`, as
+/// alone).
+///
+/// It walks customers only: a caller who may take safety stock is not
+/// served here (its row says `found` NULL, so it is served alone right
+/// after, across the levels, as if it had come after the batch). The
+/// shelf below lays each level's sellable units end to end, which holds
+/// only while every grant takes from the top of them; a grant that may
+/// reach into a level's safety stock would break that (docs/stock-operations.md).
 ///
 /// It locks the batch's inventory rows in id order, then all their levels
 /// (the order of every stock statement), and walks each inventory's callers
-/// in arrival order against what its active levels hold together, granting
+/// in arrival order against what its active levels offer together, granting
 /// each whose quantity still fits and whose expected version, if it gave
 /// one, is the version at its turn. Where each granted caller's units come
 /// from needs no walk of its own: by the default choice a caller takes the
 /// first units still left in order of preference, so the granted callers
 /// of an inventory take consecutive runs of its eligible levels laid end to
-/// end (`shelf`), each run starting where the grants before it ended. That
+/// end (`shelf`, each level's sellable units), each run starting where the grants before it ended. That
 /// is what `allocate` gives each caller in turn (tests/api/location_races
 /// compare the two). Each level is written once, from the value `lvl`
 /// locked; one allocation and one ledger row per caller and location
@@ -236,7 +266,8 @@ pub static ACROSS_LEVELS_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         r#"
 WITH RECURSIVE req AS MATERIALIZED (
-    SELECT r.*, row_number() OVER (PARTITION BY r.inventory_id ORDER BY r.n) AS k
+    SELECT r.*, CASE WHEN NOT r.use_safety
+                     THEN row_number() OVER (PARTITION BY r.inventory_id, r.use_safety ORDER BY r.n) END AS k
       FROM {CALLERS}
 ), inv AS MATERIALIZED (
     {inv}
@@ -244,7 +275,7 @@ WITH RECURSIVE req AS MATERIALIZED (
     {levels}
 ), held AS MATERIALIZED (
     SELECT inv.id AS inventory_id,
-           (coalesce(sum(v.available) FILTER (WHERE {eligible}), 0))::integer AS eligible,
+           (coalesce(sum({offered}) FILTER (WHERE {eligible}), 0))::integer AS eligible,
            CASE WHEN coalesce(sum(v.available), 0) = inv.stock THEN true ELSE retry_stale_read() END AS fresh
       FROM inv LEFT JOIN lvl v ON v.inventory_id = inv.id
      GROUP BY inv.id, inv.stock
@@ -266,16 +297,16 @@ WITH RECURSIVE req AS MATERIALIZED (
       JOIN held h ON h.inventory_id = r.inventory_id
      WHERE s.granted
 ), shelf AS (
-    SELECT inventory_id, location_id, available,
-           sum(available) OVER (PARTITION BY inventory_id ORDER BY {preference}) - available AS start
-      FROM lvl
-     WHERE {eligible} AND available > 0
+    SELECT inventory_id, location_id, offered,
+           sum(offered) OVER (PARTITION BY inventory_id ORDER BY {preference}) - offered AS start
+      FROM (SELECT *, {offered} AS offered FROM lvl) v
+     WHERE {eligible} AND offered > 0
 ), pick AS (
     SELECT g.reservation_id, g.movement_id, g.inventory_id, g.stock, g.version, sh.location_id,
-           (least(g.start + g.quantity, sh.start + sh.available) - greatest(g.start, sh.start))::integer AS take,
+           (least(g.start + g.quantity, sh.start + sh.offered) - greatest(g.start, sh.start))::integer AS take,
            row_number() OVER (PARTITION BY g.reservation_id ORDER BY sh.start) AS j
       FROM granted g JOIN shelf sh ON sh.inventory_id = g.inventory_id
-     WHERE sh.start < g.start + g.quantity AND sh.start + sh.available > g.start
+     WHERE sh.start < g.start + g.quantity AND sh.start + sh.offered > g.start
 ), drawn AS (
     UPDATE stock_levels l SET available = v.available - d.take
       FROM (SELECT inventory_id, location_id, sum(take) AS take FROM pick GROUP BY inventory_id, location_id) d
@@ -302,6 +333,7 @@ WITH RECURSIVE req AS MATERIALIZED (
         inv = lock_inventories(&inventory_columns(""), Ids::Array("$1"), None),
         levels = lock_levels(Ids::Array("ARRAY(SELECT id FROM inv)")),
         eligible = eligible("NULL::uuid[]"),
+        offered = offered("", None),
         preference = preference("NULL::uuid[]"),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
@@ -333,6 +365,8 @@ pub struct CoalescedReserve<'a> {
     pub expected_versions: &'a [Option<i32>],
     /// Seconds until each caller's reservation expires; 0 = never.
     pub ttl_secs: &'a [i32],
+    /// Whether each caller may take safety stock (an operator's `useSafetyStock`).
+    pub use_safety_stock: &'a [bool],
     /// Whether an inventory of the batch is known to be held in several
     /// places: then [`ACROSS_LEVELS_RESERVE_SQL`] serves it.
     pub across_levels: bool,
@@ -369,6 +403,7 @@ impl CoalescedReserve<'_> {
             .bind(self.keys)
             .bind(self.fingerprints)
             .bind(self.expected_versions)
+            .bind(self.use_safety_stock)
     }
 }
 
@@ -388,7 +423,7 @@ pub(crate) enum Turn {
         granted: bool,
         /// The inventory right after its turn.
         inventory: InventoryRow,
-        /// What the locations it may take from held right after its turn.
+        /// What the locations it may take from offered it right after its turn.
         available: i32,
         /// When the granted reservations were made (the transaction's start).
         now: DateTime<Utc>,

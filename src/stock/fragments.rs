@@ -43,6 +43,13 @@ pub(crate) const LEDGER: &str = "INSERT INTO stock_movements \
 pub(crate) const LEDGER_BY_OPERATOR: &str = "INSERT INTO stock_movements \
      (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id, note, actor)";
 
+/// [`LEDGER_BY_OPERATOR`] for an adjustment (eleven values): the ten, then
+/// its `adjustment_reason`, which the table requires on ADJUSTED rows and
+/// refuses on any other.
+pub const LEDGER_ADJUSTED: &str = "INSERT INTO stock_movements \
+     (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id, note, actor, \
+      adjustment_reason)";
+
 /// [`LEDGER`] with the row's id first (nine values): the reserve paths,
 /// which write most ledger rows, send time-ordered (v7) ids made by the
 /// server, so new rows land at the right edge of the primary key instead of
@@ -108,12 +115,13 @@ pub(crate) fn lock_inventories(columns: &str, ids: Ids<'_>, condition: Option<&s
 
 /// The levels of the inventories `ids` names, each with its location's
 /// priority, code and active flag: `inventory_id, location_id, available,
-/// priority, code, active`, the columns [`super::allocating::eligible`] and
+/// safety_stock, priority, code, active`, the columns
+/// [`super::allocating::eligible`], [`super::allocating::offered`] and
 /// [`super::allocating::preference`] read. Unlocked: for a statement whose
 /// transaction locked them before ([`lock_levels`]).
 pub(crate) fn levels(ids: Ids<'_>) -> String {
     format!(
-        "SELECT l.inventory_id, l.location_id, l.available, c.priority, c.code, c.active
+        "SELECT l.inventory_id, l.location_id, l.available, l.safety_stock, c.priority, c.code, c.active
       FROM stock_levels l JOIN locations c ON c.id = l.location_id
      WHERE {}",
         ids.of("l.inventory_id")
@@ -291,16 +299,68 @@ pub(crate) fn ledger_stock() -> String {
     format!("coalesce(sum(delta) FILTER (WHERE reason <> {}), 0)", sql(MovementReason::Fulfilled))
 }
 
-/// The ledger rows' units received from outside: initial stock, restocks
-/// and units returned to stock (a fulfilled order's line restocked), 0 for none.
-pub(crate) fn ledger_received() -> String {
-    let received = sql_list([MovementReason::Created, MovementReason::Restocked, MovementReason::Returned]);
+/// The ledger rows' units received from outside: initial stock, restocks,
+/// units returned to stock (a fulfilled order's line restocked) and
+/// operators' adjustments (signed), 0 for none.
+pub fn ledger_received() -> String {
+    let received = sql_list([
+        MovementReason::Created,
+        MovementReason::Restocked,
+        MovementReason::Returned,
+        MovementReason::Adjusted,
+    ]);
     format!("coalesce(sum(delta) FILTER (WHERE reason IN {received}), 0)")
 }
 
 /// The ledger rows' units shipped (positive), 0 for none.
 pub(crate) fn ledger_fulfilled() -> String {
     format!("coalesce(-sum(delta) FILTER (WHERE reason = {}), 0)", sql(MovementReason::Fulfilled))
+}
+
+/// The location `n` (a `uuid` expression, `"$2"`) names, or the default
+/// location when it is NULL: one row (`id`), none when it names none.
+pub fn location_or_default(n: &str) -> String {
+    let default = super::rows::location::DEFAULT_CODE;
+    format!(
+        "SELECT id FROM locations WHERE id = coalesce({n}::uuid, (SELECT id FROM locations WHERE code = '{default}'))"
+    )
+}
+
+/// A freshness check for a statement that has locked one inventory row
+/// (the CTE `inv` of [`lock_inventories`], with its `version`) and then
+/// reads what reservations hold of it, unlocked. At READ COMMITTED a
+/// statement that waited for the row reads it (and its levels, locked) as
+/// they are now, but the reservations and allocations as its snapshot had
+/// them, before the change it waited for. Every change of what is held
+/// steps the inventory's version and locks its row first, so when the
+/// version the snapshot sees is not the one locked, the holds read may be
+/// stale, and the statement is run again (`retry_stale_read`); true
+/// otherwise (and when the inventory `id`, an expression, does not exist).
+pub fn seen_as_locked(id: &str) -> String {
+    format!(
+        "CASE WHEN (SELECT version FROM inventories WHERE id = {id}) IS NOT DISTINCT FROM (SELECT version FROM inv) \
+              THEN true ELSE retry_stale_read() END"
+    )
+}
+
+/// The units the holding reservations of the inventory `inventory` (an
+/// expression) hold at the location `location` (an expression): one row,
+/// `reserved` (ACTIVE) and `committed` (ORDERED), 0 for none. Each holding
+/// reservation's allocation there is looked up by its key
+/// (`reservations_held` finds the reservations, whatever number of released
+/// ones the inventory has had).
+pub fn held_at(inventory: &str, location: &str) -> String {
+    format!(
+        "SELECT coalesce({reserved}, 0)::integer AS reserved, coalesce({committed}, 0)::integer AS committed
+      FROM reservations r
+     CROSS JOIN LATERAL (
+        SELECT a.quantity FROM allocations a WHERE a.reservation_id = r.id AND a.location_id = {location} OFFSET 0
+     ) a
+     WHERE r.inventory_id = {inventory} AND r.status IN {holding}",
+        reserved = allocated(ReservationStatus::Active),
+        committed = allocated(ReservationStatus::Ordered),
+        holding = holding(),
+    )
 }
 
 /// The location of the ledger rows aliased `alias` (`""`, `"m."`): rows
@@ -313,14 +373,15 @@ pub(crate) fn ledger_location(alias: &str) -> String {
 
 /// The ledger rows whose `delta` is a change of the units on hand (the
 /// units in the building: received, moved between locations, shipped,
-/// returned to stock).
-pub(crate) const ON_HAND_MOVES: [MovementReason; 6] = [
+/// returned to stock, adjusted by an operator).
+pub(crate) const ON_HAND_MOVES: [MovementReason; 7] = [
     MovementReason::Created,
     MovementReason::Restocked,
     MovementReason::TransferredIn,
     MovementReason::TransferredOut,
     MovementReason::Fulfilled,
     MovementReason::Returned,
+    MovementReason::Adjusted,
 ];
 
 /// The ledger rows whose `delta` is the opposite of a change of committed

@@ -12,7 +12,7 @@ use sea_orm::{ActiveEnum, DbBackend, DbErr, FromQueryResult, QueryResult, Statem
 use uuid::Uuid;
 
 use super::{
-    allocating::{Allocating, eligible, held, preference},
+    allocating::{Allocating, eligible, held, offered, preference},
     fragments::{
         CHOICE_COLUMNS, Ids, LEDGER, choice, expiry, inventory_columns, levels, lock_inventories, lock_levels, step,
     },
@@ -90,8 +90,10 @@ fn line_values(lines: &[Line]) -> Vec<Value> {
 /// instead of deadlocking, and what is judged against the locked rows cannot
 /// go stale before [`take_lines`]. One row per line whose inventory exists,
 /// by inventory id: the inventory, whether its eligible locations can give
-/// the line under its rules (`feasible`), and what they hold (`eligible`,
-/// as [`held`] says), read with [`LockedLine`].
+/// the line under its rules (`feasible`) from what they offer a customer
+/// (their units above safety stock, [`offered`]: the lines of `reserveMany`
+/// and `placeOrder` never take safety stock), and what they offer
+/// (`eligible`, as [`held`] says), read with [`LockedLine`].
 /// Levels added after the statement began do not add up to their row's
 /// stock, and the statement is run again (`retry_stale_read`).
 pub(crate) fn lock_lines(lines: &[Line]) -> Statement {
@@ -109,7 +111,7 @@ WITH {line}, locked AS MATERIALIZED (
         ON v.inventory_id = k.id
 ), judged AS (
     SELECT line.inventory_id,
-           allocate(array_agg(v.available ORDER BY {preference}) FILTER (WHERE v.location_id IS NOT NULL),
+           allocate(array_agg({offered} ORDER BY {preference}) FILTER (WHERE v.location_id IS NOT NULL),
                     line.quantity, line.fewest, line.split) IS NOT NULL AS feasible,
            {held} AS eligible
       FROM line LEFT JOIN lvl v ON v.inventory_id = line.inventory_id AND {eligible}
@@ -124,7 +126,8 @@ SELECT k.*, coalesce(j.feasible, false) AS feasible, j.eligible
             levels = lock_levels(Ids::Array("ARRAY(SELECT id FROM locked)")),
             preference = preference("line.ids"),
             eligible = eligible("line.ids"),
-            held = held("line.split"),
+            held = held("line.split", &offered("v.", None)),
+            offered = offered("v.", None),
         )
     });
     Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), line_values(lines))
@@ -138,7 +141,7 @@ pub(crate) struct LockedLine {
     pub inventory: InventoryRow,
     /// Whether the line's eligible locations can give it under its rules.
     pub feasible: bool,
-    /// What they hold ([`held`]): their sum, or without a split the largest.
+    /// What they offer ([`held`]): their sum, or without a split the largest.
     pub eligible: i32,
 }
 
@@ -160,7 +163,8 @@ impl LockedLine {
 /// whole request. Returns the reservations, ordered by inventory id.
 ///
 /// With the rows locked, the statement reads the levels as they are and
-/// decides again with `allocate` what [`lock_lines`] judged; it writes only
+/// decides again with `allocate`, over what they offer ([`offered`]), what
+/// [`lock_lines`] judged; it writes only
 /// when every line can be served, so a line that did not match shows up as
 /// missing rows, which the caller must treat as a failure.
 pub(crate) fn take_lines(
@@ -179,7 +183,7 @@ WITH {line}, lvl AS (
     SELECT line.*, a.locations, a.takes
       FROM line, LATERAL (
            SELECT array_agg(location_id ORDER BY {preference}) AS locations,
-                  allocate(array_agg(available ORDER BY {preference}), line.quantity, line.fewest, line.split)
+                  allocate(array_agg({offered} ORDER BY {preference}), line.quantity, line.fewest, line.split)
                       AS takes
              FROM lvl v WHERE v.inventory_id = line.inventory_id AND {eligible}) a
 ), pick AS (
@@ -221,6 +225,7 @@ SELECT * FROM reservation ORDER BY inventory_id"#,
             preference = preference("line.ids"),
             eligible = eligible("line.ids"),
             choice = choice("ids", "fewest", "split"),
+            offered = offered("", None),
         )
     });
     // Order lines never expire: they hold stock until the order is cancelled.

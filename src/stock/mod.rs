@@ -2,7 +2,8 @@
 //! inventory is built here: taking stock for reservations ([`taking`]),
 //! for coalesced callers ([`coalesced`]) and for order lines ([`lines`]),
 //! giving it back on release, expiry and cancel ([`returning`]), receiving it on create and restock ([`receiving`]),
-//! changing a held quantity ([`adjusting`]), shipping an order's lines
+//! changing a held quantity ([`adjusting`]), an operator's adjustment of a
+//! level and its safety stock ([`correcting`]), shipping an order's lines
 //! out of the warehouse ([`shipping`]), taking back what a fulfilled order
 //! returns ([`taking_back`]), folding old ledger rows into
 //! checkpoints ([`archiving`]), and keeping the ledger's day partitions
@@ -28,9 +29,10 @@ pub(crate) mod adjusting;
 pub mod allocating;
 pub(crate) mod archiving;
 pub mod coalesced;
-pub(crate) mod fragments;
-pub(crate) mod lines;
-pub(crate) mod moving;
+pub(crate) mod correcting;
+pub mod fragments;
+pub mod lines;
+pub mod moving;
 pub mod partitions;
 pub mod receiving;
 pub mod returning;

@@ -6,17 +6,9 @@ use sea_orm::{DbBackend, Statement};
 use uuid::Uuid;
 
 use super::{
-    fragments::{LEDGER, inventory_columns, step},
-    rows::{MovementReason, location::DEFAULT_CODE, sql},
+    fragments::{LEDGER, inventory_columns, location_or_default as location, step},
+    rows::{MovementReason, sql},
 };
-
-/// The location `$n` names, or the default location when it is NULL; no
-/// row when it names none.
-fn location(n: &str) -> String {
-    format!(
-        "SELECT id FROM locations WHERE id = coalesce({n}::uuid, (SELECT id FROM locations WHERE code = '{DEFAULT_CODE}'))"
-    )
-}
 
 /// A new inventory at version 1 with its initial stock at `location_id`
 /// (None: the default location) and its `CREATED` ledger row there, in one

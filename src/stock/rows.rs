@@ -2,7 +2,8 @@
 //! write into them: an inventory ([`InventoryRow`]), a reservation or order
 //! line ([`ReservationRow`], [`ReservationStatus`]), a return of an order
 //! and its lines ([`ReturnRow`], [`ReturnLineRow`], [`ReturnDisposition`])
-//! and why the ledger moved ([`MovementReason`]). They live here, below the features that read them,
+//! and why the ledger moved ([`MovementReason`], and for an operator's
+//! adjustment [`AdjustmentReason`]). They live here, below the features that read them,
 //! so the statements that make them need no feature; the features re-export
 //! them.
 //!
@@ -66,6 +67,39 @@ pub(crate) enum MovementReason {
     /// this location (`returnOrder`, RESTOCK): on hand and available grow by `delta`.
     #[sea_orm(string_value = "RETURNED")]
     Returned,
+    /// An operator changed the units at this location for a reason other
+    /// than a sale (`adjustStock`, a count or a signed change): on hand and
+    /// available change by `delta`; the row carries its [`AdjustmentReason`].
+    #[sea_orm(string_value = "ADJUSTED")]
+    Adjusted,
+}
+
+/// Why an operator adjusted stock (`adjustStock`): the `adjustment_reason`
+/// of an `ADJUSTED` ledger row, set on those rows and no others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, EnumIter, DeriveActiveEnum)]
+#[sea_orm(rs_type = "String", db_type = "Text")]
+pub enum AdjustmentReason {
+    /// A count of the location found another number than the books.
+    #[sea_orm(string_value = "CYCLE_COUNT")]
+    CycleCount,
+    /// Units damaged beyond sale.
+    #[sea_orm(string_value = "DAMAGED")]
+    Damaged,
+    /// Units lost or stolen.
+    #[sea_orm(string_value = "SHRINKAGE")]
+    Shrinkage,
+    /// Units found that the books did not have.
+    #[sea_orm(string_value = "FOUND")]
+    Found,
+    /// A mistake in an earlier change put right.
+    #[sea_orm(string_value = "CORRECTION")]
+    Correction,
+    /// Units sent back to their supplier.
+    #[sea_orm(string_value = "RETURN_TO_SUPPLIER")]
+    ReturnToSupplier,
+    /// Any other reason (the note says which).
+    #[sea_orm(string_value = "OTHER")]
+    Other,
 }
 
 /// `value` as an SQL string literal (`'ACTIVE'`), to be written into a
@@ -84,6 +118,8 @@ pub(crate) fn sql_list<E: ActiveEnum<Value = String>>(values: impl IntoIterator<
 
 #[cfg(test)]
 mod tests {
+    use sea_orm::Iterable as _;
+
     use super::*;
 
     #[test]
@@ -92,5 +128,13 @@ mod tests {
         assert_eq!(sql(MovementReason::OrderCancelled), "'ORDER_CANCELLED'");
         let held = sql_list([ReservationStatus::Active, ReservationStatus::Ordered]);
         assert_eq!(held, "('ACTIVE', 'ORDERED')");
+    }
+
+    #[test]
+    fn adjustment_reasons_are_the_spellings_the_ledger_checks() {
+        // The migration m20261215 spells them out in the ledger's check.
+        let spelled: Vec<String> = AdjustmentReason::iter().map(|reason| reason.to_value()).collect();
+        let expected = ["CYCLE_COUNT", "DAMAGED", "SHRINKAGE", "FOUND", "CORRECTION", "RETURN_TO_SUPPLIER", "OTHER"];
+        assert_eq!(spelled, expected);
     }
 }

@@ -22,7 +22,7 @@ use sea_orm::{
 use uuid::Uuid;
 
 use super::{
-    allocating::{Allocating, eligible, preference},
+    allocating::{Allocating, eligible, offered, preference, sole_offered},
     fragments::{
         CHOICE_COLUMNS, Ids, LEDGER_WITH_ID, choice, expiry, inventory_columns, lock_inventories, lock_levels,
         reservation_columns_as_r, sole, step,
@@ -35,12 +35,14 @@ use super::{
 /// inventory id, `$2` quantity, `$3` expected version (NULL: none), `$4` the
 /// new reservation's id, `$5` user id, `$6` idempotency key, `$7` request
 /// fingerprint (both NULL without a key), `$8` TTL in seconds (0: never
-/// expires), `$9` the ledger row's id. One row (the inventory as left, then
-/// the reservation as `r_*`) when stock was taken.
+/// expires), `$9` the ledger row's id, `$10` whether the request may take
+/// safety stock (an operator's `useSafetyStock`). One row (the inventory as
+/// left, then the reservation as `r_*`) when stock was taken.
 ///
-/// The decision is the UPDATE's own WHERE (`stock >= qty`, and `version =
-/// expected` when given), never an earlier SELECT, so two requests can never
-/// both see the last unit. It takes only from an inventory whose stock is
+/// The decision is the UPDATE's own WHERE (what the level offers the
+/// request, [`sole_offered`], `>= qty`, and `version = expected` when
+/// given), never an earlier SELECT, so two requests can never both see the
+/// last unit. It takes only from an inventory whose stock is
 /// all at one active location ([`sole`]): its level then holds exactly the
 /// row's `stock`, so the level follows the row, and the whole reservation
 /// is one allocation there. 0 rows means: no such row, too little stock,
@@ -55,7 +57,7 @@ pub static RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
 WITH taken AS (
     UPDATE inventories
        {set}
-     WHERE id = $1 AND stock >= $2 AND ($3::integer IS NULL OR version = $3) AND {sole}
+     WHERE id = $1 AND {offered} >= $2 AND ($3::integer IS NULL OR version = $3) AND {sole}
  RETURNING {columns}
 ), drawn AS (
     UPDATE stock_levels l SET available = t.stock
@@ -79,6 +81,7 @@ SELECT taken.*, {reservation} FROM taken, reservation r"#,
         reserved = sql(MovementReason::Reserved),
         set = step("", "- $2"),
         sole = sole(""),
+        offered = sole_offered("", "$10::boolean"),
         columns = inventory_columns(""),
         expires = expiry("$8"),
         reservation = reservation_columns_as_r(),
@@ -86,16 +89,18 @@ SELECT taken.*, {reservation} FROM taken, reservation r"#,
 });
 
 /// The one-statement reservation across an inventory's levels: the
-/// parameters of [`RESERVE_SQL`], then `$10` the location ids to take from
+/// parameters of [`RESERVE_SQL`], then `$11` the location ids to take from
 /// in order of preference (NULL: every active location by priority),
-/// `$11` FEWEST_LOCATIONS (else PRIORITY), `$12` whether the units may come
+/// `$12` FEWEST_LOCATIONS (else PRIORITY), `$13` whether the units may come
 /// from several locations. One row as [`RESERVE_SQL`]'s when stock was taken.
 ///
 /// It locks the inventory row (`inv`, with the version check, so a moved
 /// version matches nothing), then every level of it (`lvl`; `FOR UPDATE`
 /// reads each as it is now even when the statement waited for the row),
-/// lets `allocate` choose among the eligible ones in order of preference,
-/// and takes from each chosen level what it gives in the same statement:
+/// lets `allocate` choose among the eligible ones in order of preference
+/// from what each offers the request ([`offered`]: its sellable units, or
+/// all of them for `$10`), and takes from each chosen level what it gives in
+/// the same statement:
 /// the check and the take are one statement over the same locked rows. A
 /// level's new value is computed from the value `lvl` locked (the current
 /// one), not from the UPDATE's own row, which at READ COMMITTED is first
@@ -115,8 +120,8 @@ WITH inv AS MATERIALIZED (
     {lvl}
 ), plan AS (
     SELECT array_agg(location_id ORDER BY {preference}) FILTER (WHERE {eligible}) AS locations,
-           allocate(array_agg(available ORDER BY {preference}) FILTER (WHERE {eligible}), $2, $11::boolean,
-                    $12::boolean) AS takes,
+           allocate(array_agg({offered} ORDER BY {preference}) FILTER (WHERE {eligible}), $2, $12::boolean,
+                    $13::boolean) AS takes,
            CASE WHEN coalesce(sum(available), 0) = coalesce((SELECT stock FROM inv), 0) THEN true
                 ELSE retry_stale_read() END AS fresh
       FROM lvl
@@ -159,9 +164,10 @@ SELECT taken.*, {reservation} FROM taken, reservation r"#,
         columns = inventory_columns("i."),
         expires = expiry("$8"),
         reservation = reservation_columns_as_r(),
-        preference = preference("$10::uuid[]"),
-        eligible = eligible("$10::uuid[]"),
-        choice = choice("$10::uuid[]", "$11::boolean", "$12::boolean"),
+        preference = preference("$11::uuid[]"),
+        eligible = eligible("$11::uuid[]"),
+        offered = offered("", Some("$10::boolean")),
+        choice = choice("$11::uuid[]", "$12::boolean", "$13::boolean"),
     )
 });
 
@@ -188,6 +194,8 @@ pub struct Reserve<'a> {
     pub ttl_secs: i32,
     /// Where the units may come from (only [`Reserve::allocating_query`] reads it).
     pub allocating: &'a Allocating,
+    /// Whether it may take safety stock (an operator's `useSafetyStock`).
+    pub use_safety_stock: bool,
 }
 
 impl Reserve<'_> {
@@ -219,6 +227,7 @@ impl Reserve<'_> {
             .bind(self.fingerprint)
             .bind(self.ttl_secs)
             .bind(self.movement_id)
+            .bind(self.use_safety_stock)
     }
 }
 

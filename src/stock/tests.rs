@@ -13,9 +13,10 @@ use super::{
     ACROSS_LEVELS_RESERVE_SQL, COALESCED_RESERVE_SQL, DISTINCT_RESERVE_SQL, RESERVE_SQL, adjusting, allocating,
     archiving,
     coalesced::CoalescedReserve,
+    correcting::{self, Adjustment, Change},
     lines::{self, Line, Purpose},
     lock_order, moving, receiving, returning,
-    rows::ReturnDisposition,
+    rows::{AdjustmentReason, ReturnDisposition},
     shipping,
     taking::{self, ALLOCATING_RESERVE_SQL, Reserve},
     taking_back::{self, OrderReturn, ReturnLine},
@@ -64,6 +65,16 @@ fn statements() -> Vec<(&'static str, Statement)> {
         lines: &returned,
         key: Some(("k", "f")),
     };
+    let adjustment = Adjustment {
+        inventory_id: id,
+        location_id: Some(id),
+        change: Change::Delta(-2),
+        reason: AdjustmentReason::Damaged,
+        note: Some("forklift"),
+        expected_version: Some(3),
+        operator: "op",
+        key: Some(("k", "f")),
+    };
     vec![
         ("create", receiving::create(id, "SKU-1", "an item", 10, None)),
         ("create at a location", receiving::create(id, "SKU-1", "an item", 10, Some(id))),
@@ -75,7 +86,8 @@ fn statements() -> Vec<(&'static str, Statement)> {
             lines::take_lines(&lines, Purpose::Reservations { ttl_secs: 900 }, "alice", Some(("k", "f")), id),
         ),
         ("take_lines for an order", lines::take_lines(&lines, Purpose::Order(id), "alice", None, id)),
-        ("eligible available", allocating::available(id, &somewhere)),
+        ("eligible available", allocating::available(id, &somewhere, false)),
+        ("eligible available with safety stock", allocating::available(id, &somewhere, true)),
         ("transfer", moving::transfer(id, id, Uuid::new_v4(), 1, Some(1), "op", Some(("k", "f")))),
         ("unknown locations", allocating::unknown(&[id])),
         ("release", returning::release(id, "alice")),
@@ -85,6 +97,20 @@ fn statements() -> Vec<(&'static str, Statement)> {
         ("change_quantity", adjusting::change_quantity(id, "alice", 3)),
         ("fulfil_order", shipping::fulfil_order(id)),
         ("return_order", taking_back::return_order(order_return)),
+        ("adjust by a delta", correcting::adjust(adjustment)),
+        (
+            "adjust to a count, without a location, note, version or key",
+            correcting::adjust(Adjustment {
+                location_id: None,
+                change: Change::Count(0),
+                note: None,
+                expected_version: None,
+                key: None,
+                ..adjustment
+            }),
+        ),
+        ("set_safety_stock", correcting::set_safety_stock(id, Some(id), 5)),
+        ("set_safety_stock at the default location", correcting::set_safety_stock(id, None, 0)),
         (
             "return_order without a note or key",
             taking_back::return_order(OrderReturn { note: None, key: None, ..order_return }),
@@ -134,6 +160,7 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
         fingerprint: Some("f"),
         ttl_secs: 900,
         allocating: &somewhere(),
+        use_safety_stock: true,
     };
     let explained = reserve.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *RESERVE_SQL))));
     if let Err(err) = explained.fetch_all(&mut conn).await {
@@ -159,6 +186,7 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
         fingerprints: &[None, Some("f2"), None],
         expected_versions: &[None, Some(1), None],
         ttl_secs: &[0, 900, 60],
+        use_safety_stock: &[false, true, false],
         across_levels: false,
     };
     let explained = coalesced.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *COALESCED_RESERVE_SQL))));

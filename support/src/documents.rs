@@ -161,3 +161,51 @@ pub const FLOOD_READ: &str = "{ inventories(first: 100) { nodes { id sku stock a
 
 /// The small read another customer keeps making during a flood.
 pub const SMALL_READ: &str = "query($id: UUID!) { inventory(id: $id) { id stock } }";
+
+pub const ADJUST_STOCK: &str = "mutation($input: AdjustStockInput!) { adjustStock(input: $input) { __typename
+   ... on StockAdjusted { delta inventory { id stock version onHand }
+                          level { location { id code } available reserved committed onHand safetyStock sellable } }
+   ... on SoldOut { requested available inventory { id stock version } }
+   ... on CountBelowHeld { held level { location { code } available reserved committed onHand } }
+   ... on Conflict { expectedVersion inventory { id stock version } }
+   ... on InventoryNotFound { inventoryId }
+   ... on LocationNotFound { locationId }
+ } }";
+
+pub const SET_SAFETY_STOCK: &str = "mutation($input: SetSafetyStockInput!) { setSafetyStock(input: $input) {
+   location { id code } available reserved committed onHand safetyStock sellable } }";
+
+/// `reserve` answering what a sold-out request was offered.
+pub const RESERVE_OFFERED: &str = "mutation($input: ReserveInput!) { reserve(input: $input) { __typename
+   ... on Reserved { reservation { id quantity allocations { location { code } quantity } } inventory { id stock version } }
+   ... on SoldOut { requested available inventory { id stock version } }
+   ... on Conflict { expectedVersion }
+   ... on InventoryNotFound { inventoryId }
+ } }";
+
+pub const SAFETY_STATES: &str = "query($id: UUID!) { inventory(id: $id) { stock version available reserved committed
+   onHand safetyStock sellable levels { location { code } available safetyStock sellable } } }";
+
+pub const ADJUSTED_MOVEMENTS: &str = "query($id: UUID!) { inventory(id: $id) {
+   movements(first: 100) { nodes { delta reason adjustmentReason note actor stockAfter versionAfter location { code } } } } }";
+
+/// `reserveMany` answering what each short line was offered.
+pub const RESERVE_MANY_OFFERED: &str = "mutation($input: ReserveManyInput!) { reserveMany(input: $input) { __typename
+   ... on ReservedAll { reservations { id quantity inventory { id } } }
+   ... on ItemsUnavailable { items { inventoryId reason available } }
+ } }";
+
+/// `placeOrder` answering what each short line was offered.
+pub const PLACE_ORDER_OFFERED: &str = "mutation($input: PlaceOrderInput!) { placeOrder(input: $input) { __typename
+   ... on OrderPlaced { order { id items { inventory { id } quantity } } }
+   ... on ItemsUnavailable { items { inventoryId reason available } }
+ } }";
+
+/// `changeReservationQuantity` answering what a refused increase was offered.
+pub const CHANGE_QUANTITY_OFFERED: &str = "mutation($input: ChangeReservationQuantityInput!) {
+  changeReservationQuantity(input: $input) { __typename
+    ... on ReservationChanged { reservation { id quantity } }
+    ... on SoldOut { requested available }
+    ... on ReservationNotActive { reservation { status } }
+    ... on ReservationNotFound { reservationId }
+  } }";

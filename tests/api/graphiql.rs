@@ -8,7 +8,15 @@ use serde_json::{Value, json};
 use crate::helpers::{TestApp, uuid};
 
 /// The operations a person finds in GraphiQL, in the order they use them.
-const OPERATIONS: [&str; 5] = ["ListStock", "CreateLocation", "TransferStock", "ReserveAcrossLocations", "ReturnOrder"];
+const OPERATIONS: [&str; 7] = [
+    "ListStock",
+    "CreateLocation",
+    "TransferStock",
+    "ReserveAcrossLocations",
+    "ReturnOrder",
+    "AdjustStock",
+    "SetSafetyStock",
+];
 
 /// The document in the page's `data-default-query`, unescaped.
 async fn default_query(app: &TestApp) -> String {
@@ -93,5 +101,19 @@ async fn the_example_operations_run_as_written_on_a_fresh_shop() {
     assert_eq!(answer["__typename"], "OrderReturned", "{returned}");
     assert_eq!(answer["order"]["items"][0]["returned"], 1, "{returned}");
     assert_eq!(answer["return"]["lines"][0]["location"]["code"], "default", "{returned}");
+
+    // The default location holds 4 (5, two shipped, one back), none held:
+    // a count of 3 there takes one away.
+    let variables = json!({ "inventoryId": inventory, "countedOnHand": 3 });
+    let counted = run(&app, &operator, &document, "AdjustStock", variables).await;
+    let answer = &counted["adjustStock"];
+    assert_eq!((&answer["__typename"], &answer["delta"]), (&json!("StockAdjusted"), &json!(-1)), "{counted}");
+    let kept = run(&app, &operator, &document, "SetSafetyStock", json!({ "inventoryId": inventory })).await;
+    let level = &kept["setSafetyStock"];
+    assert_eq!(
+        (&level["location"]["code"], &level["safetyStock"], &level["sellable"]),
+        (&json!("default"), &json!(2), &json!(1)),
+        "{kept}"
+    );
     app.assert_invariant().await;
 }

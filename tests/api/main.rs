@@ -45,6 +45,7 @@ mod process;
 mod quantities;
 mod queries;
 mod returns;
+mod stock_ops;
 mod stock_states;
 mod traces;
 mod transfers;

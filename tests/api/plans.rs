@@ -44,6 +44,7 @@ async fn the_coalesced_reserve_is_planned_once_however_its_batches_vary() {
             fingerprints: &no_keys,
             expected_versions: &inventories.iter().map(|_| None).collect::<Vec<_>>(),
             ttl_secs: &inventories.iter().map(|_| 900).collect::<Vec<_>>(),
+            use_safety_stock: &inventories.iter().map(|_| false).collect::<Vec<_>>(),
             across_levels: false,
         };
         let turns = pool.fetch_all("test", reserve.query()).await.expect("coalesced reserve");
@@ -216,7 +217,8 @@ async fn a_batch_of_distinct_inventories_reaches_them_in_id_order_on_any_catalog
     let app = TestApp::spawn().await;
     let pool = StatementPool::beside(&app.db);
     let prepare = format!(
-        "PREPARE distinct_batch(uuid[], uuid[], text[], integer[], integer[], uuid[], text[], text[], integer[]) AS {}",
+        "PREPARE distinct_batch(uuid[], uuid[], text[], integer[], integer[], uuid[], text[], text[], integer[], boolean[]) \
+         AS {}",
         *DISTINCT_RESERVE_SQL
     );
     pool.fetch_all("test", sea_orm::sqlx::query(sea_orm::sqlx::AssertSqlSafe(prepare))).await.expect("prepare");
@@ -237,7 +239,7 @@ async fn a_batch_of_distinct_inventories_reaches_them_in_id_order_on_any_catalog
         let explain = format!(
             "EXPLAIN (FORMAT JSON) EXECUTE distinct_batch(ARRAY['{}']::uuid[], ARRAY[{}]::uuid[], \
              ARRAY['a', 'b', 'c'], ARRAY[1, 1, 1], ARRAY[900, 900, 900], ARRAY[{}]::uuid[], ARRAY[NULL, NULL, NULL]::text[], \
-             ARRAY[NULL, NULL, NULL]::text[], ARRAY[NULL, NULL, NULL]::integer[])",
+             ARRAY[NULL, NULL, NULL]::text[], ARRAY[NULL, NULL, NULL]::integer[], ARRAY[false, true, false])",
             ids.join("', '"),
             uuids(3),
             uuids(3)
@@ -275,7 +277,7 @@ async fn the_statement_pool_s_reserves_read_every_table_by_an_index_and_compile_
     let app = TestApp::spawn().await;
     let pool = StatementPool::beside(&app.db);
     let id = app.create_inventory("PLAN-JIT", 100).await;
-    let types = "uuid[], uuid[], text[], integer[], integer[], uuid[], text[], text[], integer[]";
+    let types = "uuid[], uuid[], text[], integer[], integer[], uuid[], text[], text[], integer[], boolean[]";
     let statements = [
         ("distinct_pool", &*DISTINCT_RESERVE_SQL),
         ("walk_pool", &*stockguard::stock::COALESCED_RESERVE_SQL),
@@ -287,7 +289,7 @@ async fn the_statement_pool_s_reserves_read_every_table_by_an_index_and_compile_
         let explain = format!(
             "EXPLAIN (FORMAT JSON) EXECUTE {name}(ARRAY['{id}', '{id}']::uuid[], ARRAY['{}', '{}']::uuid[], \
              ARRAY['a', 'b'], ARRAY[1, 1], ARRAY[900, 900], ARRAY['{}', '{}']::uuid[], ARRAY[NULL, NULL]::text[], \
-             ARRAY[NULL, NULL]::text[], ARRAY[NULL, NULL]::integer[])",
+             ARRAY[NULL, NULL]::text[], ARRAY[NULL, NULL]::integer[], ARRAY[false, true])",
             Uuid::now_v7(),
             Uuid::now_v7(),
             Uuid::now_v7(),

@@ -109,8 +109,8 @@ export const Locations = graphql(`
 export const InventoryLevels = graphql(`
   query InventoryLevels($id: UUID!) {
     inventory(id: $id) {
-      id sku stock version available reserved committed onHand
-      levels { location { id code name priority active } available reserved committed onHand }
+      id sku stock version available reserved committed onHand safetyStock sellable
+      levels { location { id code name priority active } available reserved committed onHand safetyStock sellable }
     }
   }
 `);
@@ -119,7 +119,7 @@ export const InventoryMovements = graphql(`
   query InventoryMovements($id: UUID!, $first: Int, $after: String) {
     inventory(id: $id) {
       movements(first: $first, after: $after) {
-        nodes { delta reason stockAfter versionAfter location { code } }
+        nodes { delta reason adjustmentReason note actor stockAfter versionAfter location { code } }
         pageInfo { hasNextPage endCursor }
       }
     }
@@ -171,6 +171,31 @@ export const ReturnOrder = graphql(`
       ... on OrderCannotBeReturned { order { id status } }
       ... on OrderNotFound { orderId }
     }
+  }
+`);
+
+// Adjustments and safety stock (operators; docs/stock-operations.md).
+export const AdjustStock = graphql(`
+  mutation AdjustStock($input: AdjustStockInput!) {
+    adjustStock(input: $input) {
+      __typename
+      ... on StockAdjusted {
+        delta
+        inventory { id stock version onHand }
+        level { location { code } available reserved committed onHand safetyStock sellable }
+      }
+      ... on SoldOut { requested available inventory { version } }
+      ... on CountBelowHeld { held level { location { code } onHand } }
+      ... on Conflict { expectedVersion inventory { version } }
+      ... on InventoryNotFound { inventoryId }
+      ... on LocationNotFound { locationId }
+    }
+  }
+`);
+
+export const SetSafetyStock = graphql(`
+  mutation SetSafetyStock($input: SetSafetyStockInput!) {
+    setSafetyStock(input: $input) { location { code } available safetyStock sellable }
   }
 `);
 

@@ -3,6 +3,8 @@
 // result union is handled exhaustively: a member added to the schema makes
 // `npm run check` fail here.
 import type {
+  AdjustStockMutation,
+  AdjustStockMutationVariables,
   ChangeReservationQuantityMutation,
   ChangeReservationQuantityMutationVariables,
   ChangeShippingAddressMutation,
@@ -37,6 +39,8 @@ import type {
   ReserveMutationVariables,
   ReturnOrderMutation,
   ReturnOrderMutationVariables,
+  SetSafetyStockMutation,
+  SetSafetyStockMutationVariables,
   TransferStockMutation,
   TransferStockMutationVariables,
   UpdateLocationMutation,
@@ -48,6 +52,7 @@ import type {
 } from './gql/graphql';
 // The schema's enums are TypeScript enums: values, not only types.
 import {
+  AdjustmentReason,
   AllocationStrategy,
   DeliveryStatus,
   EventType,
@@ -282,10 +287,13 @@ function levelLine(level: {
   reserved: number;
   committed: number;
   onHand: number;
+  safetyStock?: number;
+  sellable?: number;
 }): string {
   const inactive = level.location.active ? '' : ' (inactive: not allocated from)';
+  const kept = level.safetyStock ? `; ${level.sellable ?? '?'} sellable, ${level.safetyStock} kept` : '';
   return `${level.location.code}${inactive}: ${level.available} available + ${level.reserved} reserved + ` +
-    `${level.committed} committed = ${level.onHand} on hand`;
+    `${level.committed} committed = ${level.onHand} on hand${kept}`;
 }
 
 export function describeInventoryChange(event: InventoryChangedSubscription): string {
@@ -334,9 +342,63 @@ function movementLine(reason: MovementReason): string {
       return 'transferred in';
     case MovementReason.Returned:
       return 'returned to stock';
+    case MovementReason.Adjusted:
+      return 'adjusted';
     default:
       return unhandled(reason);
   }
+}
+
+// An adjustment screen's reasons; a reason added to the schema fails tsc here.
+export function adjustmentReasonLabel(reason: AdjustmentReason): string {
+  switch (reason) {
+    case AdjustmentReason.CycleCount:
+      return 'counted';
+    case AdjustmentReason.Damaged:
+      return 'damaged';
+    case AdjustmentReason.Shrinkage:
+      return 'lost or stolen';
+    case AdjustmentReason.Found:
+      return 'found';
+    case AdjustmentReason.Correction:
+      return 'correction';
+    case AdjustmentReason.ReturnToSupplier:
+      return 'returned to supplier';
+    case AdjustmentReason.Other:
+      return 'other';
+    default:
+      return unhandled(reason);
+  }
+}
+
+export function describeAdjustment(result: AdjustStockMutation['adjustStock']): string {
+  switch (result.__typename) {
+    case 'StockAdjusted': {
+      const { delta, inventory, level } = result;
+      if (delta === 0) return `the count matched: ${level.onHand} on hand at ${level.location.code}, nothing recorded`;
+      return `${delta > 0 ? '+' : ''}${delta} at ${level.location.code}: ${level.onHand} on hand, ${level.sellable} ` +
+        `sellable; ${inventory.id} now ${inventory.onHand} on hand at version ${inventory.version}`;
+    }
+    case 'SoldOut':
+      return `only ${result.available} available there, ${result.requested} asked: held units are never adjusted away`;
+    case 'CountBelowHeld':
+      return `${result.held} units are held at ${result.level.location.code} (${result.level.onHand} on hand): ` +
+        'count again, or release them first';
+    case 'Conflict':
+      return `expected version ${result.expectedVersion}, latest is ${result.inventory.version}: count again`;
+    case 'InventoryNotFound':
+      return `no inventory ${result.inventoryId}`;
+    case 'LocationNotFound':
+      return `no location ${result.locationId}`;
+    default:
+      return unhandled(result);
+  }
+}
+
+export function describeSafetyStock(result: SetSafetyStockMutation): string {
+  const level = result.setSafetyStock;
+  if (!level) return 'no such inventory or location';
+  return `${level.location.code}: ${level.safetyStock} kept back, ${level.sellable} of ${level.available} sellable`;
 }
 
 export function describeMovements(result: InventoryMovementsQuery): string {
@@ -346,8 +408,10 @@ export function describeMovements(result: InventoryMovementsQuery): string {
     .map((m) => {
       // Rows from before locations were all at `default`.
       const where = m.location?.code ?? 'default';
-      return `v${m.versionAfter} ${movementLine(m.reason)} ${m.delta > 0 ? '+' : ''}${m.delta} at ${where} ` +
-        `(stock ${m.stockAfter})`;
+      const why = m.adjustmentReason ? ` (${adjustmentReasonLabel(m.adjustmentReason)})` : '';
+      const who = m.actor ? ` by ${m.actor}${m.note ? `: ${m.note}` : ''}` : '';
+      return `v${m.versionAfter} ${movementLine(m.reason)}${why} ${m.delta > 0 ? '+' : ''}${m.delta} at ${where} ` +
+        `(stock ${m.stockAfter})${who}`;
     })
     .join('\n');
 }
@@ -537,6 +601,23 @@ export const examples = {
     },
   },
   orderReturns: { id: '00000000-0000-0000-0000-000000000002' },
+  // A count of the shelf; the server works out the delta.
+  adjustStock: {
+    input: {
+      inventoryId: '00000000-0000-0000-0000-000000000001',
+      locationId: '00000000-0000-0000-0000-000000000005',
+      countedOnHand: 17,
+      reason: AdjustmentReason.CycleCount,
+      note: 'Evening count, aisle 4',
+      expectedVersion: 12,
+      idempotencyKey: 'count-2026-12-14-aisle-4',
+    },
+  },
+  setSafetyStock: { input: { inventoryId: '00000000-0000-0000-0000-000000000001', quantity: 5 } },
+  // An operator selling from the shop's own safety stock.
+  reserveSafetyStock: {
+    input: { inventoryId: '00000000-0000-0000-0000-000000000001', quantity: 2, useSafetyStock: true },
+  },
 } satisfies {
   reserve: ReserveMutationVariables;
   reserveAcrossLocations: ReserveMutationVariables;
@@ -560,4 +641,7 @@ export const examples = {
   webhookEndpoints: WebhookEndpointsQueryVariables;
   returnOrder: ReturnOrderMutationVariables;
   orderReturns: OrderReturnsQueryVariables;
+  adjustStock: AdjustStockMutationVariables;
+  setSafetyStock: SetSafetyStockMutationVariables;
+  reserveSafetyStock: ReserveMutationVariables;
 };

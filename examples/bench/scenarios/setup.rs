@@ -58,7 +58,9 @@ pub async fn seed_rows(db: &DatabaseConnection, sku: &str, stocks: &[i32]) -> an
 /// of one unit with the default TTL.
 pub fn pgbench_script(id_function: &str) -> String {
     let ttl = stockguard::config::Limits::default().reservation_ttl_secs;
+    // `$10` before `$1`, which it begins with.
     let values = [
+        ("$10", "false".into()),
         ("$9", id_function.to_owned()),
         ("$8", format!("{ttl}")),
         ("$7", "NULL::text".into()),

@@ -10,9 +10,6 @@ use crate::{
     validate,
 };
 
-/// The longest note a return keeps, in characters.
-pub(crate) const MAX_NOTE_CHARS: usize = 500;
-
 /// A checked `returnOrder` request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ReturnRequest {
@@ -28,7 +25,7 @@ impl ReturnRequest {
     /// Checks a request of `lines` (as sent, in order) with `note`: 1 to
     /// [`MAX_LINES`] lines, each of an inventory no other line names, of 1
     /// to `max_quantity` units, with a location only when RESTOCK; a note
-    /// of at most [`MAX_NOTE_CHARS`]. Otherwise `BAD_USER_INPUT` naming the
+    /// of at most [`validate::MAX_NOTE_CHARS`]. Otherwise `BAD_USER_INPUT` naming the
     /// field (`input.lines[2].quantity`).
     pub(crate) fn check(
         order_id: Uuid,
@@ -58,10 +55,7 @@ impl ReturnRequest {
                 ));
             }
         }
-        let note = match note.map(str::trim) {
-            None | Some("") => None,
-            Some(note) => Some(validate::text("input.note", note, MAX_NOTE_CHARS)?),
-        };
+        let note = validate::note("input.note", note)?;
         Ok(Self { order_id, lines, note })
     }
 
@@ -77,6 +71,7 @@ impl ReturnRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::validate::MAX_NOTE_CHARS;
 
     fn line(inventory: u128, quantity: i32, disposition: ReturnDisposition, location: Option<u128>) -> ReturnLine {
         ReturnLine {

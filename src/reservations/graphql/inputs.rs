@@ -34,6 +34,11 @@ pub(crate) struct ReserveInput {
     /// False: the whole quantity from one location, or `SoldOut`.
     #[graphql(default = true)]
     pub allow_split: bool,
+    /// True: the units may come from the levels' safety stock too
+    /// (operators only; a customer giving true is `FORBIDDEN`). False: only
+    /// sellable units, those above each level's `safetyStock`.
+    #[graphql(default = false)]
+    pub use_safety_stock: bool,
 }
 
 /// How the locations a reservation takes from are chosen (docs/locations.md).

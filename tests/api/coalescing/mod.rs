@@ -141,7 +141,7 @@ async fn a_failing_batch_is_served_again_caller_by_caller_so_only_the_bad_caller
 }
 
 /// A request for `quantity` of `id` without a version or a key.
-fn unguarded(id: uuid::Uuid, quantity: i32) -> ReserveRequest {
+pub fn unguarded(id: uuid::Uuid, quantity: i32) -> ReserveRequest {
     ReserveRequest {
         inventory_id: id,
         quantity,
@@ -149,11 +149,12 @@ fn unguarded(id: uuid::Uuid, quantity: i32) -> ReserveRequest {
         idempotency_key: None,
         ttl_secs: 900,
         allocating: Allocating::default(),
+        use_safety_stock: false,
     }
 }
 
 /// A coalescer of its own over `app`'s database, batching as `batching` says.
-fn coalescer(app: &TestApp, batching: Batching) -> Arc<Coalescer> {
+pub fn coalescer(app: &TestApp, batching: Batching) -> Arc<Coalescer> {
     Arc::new(Coalescer::new(app.db.clone(), StatementPool::beside(&app.db), Collisions::new(20), batching))
 }
 
@@ -171,7 +172,7 @@ async fn hold_row(db: &DatabaseConnection, id: uuid::Uuid) -> DatabaseTransactio
 /// Queues `callers` on `coalescer` behind a first caller whose statement
 /// waits for `held`'s row (held here), then lets the row go, so the callers
 /// share the next statement; their answers, in order.
-async fn served_after_a_held_row(
+pub async fn served_after_a_held_row(
     app: &TestApp,
     coalescer: &Arc<Coalescer>,
     held: uuid::Uuid,

@@ -3,6 +3,7 @@
 //! `createWebhook`, and what arrived compared with what the database says
 //! was committed.
 
+mod adjustments;
 mod crash;
 mod failover;
 mod kills;

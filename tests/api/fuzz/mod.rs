@@ -14,6 +14,7 @@
 //! proptest runs synchronously, so each test runs its cases on a blocking
 //! thread and drives every case's requests with the runtime's `block_on`.
 
+mod adjustments;
 mod hostile_documents;
 mod inputs;
 mod locations;
