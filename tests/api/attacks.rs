@@ -315,11 +315,12 @@ async fn a_socket_that_never_initialises_is_closed_and_oversized_messages_are_re
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_server_pings_a_quiet_socket_and_closes_one_that_never_answers() {
-    let app = Process::start(&[("STOCKGUARD_WS_KEEPALIVE_MS", "200")]).await;
+    // Intervals long enough that a pong is not late on a loaded machine.
+    let app = Process::start(&[("STOCKGUARD_WS_KEEPALIVE_MS", "500")]).await;
     // Reading answers the pings (the client library pongs): open for five intervals.
     let mut answering = connect(&app.address, "graphql-transport-ws").await;
     let mut pings = 0;
-    let reading = tokio::time::timeout(Duration::from_millis(1000), async {
+    let reading = tokio::time::timeout(Duration::from_millis(2500), async {
         while let Some(Ok(message)) = answering.next().await {
             if matches!(message, Message::Ping(_)) {
                 pings += 1;
@@ -335,7 +336,7 @@ async fn the_server_pings_a_quiet_socket_and_closes_one_that_never_answers() {
     let mut silent = connect(&app.address, "graphql-transport-ws").await;
     let started = Instant::now();
     // Two keep-alive intervals and a margin, the socket not read meanwhile.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(close_code(&mut silent, Duration::from_secs(5)).await, Some(1001), "after {:?}", started.elapsed());
 }
 
