@@ -8,7 +8,7 @@ use uuid::Uuid;
 use super::{
     allocating::{eligible, offered, preference},
     fragments::{
-        Ids, LEDGER, active_unexpired, inventory_columns, lock_inventories, lock_levels, reservation_columns_as_r, step,
+        Ids, LEDGER, active_unexpired, inventory_columns, lock_inventories, lock_levels, reservation_columns_as_r, set,
     },
     rows::{MovementReason, sql},
 };
@@ -38,7 +38,8 @@ use super::{
 /// changed since would be skipped, not re-read. Levels are set from the
 /// values `lvl` locked for the same reason: a new value computed from the
 /// snapshot's row is checked against `available >= 0` before the row is
-/// re-read. 0 rows: not there, not the caller's, not
+/// re-read; the inventory row's from the values `inv` locked, for the same
+/// reason (`stock >= 0`). 0 rows: not there, not the caller's, not
 /// ACTIVE, expired, already at `quantity`, or the locations cannot give
 /// the difference; one read afterwards tells which.
 pub(crate) fn change_quantity(reservation_id: Uuid, owner: &str, quantity: i32) -> Statement {
@@ -123,7 +124,7 @@ WITH line AS MATERIALIZED (
 SELECT changed.*, {reservation} FROM changed, resized r"#,
             active_unexpired = active_unexpired(),
             inv = lock_inventories(
-                "id, stock",
+                "id, stock, version",
                 Ids::One("(SELECT inventory_id FROM line)"),
                 Some("(SELECT ok FROM held_fresh)")
             ),
@@ -132,7 +133,7 @@ SELECT changed.*, {reservation} FROM changed, resized r"#,
             eligible = eligible("l.location_ids"),
             offered = offered("v.", None),
             reason = sql(MovementReason::QuantityChanged),
-            set = step("i.", "- ($3::integer - l.quantity)"),
+            set = set("inv.stock - ($3::integer - l.quantity)", "inv.version + 1"),
             columns = inventory_columns("i."),
             reservation = reservation_columns_as_r(),
         )

@@ -25,7 +25,7 @@ use super::{
     allocating::{Allocating, eligible, offered, preference, sole_offered},
     fragments::{
         CHOICE_COLUMNS, Ids, LEDGER_WITH_ID, choice, expiry, inventory_columns, lock_inventories, lock_levels,
-        reservation_columns_as_r, sole, step,
+        reservation_columns_as_r, set, sole, step,
     },
     rows::{InventoryRow, MovementReason, ReservationRow, ReservationStatus, sql},
 };
@@ -103,9 +103,10 @@ SELECT taken.*, {reservation} FROM taken, reservation r"#,
 /// the same statement:
 /// the check and the take are one statement over the same locked rows. A
 /// level's new value is computed from the value `lvl` locked (the current
-/// one), not from the UPDATE's own row, which at READ COMMITTED is first
-/// the snapshot's and may fail `available >= 0` for nothing (see
-/// [`RESERVE_SQL`]).
+/// one), and the row's from the values `inv` locked, not from the UPDATE's
+/// own row, which at READ COMMITTED is first the snapshot's: a statement
+/// that waited for a change adding units would have failed `available >= 0`
+/// or `stock >= 0` on it for nothing (see [`RESERVE_SQL`]).
 /// Levels added after the statement began are not among the rows it
 /// locked; then they do not add up to the row's `stock`, and the statement
 /// is run again (`retry_stale_read`, a serialization failure). 0 rows: no
@@ -158,9 +159,9 @@ WITH inv AS MATERIALIZED (
 SELECT taken.*, {reservation} FROM taken, reservation r"#,
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
-        inv = lock_inventories("id, stock", Ids::One("$1"), Some("($3::integer IS NULL OR version = $3)")),
+        inv = lock_inventories("id, stock, version", Ids::One("$1"), Some("($3::integer IS NULL OR version = $3)")),
         lvl = lock_levels(Ids::One("(SELECT id FROM inv)")),
-        set = step("i.", "- $2"),
+        set = set("inv.stock - $2", "inv.version + 1"),
         columns = inventory_columns("i."),
         expires = expiry("$8"),
         reservation = reservation_columns_as_r(),

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use futures::{FutureExt, future::BoxFuture};
-use sea_orm::ConnectionTrait;
+use sea_orm::{ConnectionTrait, TransactionTrait};
 use serde_json::{Value, json};
 use stockguard::{auth::Role, config::Limits};
 use uuid::Uuid;
@@ -430,6 +430,52 @@ async fn a_keyed_adjustment_repeated_ten_times_at_once_changes_stock_once(isolat
     app.assert_invariant().await;
 }
 
+/// A transaction that restocks `quantity` of `item` and holds its row until committed.
+async fn restocking(app: &TestApp, item: Uuid, quantity: i32) -> sea_orm::DatabaseTransaction {
+    let holder = app.db.begin().await.expect("begin");
+    let restock = stockguard::stock::receiving::restock(item, quantity, None, None);
+    holder.query_one_raw(restock).await.expect("a restock, not yet committed");
+    holder
+}
+
+/// A take that waited for units to arrive gets them: a reserve across
+/// levels, and a quantity increase, each begun while a restock held the
+/// inventory row and sold out in its snapshot, take their units once the
+/// restock commits. The new stock is computed from the row as locked; from
+/// the snapshot's (at READ COMMITTED, older than the row it waited for)
+/// `stock >= 0` failed the statement for nothing.
+async fn a_take_that_waited_for_units_to_arrive_gets_them(isolation: Isolation) {
+    let app = Arc::new(TestApp::spawn_with(isolation).await);
+    let item = stocked(&app, "WAITED", 0).await;
+    let default = default_location(&app).await;
+    let holder = restocking(&app, item, 5).await;
+    let waiting = {
+        let (app, token) = (app.clone(), app.token("alice", Role::Customer));
+        let input = json!({ "inventoryId": item, "quantity": 2, "locationIds": [default] });
+        tokio::spawn(async move { reserve(&app, &token, input).await })
+    };
+    app.until_waiting_for_a_lock("WITH inv AS").await;
+    holder.commit().await.expect("commit the restock");
+    let taken = waiting.await.expect("the reserve");
+    assert_eq!(taken["__typename"], "Reserved", "{taken}");
+
+    let bob = app.token("bob", Role::Customer);
+    let held = reserve(&app, &bob, json!({ "inventoryId": item, "quantity": 1 })).await;
+    let rest = reserve(&app, &app.token("carol", Role::Customer), json!({ "inventoryId": item, "quantity": 2 })).await;
+    assert_eq!((&held["__typename"], &rest["__typename"]), (&json!("Reserved"), &json!("Reserved")));
+    let holder = restocking(&app, item, 2).await;
+    let waiting = {
+        let (app, id) = (app.clone(), uuid(&held["reservation"]["id"]));
+        tokio::spawn(async move { change_quantity(&app, &bob, id, 3).await })
+    };
+    app.until_waiting_for_a_lock("WITH line AS").await;
+    holder.commit().await.expect("commit the restock");
+    let grown = waiting.await.expect("the increase");
+    assert_eq!((&grown["__typename"], &grown["reservation"]["quantity"]), (&json!("ReservationChanged"), &json!(3)));
+    assert_eq!(app.states(item).await, [0, 7, 0, 7]);
+    app.assert_invariant().await;
+}
+
 /// The safety race with the default settings (coalescing on), with a batch
 /// window that makes batches form, and with coalescing off (every caller alone).
 async fn customers_racing_coalesced(isolation: Isolation) {
@@ -451,4 +497,5 @@ at_every_isolation! {
     customers_racing_coalesced;
     customers_racing_alone;
     a_keyed_adjustment_repeated_ten_times_at_once_changes_stock_once;
+    a_take_that_waited_for_units_to_arrive_gets_them;
 }
