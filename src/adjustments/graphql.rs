@@ -101,7 +101,9 @@ pub(crate) struct AdjustStockInput {
 pub(crate) struct StockAdjusted {
     /// The inventory as the adjustment left it (for a replayed key: the latest row).
     pub inventory: Inventory,
-    /// The level as the adjustment left it (for a replayed key: the latest).
+    /// The level as the adjustment left it (for a replayed key: the latest);
+    /// after a `delta`, its reserved and committed units as read right after
+    /// it (a change of available units moves none of them).
     pub level: StockLevel,
     /// The change of the level's units as applied; 0 for a count that matched.
     pub delta: i32,

@@ -113,7 +113,18 @@ impl AdjustmentService {
             Ok(judged) => judged,
             Err(Exhausted { .. }) => return self.exhausted(&adjustment).await,
         };
-        Ok(outcome(&adjustment, judged))
+        // A change reads no hold (see `stock::correcting::adjust`): what
+        // reservations hold there is read right after, in a statement of its
+        // own that a collision cannot turn into a retryable error now that
+        // the units have changed.
+        let held = match judged.level {
+            Some(level) if level.held.is_none() => {
+                let inventory_id = adjustment.inventory_id;
+                read_answer!(&self.db, |db| store::held(db, inventory_id, level.location_id))?
+            }
+            _ => (0, 0),
+        };
+        Ok(outcome(&adjustment, judged, held))
     }
 
     /// The answer of an adjustment whose collision retries ran out (nothing
@@ -156,18 +167,24 @@ impl AdjustmentService {
         quantity: i32,
     ) -> Result<Option<LevelState>, AppError> {
         let set = store::set_safety_stock(&self.db, &self.collisions, inventory_id, location_id, quantity).await?;
-        Ok(set.done()?)
+        let Some(level) = set.done()? else { return Ok(None) };
+        // Setting safety stock moves no held unit: what is held there is read after.
+        let held = read_answer!(&self.db, |db| store::held(db, inventory_id, level.location_id))?;
+        Ok(Some(level.state(inventory_id, held)))
     }
 }
 
 /// What an adjustment's statement row means, in the order a request is
-/// judged: no inventory, no location, a stale version, then the units.
-fn outcome(adjustment: &Adjustment<'_>, judged: Judged) -> AdjustOutcome {
+/// judged: no inventory, no location, a stale version, then the units;
+/// `held`, the level's reserved and committed units when the statement did
+/// not read them.
+fn outcome(adjustment: &Adjustment<'_>, judged: Judged, held: (i64, i64)) -> AdjustOutcome {
     let Judged { found, located, current, applied, delta, inventory, level } = judged;
     let (Some(inventory), true) = (inventory, found) else { return AdjustOutcome::InventoryNotFound };
     let Some(level) = level.filter(|_| located) else {
         return AdjustOutcome::LocationNotFound(adjustment.location_id.unwrap_or_default());
     };
+    let level = level.state(adjustment.inventory_id, held);
     if !current {
         let expected_version = adjustment.expected_version.unwrap_or(inventory.version);
         return AdjustOutcome::Conflict { expected_version, inventory };

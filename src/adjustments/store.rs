@@ -31,7 +31,7 @@ pub(crate) struct Judged {
     /// The inventory as the statement left it (as locked when nothing was applied).
     pub inventory: Option<InventoryRow>,
     /// The level as the statement left it (nothing there: an empty level).
-    pub level: Option<LevelState>,
+    pub level: Option<Level>,
 }
 
 impl Judged {
@@ -49,14 +49,43 @@ impl Judged {
     }
 }
 
-/// The level a statement of `stock::correcting` returns (`l_*`), if it judged one.
-fn level(row: &QueryResult) -> Result<Option<LevelState>, DbErr> {
-    if row.try_get::<Option<Uuid>>("", "l_location_id")?.is_none()
-        || row.try_get::<Option<Uuid>>("", "l_inventory_id")?.is_none()
-    {
-        return Ok(None);
+/// A level as a statement of `stock::correcting` left it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Level {
+    /// The location.
+    pub location_id: Uuid,
+    /// Its available units.
+    pub available: i64,
+    /// Its safety stock.
+    pub safety_stock: i32,
+    /// Its reserved and committed units, when the statement read them (a count).
+    pub held: Option<(i64, i64)>,
+}
+
+impl Level {
+    /// This level of `inventory_id`, with the reserved and committed units
+    /// the statement read, or else `held`.
+    pub(crate) fn state(self, inventory_id: Uuid, held: (i64, i64)) -> LevelState {
+        let (reserved, committed) = self.held.unwrap_or(held);
+        let Self { location_id, available, safety_stock, .. } = self;
+        LevelState { inventory_id, location_id, available, reserved, committed, safety_stock }
     }
-    LevelState::from_query_result(row, "l_").map(Some)
+}
+
+/// The level a statement of `stock::correcting` returns (`l_*`), if it judged one.
+fn level(row: &QueryResult) -> Result<Option<Level>, DbErr> {
+    let (Some(location_id), Some(available)) =
+        (row.try_get::<Option<Uuid>>("", "l_location_id")?, row.try_get::<Option<i64>>("", "l_available")?)
+    else {
+        return Ok(None);
+    };
+    let held = |column: &str| row.try_get::<Option<i64>>("", column);
+    Ok(Some(Level {
+        location_id,
+        available,
+        safety_stock: row.try_get("", "l_safety_stock")?,
+        held: held("l_reserved")?.zip(held("l_committed")?),
+    }))
 }
 
 /// Runs an adjustment (see `stock::correcting::adjust`), re-run on collisions.
@@ -73,15 +102,15 @@ pub(crate) async fn adjust(
 }
 
 /// Runs a change of safety stock (see `stock::correcting::set_safety_stock`),
-/// re-run on collisions: the level as left, none when the inventory or the
-/// location does not exist.
+/// re-run on collisions: the level as left (without what is held there),
+/// none when the inventory or the location does not exist.
 pub(crate) async fn set_safety_stock(
     db: &DatabaseConnection,
     collisions: &Collisions,
     inventory_id: Uuid,
     location_id: Option<Uuid>,
     quantity: i32,
-) -> Result<Attempted<Option<LevelState>>, DbErr> {
+) -> Result<Attempted<Option<Level>>, DbErr> {
     let run = || async {
         let statement = correcting::set_safety_stock(inventory_id, location_id, quantity);
         let row = db.query_one_raw(statement).await?;
@@ -92,6 +121,18 @@ pub(crate) async fn set_safety_stock(
         level(&row)
     };
     collisions.run(inventory_id, run).await
+}
+
+/// What reservations hold of `inventory_id` at `location_id`: reserved and
+/// committed units, 0 each where it has no level.
+pub(crate) async fn held(
+    db: &impl ConnectionTrait,
+    inventory_id: Uuid,
+    location_id: Uuid,
+) -> Result<(i64, i64), DbErr> {
+    let levels = crate::locations::store::levels(db, &[inventory_id]).await?;
+    let level = levels.into_iter().find(|level| level.location_id == location_id);
+    Ok(level.map_or((0, 0), |level| (level.reserved, level.committed)))
 }
 
 /// The id of the location `location_id` names, or of the default location

@@ -127,7 +127,8 @@ pub fn offered(alias: &str, use_safety: Option<&str>) -> String {
 
 /// The safety stock of the one level of an inventory held in one place
 /// (`sole_location_id`), read by key through the inventory row aliased
-/// `alias` (`""`, `"i."`); NULL for an inventory held in several places.
+/// `alias` (`"inventories."`, `"i."`: qualified, since it is read in a
+/// subquery); NULL for an inventory held in several places.
 /// Unlocked: a statement that takes from the row alone decides with it
 /// instead of locking the level first, so a change of it that commits while
 /// such a statement runs applies from the next statement on

@@ -148,7 +148,7 @@ WITH RECURSIVE req AS MATERIALIZED (
         answers = answers(&format!("greatest({}, 0)", offer("s."))),
         steps = steps(),
         inv = lock_inventories(
-            &format!("{}, {} AS sole, {} AS kept", inventory_columns(""), sole(""), sole_safety_stock("")),
+            &format!("{}, {} AS sole, {} AS kept", inventory_columns(""), sole(""), sole_safety_stock("inventories.")),
             Ids::Array("$1"),
             None
         ),

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::{
     fragments::{
         Ids, LEDGER_ADJUSTED, held_at, inventory_columns, location_or_default, lock_inventories, lock_levels,
-        seen_as_locked, step,
+        seen_as_locked, set,
     },
     rows::{AdjustmentReason, MovementReason, sql},
 };
@@ -68,19 +68,23 @@ pub(crate) struct Adjustment<'a> {
 /// This locks the inventory row, then its levels (the lock order of every
 /// stock statement), so a reserve, a release or the sweeper on the same
 /// inventory waits for it or it for them, and the level's available units
-/// are read as locked (as they are now). What reservations hold there is
-/// read unlocked, from the statement's snapshot, which at READ COMMITTED
-/// may be older than the row it waited for: then the statement runs again
-/// ([`seen_as_locked`]), so a count is never judged against holds that
-/// have changed. A key already claimed fails on `idempotency_keys`' primary
-/// key and rolls the whole statement back.
+/// are read as locked (as they are now): a change is judged on them alone.
+/// A count needs what reservations hold there too, which is read unlocked,
+/// from the statement's snapshot; at READ COMMITTED that may be older than
+/// the row the statement waited for, and then it runs again
+/// ([`seen_as_locked`]), so a count is never judged against holds that have
+/// changed. A change reads no hold, so it never runs again for that: on an
+/// item under a stream of reserves it would find the row changed every
+/// time. A key already claimed fails on `idempotency_keys`' primary key and
+/// rolls the whole statement back.
 ///
 /// One row, always: `found` (the inventory exists), `located` (so does the
 /// location), `current` (its version is the expected one, or none was
 /// given), `applied`, the `delta` judged, the inventory as left (as locked
 /// when nothing was applied; its columns NULL when not found) and the
-/// level as left: `l_inventory_id`, `l_location_id`, `l_available`,
-/// `l_safety_stock`, `l_reserved`, `l_committed`.
+/// level as left: `l_location_id`, `l_available`, `l_safety_stock`, and for
+/// a count `l_reserved` and `l_committed` (NULL for a change, which did not
+/// read them).
 pub(crate) fn adjust(a: Adjustment<'_>) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
@@ -94,18 +98,21 @@ WITH loc AS (
 ), held AS (
     {held}
 ), judged AS (
-    SELECT inv.id AS inventory_id, loc.id AS location_id, coalesce(v.available, 0) AS available,
+    SELECT inv.id AS inventory_id, inv.stock, inv.version, loc.id AS location_id, coalesce(v.available, 0) AS available,
            coalesce(v.safety_stock, 0) AS safety_stock, h.reserved, h.committed,
            coalesce($3::integer, $4::integer - (coalesce(v.available, 0) + h.reserved + h.committed)) AS delta,
            ($5::integer IS NULL OR inv.version = $5) AS current
       FROM inv CROSS JOIN loc CROSS JOIN held h
       LEFT JOIN lvl v ON v.location_id = loc.id
-     WHERE {seen}
+     WHERE $4::integer IS NULL OR {seen}
 ), plan AS (
     SELECT j.*, j.current AND j.delta <> 0 AND j.available + j.delta >= 0 AS apply FROM judged j
 ), changed AS (
-    -- An inventory that gets units at a location besides its sole one is
-    -- held in several places from now on.
+    -- From the values `inv` locked, not the row's own: at READ COMMITTED
+    -- that is first the snapshot's, which a change judged without it may be
+    -- older than, and `stock >= 0` would be checked on it before the row is
+    -- read again. An inventory that gets units at a location besides its
+    -- sole one is held in several places from now on.
     UPDATE inventories i
        {set}, sole_location_id = CASE WHEN i.sole_location_id = p.location_id THEN p.location_id END
       FROM plan p
@@ -132,18 +139,20 @@ WITH loc AS (
 SELECT EXISTS (SELECT 1 FROM inv) AS found, EXISTS (SELECT 1 FROM loc) AS located,
        coalesce(p.current, false) AS current, EXISTS (SELECT 1 FROM changed) AS applied,
        coalesce(p.delta, 0) AS delta, i.*,
-       p.inventory_id AS l_inventory_id, p.location_id AS l_location_id,
+       p.location_id AS l_location_id,
        (p.available + CASE WHEN EXISTS (SELECT 1 FROM changed) THEN p.delta ELSE 0 END)::bigint AS l_available,
-       p.safety_stock AS l_safety_stock, p.reserved::bigint AS l_reserved, p.committed::bigint AS l_committed
+       p.safety_stock AS l_safety_stock,
+       CASE WHEN $4::integer IS NOT NULL THEN p.reserved::bigint END AS l_reserved,
+       CASE WHEN $4::integer IS NOT NULL THEN p.committed::bigint END AS l_committed
   FROM (SELECT 1) one
   LEFT JOIN plan p ON true
   LEFT JOIN after i ON true"#,
             location = location_or_default("$2"),
             inv = lock_inventories(&inventory_columns(""), Ids::One("$1"), None),
             lvl = lock_levels(Ids::One("(SELECT id FROM inv)")),
-            held = held_at("(SELECT id FROM inv)", "(SELECT id FROM loc)"),
+            held = held_at("(SELECT id FROM inv)", "(SELECT id FROM loc)", "$4::integer IS NOT NULL"),
             seen = seen_as_locked("$1"),
-            set = step("i.", "+ p.delta"),
+            set = set("p.stock + p.delta", "p.version + 1"),
             changed_columns = inventory_columns("i."),
             inv_columns = inventory_columns(""),
             adjusted = sql(MovementReason::Adjusted),
@@ -185,11 +194,12 @@ SELECT EXISTS (SELECT 1 FROM inv) AS found, EXISTS (SELECT 1 FROM loc) AS locate
 /// new value once this commits. A reserve from an inventory held in one
 /// place reads it unlocked ([`super::allocating::sole_safety_stock`]); at
 /// READ COMMITTED one that began before this committed may still decide by
-/// the old value. What reservations hold there is read as [`adjust`] reads
-/// it ([`seen_as_locked`]).
+/// the old value.
 ///
-/// One row, always: `found`, `located`, and the level as left (`l_*`, as
-/// [`adjust`] returns it; NULL when either is missing).
+/// One row, always: `found`, `located`, and the level's `l_location_id`,
+/// `l_available` and `l_safety_stock` as left (NULL when either is
+/// missing; 0 units where no level was made). What reservations hold there
+/// is not read: it does not change.
 pub(crate) fn set_safety_stock(inventory_id: Uuid, location_id: Option<Uuid>, quantity: i32) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
@@ -200,14 +210,10 @@ WITH loc AS (
     {inv}
 ), lvl AS MATERIALIZED (
     {lvl}
-), held AS (
-    {held}
-), fresh AS (
-    SELECT {seen} AS ok
 ), kept AS (
     INSERT INTO stock_levels AS l (inventory_id, location_id, available, safety_stock)
     SELECT inv.id, loc.id, 0, $3 FROM inv, loc
-     WHERE (SELECT ok FROM fresh) AND ($3 > 0 OR EXISTS (SELECT 1 FROM lvl WHERE location_id = loc.id))
+     WHERE $3 > 0 OR EXISTS (SELECT 1 FROM lvl WHERE location_id = loc.id)
         ON CONFLICT (inventory_id, location_id) DO UPDATE SET safety_stock = excluded.safety_stock
  RETURNING l.inventory_id, l.location_id, l.available, l.safety_stock
 ), spread AS (
@@ -215,17 +221,13 @@ WITH loc AS (
       FROM kept k
      WHERE i.id = k.inventory_id AND i.sole_location_id <> k.location_id
 )
-SELECT EXISTS (SELECT 1 FROM inv) AS found, EXISTS (SELECT 1 FROM loc) AS located,
-       inv.id AS l_inventory_id, loc.id AS l_location_id,
-       coalesce(k.available, 0)::bigint AS l_available, coalesce(k.safety_stock, 0) AS l_safety_stock,
-       h.reserved::bigint AS l_reserved, h.committed::bigint AS l_committed
-  FROM fresh
-  LEFT JOIN inv ON true LEFT JOIN loc ON true LEFT JOIN held h ON true LEFT JOIN kept k ON true"#,
+SELECT EXISTS (SELECT 1 FROM inv) AS found, EXISTS (SELECT 1 FROM loc) AS located, loc.id AS l_location_id,
+       coalesce(k.available, 0)::bigint AS l_available, coalesce(k.safety_stock, 0) AS l_safety_stock
+  FROM (SELECT 1) one
+  LEFT JOIN loc ON true LEFT JOIN kept k ON true"#,
             location = location_or_default("$2"),
-            inv = lock_inventories("id, version, sole_location_id", Ids::One("$1"), None),
+            inv = lock_inventories("id, sole_location_id", Ids::One("$1"), None),
             lvl = lock_levels(Ids::One("(SELECT id FROM inv)")),
-            held = held_at("(SELECT id FROM inv)", "(SELECT id FROM loc)"),
-            seen = seen_as_locked("$1"),
         )
     });
     Statement::from_sql_and_values(

@@ -344,19 +344,20 @@ pub fn seen_as_locked(id: &str) -> String {
 }
 
 /// The units the holding reservations of the inventory `inventory` (an
-/// expression) hold at the location `location` (an expression): one row,
-/// `reserved` (ACTIVE) and `committed` (ORDERED), 0 for none. Each holding
+/// expression) hold at the location `location` (an expression), read when
+/// `when` (a boolean expression) is true: one row, `reserved` (ACTIVE) and
+/// `committed` (ORDERED), 0 for none (or when not read). Each holding
 /// reservation's allocation there is looked up by its key
 /// (`reservations_held` finds the reservations, whatever number of released
 /// ones the inventory has had).
-pub fn held_at(inventory: &str, location: &str) -> String {
+pub fn held_at(inventory: &str, location: &str, when: &str) -> String {
     format!(
         "SELECT coalesce({reserved}, 0)::integer AS reserved, coalesce({committed}, 0)::integer AS committed
       FROM reservations r
      CROSS JOIN LATERAL (
         SELECT a.quantity FROM allocations a WHERE a.reservation_id = r.id AND a.location_id = {location} OFFSET 0
      ) a
-     WHERE r.inventory_id = {inventory} AND r.status IN {holding}",
+     WHERE {when} AND r.inventory_id = {inventory} AND r.status IN {holding}",
         reserved = allocated(ReservationStatus::Active),
         committed = allocated(ReservationStatus::Ordered),
         holding = holding(),
