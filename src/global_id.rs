@@ -22,11 +22,23 @@ pub enum Kind {
     Location,
     /// `WebhookEndpoint`.
     WebhookEndpoint,
+    /// `Kit`.
+    Kit,
+    /// `KitReservation`.
+    KitReservation,
 }
 
 impl Kind {
-    const ALL: [Self; 6] =
-        [Self::Inventory, Self::Reservation, Self::Order, Self::StockMovement, Self::Location, Self::WebhookEndpoint];
+    const ALL: [Self; 8] = [
+        Self::Inventory,
+        Self::Reservation,
+        Self::Order,
+        Self::StockMovement,
+        Self::Location,
+        Self::WebhookEndpoint,
+        Self::Kit,
+        Self::KitReservation,
+    ];
 
     fn type_name(self) -> &'static str {
         match self {
@@ -36,6 +48,8 @@ impl Kind {
             Self::StockMovement => "StockMovement",
             Self::Location => "Location",
             Self::WebhookEndpoint => "WebhookEndpoint",
+            Self::Kit => "Kit",
+            Self::KitReservation => "KitReservation",
         }
     }
 }

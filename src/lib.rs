@@ -50,6 +50,8 @@ pub(crate) mod idempotency;
 pub mod invariant;
 /// Inventories: reading, creating, restocking, and the per-request DataLoader.
 pub(crate) mod inventory;
+/// Kits: several inventories sold as one, every component taken in one statement.
+pub(crate) mod kits;
 /// Live changes: `inventoryChanged` and `orderChanged` subscriptions fed by LISTEN/NOTIFY.
 pub(crate) mod live;
 /// Locations: the places that hold stock, each inventory's levels there, allocations, transfers.

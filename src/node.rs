@@ -1,6 +1,6 @@
 //! Relay's object identification: the `Node` interface, a global `nodeId`
 //! on every object that has an identity (inventories, reservations, orders,
-//! ledger rows, locations, webhook endpoints), and `node(id:)` / `nodes(ids:)` to refetch any of them.
+//! ledger rows, locations, webhook endpoints, kits, kit reservations), and `node(id:)` / `nodes(ids:)` to refetch any of them.
 //!
 //! The objects keep their `id: UUID!` (the contract never renames), so the
 //! global id is a field of its own, `nodeId` (as PostGraphile names it);
@@ -18,6 +18,7 @@ use crate::{
     error::{AppError, GqlResult, IntoGql},
     global_id::{Kind, decode},
     inventory::graphql::{self as inventory, Inventory, StockMovement},
+    kits::graphql::{self as kits, Kit, KitReservation},
     locations::graphql::{self as locations, Location},
     orders::graphql::{self as orders, Order},
     reservations::graphql::{self as reservations, Reservation},
@@ -40,6 +41,10 @@ pub(crate) enum Node {
     Location(Location),
     /// A URL events are sent to (operators).
     WebhookEndpoint(WebhookEndpoint),
+    /// Several inventories sold as one.
+    Kit(Kit),
+    /// A hold on kits.
+    KitReservation(KitReservation),
 }
 
 /// Most ids one `nodes` call looks up.
@@ -86,5 +91,7 @@ async fn find(ctx: &Context<'_>, kind: Kind, id: Uuid) -> GqlResult<Option<Node>
         Kind::StockMovement => inventory::movement(ctx, id).await?.map(Node::StockMovement),
         Kind::Location => locations::load(ctx, id).await?.map(Node::Location),
         Kind::WebhookEndpoint => webhooks::visible(ctx, id).await?.map(Node::WebhookEndpoint),
+        Kind::Kit => kits::load(ctx, id).await?.map(Node::Kit),
+        Kind::KitReservation => kits::visible(ctx, id).await?.map(Node::KitReservation),
     })
 }

@@ -19,6 +19,10 @@ use crate::{
         graphql::{InventoryMutation, InventoryQuery, InventorySubscription},
         service::InventoryService,
     },
+    kits::{
+        graphql::{KitMutation, KitQuery},
+        service::KitService,
+    },
     locations::{
         graphql::{LocationMutation, LocationQuery},
         service::LocationService,
@@ -42,13 +46,14 @@ use crate::{
 
 /// The root query type.
 #[derive(MergedObject, Default)]
-pub struct Query(InventoryQuery, ReservationQuery, OrderQuery, LocationQuery, WebhookQuery, NodeQuery);
+pub struct Query(InventoryQuery, ReservationQuery, KitQuery, OrderQuery, LocationQuery, WebhookQuery, NodeQuery);
 
 /// The root mutation type.
 #[derive(MergedObject, Default)]
 pub struct Mutation(
     InventoryMutation,
     ReservationMutation,
+    KitMutation,
     OrderMutation,
     ReturnMutation,
     AdjustmentMutation,
@@ -84,6 +89,8 @@ pub(crate) struct Services {
     pub inventory: InventoryService,
     /// Reservations, with the coalescer of hot items.
     pub reservations: ReservationService,
+    /// Kits and kit reservations.
+    pub kits: KitService,
     /// Orders.
     pub orders: OrderService,
     /// Returns of fulfilled orders.

@@ -23,6 +23,7 @@ use crate::{
     events::{self, deliver::Delivering},
     gateway::{Fairness, Gateway, Setup},
     inventory::{self, InventoryRow, service::InventoryService},
+    kits::service::KitService,
     live::{Feed, Live},
     locations::service::LocationService,
     orders::{self, domain::Order, returns::service::ReturnService, service::OrderService},
@@ -56,6 +57,7 @@ impl Server {
         let services = Services {
             inventory: InventoryService::new(&state),
             reservations: ReservationService::new(&state),
+            kits: KitService::new(&state),
             orders: OrderService::new(&state),
             returns: ReturnService::new(&state),
             adjustments: AdjustmentService::new(&state),
@@ -88,12 +90,13 @@ impl Server {
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
         schema::build(self.state.clone(), |schema| {
-            let Services { inventory, reservations, orders, returns, adjustments, locations, webhooks } =
+            let Services { inventory, reservations, kits, orders, returns, adjustments, locations, webhooks } =
                 self.services.clone();
             schema
                 .data(inventory)
                 .data(locations)
                 .data(reservations)
+                .data(kits)
                 .data(orders)
                 .data(returns)
                 .data(adjustments)

@@ -33,6 +33,7 @@ mod m20261212_090000_read_the_ledger_in_smaller_ranges;
 mod m20261213_090000_index_idempotency_keys_by_age;
 mod m20261214_090000_take_back_returned_units;
 mod m20261215_090000_adjust_stock_and_keep_safety_stock;
+mod m20261216_090000_sell_kits;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -62,6 +63,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261213_090000_index_idempotency_keys_by_age::Migration),
             Box::new(m20261214_090000_take_back_returned_units::Migration),
             Box::new(m20261215_090000_adjust_stock_and_keep_safety_stock::Migration),
+            Box::new(m20261216_090000_sell_kits::Migration),
         ]
     }
 }

@@ -212,6 +212,15 @@ impl Key {
         Self { key, fingerprint: canonical("checkout", fields), legacy }
     }
 
+    /// The key of a `reserveKit` of `quantity` kits choosing locations by
+    /// `allocating`. A kit has no fingerprint from before the canonical
+    /// encoding (see [`Key::transfer`]).
+    pub(crate) fn reserve_kit(key: String, kit_id: Uuid, quantity: i32, allocating: &Allocating) -> Self {
+        let mut fields = vec![("kitId", Part::Id(kit_id)), ("quantity", Part::Int(quantity.into()))];
+        fields.extend(choice(allocating));
+        Self { key, fingerprint: canonical("reserveKit", fields), legacy: String::new() }
+    }
+
     /// The key of a `transferStock`. A transfer has no fingerprint from
     /// before the canonical encoding: its legacy one is empty, which no
     /// stored fingerprint is, so a legacy key never matches it.

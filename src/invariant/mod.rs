@@ -36,6 +36,10 @@
 //! (never more back than shipped), `returned` is the sum of its return
 //! lines, and only a FULFILLED line has any.
 //!
+//! And for every kit reservation: exactly one reservation per component of
+//! its kit, each of kits × the component's quantity, all in one status
+//! with one expiry (docs/kits.md).
+//!
 //! Entries archived by `stockguard archive` count through their inventory's
 //! checkpoint rows (`ledger_checkpoints`, `ledger_checkpoint_levels`), which
 //! hold their sums.
@@ -78,6 +82,8 @@ pub enum Drift {
     Level(LevelDrift),
     /// An order line's returned units.
     Line(LineDrift),
+    /// A kit reservation that is not whole.
+    Kit(KitDrift),
 }
 
 /// One inventory whose numbers do not add up.
@@ -162,6 +168,31 @@ pub struct LineDrift {
     pub return_lines: i64,
 }
 
+/// A kit reservation whose components are not its kit's, or not in one
+/// status and expiry (or a reservation naming a kit reservation that does
+/// not exist: then only its id is known).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct KitDrift {
+    /// The kit reservation.
+    pub kit_reservation_id: Uuid,
+    /// Its kit (none when the kit reservation does not exist).
+    pub(crate) kit_id: Option<Uuid>,
+    /// The kit's SKU.
+    pub(crate) sku: String,
+    /// Kits held.
+    pub quantity: i64,
+    /// The distinct statuses of its reservations (should be one).
+    pub statuses: Vec<String>,
+    /// The distinct expiries of its reservations (should be at most one).
+    pub expiries: i64,
+    /// Its kit's components.
+    pub components: i64,
+    /// Its reservations (should equal `components`).
+    pub parts: i64,
+    /// Those holding kits × their component's quantity (should equal `components`).
+    pub matching: i64,
+}
+
 impl std::fmt::Display for Drift {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -191,6 +222,20 @@ impl std::fmt::Display for Drift {
                 f,
                 "{} ({}) line {} of order {:?}, {}: returned {} of {} shipped, return lines {}",
                 d.sku, d.inventory_id, d.reservation_id, d.order_id, d.status, d.returned, d.quantity, d.return_lines
+            ),
+            Self::Kit(d) => write!(
+                f,
+                "kit {} ({:?}) reservation {} of {} kits: {} reservations for {} components, {} of them right, \
+                 statuses {:?}, {} expiries",
+                d.sku,
+                d.kit_id,
+                d.kit_reservation_id,
+                d.quantity,
+                d.parts,
+                d.components,
+                d.matching,
+                d.statuses,
+                d.expiries
             ),
             Self::Level(d) => {
                 let available = d.available.map_or_else(|| "no level".to_owned(), |n| n.to_string());
@@ -451,13 +496,16 @@ async fn run(
         checked.inventories += n.max(0) as u64;
         after = Some(last);
     }
-    // The order lines with returns: few beside the inventories, found
+    // The order lines with returns (few beside the inventories, found
     // through the partial index of lines with returned units and the return
-    // lines themselves, in one statement after the inventories' batches.
-    clock.arm(txn).await?;
-    for row in txn.query_all_raw(query(&sums::RETURNED_LINES)).await? {
-        found(Found::Drift(drift(&row)?));
-        checked.drifts += 1;
+    // lines themselves) and the kit reservations, a statement each after
+    // the inventories' batches.
+    for statement in [sums::RETURNED_LINES.as_str(), sums::KIT_RESERVATIONS] {
+        clock.arm(txn).await?;
+        for row in txn.query_all_raw(query(statement)).await? {
+            found(Found::Drift(drift(&row)?));
+            checked.drifts += 1;
+        }
     }
     progress(found, Step::Inventories, checked.inventories, inventories);
     Ok(checked)
@@ -481,6 +529,7 @@ fn drift(row: &sea_orm::QueryResult) -> Result<Drift, DbErr> {
     match kind.as_str() {
         "inventory" => serde_json::from_value(detail).map(Drift::Inventory).map_err(read),
         "line" => serde_json::from_value(detail).map(Drift::Line).map_err(read),
+        "kit" => serde_json::from_value(detail).map(Drift::Kit).map_err(read),
         _ => serde_json::from_value(detail).map(Drift::Level).map_err(read),
     }
 }

@@ -302,3 +302,31 @@ SELECT 'line' AS kind, d.sku, to_jsonb(d) AS detail
         fulfilled = sql(ReservationStatus::Fulfilled),
     )
 });
+
+/// The kit reservations that are not whole: each must have exactly one
+/// reservation per component of its kit, each holding kits × the
+/// component's quantity, all in one status with one expiry; and no
+/// reservation may name a kit reservation that does not exist. Few beside
+/// the inventories, read in one statement after them.
+pub(super) const KIT_RESERVATIONS: &str = r#"
+SELECT 'kit' AS kind, d.sku, to_jsonb(d) AS detail
+  FROM (SELECT x.id AS kit_reservation_id, k.kit_id, coalesce(t.sku, '') AS sku, coalesce(k.quantity, 0)::bigint AS quantity,
+               coalesce(p.statuses, '{}') AS statuses, coalesce(p.expiries, 0)::bigint AS expiries,
+               coalesce((SELECT count(*) FROM kit_components c WHERE c.kit_id = k.kit_id), 0)::bigint AS components,
+               coalesce(p.parts, 0)::bigint AS parts, coalesce(p.matching, 0)::bigint AS matching
+          FROM (SELECT id FROM kit_reservations
+                UNION SELECT kit_reservation_id FROM reservations WHERE kit_reservation_id IS NOT NULL) AS x
+          LEFT JOIN kit_reservations k ON k.id = x.id
+          LEFT JOIN kits t ON t.id = k.kit_id
+          LEFT JOIN (SELECT r.kit_reservation_id, array_agg(DISTINCT r.status ORDER BY r.status) AS statuses,
+                            count(DISTINCT r.expires_at) AS expiries, count(*) AS parts,
+                            count(*) FILTER (WHERE r.quantity = c.quantity * kr.quantity) AS matching
+                       FROM reservations r
+                       JOIN kit_reservations kr ON kr.id = r.kit_reservation_id
+                       LEFT JOIN kit_components c ON c.kit_id = kr.kit_id AND c.inventory_id = r.inventory_id
+                      WHERE r.kit_reservation_id IS NOT NULL
+                      GROUP BY r.kit_reservation_id) p ON p.kit_reservation_id = x.id
+         WHERE k.id IS NULL OR p.parts IS NULL OR cardinality(p.statuses) <> 1 OR p.expiries > 1
+            OR p.parts <> (SELECT count(*) FROM kit_components c WHERE c.kit_id = k.kit_id)
+            OR p.matching <> p.parts) AS d
+ ORDER BY d.sku, d.kit_reservation_id"#;

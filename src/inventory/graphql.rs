@@ -327,6 +327,11 @@ impl StockMovement {
     async fn actor(&self) -> Option<&str> {
         self.0.actor.as_deref()
     }
+
+    /// The kit reservation whose change wrote the row; null for every other.
+    async fn kit_reservation_id(&self) -> Option<Uuid> {
+        self.0.kit_reservation_id
+    }
 }
 
 impl From<InventoryRow> for Inventory {

@@ -41,6 +41,8 @@ pub(crate) struct Model {
     pub actor: Option<String>,
     /// Why an operator adjusted stock: set on ADJUSTED rows, and only on them.
     pub adjustment_reason: Option<AdjustmentReason>,
+    /// The kit reservation whose change wrote the row, if any.
+    pub kit_reservation_id: Option<Uuid>,
 }
 
 /// No relations are navigated through the ORM.

@@ -76,6 +76,8 @@ pub(crate) enum UnavailableReservationReason {
     Released,
     /// Already a line of an order (this one's, another checkout's, or a fulfilled one's).
     Ordered,
+    /// A component of a kit reservation, which is checked out whole (`kitReservationIds`).
+    PartOfKit,
 }
 
 /// A reservation of a cart that cannot be checked out, with its latest state.
@@ -433,6 +435,9 @@ async fn unavailable_reservations(
             let row = rows.iter().find(|row| row.id == reservation_id && row.user_id == user_id);
             let reason = match row.map(|row| status_at(row, now)) {
                 None => UnavailableReservationReason::NotFound,
+                Some(ReservationStatus::Active) if row.is_some_and(|row| row.kit_reservation_id.is_some()) => {
+                    UnavailableReservationReason::PartOfKit
+                }
                 Some(ReservationStatus::Active) => return None,
                 Some(ReservationStatus::Expired) => UnavailableReservationReason::Expired,
                 Some(ReservationStatus::Released) => UnavailableReservationReason::Released,

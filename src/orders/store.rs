@@ -178,7 +178,7 @@ pub(crate) async fn checkout(
             r#"
 WITH lines AS (
     SELECT id FROM reservations
-     WHERE id = ANY($1) AND user_id = $2 AND {active_unexpired}
+     WHERE id = ANY($1) AND user_id = $2 AND {active_unexpired} AND kit_reservation_id IS NULL
      ORDER BY id
        FOR UPDATE
 ), placed AS (

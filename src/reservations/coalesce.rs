@@ -405,6 +405,7 @@ impl Coalescer {
                     fewest_locations: None,
                     allow_split: None,
                     returned: 0,
+                    kit_reservation_id: None,
                 };
                 return Ok(ReserveOutcome::Reserved { reservation, inventory });
             }

@@ -205,6 +205,7 @@ mod tests {
             fewest_locations: None,
             allow_split: None,
             returned: 0,
+            kit_reservation_id: None,
         };
         let (past, future) = (Some(now - chrono::Duration::seconds(1)), Some(now + chrono::Duration::seconds(1)));
         assert_eq!(status_at(&row(ReservationStatus::Active, past), now), ReservationStatus::Expired);

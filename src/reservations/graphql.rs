@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 mod inputs;
 
-pub(crate) use inputs::{ReserveInput, ReserveItemInput, ReserveManyInput};
+pub(crate) use inputs::{AllocationStrategy, ReserveInput, ReserveItemInput, ReserveManyInput};
 
 use super::{
     ReservationRow,
@@ -21,6 +21,7 @@ use crate::{
     error::{AppError, GqlResult, IntoGql},
     global_id,
     inventory::graphql::{Conflict, Inventory, InventoryNotFound, load as load_inventory},
+    kits::graphql::{self as kits, KitReservation, ReservationPartOfKit},
     locations::graphql::{self as locations, Allocation},
     pagination::{self, Connection, Cursor, connection},
     reservations, telemetry, validate,
@@ -127,6 +128,11 @@ impl Reservation {
     /// Which locations gave its units (adding up to `quantity`), by priority then code.
     async fn allocations(&self, ctx: &Context<'_>) -> GqlResult<Vec<Allocation>> {
         locations::allocations(ctx, self.0.id).await
+    }
+
+    /// The kit reservation this is a component of; null for a reservation of its own.
+    async fn kit_reservation(&self, ctx: &Context<'_>) -> GqlResult<Option<KitReservation>> {
+        kits::of(ctx, &self.0).await
     }
 }
 
@@ -318,6 +324,9 @@ impl ReservationMutation {
                 ReleaseOutcome::NotActive(reservation) => {
                     ReleaseResult::ReservationNotActive(ReservationNotActive { reservation: Reservation(reservation) })
                 }
+                ReleaseOutcome::PartOfKit(reservation) => {
+                    ReleaseResult::ReservationPartOfKit(ReservationPartOfKit::new(ctx, reservation).await?)
+                }
             },
         ))
     }
@@ -349,6 +358,9 @@ impl ReservationMutation {
                 }
                 ExtendOutcome::NotActive(reservation) => {
                     ExtendResult::ReservationNotActive(ReservationNotActive { reservation: Reservation(reservation) })
+                }
+                ExtendOutcome::PartOfKit(reservation) => {
+                    ExtendResult::ReservationPartOfKit(ReservationPartOfKit::new(ctx, reservation).await?)
                 }
             },
         ))
@@ -392,6 +404,9 @@ impl ReservationMutation {
                         reservation: Reservation(reservation),
                     })
                 }
+                ChangeOutcome::PartOfKit(reservation) => ChangeReservationQuantityResult::ReservationPartOfKit(
+                    ReservationPartOfKit::new(ctx, reservation).await?,
+                ),
             },
         ))
     }
@@ -427,6 +442,8 @@ pub(crate) enum ChangeReservationQuantityResult {
     ReservationNotActive(ReservationNotActive),
     /// Not found (or not the caller's).
     ReservationNotFound(ReservationNotFound),
+    /// A component of a kit reservation, whose quantities follow the kit's; nothing changed.
+    ReservationPartOfKit(ReservationPartOfKit),
 }
 
 /// Every line was reserved.
@@ -522,6 +539,8 @@ pub(crate) enum ExtendResult {
     ReservationNotFound(ReservationNotFound),
     /// Not ACTIVE any more, or already expired; nothing changed.
     ReservationNotActive(ReservationNotActive),
+    /// A component of a kit reservation: extend the kit reservation; nothing changed.
+    ReservationPartOfKit(ReservationPartOfKit),
 }
 
 /// How a release ended.
@@ -533,4 +552,6 @@ pub(crate) enum ReleaseResult {
     ReservationNotFound(ReservationNotFound),
     /// Not ACTIVE any more; nothing changed.
     ReservationNotActive(ReservationNotActive),
+    /// A component of a kit reservation: release the kit reservation; nothing changed.
+    ReservationPartOfKit(ReservationPartOfKit),
 }

@@ -59,6 +59,8 @@ pub(crate) enum ReleaseOutcome {
     NotFound,
     /// Visible, but no longer ACTIVE (released, expired or an order line).
     NotActive(ReservationRow),
+    /// A component of a kit reservation, which is released whole; nothing written.
+    PartOfKit(ReservationRow),
 }
 
 /// How an extension ended.
@@ -70,6 +72,8 @@ pub(crate) enum ExtendOutcome {
     NotFound,
     /// Not ACTIVE any more (released, expired or an order line).
     NotActive(ReservationRow),
+    /// A component of a kit reservation, which is extended whole; nothing written.
+    PartOfKit(ReservationRow),
 }
 
 /// How a change of a reservation's quantity ended.
@@ -95,6 +99,8 @@ pub(crate) enum ChangeOutcome {
     NotFound,
     /// Not ACTIVE any more, or expired (released, swept or not, or an order line).
     NotActive(ReservationRow),
+    /// A component of a kit reservation, whose quantities follow the kit's; nothing written.
+    PartOfKit(ReservationRow),
 }
 
 /// Runs of a quantity change whose result went stale before it was read.
@@ -230,6 +236,7 @@ impl ReservationService {
         }
         Ok(match read_answer!(&self.db, |db| store::find(db, id))?.filter(|r| r.user_id == owner) {
             None => ReleaseOutcome::NotFound,
+            Some(reservation) if reservation.kit_reservation_id.is_some() => ReleaseOutcome::PartOfKit(reservation),
             Some(reservation) => ReleaseOutcome::NotActive(self.reported(reservation).await?),
         })
     }
@@ -255,6 +262,9 @@ impl ReservationService {
             else {
                 return Ok(ChangeOutcome::NotFound);
             };
+            if reservation.kit_reservation_id.is_some() {
+                return Ok(ChangeOutcome::PartOfKit(reservation));
+            }
             if domain::status_at(&reservation, Utc::now()) != ReservationStatus::Active {
                 return Ok(ChangeOutcome::NotActive(self.reported(reservation).await?));
             }
@@ -291,6 +301,7 @@ impl ReservationService {
         }
         Ok(match read_answer!(&self.db, |db| store::find(db, id))?.filter(|r| r.user_id == owner) {
             None => ExtendOutcome::NotFound,
+            Some(reservation) if reservation.kit_reservation_id.is_some() => ExtendOutcome::PartOfKit(reservation),
             Some(reservation) => ExtendOutcome::NotActive(self.reported(reservation).await?),
         })
     }

@@ -183,7 +183,7 @@ pub(crate) async fn extend(
 UPDATE reservations
    SET expires_at = CASE WHEN expires_at IS NOT NULL
        THEN least(expires_at + $3::integer * interval '1 second', now() + $4::integer * interval '1 second') END
- WHERE id = $1 AND user_id = $2 AND {active_unexpired}
+ WHERE id = $1 AND user_id = $2 AND {active_unexpired} AND kit_reservation_id IS NULL
 RETURNING *"#,
             active_unexpired = fragments::active_unexpired(),
         )

@@ -50,7 +50,7 @@ WITH line AS MATERIALIZED (
     SELECT id, inventory_id, quantity, location_ids, coalesce(fewest_locations, false) AS fewest,
            coalesce(allow_split, true) AS split
       FROM reservations
-     WHERE id = $1 AND user_id = $2 AND {active_unexpired} AND quantity <> $3::integer
+     WHERE id = $1 AND user_id = $2 AND {active_unexpired} AND quantity <> $3::integer AND kit_reservation_id IS NULL
        FOR UPDATE
 ), held AS MATERIALIZED (
     SELECT location_id, quantity FROM allocations WHERE reservation_id = (SELECT id FROM line) FOR UPDATE

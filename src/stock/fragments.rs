@@ -38,6 +38,12 @@ pub(crate) fn step(alias: &str, delta: &str) -> String {
 pub(crate) const LEDGER: &str = "INSERT INTO stock_movements \
      (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id)";
 
+/// [`LEDGER`] for a change of reservations that may be a kit's components
+/// (nine values): the eight, then the kit reservation's id (NULL for a
+/// reservation of its own), so a kit reservation's ledger rows name it.
+pub(crate) const LEDGER_OF_KITS: &str = "INSERT INTO stock_movements \
+     (inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id, kit_reservation_id)";
+
 /// [`LEDGER`] for an operator's change (ten values): the eight, then the
 /// operator's `note` and their `sub` as `actor`.
 pub(crate) const LEDGER_BY_OPERATOR: &str = "INSERT INTO stock_movements \
@@ -166,7 +172,7 @@ pub(crate) enum Lines {
 /// The CTEs of a statement that changes many reservation lines at once:
 /// `parts`, `checked`, `totals`, `changed`, `numbered`, (for
 /// [`Lines::Return`]) `restored`, and `movement`. `lines` names an earlier
-/// CTE of the changed lines (`id, inventory_id, quantity`) whose rows the
+/// CTE of the changed lines (`id, inventory_id, quantity, kit_reservation_id`) whose rows the
 /// statement has locked, `reason` their ledger rows' reason, `order_id` the
 /// ledger's order (`"NULL"`, `"$1"`). With `locked`, the inventories are the
 /// rows of an earlier CTE `locked` (`id`), already locked in id order.
@@ -233,13 +239,14 @@ pub(crate) fn per_line(lines: &str, what: Lines, reason: MovementReason, order_i
      WHERE i.id = t.inventory_id AND (SELECT ok FROM checked) IS NOT FALSE
  RETURNING {columns}, t.quantity, t.n
 ), numbered AS (
-    SELECT e.id, e.inventory_id, c.stock, c.quantity AS total,
+    SELECT e.id, e.inventory_id, e.kit_reservation_id, c.stock, c.quantity AS total,
            sum(e.quantity) OVER w AS upto, (c.version - c.n + row_number() OVER w)::integer AS version
       FROM {lines} e JOIN changed c ON c.id = e.inventory_id
     WINDOW w AS (PARTITION BY e.inventory_id ORDER BY e.id)
 {restored}), movement AS (
-    {LEDGER}
-    SELECT n.inventory_id, {delta}, {reason}, ({stock_after})::integer, n.version, n.id, {order_id}, p.location_id
+    {LEDGER_OF_KITS}
+    SELECT n.inventory_id, {delta}, {reason}, ({stock_after})::integer, n.version, n.id, {order_id}, p.location_id,
+           n.kit_reservation_id
       FROM numbered n JOIN parts p ON p.reservation_id = n.id
 )"#,
         set = set(stock, "i.version + t.n"),
@@ -258,7 +265,7 @@ pub(crate) fn order_lines(status: ReservationStatus, what: Lines, reason: Moveme
 WITH moved AS (
     UPDATE reservations SET status = {status}
      WHERE order_id = $1 AND status = {ordered}
- RETURNING id, inventory_id, quantity
+ RETURNING id, inventory_id, quantity, kit_reservation_id
 ), {changes}
 SELECT count(*) FROM moved"#,
         status = sql(status),

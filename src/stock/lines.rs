@@ -49,7 +49,7 @@ pub(crate) struct Line {
 /// each array: inventory, quantity, expected version, whether that version
 /// is checked, the count of its location ids in the flat array `$5` (0:
 /// any), FEWEST_LOCATIONS, split. `ids` is each line's slice of `$5`.
-fn line_cte() -> &'static str {
+pub(super) fn line_cte() -> &'static str {
     r#"line AS (
     SELECT u.inventory_id, u.quantity, CASE WHEN u.checked THEN u.expected_version END AS expected_version,
            CASE WHEN u.count > 0
@@ -63,7 +63,7 @@ fn line_cte() -> &'static str {
 }
 
 /// The values of `$1`..`$8` for [`line_cte`].
-fn line_values(lines: &[Line]) -> Vec<Value> {
+pub(super) fn line_values(lines: &[Line]) -> Vec<Value> {
     let ids: Vec<Uuid> = lines.iter().flat_map(|l| l.allocating.location_ids.iter().flatten().copied()).collect();
     let counts: Vec<i32> = lines
         .iter()

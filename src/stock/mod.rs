@@ -31,6 +31,7 @@ pub(crate) mod archiving;
 pub mod coalesced;
 pub(crate) mod correcting;
 pub mod fragments;
+pub(crate) mod kitting;
 pub mod lines;
 pub mod moving;
 pub mod partitions;

@@ -27,7 +27,7 @@ pub fn release(reservation_id: Uuid, owner: &str) -> Statement {
             r#"
 WITH released AS (
     UPDATE reservations SET status = {released}
-     WHERE id = $1 AND user_id = $2 AND {active_unexpired}
+     WHERE id = $1 AND user_id = $2 AND {active_unexpired} AND kit_reservation_id IS NULL
  RETURNING *
 ), {returned}
 SELECT {columns}, {reservation} FROM changed c, released r"#,
@@ -45,7 +45,12 @@ SELECT {columns}, {reservation} FROM changed c, released r"#,
 ///
 /// Rows another sweeper (or a release, an extension, a checkout or a change
 /// of quantity) holds are skipped, not waited for: they are either being
-/// handled or no longer due. Their inventories are locked in id order
+/// handled or no longer due. A kit reservation's components expire
+/// together: the sweep claims due kit reservations by their own row (every
+/// statement that changes a kit's components locks it first,
+/// `super::kitting`), skipping those another holds, and expires every
+/// ACTIVE component of each at once, whatever the limit, so no reader
+/// sees a kit half expired. Their inventories are locked in id order
 /// (`locked`), the order every multi-item writer locks in, so a sweep and an
 /// order (or another sweep) wait for each other instead of deadlocking. Each
 /// expiry is its own change of its inventory: the version grows by the number
@@ -65,14 +70,23 @@ pub fn sweep(limit: i64) -> Statement {
             r#"
 WITH due AS (
     SELECT id FROM reservations
-     WHERE status = {active} AND expires_at <= now()
+     WHERE status = {active} AND expires_at <= now() AND kit_reservation_id IS NULL
      ORDER BY expires_at
      LIMIT {limit}
        FOR UPDATE SKIP LOCKED
+), due_kits AS MATERIALIZED (
+    SELECT id FROM kit_reservations
+     WHERE id IN (SELECT kit_reservation_id FROM reservations
+                   WHERE status = {active} AND expires_at <= now() AND kit_reservation_id IS NOT NULL
+                   ORDER BY expires_at
+                   LIMIT {limit})
+     ORDER BY id
+       FOR UPDATE SKIP LOCKED
 ), expired AS (
     UPDATE reservations r SET status = {expired}
-      FROM due WHERE r.id = due.id
- RETURNING r.id, r.inventory_id, r.quantity
+     WHERE r.id IN (SELECT id FROM due)
+        OR (r.kit_reservation_id IN (SELECT id FROM due_kits) AND r.status = {active} AND r.expires_at <= now())
+ RETURNING r.id, r.inventory_id, r.quantity, r.kit_reservation_id
 ), locked AS MATERIALIZED (
     {locked}
 ), {returned}

@@ -209,3 +209,73 @@ pub const CHANGE_QUANTITY_OFFERED: &str = "mutation($input: ChangeReservationQua
     ... on ReservationNotActive { reservation { status } }
     ... on ReservationNotFound { reservationId }
   } }";
+
+/// `createKit`, answering the kit with its flattened components.
+pub const CREATE_KIT: &str = "mutation($input: CreateKitInput!) { createKit(input: $input) {
+   id nodeId sku name active available components { inventory { id sku } quantity } } }";
+
+/// `updateKit`.
+pub const UPDATE_KIT: &str = "mutation($input: UpdateKitInput!) { updateKit(input: $input) { id name active } }";
+
+/// A kit by id with what it offers.
+pub const KIT: &str = "query($id: UUID!) { kit(id: $id) { id sku name active available
+   components { inventory { id sku } quantity } } }";
+
+/// A page of kits with what each offers.
+pub const KITS: &str = "query($first: Int, $after: String) { kits(first: $first, after: $after) {
+   nodes { id sku available } pageInfo { hasNextPage endCursor } } }";
+
+/// `reserveKit`, answering the kit reservation or what was short.
+pub const RESERVE_KIT: &str = "mutation($input: ReserveKitInput!) { reserveKit(input: $input) { __typename
+   ... on KitReserved { kitReservation { id nodeId quantity status expiresAt userId kit { id }
+       reservations { id quantity status expiresAt inventory { id } allocations { location { code } quantity }
+                      kitReservation { id } } } }
+   ... on KitSoldOut { kit { id } requested available components { inventoryId reason available } }
+   ... on KitNotFound { kitId }
+ } }";
+
+/// `releaseKitReservation`.
+pub const RELEASE_KIT: &str = "mutation($id: UUID!) { releaseKitReservation(id: $id) { __typename
+   ... on KitReservationReleased { kitReservation { id status reservations { status } } }
+   ... on ReservationNotFound { reservationId }
+   ... on ReservationNotActive { reservation { id status } }
+ } }";
+
+/// `extendKitReservation`.
+pub const EXTEND_KIT: &str = "mutation($id: UUID!, $seconds: Int!) { extendKitReservation(id: $id, seconds: $seconds) {
+   __typename
+   ... on ReservationExtended { reservation { id expiresAt } }
+   ... on ReservationNotFound { reservationId }
+   ... on ReservationNotActive { reservation { id status } }
+ } }";
+
+/// A kit reservation by id.
+pub const KIT_RESERVATION: &str =
+    "query($id: UUID!) { kitReservation(id: $id) { id status expiresAt reservations { id status expiresAt } } }";
+
+/// `releaseReservation` of one reservation, answering a kit's refusal too.
+pub const RELEASE_ONE: &str = "mutation($id: UUID!) { releaseReservation(id: $id) { __typename
+   ... on ReservationReleased { reservation { id status } }
+   ... on ReservationNotFound { reservationId }
+   ... on ReservationNotActive { reservation { id status } }
+   ... on ReservationPartOfKit { reservation { id status } kitReservation { id } }
+ } }";
+
+/// `extendReservation` of one reservation, answering a kit's refusal too.
+pub const EXTEND_ONE: &str = "mutation($id: UUID!, $seconds: Int!) { extendReservation(id: $id, seconds: $seconds) {
+   __typename
+   ... on ReservationExtended { reservation { id } }
+   ... on ReservationNotFound { reservationId }
+   ... on ReservationNotActive { reservation { id } }
+   ... on ReservationPartOfKit { reservation { id } kitReservation { id } }
+ } }";
+
+/// `changeReservationQuantity` of one reservation, answering a kit's refusal too.
+pub const CHANGE_ONE: &str = "mutation($input: ChangeReservationQuantityInput!) {
+  changeReservationQuantity(input: $input) { __typename
+    ... on ReservationChanged { reservation { id quantity } }
+    ... on SoldOut { requested available }
+    ... on ReservationNotActive { reservation { status } }
+    ... on ReservationNotFound { reservationId }
+    ... on ReservationPartOfKit { reservation { id } kitReservation { id } }
+  } }";

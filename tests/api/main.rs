@@ -32,6 +32,7 @@ mod helpers;
 mod http;
 mod http_spec;
 mod invariant;
+mod kits;
 mod lifecycle;
 mod live;
 mod live_levels;

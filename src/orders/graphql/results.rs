@@ -29,6 +29,8 @@ pub(crate) enum UnavailableReservationReason {
     Released,
     /// Already a line of an order (this one's, another checkout's, or a fulfilled one's).
     Ordered,
+    /// A component of a kit reservation, which is checked out whole (`kitReservationIds`).
+    PartOfKit,
 }
 
 impl From<service::UnavailableReservationReason> for UnavailableReservationReason {
@@ -38,6 +40,7 @@ impl From<service::UnavailableReservationReason> for UnavailableReservationReaso
             service::UnavailableReservationReason::Expired => Self::Expired,
             service::UnavailableReservationReason::Released => Self::Released,
             service::UnavailableReservationReason::Ordered => Self::Ordered,
+            service::UnavailableReservationReason::PartOfKit => Self::PartOfKit,
         }
     }
 }

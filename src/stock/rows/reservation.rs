@@ -69,6 +69,9 @@ pub struct Model {
     /// Units of a FULFILLED order line returned since (restocked or written
     /// off); 0 for every other reservation. `CHECK (returned BETWEEN 0 AND quantity)`.
     pub(crate) returned: i32,
+    /// The kit reservation this is a component of, if any: it then lives
+    /// and dies with the kit reservation's other components.
+    pub(crate) kit_reservation_id: Option<Uuid>,
 }
 
 /// No relations are navigated through the ORM; joins are written where needed.

@@ -1,0 +1,332 @@
+//! Kits: several inventories sold as one. A kit is flattened when it is
+//! made (a component shared by two sub-kits counts once, summed); bad
+//! input writes nothing; `reserveKit` takes every component or nothing, and
+//! `Kit.available` is exactly the number of one-kit reservations that
+//! succeed one after another; a kit reservation's components are released,
+//! extended and expired together, never one alone; a key replays. The
+//! races are in `races.rs`.
+
+use sea_orm::ConnectionTrait;
+use serde_json::{Value, json};
+use stockguard::auth::Role;
+use uuid::Uuid;
+
+use crate::{
+    documents::{
+        CHANGE_ONE, CREATE_KIT, EXTEND_KIT, EXTEND_ONE, KIT, KIT_RESERVATION, KITS, RELEASE_KIT, RELEASE_ONE,
+        RESERVE_KIT, UPDATE_KIT,
+    },
+    helpers::{Isolation, TestApp, error_code, sweep_all, uuid},
+    locations::{create_location, default_location, stocked},
+    transfers::transfer,
+};
+
+/// `createKit` of `components` (JSON inputs) as an operator.
+pub async fn create_kit(app: &TestApp, sku: &str, components: Value) -> Value {
+    let input = json!({ "sku": sku, "name": format!("Kit {sku}"), "components": components });
+    app.mutate(&app.operator(), "createKit", CREATE_KIT, json!({ "input": input })).await
+}
+
+/// The id of a new kit of `components`.
+pub async fn kit_of(app: &TestApp, sku: &str, components: Value) -> Uuid {
+    let kit = create_kit(app, sku, components).await;
+    uuid(&kit["id"])
+}
+
+/// `reserveKit` as `token` of `quantity` kits (more input in `extra`).
+pub async fn reserve_kit(app: &TestApp, token: &str, kit: Uuid, quantity: i32, extra: Value) -> Value {
+    let mut input = json!({ "kitId": kit, "quantity": quantity });
+    if let (Some(input), Some(extra)) = (input.as_object_mut(), extra.as_object()) {
+        input.extend(extra.clone());
+    }
+    app.mutate(token, "reserveKit", RESERVE_KIT, json!({ "input": input })).await
+}
+
+/// `Kit.available` through the API.
+pub async fn available(app: &TestApp, kit: Uuid) -> i64 {
+    let body = app.graphql(None, KIT, json!({ "id": kit })).await;
+    body["data"]["kit"]["available"].as_i64().unwrap_or_else(|| panic!("{body}"))
+}
+
+/// Everything a refused request must leave as it was.
+async fn untouched(app: &TestApp) -> (String, i64, i64, i64) {
+    (
+        app.snapshot().await,
+        app.count("SELECT count(*) FROM kits").await,
+        app.count("SELECT count(*) FROM kit_components").await,
+        app.count("SELECT count(*) FROM kit_reservations").await,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kit_is_flattened_and_a_component_shared_by_two_sub_kits_counts_once() {
+    let app = TestApp::spawn().await;
+    let (lens, battery, strap) =
+        (stocked(&app, "LENS", 10).await, stocked(&app, "BATTERY", 50).await, stocked(&app, "STRAP", 9).await);
+    let body_kit = kit_of(
+        &app,
+        "BODY",
+        json!([{ "inventoryId": lens, "quantity": 1 }, { "inventoryId": battery, "quantity": 2 }]),
+    )
+    .await;
+    let power = kit_of(&app, "POWER", json!([{ "inventoryId": battery, "quantity": 1 }])).await;
+    let kit = create_kit(
+        &app,
+        "BUNDLE",
+        json!([
+            { "kitId": body_kit, "quantity": 2 },
+            { "kitId": power, "quantity": 1 },
+            { "inventoryId": strap, "quantity": 4 },
+        ]),
+    )
+    .await;
+    // Ordered by inventory sku: BATTERY 2×2 + 1, LENS 2, STRAP 4.
+    let components: Vec<(String, i64)> = kit["components"]
+        .as_array()
+        .expect("components")
+        .iter()
+        .map(|c| (c["inventory"]["sku"].as_str().expect("sku").to_owned(), c["quantity"].as_i64().expect("n")))
+        .collect();
+    assert_eq!(components, vec![("BATTERY".into(), 5), ("LENS".into(), 2), ("STRAP".into(), 4)]);
+    // min(50 / 5, 10 / 2, 9 / 4) = 2.
+    assert_eq!(kit["available"], 2, "{kit}");
+    assert_eq!((&kit["active"], &kit["sku"]), (&json!(true), &json!("BUNDLE")));
+    let by_sku = app.graphql(None, "query { kitBySku(sku: \"BUNDLE\") { id } }", json!({})).await;
+    assert_eq!(by_sku["data"]["kitBySku"]["id"], kit["id"]);
+    let node = app
+        .graphql(None, "query($id: ID!) { node(id: $id) { ... on Kit { sku } } }", json!({ "id": kit["nodeId"] }))
+        .await;
+    assert_eq!(node["data"]["node"]["sku"], "BUNDLE", "{node}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_kits_are_bad_input_and_write_nothing() {
+    let app = TestApp::spawn().await;
+    let item = stocked(&app, "KIT-PART", 5).await;
+    let existing = kit_of(&app, "EXISTING", json!([{ "inventoryId": item, "quantity": 1 }])).await;
+    let before = untouched(&app).await;
+    let operator = app.operator();
+    let cases = [
+        json!([]),
+        json!([{ "inventoryId": item, "kitId": existing, "quantity": 1 }]),
+        json!([{ "quantity": 1 }]),
+        json!([{ "inventoryId": Uuid::new_v4(), "quantity": 1 }]),
+        json!([{ "kitId": Uuid::new_v4(), "quantity": 1 }]),
+        json!([{ "inventoryId": item, "quantity": 1 }, { "inventoryId": item, "quantity": 2 }]),
+        json!([{ "inventoryId": item, "quantity": 0 }]),
+        json!([{ "inventoryId": item, "quantity": 1001 }]),
+        json!([{ "kitId": existing, "quantity": 600 }, { "inventoryId": item, "quantity": 401 }]),
+    ];
+    for components in cases {
+        let input = json!({ "sku": "NEW", "name": "New", "components": components });
+        let body = app.graphql(Some(&operator), CREATE_KIT, json!({ "input": input })).await;
+        assert_eq!(error_code(&body), Some("BAD_USER_INPUT"), "{components}: {body}");
+    }
+    let duplicate =
+        json!({ "sku": "EXISTING", "name": "Again", "components": [{ "inventoryId": item, "quantity": 1 }] });
+    let body = app.graphql(Some(&operator), CREATE_KIT, json!({ "input": duplicate })).await;
+    assert_eq!(error_code(&body), Some("BAD_USER_INPUT"), "a sku another kit has: {body}");
+    let customer = app.token("alice", Role::Customer);
+    let input = json!({ "sku": "MINE", "name": "Mine", "components": [{ "inventoryId": item, "quantity": 1 }] });
+    let body = app.graphql(Some(&customer), CREATE_KIT, json!({ "input": input })).await;
+    assert_eq!(error_code(&body), Some("FORBIDDEN"), "{body}");
+    let update = json!({ "input": { "id": existing, "active": false } });
+    let body = app.graphql(Some(&customer), UPDATE_KIT, update).await;
+    assert_eq!(error_code(&body), Some("FORBIDDEN"), "{body}");
+    assert_eq!(untouched(&app).await, before, "nothing written");
+    let many: Vec<Value> = futures::future::join_all((0..51).map(|n| {
+        let app = &app;
+        async move { json!({ "inventoryId": stocked(app, &format!("MANY-{n}"), 1).await, "quantity": 1 }) }
+    }))
+    .await;
+    let before = untouched(&app).await;
+    let body = app
+        .graphql(Some(&operator), CREATE_KIT, json!({ "input": { "sku": "MANY", "name": "Many", "components": many } }))
+        .await;
+    assert_eq!(error_code(&body), Some("BAD_USER_INPUT"), "51 inventories: {body}");
+    assert_eq!(untouched(&app).await, before, "nothing written");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn available_is_exactly_the_kits_reserved_one_after_another_and_a_short_kit_takes_nothing() {
+    let app = TestApp::spawn().await;
+    let (camera, battery) = (stocked(&app, "CAM", 5).await, stocked(&app, "BAT", 7).await);
+    // Safety stock counts: one battery of the seven is the shop's own.
+    let set = json!({ "input": { "inventoryId": battery, "quantity": 1 } });
+    let body = app.graphql(Some(&app.operator()), crate::documents::SET_SAFETY_STOCK, set).await;
+    assert!(body["errors"].is_null(), "{body}");
+    let kit = kit_of(
+        &app,
+        "CAM-KIT",
+        json!([{ "inventoryId": camera, "quantity": 1 }, { "inventoryId": battery, "quantity": 2 }]),
+    )
+    .await;
+    let alice = app.token("alice", Role::Customer);
+    let expected = available(&app, kit).await;
+    assert_eq!(expected, 3, "min(5 / 1, 6 / 2)");
+    for n in 0..expected {
+        let answer = reserve_kit(&app, &alice, kit, 1, json!({})).await;
+        assert_eq!(answer["__typename"], "KitReserved", "kit {n}: {answer}");
+        let parts = answer["kitReservation"]["reservations"].as_array().expect("parts");
+        let quantities: Vec<(Uuid, i64)> =
+            parts.iter().map(|p| (uuid(&p["inventory"]["id"]), p["quantity"].as_i64().expect("n"))).collect();
+        let mut expected_parts = vec![(camera, 1), (battery, 2)];
+        expected_parts.sort();
+        assert_eq!(quantities, expected_parts, "one reservation per component, by inventory id");
+        assert!(parts.iter().all(|p| p["kitReservation"]["id"] == answer["kitReservation"]["id"]));
+        assert!(
+            parts.iter().all(|p| p["status"] == "ACTIVE" && p["expiresAt"] == answer["kitReservation"]["expiresAt"])
+        );
+    }
+    assert_eq!(available(&app, kit).await, 0);
+    let before = untouched(&app).await;
+    let short = reserve_kit(&app, &alice, kit, 1, json!({})).await;
+    assert_eq!(short["__typename"], "KitSoldOut", "{short}");
+    assert_eq!((&short["requested"], &short["available"]), (&json!(1), &json!(0)));
+    assert_eq!(short["components"], json!([{ "inventoryId": battery, "reason": "SOLD_OUT", "available": 0 }]));
+    assert_eq!(untouched(&app).await, before, "a short kit takes nothing, not even its camera");
+    assert_eq!(app.states(camera).await[0], 2, "two cameras left");
+    // Each component was one change of its inventory, its ledger rows carrying the kit reservation.
+    assert_eq!(
+        app.count(&format!(
+            "SELECT count(*) FROM stock_movements WHERE inventory_id = '{battery}' AND kit_reservation_id IS NOT NULL"
+        ))
+        .await,
+        3
+    );
+    assert_eq!(app.stock_and_version(battery).await, (1, 4));
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kit_takes_each_component_across_locations_by_the_strategy() {
+    let app = TestApp::spawn().await;
+    let (a, b) = (stocked(&app, "SPLIT-A", 4).await, stocked(&app, "SPLIT-B", 4).await);
+    let north = create_location(&app, "north", 1).await;
+    let from = default_location(&app).await;
+    let moved = json!({ "inventoryId": a, "fromLocationId": from, "toLocationId": north, "quantity": 3 });
+    assert_eq!(transfer(&app, &app.operator(), moved).await["__typename"], "StockTransferred");
+    let kit =
+        kit_of(&app, "SPLIT-KIT", json!([{ "inventoryId": a, "quantity": 2 }, { "inventoryId": b, "quantity": 1 }]))
+            .await;
+    let alice = app.token("alice", Role::Customer);
+    let answer = reserve_kit(&app, &alice, kit, 2, json!({})).await;
+    assert_eq!(answer["__typename"], "KitReserved", "{answer}");
+    let parts = answer["kitReservation"]["reservations"].as_array().expect("parts").clone();
+    let part_a = parts.iter().find(|p| uuid(&p["inventory"]["id"]) == a).expect("a");
+    assert_eq!(part_a["quantity"], 4);
+    // By priority: the default location's one unit first, then north's three.
+    let allocations = json!([{ "location": { "code": "default" }, "quantity": 1 }, { "location": { "code": "north" }, "quantity": 3 }]);
+    assert_eq!(part_a["allocations"], allocations);
+    // Without a split, no location holds 4 of A any more.
+    let refused = reserve_kit(&app, &alice, kit, 1, json!({ "allowSplit": false })).await;
+    assert_eq!(refused["__typename"], "KitSoldOut", "{refused}");
+    let released =
+        app.mutate(&alice, "releaseKitReservation", RELEASE_KIT, json!({ "id": answer["kitReservation"]["id"] })).await;
+    assert_eq!(released["__typename"], "KitReservationReleased", "{released}");
+    assert_eq!(app.states(a).await, [4, 0, 0, 4]);
+    let levels = crate::locations::levels_of(&app, a).await;
+    assert_eq!(levels, vec![("default".into(), 1), ("north".into(), 3)], "each unit back where it came from");
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kit_reservation_is_released_and_extended_whole_and_never_one_component_alone() {
+    let app = TestApp::spawn().await;
+    let (a, b) = (stocked(&app, "WHOLE-A", 5).await, stocked(&app, "WHOLE-B", 5).await);
+    let kit =
+        kit_of(&app, "WHOLE", json!([{ "inventoryId": a, "quantity": 1 }, { "inventoryId": b, "quantity": 1 }])).await;
+    let alice = app.token("alice", Role::Customer);
+    let answer = reserve_kit(&app, &alice, kit, 2, json!({})).await;
+    let kit_reservation = answer["kitReservation"].clone();
+    let part = kit_reservation["reservations"][0]["id"].clone();
+    let before = untouched(&app).await;
+    let release = app.mutate(&alice, "releaseReservation", RELEASE_ONE, json!({ "id": part })).await;
+    assert_eq!(release["__typename"], "ReservationPartOfKit", "{release}");
+    assert_eq!(release["kitReservation"]["id"], kit_reservation["id"]);
+    let extend = app.mutate(&alice, "extendReservation", EXTEND_ONE, json!({ "id": part, "seconds": 60 })).await;
+    assert_eq!(extend["__typename"], "ReservationPartOfKit", "{extend}");
+    let change = json!({ "input": { "reservationId": part, "quantity": 1 } });
+    let change = app.mutate(&alice, "changeReservationQuantity", CHANGE_ONE, change).await;
+    assert_eq!(change["__typename"], "ReservationPartOfKit", "{change}");
+    assert_eq!(untouched(&app).await, before, "nothing written");
+
+    let bob = app.token("bob", Role::Customer);
+    let not_bobs = app.mutate(&bob, "releaseKitReservation", RELEASE_KIT, json!({ "id": kit_reservation["id"] })).await;
+    assert_eq!(not_bobs["__typename"], "ReservationNotFound", "{not_bobs}");
+    let seen = app.graphql(Some(&bob), KIT_RESERVATION, json!({ "id": kit_reservation["id"] })).await;
+    assert_eq!(seen["data"]["kitReservation"], Value::Null, "someone else's reads as null");
+
+    let extended = app
+        .mutate(&alice, "extendKitReservation", EXTEND_KIT, json!({ "id": kit_reservation["id"], "seconds": 30 }))
+        .await;
+    assert_eq!(extended["__typename"], "ReservationExtended", "{extended}");
+    let read = app.graphql(Some(&alice), KIT_RESERVATION, json!({ "id": kit_reservation["id"] })).await;
+    let read = &read["data"]["kitReservation"];
+    let expiries: Vec<&Value> =
+        read["reservations"].as_array().expect("parts").iter().map(|p| &p["expiresAt"]).collect();
+    assert!(
+        expiries.iter().all(|e| **e == read["expiresAt"]) && read["expiresAt"] != kit_reservation["expiresAt"],
+        "{read}"
+    );
+
+    let released =
+        app.mutate(&alice, "releaseKitReservation", RELEASE_KIT, json!({ "id": kit_reservation["id"] })).await;
+    assert_eq!(released["__typename"], "KitReservationReleased", "{released}");
+    assert_eq!(released["kitReservation"]["reservations"], json!([{ "status": "RELEASED" }, { "status": "RELEASED" }]));
+    let again = app.mutate(&alice, "releaseKitReservation", RELEASE_KIT, json!({ "id": kit_reservation["id"] })).await;
+    assert_eq!(again["__typename"], "ReservationNotActive", "{again}");
+    assert_eq!((app.states(a).await, app.states(b).await), ([5, 0, 0, 5], [5, 0, 0, 5]), "returned once");
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sweeper_expires_a_kits_components_together_and_a_key_replays_the_first_kit() {
+    let app = TestApp::without_sweeper(Isolation::ReadCommitted).await;
+    let (a, b, c) = (stocked(&app, "EXP-A", 5).await, stocked(&app, "EXP-B", 5).await, stocked(&app, "EXP-C", 5).await);
+    let kit = kit_of(&app, "EXP", json!([{ "inventoryId": a, "quantity": 1 }, { "inventoryId": b, "quantity": 2 }, { "inventoryId": c, "quantity": 1 }])).await;
+    let alice = app.token("alice", Role::Customer);
+    let first = reserve_kit(&app, &alice, kit, 1, json!({ "idempotencyKey": "kit-1" })).await;
+    let again = reserve_kit(&app, &alice, kit, 1, json!({ "idempotencyKey": "kit-1" })).await;
+    assert_eq!(again["kitReservation"]["id"], first["kitReservation"]["id"], "{again}");
+    assert_eq!(app.count("SELECT count(*) FROM kit_reservations").await, 1, "taken once");
+    let other = reserve_kit(&app, &alice, kit, 2, json!({ "idempotencyKey": "kit-1" })).await;
+    assert_eq!(error_code(&other), Some("IDEMPOTENCY_KEY_REUSED"), "another request with the key: {other}");
+    // Due now; a sweep of one line at a time still expires the kit whole.
+    let due = "UPDATE reservations SET expires_at = now() - interval '1 second' WHERE kit_reservation_id IS NOT NULL";
+    app.db.execute_unprepared(due).await.expect("make the kit due");
+    let expired = sweep_all(&app.db, 1).await;
+    assert_eq!(expired, 3, "the three components");
+    let statuses = app.rows("SELECT DISTINCT status FROM reservations WHERE kit_reservation_id IS NOT NULL").await;
+    assert_eq!(statuses, vec![json!({ "status": "EXPIRED" })]);
+    assert_eq!((app.states(a).await[0], app.states(b).await[0], app.states(c).await[0]), (5, 5, 5));
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_inactive_kit_cannot_be_reserved_and_a_plain_checkout_of_a_component_is_refused() {
+    let app = TestApp::spawn().await;
+    let a = stocked(&app, "OFF-A", 5).await;
+    let kit = kit_of(&app, "OFF", json!([{ "inventoryId": a, "quantity": 1 }])).await;
+    let alice = app.token("alice", Role::Customer);
+    let held = reserve_kit(&app, &alice, kit, 1, json!({})).await;
+    let part = held["kitReservation"]["reservations"][0]["id"].clone();
+    let checkout =
+        json!({ "input": { "reservationIds": [part], "shippingAddress": crate::helpers::address("1 Kit Road") } });
+    let body = app.graphql(Some(&alice), crate::documents::CHECKOUT, checkout).await;
+    let answer = &body["data"]["checkout"];
+    assert_eq!(answer["__typename"], "ReservationsUnavailable", "{body}");
+    assert_eq!(answer["reservations"][0]["reason"], "PART_OF_KIT", "{body}");
+    let off =
+        app.mutate(&app.operator(), "updateKit", UPDATE_KIT, json!({ "input": { "id": kit, "active": false } })).await;
+    assert_eq!(off["active"], false);
+    let refused = reserve_kit(&app, &alice, kit, 1, json!({})).await;
+    assert_eq!(refused, json!({ "__typename": "KitNotFound", "kitId": kit }));
+    let unknown = app
+        .mutate(&app.operator(), "updateKit", UPDATE_KIT, json!({ "input": { "id": Uuid::new_v4(), "name": "x" } }))
+        .await;
+    assert_eq!(unknown, Value::Null);
+    let page = app.graphql(None, KITS, json!({ "first": 10 })).await;
+    assert_eq!(page["data"]["kits"]["nodes"][0]["available"], 4, "{page}");
+    app.assert_invariant().await;
+}
