@@ -130,7 +130,16 @@ fn the_committed_possible_types_are_the_schema_s() {
     let parsed: serde_json::Value = serde_json::from_str(&committed).expect("json");
     assert_eq!(
         parsed["Node"],
-        json!(["Inventory", "Location", "Order", "Reservation", "StockMovement", "WebhookEndpoint"])
+        json!([
+            "Inventory",
+            "Kit",
+            "KitReservation",
+            "Location",
+            "Order",
+            "Reservation",
+            "StockMovement",
+            "WebhookEndpoint"
+        ])
     );
     assert_eq!(parsed["ReserveResult"], json!(["Conflict", "InventoryNotFound", "Reserved", "SoldOut"]));
 }
