@@ -19,7 +19,8 @@ use crate::{
     inventory::graphql::{Inventory, load as load_inventory},
     pagination::{self, Connection, Cursor, connection},
     reservations::{
-        ReservationRow, domain as reservation_domain,
+        ReservationRow,
+        domain::{self as reservation_domain, KitLine, Unavailable, UnavailableReason},
         graphql::{
             AllocationStrategy, ExtendResult, Reservation, ReservationExtended, ReservationNotActive,
             ReservationNotFound, ReservationStatus, UnavailableItem,
@@ -270,6 +271,67 @@ pub(crate) struct ReserveKitInput {
     pub allow_split: bool,
     /// Same key from the same user = same outcome, kits taken at most once.
     pub idempotency_key: Option<String>,
+}
+
+/// A kit line of `reserveMany` or `placeOrder`.
+#[derive(InputObject)]
+pub(crate) struct KitLineInput {
+    /// The kit.
+    pub kit_id: Uuid,
+    /// Kits.
+    #[graphql(default = 1)]
+    pub quantity: i32,
+    /// Take every component only from these locations, in this order of
+    /// preference; other lines of the same inventories must choose alike.
+    pub location_ids: Option<Vec<Uuid>>,
+    /// How each component's locations are chosen.
+    #[graphql(default_with = "AllocationStrategy::Priority")]
+    pub strategy: AllocationStrategy,
+    /// False: each component's units from one location.
+    #[graphql(default = true)]
+    pub allow_split: bool,
+}
+
+/// The kit lines of a multi-item request with their kits' components:
+/// `Err` with a `NOT_FOUND` item (its `inventoryId` and `kitId` the kit's)
+/// for each line whose kit is unknown or inactive.
+pub(crate) async fn kit_lines(
+    ctx: &Context<'_>,
+    inputs: Option<&[KitLineInput]>,
+) -> GqlResult<Result<Vec<KitLine>, Vec<Unavailable>>> {
+    let inputs = inputs.unwrap_or_default();
+    let mut lines = Vec::with_capacity(inputs.len());
+    let mut missing = Vec::new();
+    for (i, input) in inputs.iter().enumerate() {
+        let field = format!("input.kits[{i}].locationIds");
+        let allocating =
+            reservation_domain::choice(&field, input.location_ids.clone(), input.strategy.into(), input.allow_split)
+                .gql()?;
+        let kit = ctx.loader::<KitLoader>()?.load_one(input.kit_id).await.gql()?.filter(|kit| kit.active);
+        let Some(kit) = kit else {
+            missing.push(Unavailable {
+                inventory_id: input.kit_id,
+                reason: UnavailableReason::NotFound,
+                inventory: None,
+                available: None,
+                kit_id: Some(input.kit_id),
+            });
+            continue;
+        };
+        let components = ctx.loader::<ComponentsLoader>()?.load_one(kit.id).await.gql()?.unwrap_or_default();
+        let components = components.iter().map(|c| (c.inventory_id, c.quantity)).collect();
+        lines.push(KitLine { kit_id: kit.id, quantity: input.quantity, allocating, components });
+    }
+    Ok(if missing.is_empty() { Ok(lines) } else { Err(missing) })
+}
+
+/// The kit reservations of a multi-item request's reservations, by id.
+pub(crate) async fn kit_reservations_of(ctx: &Context<'_>, rows: &[ReservationRow]) -> GqlResult<Vec<KitReservation>> {
+    let mut ids: Vec<Uuid> = rows.iter().filter_map(|row| row.kit_reservation_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let found = ctx.loader::<KitReservationLoader>()?.load_many(ids.iter().copied()).await.gql()?;
+    Ok(ids.iter().filter_map(|id| found.get(id).cloned()).map(KitReservation).collect())
 }
 
 /// Every component was taken.

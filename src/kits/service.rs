@@ -221,6 +221,7 @@ impl KitService {
                 reason: UnavailableReason::SoldOut,
                 inventory: Some(t.line.inventory.clone()),
                 available: Some(t.line.eligible),
+                kit_id: Some(kit_id),
             })
             .collect();
         // Every component could be served, yet nothing was written: the kit

@@ -20,7 +20,7 @@ use crate::{
     error::{AppError, GqlResult, IntoGql},
     global_id,
     inventory::graphql::{Inventory, load as load_inventory},
-    kits::graphql::{self as kits, Kit},
+    kits::graphql::{self as kits, Kit, KitLineInput},
     live::Feed,
     locations::graphql::{self as locations, Allocation},
     pagination::{self, Connection, Cursor, connection},
@@ -252,8 +252,14 @@ impl ShippingAddressInput {
 /// A new order.
 #[derive(InputObject)]
 pub(crate) struct PlaceOrderInput {
-    /// The lines (at most 100 inventories); same-inventory lines are merged.
+    /// The lines (at most 100 inventories, kits' components included);
+    /// same-inventory lines are merged.
+    #[graphql(default)]
     pub items: Vec<ReserveItemInput>,
+    /// Kit lines, summed with the other lines of the same inventories before
+    /// they are judged; each component becomes a line of the order with
+    /// `OrderItem.kit` set.
+    pub kits: Option<Vec<KitLineInput>>,
     /// Where it goes.
     pub shipping_address: ShippingAddressInput,
     /// Same key from the same user = same order, stock taken at most once.
@@ -362,10 +368,19 @@ impl OrderMutation {
     ) -> GqlResult<PlaceOrderResult> {
         let user = ctx.user()?;
         let service = ctx.part::<OrderService>()?;
-        let lines = ReserveItemInput::merge(&input.items, service.limits().max_quantity).gql()?;
+        let kits = match kits::kit_lines(ctx, input.kits.as_deref()).await? {
+            Ok(kits) => kits,
+            Err(missing) => {
+                return Ok(telemetry::counted(
+                    "placeOrder",
+                    PlaceOrderResult::ItemsUnavailable(ItemsUnavailable::new(missing)),
+                ));
+            }
+        };
+        let taking = ReserveItemInput::taking(&input.items, &kits, service.limits().max_quantity).gql()?;
         let address = input.shipping_address.parse("input.shippingAddress").gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
-        let outcome = service.place_order(&user.id, &lines, address, key).await.gql()?;
+        let outcome = service.place_order(&user.id, &taking, address, key).await.gql()?;
         Ok(telemetry::counted(
             "placeOrder",
             match outcome {

@@ -34,11 +34,11 @@ use crate::{
     pagination::Page,
     reservations::{
         ReservationRow, ReservationStatus,
-        domain::{MAX_LINES, Unavailable, status_at},
+        domain::{MAX_LINES, Taking, Unavailable, status_at},
         service::{known_locations, lines_in_conflict, multi_item_key, take_every_line},
         store as reservation_store,
     },
-    stock::lines::{Line, Purpose},
+    stock::lines::Purpose,
     telemetry,
 };
 
@@ -159,15 +159,16 @@ impl OrderService {
     pub(crate) async fn place_order(
         &self,
         user_id: &str,
-        lines: &[Line],
+        taking: &Taking,
         address: ShippingAddress,
         idempotency_key: Option<String>,
     ) -> Result<PlaceOutcome, AppError> {
         let Self { db, collisions, .. } = self;
+        let lines = &taking.lines;
         for (i, line) in lines.iter().enumerate() {
             known_locations(db, &line.allocating, &format!("input.items[{i}].locationIds")).await?;
         }
-        let key = idempotency_key.map(|key| multi_item_key(key, "placeOrder", lines, fingerprinted(&address)));
+        let key = idempotency_key.map(|key| multi_item_key(key, "placeOrder", taking, fingerprinted(&address)));
         if let Some(order) = replay(db, user_id, key.as_ref()).await? {
             return Ok(PlaceOutcome::Placed(order));
         }
@@ -175,7 +176,7 @@ impl OrderService {
             let order = Order::place(Uuid::new_v4(), user_id.to_owned(), address.clone(), Utc::now());
             let txn = db.begin().await?;
             store::insert(&txn, &order).await?;
-            let taken = take_every_line(&txn, user_id, lines, Purpose::Order(order.id), key.as_ref()).await?;
+            let taken = take_every_line(&txn, user_id, taking, Purpose::Order(order.id), key.as_ref()).await?;
             if taken.is_ok() {
                 txn.commit().await?;
             }

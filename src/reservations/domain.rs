@@ -18,7 +18,7 @@ use crate::{
     inventory::InventoryRow,
     stock::{
         allocating::{Allocating, Strategy},
-        lines::{Line, LockedLine},
+        lines::{KitPart, Line, LockedLine, Part},
     },
     validate,
 };
@@ -76,17 +76,15 @@ pub(crate) fn choice(
     Ok(Allocating { location_ids, strategy, allow_split })
 }
 
-/// Checks and merges lines: each quantity and each merged sum in
+/// Checks and merges lines, each named by the field it came from
+/// (`input.items[2]`): each quantity and each merged sum in
 /// `1..=max_quantity`, at most [`MAX_LINES`], one expected version and one
 /// choice of locations per inventory. The result is sorted by inventory
 /// id, the locking order.
-pub(crate) fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>, AppError> {
-    if lines.is_empty() {
-        return Err(AppError::bad_input("input.items", "input.items must name at least one inventory"));
-    }
+fn merge(lines: impl Iterator<Item = (String, LineInput)>, max_quantity: i32) -> Result<Vec<Line>, AppError> {
     let mut merged: BTreeMap<Uuid, Line> = BTreeMap::new();
-    for (i, input) in lines.iter().enumerate() {
-        let field = format!("input.items[{i}].quantity");
+    for (name, input) in lines {
+        let field = format!("{name}.quantity");
         validate::quantity(&field, input.quantity, max_quantity)?;
         let line = merged.entry(input.inventory_id).or_insert_with(|| Line {
             inventory_id: input.inventory_id,
@@ -96,7 +94,7 @@ pub(crate) fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>,
         });
         if line.allocating != input.allocating {
             return Err(AppError::bad_input(
-                format!("input.items[{i}].locationIds"),
+                format!("{name}.locationIds"),
                 format!("inventory {} is named with two different choices of locations", input.inventory_id),
             ));
         }
@@ -104,7 +102,7 @@ pub(crate) fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>,
         match (line.expected_version, input.expected_version) {
             (Some(a), Some(b)) if a != b => {
                 return Err(AppError::bad_input(
-                    format!("input.items[{i}].expectedVersion"),
+                    format!("{name}.expectedVersion"),
                     format!("inventory {} is named with two different expectedVersions", input.inventory_id),
                 ));
             }
@@ -116,6 +114,74 @@ pub(crate) fn merge(lines: &[LineInput], max_quantity: i32) -> Result<Vec<Line>,
         return Err(AppError::bad_input("input.items", format!("at most {MAX_LINES} inventories per request")));
     }
     Ok(merged.into_values().collect())
+}
+
+/// A kit line of a multi-item request, with its kit's components (each
+/// inventory and its units per kit).
+#[derive(Debug, Clone)]
+pub(crate) struct KitLine {
+    /// The kit.
+    pub kit_id: Uuid,
+    /// Kits.
+    pub quantity: i32,
+    /// Where every component's units may come from.
+    pub allocating: Allocating,
+    /// The kit's components.
+    pub components: Vec<(Uuid, i32)>,
+}
+
+/// A multi-item request, checked: its lines (one per inventory, loose units
+/// and kit lines' units summed, as they are judged and allocated), the
+/// reservations they are taken for (loose ones first, then each kit line's
+/// components) and the kit reservations.
+#[derive(Debug, Clone)]
+pub(crate) struct Taking {
+    /// One per inventory, sorted by id.
+    pub lines: Vec<Line>,
+    /// One per reservation to write.
+    pub parts: Vec<Part>,
+    /// One per kit line.
+    pub kits: Vec<KitPart>,
+}
+
+impl Taking {
+    /// Checks and merges loose `items` and kit lines `kits` (see [`merge`]:
+    /// a kit line's component units count toward its inventory's sum and
+    /// must choose locations as any other line of it does); at least one
+    /// item or kit line.
+    pub(crate) fn new(items: &[LineInput], kits: &[KitLine], max_quantity: i32) -> Result<Self, AppError> {
+        if items.is_empty() && kits.is_empty() {
+            return Err(AppError::bad_input("input.items", "a request must name at least one inventory or kit"));
+        }
+        let loose =
+            merge(items.iter().enumerate().map(|(i, line)| (format!("input.items[{i}]"), line.clone())), max_quantity)?;
+        let mut named: Vec<(String, LineInput)> =
+            items.iter().enumerate().map(|(i, line)| (format!("input.items[{i}]"), line.clone())).collect();
+        let mut kit_parts = Vec::new();
+        let mut parts = Part::loose(&loose);
+        for (i, kit) in kits.iter().enumerate() {
+            let name = format!("input.kits[{i}]");
+            validate::quantity(&format!("{name}.quantity"), kit.quantity, max_quantity)?;
+            let id = Uuid::new_v4();
+            kit_parts.push(KitPart { id, kit_id: kit.kit_id, quantity: kit.quantity });
+            for &(inventory_id, per_kit) in &kit.components {
+                let quantity = kit.quantity.checked_mul(per_kit).unwrap_or(i32::MAX);
+                named.push((
+                    name.clone(),
+                    LineInput { inventory_id, quantity, expected_version: None, allocating: kit.allocating.clone() },
+                ));
+                parts.push(Part { id: Uuid::new_v4(), inventory_id, quantity, kit_reservation_id: Some(id) });
+            }
+        }
+        Ok(Self { lines: merge(named.into_iter(), max_quantity)?, parts, kits: kit_parts })
+    }
+
+    /// The kit of the first kit line naming `inventory_id`, if any: what a
+    /// short line names as its kit.
+    pub(crate) fn kit_of(&self, inventory_id: Uuid) -> Option<Uuid> {
+        let part = self.parts.iter().find(|p| p.inventory_id == inventory_id && p.kit_reservation_id.is_some())?;
+        self.kits.iter().find(|k| Some(k.id) == part.kit_reservation_id).map(|k| k.kit_id)
+    }
 }
 
 /// Why a line could not be served.
@@ -141,6 +207,8 @@ pub(crate) struct Unavailable {
     /// What the line's eligible locations held (its sum, or without a
     /// split the largest), when it was sold out.
     pub available: Option<i32>,
+    /// The kit of a kit line that named the inventory (the first), if any.
+    pub kit_id: Option<Uuid>,
 }
 
 /// Every line the locked rows cannot serve.
@@ -159,7 +227,7 @@ pub(crate) fn judge(lines: &[Line], locked: &[LockedLine]) -> Vec<Unavailable> {
                 Some(_) => return None,
             };
             let inventory = row.map(|row| row.inventory.clone());
-            Some(Unavailable { inventory_id: line.inventory_id, reason, inventory, available })
+            Some(Unavailable { inventory_id: line.inventory_id, reason, inventory, available, kit_id: None })
         })
         .collect()
 }
@@ -173,7 +241,7 @@ pub(crate) fn in_conflict(lines: &[Line], latest: &[InventoryRow]) -> Vec<Unavai
         .map(|line| {
             let inventory = latest.iter().find(|row| row.id == line.inventory_id).cloned();
             let reason = if inventory.is_some() { UnavailableReason::Conflict } else { UnavailableReason::NotFound };
-            Unavailable { inventory_id: line.inventory_id, reason, inventory, available: None }
+            Unavailable { inventory_id: line.inventory_id, reason, inventory, available: None, kit_id: None }
         })
         .collect()
 }
@@ -184,6 +252,26 @@ mod tests {
 
     fn input(id: Uuid, quantity: i32, expected_version: Option<i32>) -> LineInput {
         LineInput { inventory_id: id, quantity, expected_version, allocating: Allocating::default() }
+    }
+
+    /// The merged lines of a request of `items` and no kit line.
+    fn lines(items: &[LineInput]) -> Result<Vec<Line>, AppError> {
+        Taking::new(items, &[], 1000).map(|taking| taking.lines)
+    }
+
+    #[test]
+    fn a_kit_line_and_a_loose_line_of_its_component_are_judged_as_one_line_and_kept_as_two_parts() {
+        let (a, b, kit) = (Uuid::from_u128(1), Uuid::from_u128(2), Uuid::from_u128(9));
+        let kit_line =
+            KitLine { kit_id: kit, quantity: 2, allocating: Allocating::default(), components: vec![(a, 3), (b, 1)] };
+        let taking = Taking::new(&[input(a, 1, None)], &[kit_line.clone()], 1000).expect("taking");
+        assert_eq!(taking.lines.iter().map(|l| (l.inventory_id, l.quantity)).collect::<Vec<_>>(), vec![(a, 7), (b, 2)]);
+        let parts: Vec<(Uuid, i32, bool)> =
+            taking.parts.iter().map(|p| (p.inventory_id, p.quantity, p.kit_reservation_id.is_some())).collect();
+        assert_eq!(parts, vec![(a, 1, false), (a, 6, true), (b, 2, true)]);
+        assert_eq!((taking.kit_of(a), taking.kit_of(b)), (Some(kit), Some(kit)));
+        let too_many = KitLine { quantity: 400, ..kit_line };
+        assert!(Taking::new(&[input(a, 1, None)], &[too_many], 1000).is_err(), "1201 units of a");
     }
 
     #[test]
@@ -218,7 +306,7 @@ mod tests {
     #[test]
     fn lines_for_one_inventory_are_summed_and_sorted_by_id() {
         let (a, b) = (Uuid::from_u128(2), Uuid::from_u128(1));
-        let merged = merge(&[input(a, 2, None), input(b, 1, Some(4)), input(a, 3, Some(7))], 1000).expect("merge");
+        let merged = lines(&[input(a, 2, None), input(b, 1, Some(4)), input(a, 3, Some(7))]).expect("merge");
         assert_eq!(
             merged,
             vec![
@@ -233,19 +321,19 @@ mod tests {
         let a = Uuid::from_u128(1);
         let mut elsewhere = input(a, 1, None);
         elsewhere.allocating.location_ids = Some(vec![Uuid::from_u128(9)]);
-        assert!(merge(&[input(a, 1, None), elsewhere], 1000).is_err());
+        assert!(lines(&[input(a, 1, None), elsewhere]).is_err());
     }
 
     #[test]
     fn two_expected_versions_for_one_inventory_are_bad_input() {
         let a = Uuid::from_u128(1);
-        assert!(merge(&[input(a, 1, Some(1)), input(a, 1, Some(2))], 1000).is_err());
+        assert!(lines(&[input(a, 1, Some(1)), input(a, 1, Some(2))]).is_err());
     }
 
     #[test]
     fn empty_requests_and_merged_sums_over_the_limit_are_bad_input() {
         let a = Uuid::from_u128(1);
-        assert!(merge(&[], 1000).is_err());
-        assert!(merge(&[input(a, 600, None), input(a, 600, None)], 1000).is_err());
+        assert!(lines(&[]).is_err());
+        assert!(lines(&[input(a, 600, None), input(a, 600, None)]).is_err());
     }
 }

@@ -284,16 +284,25 @@ impl ReservationMutation {
     ) -> GqlResult<ReserveManyResult> {
         let user = ctx.user()?;
         let service = ctx.part::<ReservationService>()?;
-        let lines = ReserveItemInput::merge(&input.items, service.limits().max_quantity).gql()?;
+        let kits = match kits::kit_lines(ctx, input.kits.as_deref()).await? {
+            Ok(kits) => kits,
+            Err(missing) => {
+                return Ok(telemetry::counted(
+                    "reserveMany",
+                    ReserveManyResult::ItemsUnavailable(ItemsUnavailable::new(missing)),
+                ));
+            }
+        };
+        let taking = ReserveItemInput::taking(&input.items, &kits, service.limits().max_quantity).gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
         let ttl = service.limits().reservation_ttl_secs;
-        let outcome = service.reserve_many(&user.id, &lines, key, ttl).await.gql()?;
+        let outcome = service.reserve_many(&user.id, &taking, key, ttl).await.gql()?;
         Ok(telemetry::counted(
             "reserveMany",
             match outcome {
-                ReserveManyOutcome::ReservedAll(rows) => ReserveManyResult::ReservedAll(ReservedAll {
-                    reservations: rows.into_iter().map(Reservation).collect(),
-                }),
+                ReserveManyOutcome::ReservedAll(rows) => {
+                    ReserveManyResult::ReservedAll(ReservedAll::new(ctx, rows).await?)
+                }
                 ReserveManyOutcome::ItemsUnavailable(items) => {
                     ReserveManyResult::ItemsUnavailable(ItemsUnavailable::new(items))
                 }
@@ -449,8 +458,20 @@ pub(crate) enum ChangeReservationQuantityResult {
 /// Every line was reserved.
 #[derive(SimpleObject)]
 pub(crate) struct ReservedAll {
-    /// One reservation per inventory, ordered by inventory id.
+    /// One reservation per inventory named by `items`, ordered by inventory
+    /// id (a kit line's reservations are its kit reservation's).
     pub reservations: Vec<Reservation>,
+    /// One kit reservation per kit line.
+    pub kit_reservations: Vec<KitReservation>,
+}
+
+impl ReservedAll {
+    /// The answer of a request whose reservations are `rows`.
+    pub(crate) async fn new(ctx: &Context<'_>, rows: Vec<ReservationRow>) -> GqlResult<Self> {
+        let kit_reservations = kits::kit_reservations_of(ctx, &rows).await?;
+        let reservations = rows.into_iter().filter(|row| row.kit_reservation_id.is_none()).map(Reservation).collect();
+        Ok(Self { reservations, kit_reservations })
+    }
 }
 
 /// A line that could not be served.
@@ -466,6 +487,9 @@ pub(crate) struct UnavailableItem {
     /// offered together, those above each level's `safetyStock` (with
     /// `allowSplit: false`: the largest single one); null otherwise.
     pub available: Option<i32>,
+    /// Set when a kit line named the short inventory (the first such kit):
+    /// the item is then that kit's short component.
+    pub kit_id: Option<Uuid>,
 }
 
 /// Nothing was reserved; every line that could not be served, and why.
@@ -485,6 +509,7 @@ impl ItemsUnavailable {
                 reason: u.reason.into(),
                 inventory: u.inventory.map(Inventory),
                 available: u.available,
+                kit_id: u.kit_id,
             })
             .collect();
         Self { items }

@@ -16,7 +16,7 @@ use super::{
     ReservationRow, ReservationStatus,
     alone::reserve_alone,
     coalesce::{Batching, Coalescer},
-    domain::{self, Unavailable},
+    domain::{self, Taking, Unavailable},
     reserve::{ReserveOutcome, ReserveRequest},
     spread::Spread,
     store,
@@ -26,7 +26,7 @@ use crate::{
     config::Limits,
     db::{Collisions, Exhausted, StatementPool, read_answer},
     error::AppError,
-    idempotency::{self, Extra, Key},
+    idempotency::{self, Extra, Key, Part},
     inventory::{InventoryRow, store as inventory_store},
     pagination::Page,
     stock::{
@@ -188,21 +188,22 @@ impl ReservationService {
     pub(crate) async fn reserve_many(
         &self,
         user_id: &str,
-        lines: &[Line],
+        taking: &Taking,
         idempotency_key: Option<String>,
         ttl_secs: i32,
     ) -> Result<ReserveManyOutcome, AppError> {
+        let lines = &taking.lines;
         for (i, line) in lines.iter().enumerate() {
             known_locations(&self.db, &line.allocating, &format!("input.items[{i}].locationIds")).await?;
         }
-        let key = idempotency_key.map(|key| multi_item_key(key, "reserveMany", lines, Extra::default()));
+        let key = idempotency_key.map(|key| multi_item_key(key, "reserveMany", taking, Extra::default()));
         if let Some(first) = replay_multi_item(&self.db, user_id, key.as_ref()).await? {
             return Ok(ReserveManyOutcome::ReservedAll(first));
         }
         let run = || async {
             let txn = self.db.begin().await?;
             let purpose = Purpose::Reservations { ttl_secs };
-            let taken = take_every_line(&txn, user_id, lines, purpose, key.as_ref()).await?;
+            let taken = take_every_line(&txn, user_id, taking, purpose, key.as_ref()).await?;
             if taken.is_ok() {
                 txn.commit().await?;
             }
@@ -316,32 +317,44 @@ impl ReservationService {
     }
 }
 
-/// The idempotency key of a multi-item `operation` over `lines`, with
-/// `extra` for anything else that makes the request what it is.
-pub(crate) fn multi_item_key(key: String, operation: &str, lines: &[Line], extra: Extra<'_>) -> Key {
-    let lines = lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version, &l.allocating));
+/// The idempotency key of a multi-item `operation` over `taking`'s lines,
+/// with `extra` for anything else that makes the request what it is; its
+/// kit lines, when it has any, enter too (a kit and its components named
+/// loose are two requests).
+pub(crate) fn multi_item_key(key: String, operation: &str, taking: &Taking, mut extra: Extra<'_>) -> Key {
+    let lines = taking.lines.iter().map(|l| (l.inventory_id, l.quantity, l.expected_version, &l.allocating));
+    if !taking.kits.is_empty() {
+        let kits = taking
+            .kits
+            .iter()
+            .map(|k| Part::Record(vec![("kitId", Part::Id(k.kit_id)), ("quantity", Part::Int(k.quantity.into()))]));
+        extra.fields.push(("kits", Part::List(kits.collect())));
+        extra.legacy.clear();
+    }
     Key::multi_item(key, operation, lines, extra)
 }
 
-/// Takes every line (merged and sorted by `domain::merge`) or none, inside
-/// `txn`: the inventories are locked in id order, judged as locked, and one
-/// statement takes them all. `Ok(Err(..))` lists every line that cannot be
-/// served; the caller then rolls back (nothing was written).
+/// Takes every line of `taking` (merged and sorted by `domain::Taking`) or
+/// none, inside `txn`: the inventories are locked in id order, judged as
+/// locked, and one statement takes them all. `Ok(Err(..))` lists every
+/// line that cannot be served (a line a kit line named says which kit);
+/// the caller then rolls back (nothing was written).
 pub(crate) async fn take_every_line(
     txn: &DatabaseTransaction,
     user_id: &str,
-    lines: &[Line],
+    taking: &Taking,
     purpose: Purpose,
     key: Option<&Key>,
 ) -> Result<Result<Vec<ReservationRow>, Vec<Unavailable>>, DbErr> {
-    let locked = store::lock_lines(txn, lines).await?;
-    let unavailable = domain::judge(lines, &locked);
+    let locked = store::lock_lines(txn, &taking.lines).await?;
+    let unavailable = domain::judge(&taking.lines, &locked);
     if !unavailable.is_empty() {
-        return Ok(Err(unavailable));
+        let named = |u: Unavailable| Unavailable { kit_id: taking.kit_of(u.inventory_id), ..u };
+        return Ok(Err(unavailable.into_iter().map(named).collect()));
     }
-    let rows = store::take_lines(txn, user_id, lines, purpose, key).await?;
-    if rows.len() != lines.len() {
-        return Err(DbErr::Custom(format!("{} of {} locked lines were taken", rows.len(), lines.len())));
+    let rows = store::take_lines(txn, user_id, taking, purpose, key).await?;
+    if rows.len() != taking.parts.len() {
+        return Err(DbErr::Custom(format!("{} of {} locked parts were taken", rows.len(), taking.parts.len())));
     }
     Ok(Ok(rows))
 }

@@ -11,6 +11,7 @@ use sea_orm::{
 };
 use uuid::Uuid;
 
+use super::domain::Taking;
 use crate::{
     db::{Attempted, Collisions, StatementPool},
     idempotency::Key,
@@ -116,18 +117,20 @@ pub(crate) async fn lock_lines(txn: &DatabaseTransaction, lines: &[Line]) -> Res
     txn.query_all_raw(lines::lock_lines(lines)).await?.iter().map(LockedLine::from_row).collect()
 }
 
-/// Takes the stock of every line for `purpose` in one statement inside
-/// `txn`, after [`lock_lines`]: the reservations and their ledger rows, the
-/// first line carrying `key`. The reservations, one per line.
+/// Takes the stock of every line of `taking` for `purpose` in one statement
+/// inside `txn`, after [`lock_lines`]: the reservations (one per part),
+/// the kit reservations, and their ledger rows, the first part carrying
+/// `key`. The reservations, ordered by inventory id.
 pub(crate) async fn take_lines(
     txn: &DatabaseTransaction,
     user_id: &str,
-    lines: &[Line],
+    taking: &Taking,
     purpose: Purpose,
     key: Option<&Key>,
 ) -> Result<Vec<Model>, DbErr> {
     let key = key.map(|k| (k.key.as_str(), k.fingerprint.as_str()));
-    let statement = lines::take_lines(lines, purpose, user_id, key, Uuid::new_v4());
+    let Taking { lines, parts, kits } = taking;
+    let statement = lines::take_lines(lines, parts, kits, purpose, user_id, key, Uuid::new_v4());
     Model::find_by_statement(statement).all(txn).await
 }
 

@@ -14,7 +14,8 @@ use uuid::Uuid;
 use super::{
     allocating::{Allocating, eligible, held, offered, preference},
     fragments::{
-        CHOICE_COLUMNS, Ids, LEDGER, choice, expiry, inventory_columns, levels, lock_inventories, lock_levels, step,
+        CHOICE_COLUMNS, Ids, LEDGER_OF_KITS, choice, expiry, inventory_columns, levels, lock_inventories, lock_levels,
+        set,
     },
     rows::{InventoryRow, MovementReason, ReservationStatus},
 };
@@ -156,11 +157,58 @@ impl LockedLine {
     }
 }
 
+/// One reservation the lines are taken for: an inventory's loose units (the
+/// request's own lines of it, summed), or a kit line's units of one of its
+/// components. A line's units are shared out among its parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Part {
+    /// The new reservation's id.
+    pub id: Uuid,
+    /// The inventory (one of the lines').
+    pub inventory_id: Uuid,
+    /// Its units.
+    pub quantity: i32,
+    /// The kit reservation it is a component of, if any.
+    pub kit_reservation_id: Option<Uuid>,
+}
+
+impl Part {
+    /// One part per line, of its units and no kit: a request without kit lines.
+    pub(crate) fn loose(lines: &[Line]) -> Vec<Self> {
+        let part = |line: &Line| Self {
+            id: Uuid::new_v4(),
+            inventory_id: line.inventory_id,
+            quantity: line.quantity,
+            kit_reservation_id: None,
+        };
+        lines.iter().map(part).collect()
+    }
+}
+
+/// A kit reservation made with a request's lines: the kit, how many, its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KitPart {
+    /// The kit reservation's id.
+    pub id: Uuid,
+    /// The kit.
+    pub kit_id: Uuid,
+    /// Kits.
+    pub quantity: i32,
+}
+
 /// Takes every line at once, inside the transaction that locked them with
-/// [`lock_lines`]: one reservation per line, one allocation and one ledger
-/// row per location a line takes from, all carrying `multi_item_id`; the
-/// first line carries the idempotency key (and its fingerprint) for the
-/// whole request. Returns the reservations, ordered by inventory id.
+/// [`lock_lines`]: each line's units from the locations `allocate` chooses
+/// for the line as a whole (so loose units and kit lines' units of one
+/// inventory are judged together and never take more than is there), then
+/// shared out among its `parts` in order, each location's units to the
+/// parts in turn: one reservation per part, one allocation and one ledger
+/// row per location a part takes from, all carrying `multi_item_id` (and a
+/// kit part its kit reservation's id); the kit reservations `kits`. Each
+/// part is one change of its inventory: the row is updated once, its
+/// version grows by its number of parts, and each part's ledger rows have
+/// the running stock and version (parts in order). The first part carries the
+/// idempotency key (and its fingerprint) for the whole request. Returns
+/// the reservations, ordered by inventory id.
 ///
 /// With the rows locked, the statement reads the levels as they are and
 /// decides again with `allocate`, over what they offer ([`offered`]), what
@@ -169,6 +217,8 @@ impl LockedLine {
 /// missing rows, which the caller must treat as a failure.
 pub(crate) fn take_lines(
     lines: &[Line],
+    parts: &[Part],
+    kits: &[KitPart],
     purpose: Purpose,
     user_id: &str,
     key: Option<(&str, &str)>,
@@ -187,45 +237,67 @@ WITH {line}, lvl AS (
                       AS takes
              FROM lvl v WHERE v.inventory_id = line.inventory_id AND {eligible}) a
 ), pick AS (
-    SELECT plan.inventory_id, p.location_id, p.take
-      FROM plan, unnest(plan.locations, plan.takes) AS p(location_id, take)
+    SELECT plan.inventory_id, p.location_id, p.take,
+           sum(p.take) OVER w - p.take AS lo, sum(p.take) OVER w AS hi
+      FROM plan, unnest(plan.locations, plan.takes) WITH ORDINALITY AS p(location_id, take, k)
      WHERE p.take > 0
+    WINDOW w AS (PARTITION BY plan.inventory_id ORDER BY p.k)
+), part AS (
+    SELECT u.id, u.inventory_id, u.quantity, nullif(u.kit_reservation_id, '{nil}'::uuid) AS kit_reservation_id, u.m,
+           sum(u.quantity) OVER w - u.quantity AS lo, sum(u.quantity) OVER w AS hi,
+           row_number() OVER w AS rank, count(*) OVER (PARTITION BY u.inventory_id) AS n
+      FROM unnest($17::uuid[], $18::uuid[], $19::integer[], $20::uuid[]) WITH ORDINALITY
+        AS u(id, inventory_id, quantity, kit_reservation_id, m)
+    WINDOW w AS (PARTITION BY u.inventory_id ORDER BY u.m)
+), share AS (
+    SELECT pt.id, k.inventory_id, k.location_id, (least(k.hi, pt.hi) - greatest(k.lo, pt.lo))::integer AS take
+      FROM part pt JOIN pick k ON k.inventory_id = pt.inventory_id AND k.lo < pt.hi AND pt.lo < k.hi
 ), taken AS (
     UPDATE inventories i
        {set}
-      FROM plan line
+      FROM plan line JOIN (SELECT inventory_id, count(*)::integer AS n FROM part GROUP BY inventory_id) c
+        ON c.inventory_id = line.inventory_id
      WHERE i.id = line.inventory_id AND (line.expected_version IS NULL OR i.version = line.expected_version)
        AND (SELECT bool_and(takes IS NOT NULL) FROM plan)
- RETURNING i.id, i.stock, i.version, line.quantity, line.n, line.ids, line.fewest, line.split
+ RETURNING i.id, i.stock, i.version, line.quantity, line.ids, line.fewest, line.split
 ), drawn AS (
     UPDATE stock_levels l SET available = l.available - p.take
       FROM pick p JOIN taken t ON t.id = p.inventory_id
      WHERE l.inventory_id = p.inventory_id AND l.location_id = p.location_id
+), kit AS (
+    INSERT INTO kit_reservations (id, kit_id, user_id, quantity)
+    SELECT k.id, k.kit_id, $10, k.quantity
+      FROM unnest($21::uuid[], $22::uuid[], $23::integer[]) AS k(id, kit_id, quantity)
+     WHERE EXISTS (SELECT 1 FROM taken)
 ), reservation AS (
     INSERT INTO reservations (id, inventory_id, order_id, user_id, quantity, status,
-                              idempotency_key, request_fingerprint, batch_id, expires_at, {CHOICE_COLUMNS})
-    SELECT gen_random_uuid(), id, $9, $10, quantity, $11,
-           CASE WHEN n = 1 THEN $12 END, CASE WHEN n = 1 THEN $13 END, $14, {expires},
+                              idempotency_key, request_fingerprint, batch_id, expires_at, kit_reservation_id,
+                              {CHOICE_COLUMNS})
+    SELECT pt.id, pt.inventory_id, $9, $10, pt.quantity, $11,
+           CASE WHEN pt.m = 1 THEN $12 END, CASE WHEN pt.m = 1 THEN $13 END, $14, {expires}, pt.kit_reservation_id,
            {choice}
-      FROM taken
+      FROM part pt JOIN taken t ON t.id = pt.inventory_id
  RETURNING *
 ), allocation AS (
     INSERT INTO allocations (reservation_id, location_id, quantity)
-    SELECT r.id, p.location_id, p.take FROM pick p JOIN reservation r ON r.inventory_id = p.inventory_id
+    SELECT s.id, s.location_id, s.take FROM share s JOIN reservation r ON r.id = s.id
 ), movement AS (
-    {LEDGER}
-    SELECT t.id, -p.take, $15, t.stock, t.version, r.id, $9, p.location_id
-      FROM taken t JOIN reservation r ON r.inventory_id = t.id JOIN pick p ON p.inventory_id = t.id
+    {LEDGER_OF_KITS}
+    SELECT t.id, -s.take, $15, (t.stock + t.quantity - pt.hi)::integer, (t.version - pt.n + pt.rank)::integer, r.id,
+           $9, s.location_id, r.kit_reservation_id
+      FROM taken t JOIN part pt ON pt.inventory_id = t.id JOIN reservation r ON r.id = pt.id
+      JOIN share s ON s.id = pt.id
 )
-SELECT * FROM reservation ORDER BY inventory_id"#,
+SELECT * FROM reservation ORDER BY inventory_id, id"#,
             line = line_cte(),
             levels = levels(Ids::Array("$1")),
-            set = step("i.", "- line.quantity"),
+            set = set("i.stock - line.quantity", "i.version + c.n"),
             expires = expiry("$16"),
             preference = preference("line.ids"),
             eligible = eligible("line.ids"),
-            choice = choice("ids", "fewest", "split"),
+            choice = choice("t.ids", "t.fewest", "t.split"),
             offered = offered("", None),
+            nil = Uuid::nil(),
         )
     });
     // Order lines never expire: they hold stock until the order is cancelled.
@@ -243,6 +315,14 @@ SELECT * FROM reservation ORDER BY inventory_id"#,
         multi_item_id.into(),
         reason.to_value().into(),
         ttl_secs.into(),
+        // Arrays cannot carry NULLs through the driver: "no kit" travels as the nil UUID.
+        Value::from(parts.iter().map(|p| p.id).collect::<Vec<Uuid>>()),
+        Value::from(parts.iter().map(|p| p.inventory_id).collect::<Vec<Uuid>>()),
+        Value::from(parts.iter().map(|p| p.quantity).collect::<Vec<i32>>()),
+        Value::from(parts.iter().map(|p| p.kit_reservation_id.unwrap_or_default()).collect::<Vec<Uuid>>()),
+        Value::from(kits.iter().map(|k| k.id).collect::<Vec<Uuid>>()),
+        Value::from(kits.iter().map(|k| k.kit_id).collect::<Vec<Uuid>>()),
+        Value::from(kits.iter().map(|k| k.quantity).collect::<Vec<i32>>()),
     ]);
     Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), values)
 }

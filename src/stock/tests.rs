@@ -14,7 +14,8 @@ use super::{
     archiving,
     coalesced::CoalescedReserve,
     correcting::{self, Adjustment, Change},
-    lines::{self, Line, Purpose},
+    kitting::{self, KitReserve},
+    lines::{self, KitPart, Line, Part, Purpose},
     lock_order, moving, receiving, returning,
     rows::{AdjustmentReason, ReturnDisposition},
     shipping,
@@ -57,6 +58,21 @@ fn statements() -> Vec<(&'static str, Statement)> {
             location_id: None,
         },
     ];
+    let kit_id = Uuid::new_v4();
+    let parts = [
+        Part { id: Uuid::new_v4(), inventory_id: id, quantity: 1, kit_reservation_id: None },
+        Part { id: Uuid::new_v4(), inventory_id: id, quantity: 1, kit_reservation_id: Some(kit_id) },
+    ];
+    let kits = [KitPart { id: kit_id, kit_id, quantity: 1 }];
+    let kit_reserve = KitReserve {
+        kit_id,
+        quantity: 2,
+        lines: &lines,
+        kit_reservation_id: kit_id,
+        user_id: "alice",
+        key: Some(("k", "f")),
+        ttl_secs: 900,
+    };
     let order_return = OrderReturn {
         order_id: id,
         return_id: Uuid::new_v4(),
@@ -83,9 +99,17 @@ fn statements() -> Vec<(&'static str, Statement)> {
         ("lock_lines", lines::lock_lines(&lines)),
         (
             "take_lines for reservations",
-            lines::take_lines(&lines, Purpose::Reservations { ttl_secs: 900 }, "alice", Some(("k", "f")), id),
+            lines::take_lines(
+                &lines,
+                &parts,
+                &kits,
+                Purpose::Reservations { ttl_secs: 900 },
+                "alice",
+                Some(("k", "f")),
+                id,
+            ),
         ),
-        ("take_lines for an order", lines::take_lines(&lines, Purpose::Order(id), "alice", None, id)),
+        ("take_lines for an order", lines::take_lines(&lines, &parts, &kits, Purpose::Order(id), "alice", None, id)),
         ("eligible available", allocating::available(id, &somewhere, false)),
         ("eligible available with safety stock", allocating::available(id, &somewhere, true)),
         ("transfer", moving::transfer(id, id, Uuid::new_v4(), 1, Some(1), "op", Some(("k", "f")))),
@@ -116,6 +140,10 @@ fn statements() -> Vec<(&'static str, Statement)> {
             taking_back::return_order(OrderReturn { note: None, key: None, ..order_return }),
         ),
         ("latest reservation change", taking::ReservationChange::latest(id)),
+        ("reserve_kit", kitting::reserve_kit(kit_reserve)),
+        ("reserve_kit without a key", kitting::reserve_kit(KitReserve { key: None, ttl_secs: 0, ..kit_reserve })),
+        ("release_kit", kitting::release_kit(id, "alice")),
+        ("extend_kit", kitting::extend_kit(id, "alice", 30, 900)),
         ("oldest key", archiving::oldest_key()),
         ("forget_keys", archiving::forget_keys(now, now)),
         ("oldest archivable reservation", archiving::oldest_reservation()),

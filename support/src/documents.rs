@@ -285,3 +285,16 @@ pub const CHECKOUT_KITS: &str = "mutation($input: CheckoutInput!) { checkout(inp
    ... on OrderPlaced { order { id status items { inventory { id } quantity kit { id } } } }
    ... on ReservationsUnavailable { reservations { reservationId reason } }
  } }";
+
+/// `reserveMany` with kit lines, answering the kit reservations too.
+pub const RESERVE_MANY_KITS: &str = "mutation($input: ReserveManyInput!) { reserveMany(input: $input) { __typename
+   ... on ReservedAll { reservations { id quantity inventory { id } kitReservation { id } }
+                        kitReservations { id quantity kit { id } reservations { quantity inventory { id } } } }
+   ... on ItemsUnavailable { items { inventoryId reason available kitId } }
+ } }";
+
+/// `placeOrder` with kit lines, answering each line's kit.
+pub const PLACE_ORDER_KITS: &str = "mutation($input: PlaceOrderInput!) { placeOrder(input: $input) { __typename
+   ... on OrderPlaced { order { id items { inventory { id } quantity kit { id } } } }
+   ... on ItemsUnavailable { items { inventoryId reason available kitId } }
+ } }";

@@ -7,8 +7,9 @@ use uuid::Uuid;
 
 use crate::{
     error::AppError,
-    reservations::domain::{self, LineInput},
-    stock::{allocating::Strategy, lines::Line},
+    kits::graphql::KitLineInput,
+    reservations::domain::{self, KitLine, LineInput, Taking},
+    stock::allocating::Strategy,
 };
 
 /// A request to take stock of one inventory.
@@ -83,8 +84,9 @@ pub(crate) struct ReserveItemInput {
 }
 
 impl ReserveItemInput {
-    /// Checks and merges a request's lines.
-    pub(crate) fn merge(items: &[Self], max_quantity: i32) -> Result<Vec<Line>, AppError> {
+    /// Checks a request's lines and merges them with its kit lines (see
+    /// `domain::Taking`).
+    pub(crate) fn taking(items: &[Self], kits: &[KitLine], max_quantity: i32) -> Result<Taking, AppError> {
         let lines = items
             .iter()
             .enumerate()
@@ -103,15 +105,20 @@ impl ReserveItemInput {
                 })
             })
             .collect::<Result<Vec<LineInput>, AppError>>()?;
-        domain::merge(&lines, max_quantity)
+        Taking::new(&lines, kits, max_quantity)
     }
 }
 
 /// Several inventories at once: all or nothing.
 #[derive(InputObject)]
 pub(crate) struct ReserveManyInput {
-    /// The lines (at most 100 inventories).
+    /// The lines (at most 100 inventories, kits' components included).
+    #[graphql(default)]
     pub items: Vec<ReserveItemInput>,
+    /// Kit lines: each takes kits × component quantity of every component
+    /// of its kit, summed with the other lines of the same inventories
+    /// before they are judged; each becomes a kit reservation.
+    pub kits: Option<Vec<KitLineInput>>,
     /// Same key from the same user = same outcome, stock taken at most once.
     pub idempotency_key: Option<String>,
 }

@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use crate::{
     documents::{
-        CHANGE_ONE, CHECKOUT_KITS, CREATE_KIT, EXTEND_KIT, EXTEND_ONE, KIT, KIT_RESERVATION, KITS, RELEASE_KIT,
-        RELEASE_ONE, RESERVE_KIT, UPDATE_KIT,
+        CHANGE_ONE, CHECKOUT_KITS, CREATE_KIT, EXTEND_KIT, EXTEND_ONE, KIT, KIT_RESERVATION, KITS, PLACE_ORDER_KITS,
+        RELEASE_KIT, RELEASE_ONE, RESERVE_KIT, RESERVE_MANY_KITS, UPDATE_KIT,
     },
     helpers::{Isolation, TestApp, error_code, sweep_all, uuid},
     locations::{create_location, default_location, stocked},
@@ -396,5 +396,71 @@ async fn a_kit_reservation_is_checked_out_whole_and_a_cancel_returns_every_compo
         ))
         .await;
     assert_eq!(rows, 2, "the cancel's ledger rows name the kit reservation");
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cart_sums_kit_lines_and_loose_units_of_their_components_before_judging_them() {
+    let app = TestApp::spawn().await;
+    // Medusa #16502: 97 + 23 against 108 must not be accepted.
+    let (bottle, cap) = (stocked(&app, "BOTTLE", 108).await, stocked(&app, "CAP", 200).await);
+    let pack = kit_of(
+        &app,
+        "SIX-PACK",
+        json!([{ "inventoryId": bottle, "quantity": 1 }, { "inventoryId": cap, "quantity": 1 }]),
+    )
+    .await;
+    let alice = app.token("alice", Role::Customer);
+    let before = untouched(&app).await;
+    let input = json!({ "input": { "items": [{ "inventoryId": bottle, "quantity": 23 }],
+                                   "kits": [{ "kitId": pack, "quantity": 97 }] } });
+    let refused = app.mutate(&alice, "reserveMany", RESERVE_MANY_KITS, input).await;
+    assert_eq!(refused["__typename"], "ItemsUnavailable", "{refused}");
+    assert_eq!(
+        refused["items"],
+        json!([{ "inventoryId": bottle, "reason": "SOLD_OUT", "available": 108, "kitId": pack }])
+    );
+    assert_eq!(untouched(&app).await, before, "nothing written");
+    let unknown = Uuid::new_v4();
+    let missing = json!({ "input": { "kits": [{ "kitId": unknown }] } });
+    let missing = app.mutate(&alice, "reserveMany", RESERVE_MANY_KITS, missing).await;
+    assert_eq!(
+        missing["items"],
+        json!([{ "inventoryId": unknown, "reason": "NOT_FOUND", "available": null, "kitId": unknown }])
+    );
+
+    let input = json!({ "input": { "items": [{ "inventoryId": bottle, "quantity": 11 }],
+                                   "kits": [{ "kitId": pack, "quantity": 97 }], "idempotencyKey": "cart-1" } });
+    let reserved = app.mutate(&alice, "reserveMany", RESERVE_MANY_KITS, input.clone()).await;
+    assert_eq!(reserved["__typename"], "ReservedAll", "{reserved}");
+    assert_eq!(
+        reserved["reservations"],
+        json!([{ "id": reserved["reservations"][0]["id"], "quantity": 11,
+                                                   "inventory": { "id": bottle }, "kitReservation": null }])
+    );
+    let kit_reservation = &reserved["kitReservations"][0];
+    assert_eq!((&kit_reservation["quantity"], &kit_reservation["kit"]["id"]), (&json!(97), &json!(pack)));
+    let replayed = app.mutate(&alice, "reserveMany", RESERVE_MANY_KITS, input).await;
+    assert_eq!(replayed, reserved, "the key replays the whole cart");
+    assert_eq!((app.states(bottle).await[0], app.states(cap).await[0]), (0, 103));
+    app.assert_invariant().await;
+
+    let restock = json!({ "input": { "inventoryId": bottle, "quantity": 12 } });
+    app.graphql(Some(&app.operator()), crate::documents::RESTOCK, restock).await;
+    let order = json!({ "input": { "items": [{ "inventoryId": cap, "quantity": 1 }],
+                                   "kits": [{ "kitId": pack, "quantity": 2 }],
+                                   "shippingAddress": crate::helpers::address("1 Pack Lane") } });
+    let placed = app.mutate(&alice, "placeOrder", PLACE_ORDER_KITS, order).await;
+    assert_eq!(placed["__typename"], "OrderPlaced", "{placed}");
+    let mut items: Vec<(Uuid, i64, bool)> = placed["order"]["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| (uuid(&i["inventory"]["id"]), i["quantity"].as_i64().expect("n"), i["kit"]["id"] == json!(pack)))
+        .collect();
+    items.sort();
+    let mut expected = vec![(bottle, 2, true), (cap, 1, false), (cap, 2, true)];
+    expected.sort();
+    assert_eq!(items, expected);
     app.assert_invariant().await;
 }
