@@ -76,7 +76,8 @@ impl Kit {
 
     /// Kits a customer could reserve now, one after another (default
     /// strategy, split allowed): min over its components of ⌊sellable ÷
-    /// quantity⌋, read in one snapshot, one statement per page of kits.
+    /// quantity⌋, read in one snapshot, one statement per page of kits; 0
+    /// while the kit is inactive.
     async fn available(&self, ctx: &Context<'_>) -> GqlResult<i32> {
         Ok(ctx.loader::<AvailableLoader>()?.load_one(self.0.id).await.gql()?.unwrap_or(0))
     }

@@ -102,14 +102,16 @@ pub(crate) async fn components(db: &impl ConnectionTrait, kit_ids: &[Uuid]) -> R
 /// What each of these kits offers a customer now, read in one statement
 /// (one snapshot): min over its components of ⌊sellable ÷ quantity⌋, the
 /// sellable units ([`offered`]) of every active location summed, as
-/// `reserveKit` with the default choice takes them. Kits without a row
-/// here do not exist.
+/// `reserveKit` with the default choice takes them; 0 for an inactive kit,
+/// which cannot be reserved. Kits without a row here do not exist.
 pub(crate) async fn available(db: &impl ConnectionTrait, kit_ids: &[Uuid]) -> Result<HashMap<Uuid, i32>, DbErr> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             r#"
-SELECT k.kit_id, min(coalesce(s.sellable, 0) / k.quantity)::integer AS available
+SELECT k.kit_id, CASE WHEN bool_and(t.active) THEN min(coalesce(s.sellable, 0) / k.quantity) ELSE 0 END::integer
+           AS available
   FROM kit_components k
+  JOIN kits t ON t.id = k.kit_id
   LEFT JOIN (SELECT l.inventory_id, sum({offered}) AS sellable
                FROM stock_levels l JOIN locations c ON c.id = l.location_id
               WHERE l.inventory_id IN (SELECT inventory_id FROM kit_components WHERE kit_id = ANY($1))

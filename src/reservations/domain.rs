@@ -264,7 +264,7 @@ mod tests {
         let (a, b, kit) = (Uuid::from_u128(1), Uuid::from_u128(2), Uuid::from_u128(9));
         let kit_line =
             KitLine { kit_id: kit, quantity: 2, allocating: Allocating::default(), components: vec![(a, 3), (b, 1)] };
-        let taking = Taking::new(&[input(a, 1, None)], &[kit_line.clone()], 1000).expect("taking");
+        let taking = Taking::new(&[input(a, 1, None)], std::slice::from_ref(&kit_line), 1000).expect("taking");
         assert_eq!(taking.lines.iter().map(|l| (l.inventory_id, l.quantity)).collect::<Vec<_>>(), vec![(a, 7), (b, 2)]);
         let parts: Vec<(Uuid, i32, bool)> =
             taking.parts.iter().map(|p| (p.inventory_id, p.quantity, p.kit_reservation_id.is_some())).collect();

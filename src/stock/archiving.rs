@@ -43,7 +43,8 @@ pub(crate) fn oldest_key() -> Statement {
 /// Forgets the idempotency keys claimed in `[from, until)`, whole, in one
 /// statement: the claim goes, and with it the key's RELEASED and EXPIRED
 /// reservations (and their allocations); its other reservations stay
-/// without the key. Nothing then remembers the key, so the same key is a
+/// without the key, and so does a kit's component, which goes with its
+/// kit reservation ([`archive_reservations`]). Nothing then remembers the key, so the same key is a
 /// new request, which the unique indexes on keys let in. One row: how many
 /// keys it forgot (`archived`) and how many reservations it deleted
 /// (`reservations`).
@@ -65,7 +66,7 @@ WITH forgotten AS (
     DELETE FROM idempotency_keys WHERE created_at >= $1 AND created_at < $2
  RETURNING user_id, idempotency_key
 ), keyed AS (
-    SELECT r.id, r.status IN {done} AS done
+    SELECT r.id, r.status IN {done} AND r.kit_reservation_id IS NULL AS done
       FROM reservations r JOIN forgotten f ON f.user_id = r.user_id AND f.idempotency_key = r.idempotency_key
      WHERE r.idempotency_key IS NOT NULL
 ), gone AS (
@@ -94,7 +95,10 @@ pub(crate) fn oldest_reservation() -> Statement {
 
 /// Deletes the reservations made in `[from, until)` that the archive may
 /// delete, and their allocations, in one statement; one row, how many
-/// reservations it deleted.
+/// reservations it deleted. A kit reservation goes whole, its row with
+/// every component, once every component may go (its components share its
+/// `created_at`, so they are in its slice); never one component alone,
+/// which would leave the kit reservation not whole.
 ///
 /// Nothing reads the allocations of a reservation that is done with, and
 /// an allocation without its reservation would be read by nothing ever
@@ -104,13 +108,22 @@ pub(crate) fn archive_reservations(from: DateTime<Utc>, until: DateTime<Utc>) ->
         format!(
             r#"
 WITH gone AS (
-    DELETE FROM reservations WHERE created_at >= $1 AND created_at < $2 AND {}
+    DELETE FROM reservations
+     WHERE created_at >= $1 AND created_at < $2 AND {archivable} AND kit_reservation_id IS NULL
+ RETURNING id
+), kits_gone AS (
+    DELETE FROM kit_reservations k
+     WHERE k.created_at >= $1 AND k.created_at < $2
+       AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.kit_reservation_id = k.id AND NOT ({archivable}))
+ RETURNING id
+), parts_gone AS (
+    DELETE FROM reservations WHERE kit_reservation_id IN (SELECT id FROM kits_gone)
  RETURNING id
 ), unallocated AS (
-    DELETE FROM allocations WHERE reservation_id IN (SELECT id FROM gone)
+    DELETE FROM allocations WHERE reservation_id IN (SELECT id FROM gone UNION ALL SELECT id FROM parts_gone)
 )
-SELECT count(*) AS archived FROM gone"#,
-            archivable()
+SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM parts_gone) AS archived"#,
+            archivable = archivable()
         )
     });
     Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), [from.into(), until.into()])

@@ -327,7 +327,9 @@ async fn an_inactive_kit_cannot_be_reserved_and_a_plain_checkout_of_a_component_
         .await;
     assert_eq!(unknown, Value::Null);
     let page = app.graphql(None, KITS, json!({ "first": 10 })).await;
-    assert_eq!(page["data"]["kits"]["nodes"][0]["available"], 4, "{page}");
+    assert_eq!(page["data"]["kits"]["nodes"][0]["available"], 0, "an inactive kit offers none: {page}");
+    app.mutate(&app.operator(), "updateKit", UPDATE_KIT, json!({ "input": { "id": kit, "active": true } })).await;
+    assert_eq!(available(&app, kit).await, 4, "active again: the four units left");
     app.assert_invariant().await;
 }
 
@@ -463,4 +465,44 @@ async fn a_cart_sums_kit_lines_and_loose_units_of_their_components_before_judgin
     expected.sort();
     assert_eq!(items, expected);
     app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_archive_takes_a_done_kit_reservation_whole_or_leaves_it() {
+    let app = TestApp::spawn().await;
+    let (a, b) = (stocked(&app, "AR-A", 5).await, stocked(&app, "AR-B", 5).await);
+    let kit =
+        kit_of(&app, "AR", json!([{ "inventoryId": a, "quantity": 1 }, { "inventoryId": b, "quantity": 1 }])).await;
+    let alice = app.token("alice", Role::Customer);
+    let plain = reserve_kit(&app, &alice, kit, 1, json!({})).await;
+    let keyed = reserve_kit(&app, &alice, kit, 1, json!({ "idempotencyKey": "archived-kit" })).await;
+    let held = reserve_kit(&app, &alice, kit, 1, json!({})).await;
+    for done in [&plain, &keyed] {
+        let released = app
+            .mutate(&alice, "releaseKitReservation", RELEASE_KIT, json!({ "id": done["kitReservation"]["id"] }))
+            .await;
+        assert_eq!(released["__typename"], "KitReservationReleased", "{released}");
+    }
+    stockguard::stock::partitions::make(&app.db, 101, -100).await.expect("partitions");
+    app.db
+        .execute_unprepared(
+            "UPDATE reservations SET created_at = created_at - interval '100 days';
+             UPDATE kit_reservations SET created_at = created_at - interval '100 days';
+             UPDATE idempotency_keys SET created_at = created_at - interval '100 days';
+             UPDATE stock_movements SET created_at = created_at - interval '100 days';",
+        )
+        .await
+        .expect("backdate");
+    let collisions = stockguard::db::Collisions::new(20);
+    let ninety_days = std::time::Duration::from_secs(90 * 24 * 3600);
+    stockguard::archive::archive(&app.db, &collisions, ninety_days, 3).await.expect("archive");
+    app.assert_invariant().await;
+    let left = app.rows("SELECT k.id, count(r.id) AS parts FROM kit_reservations k LEFT JOIN reservations r ON r.kit_reservation_id = k.id GROUP BY k.id").await;
+    assert_eq!(
+        left,
+        vec![json!({ "id": held["kitReservation"]["id"], "parts": 2 })],
+        "the released kits went whole, the held one stayed whole"
+    );
+    let read = app.graphql(Some(&alice), KIT_RESERVATION, json!({ "id": held["kitReservation"]["id"] })).await;
+    assert_eq!(read["data"]["kitReservation"]["status"], "ACTIVE", "{read}");
 }
