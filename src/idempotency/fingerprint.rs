@@ -205,10 +205,27 @@ impl Key {
     /// The key of a `checkout` of these reservations (sorted, without
     /// repeats, as the request is merged), plus `extra`: anything else that
     /// makes the request what it is.
-    pub(crate) fn checkout(key: String, reservation_ids: &[Uuid], extra: Extra<'_>) -> Self {
-        let legacy = legacy::checkout(reservation_ids, &extra.legacy);
-        let mut fields = vec![("reservationIds", Part::List(reservation_ids.iter().copied().map(Part::Id).collect()))];
+    ///
+    /// Kit reservations (sorted, without repeats) enter only when named, so
+    /// every fingerprint from before kits stays what it was; a checkout
+    /// naming kits has no legacy fingerprint (see [`Key::transfer`]).
+    pub(crate) fn checkout(
+        key: String,
+        reservation_ids: &[Uuid],
+        kit_reservation_ids: &[Uuid],
+        extra: Extra<'_>,
+    ) -> Self {
+        let ids = |ids: &[Uuid]| Part::List(ids.iter().copied().map(Part::Id).collect());
+        let legacy = if kit_reservation_ids.is_empty() {
+            legacy::checkout(reservation_ids, &extra.legacy)
+        } else {
+            String::new()
+        };
+        let mut fields = vec![("reservationIds", ids(reservation_ids))];
         fields.extend(extra.fields);
+        if !kit_reservation_ids.is_empty() {
+            fields.push(("kitReservationIds", ids(kit_reservation_ids)));
+        }
         Self { key, fingerprint: canonical("checkout", fields), legacy }
     }
 
@@ -402,7 +419,7 @@ mod tests {
 
     #[test]
     fn the_fingerprint_of_a_checkout_never_changes() {
-        let key = Key::checkout("k".into(), &[Uuid::from_u128(1), Uuid::from_u128(2)], address());
+        let key = Key::checkout("k".into(), &[Uuid::from_u128(1), Uuid::from_u128(2)], &[], address());
         assert_eq!(key.fingerprint, "v2:343d94cd4c8ca5f1ce1e1ccf185d8e7b3ae0ec7039d17211824330e0e5a07220");
         assert_eq!(key.legacy, "3ffc95a42fdaf8f5153e4279acb60f7765bcb164755129f082b41041197df284");
     }

@@ -20,6 +20,7 @@ use crate::{
     error::{AppError, GqlResult, IntoGql},
     global_id,
     inventory::graphql::{Inventory, load as load_inventory},
+    kits::graphql::{self as kits, Kit},
     live::Feed,
     locations::graphql::{self as locations, Allocation},
     pagination::{self, Connection, Cursor, connection},
@@ -174,6 +175,12 @@ impl OrderItem {
     async fn returned(&self) -> i32 {
         self.0.returned
     }
+    /// The kit this line came from, when it is a component of a kit
+    /// reservation checked out (`kitReservationIds`); null otherwise.
+    async fn kit(&self, ctx: &Context<'_>) -> GqlResult<Option<Kit>> {
+        let Some(kit_reservation) = kits::of(ctx, &self.0).await? else { return Ok(None) };
+        kits::load(ctx, kit_reservation.0.kit_id).await
+    }
 }
 
 /// Where an order goes.
@@ -269,7 +276,12 @@ pub(crate) struct ChangeShippingAddressInput {
 pub(crate) struct CheckoutInput {
     /// The caller's ACTIVE reservations (at most 100; repeats count once).
     /// Each becomes a line of the order with its quantity.
+    #[graphql(default)]
     pub reservation_ids: Vec<Uuid>,
+    /// The caller's ACTIVE kit reservations (at most 100; repeats count
+    /// once), each checked out whole: every component becomes a line of the
+    /// order, with `OrderItem.kit` set.
+    pub kit_reservation_ids: Option<Vec<Uuid>>,
     /// Where the order goes.
     pub shipping_address: ShippingAddressInput,
     /// Same key from the same user = same order, the cart checked out at
@@ -436,7 +448,9 @@ impl OrderMutation {
     ) -> GqlResult<CheckoutResult> {
         let user = ctx.user()?;
         let service = ctx.part::<OrderService>()?;
-        let cart = super::service::cart(&input.reservation_ids).gql()?;
+        let cart =
+            super::service::cart(&input.reservation_ids, input.kit_reservation_ids.as_deref().unwrap_or_default())
+                .gql()?;
         let address = input.shipping_address.parse("input.shippingAddress").gql()?;
         let key = validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref()).gql()?;
         let outcome = service.checkout(&user.id, &cart, address, key).await.gql()?;

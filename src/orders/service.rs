@@ -29,6 +29,7 @@ use crate::{
     db::{Collisions, DbFailure, Exhausted, classify, read_answer},
     error::AppError,
     idempotency::{self, Extra, Key, Part},
+    kits::store as kit_store,
     live::Feed,
     pagination::Page,
     reservations::{
@@ -198,26 +199,29 @@ impl OrderService {
         })
     }
 
-    /// Checks out the caller's cart (`cart` made `reservation_ids`) into one
-    /// new PENDING order, all or nothing, without moving stock (see
-    /// [`store::checkout`]). When collision retries run out nothing was
+    /// Checks out the caller's cart (made by [`cart`]) into one new PENDING
+    /// order, all or nothing, without moving stock (see [`store::checkout`]):
+    /// every reservation it names, and every component of every kit
+    /// reservation it names. When collision retries run out nothing was
     /// judged, so no line can be named unavailable: the answer is the
     /// retryable `DATABASE_UNAVAILABLE`.
     pub(crate) async fn checkout(
         &self,
         user_id: &str,
-        reservation_ids: &[Uuid],
+        cart: &Cart,
         address: ShippingAddress,
         idempotency_key: Option<String>,
     ) -> Result<CheckoutOutcome, AppError> {
         let Self { db, collisions, .. } = self;
-        let key = idempotency_key.map(|key| Key::checkout(key, reservation_ids, fingerprinted(&address)));
+        let key = idempotency_key
+            .map(|key| Key::checkout(key, &cart.reservation_ids, &cart.kit_reservation_ids, fingerprinted(&address)));
         if let Some(order) = replay(db, user_id, key.as_ref()).await? {
             return Ok(CheckoutOutcome::Placed(order));
         }
         let order = Order::place(Uuid::new_v4(), user_id.to_owned(), address, Utc::now());
-        let run = || store::checkout(db, &order, reservation_ids, key.as_ref());
-        let lines = match collisions.run(reservation_ids[0], run).await {
+        let run = || store::checkout(db, &order, cart, key.as_ref());
+        let first = cart.reservation_ids.first().or(cart.kit_reservation_ids.first()).copied().unwrap_or_default();
+        let lines = match collisions.run(first, run).await {
             Ok(attempted) => attempted.done()?,
             // The key was claimed first by a request that has committed.
             Err(err) if idempotency::is_taken(&err) => {
@@ -229,11 +233,15 @@ impl OrderService {
             Err(err) => return Err(err.into()),
         };
         if !lines.is_empty() {
-            if lines.len() != reservation_ids.len() {
+            let own = lines.iter().filter(|line| line.kit_reservation_id.is_none()).count();
+            let mut kits: Vec<Uuid> = lines.iter().filter_map(|line| line.kit_reservation_id).collect();
+            kits.dedup();
+            if own != cart.reservation_ids.len() || kits.len() != cart.kit_reservation_ids.len() {
                 return Err(AppError::internal(anyhow::anyhow!(
-                    "a checkout wrote {} of a cart's {} lines",
-                    lines.len(),
-                    reservation_ids.len()
+                    "a checkout wrote {own} of a cart's {} reservations and {} of its {} kit reservations",
+                    cart.reservation_ids.len(),
+                    kits.len(),
+                    cart.kit_reservation_ids.len()
                 )));
             }
             return Ok(CheckoutOutcome::Placed(order));
@@ -243,7 +251,7 @@ impl OrderService {
         if let Some(first) = replay(db, user_id, key.as_ref()).await? {
             return Ok(CheckoutOutcome::Placed(first));
         }
-        let unavailable = unavailable_reservations(db, user_id, reservation_ids).await?;
+        let unavailable = unavailable_reservations(db, user_id, cart).await?;
         if !unavailable.is_empty() {
             return Ok(CheckoutOutcome::ReservationsUnavailable(unavailable));
         }
@@ -401,41 +409,68 @@ async fn replay(db: &DatabaseConnection, user_id: &str, key: Option<&Key>) -> Re
     ))
 }
 
-/// The reservations of a checkout as the request names them: sorted (the
-/// locking order) and without repeats, at least one and at most
-/// [`MAX_LINES`]; else `BAD_USER_INPUT`.
-pub(crate) fn cart(reservation_ids: &[Uuid]) -> Result<Vec<Uuid>, AppError> {
-    let mut ids = reservation_ids.to_vec();
-    ids.sort_unstable();
-    ids.dedup();
-    match ids.len() {
-        0 => {
-            Err(AppError::bad_input("input.reservationIds", "input.reservationIds must name at least one reservation"))
-        }
-        n if n > MAX_LINES => {
-            Err(AppError::bad_input("input.reservationIds", format!("at most {MAX_LINES} reservations per checkout")))
-        }
-        _ => Ok(ids),
-    }
+/// What a checkout takes: reservations and kit reservations, each sorted
+/// (the locking order) and without repeats.
+#[derive(Debug, Clone)]
+pub(crate) struct Cart {
+    /// Reservations of their own.
+    pub reservation_ids: Vec<Uuid>,
+    /// Kit reservations, each checked out whole.
+    pub kit_reservation_ids: Vec<Uuid>,
 }
 
-/// Every reservation of the cart that cannot be checked out now, with why,
-/// from one read of the latest rows.
+/// The cart a checkout names: each list sorted and without repeats, at
+/// most [`MAX_LINES`] ids each and at least one id in all; else
+/// `BAD_USER_INPUT`.
+pub(crate) fn cart(reservation_ids: &[Uuid], kit_reservation_ids: &[Uuid]) -> Result<Cart, AppError> {
+    let ids = |given: &[Uuid], field: &str| {
+        let mut ids = given.to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.len() > MAX_LINES {
+            return Err(AppError::bad_input(field, format!("at most {MAX_LINES} per checkout")));
+        }
+        Ok(ids)
+    };
+    let cart = Cart {
+        reservation_ids: ids(reservation_ids, "input.reservationIds")?,
+        kit_reservation_ids: ids(kit_reservation_ids, "input.kitReservationIds")?,
+    };
+    if cart.reservation_ids.is_empty() && cart.kit_reservation_ids.is_empty() {
+        return Err(AppError::bad_input(
+            "input.reservationIds",
+            "a checkout must name at least one reservation or kit reservation",
+        ));
+    }
+    Ok(cart)
+}
+
+/// Every reservation and kit reservation of the cart that cannot be
+/// checked out now, with why, from one read of the latest rows each (a kit
+/// reservation by its first component, whose status all of them share).
 async fn unavailable_reservations(
     db: &DatabaseConnection,
     user_id: &str,
-    reservation_ids: &[Uuid],
+    cart: &Cart,
 ) -> Result<Vec<UnavailableReservation>, AppError> {
-    let rows = read_answer!(db, |db| reservation_store::find_many(db, reservation_ids))?;
+    let rows = read_answer!(db, |db| reservation_store::find_many(db, &cart.reservation_ids))?;
+    let parts = read_answer!(db, |db| kit_store::parts(db, &cart.kit_reservation_ids))?;
     let now = Utc::now();
-    Ok(reservation_ids
+    // Someone else's reservation reads as absent, so ids do not leak.
+    let mine = |row: &&ReservationRow| row.user_id == user_id;
+    let own = cart.reservation_ids.iter().map(|&id| (id, rows.iter().filter(mine).find(|row| row.id == id), false));
+    let kits = cart
+        .kit_reservation_ids
         .iter()
-        .filter_map(|&reservation_id| {
-            // Someone else's reservation reads as absent, so ids do not leak.
-            let row = rows.iter().find(|row| row.id == reservation_id && row.user_id == user_id);
+        .map(|&id| (id, parts.iter().filter(mine).find(|row| row.kit_reservation_id == Some(id)), true));
+    Ok(own
+        .chain(kits)
+        .filter_map(|(reservation_id, row, whole_kit)| {
             let reason = match row.map(|row| status_at(row, now)) {
                 None => UnavailableReservationReason::NotFound,
-                Some(ReservationStatus::Active) if row.is_some_and(|row| row.kit_reservation_id.is_some()) => {
+                Some(ReservationStatus::Active)
+                    if !whole_kit && row.is_some_and(|row| row.kit_reservation_id.is_some()) =>
+                {
                     UnavailableReservationReason::PartOfKit
                 }
                 Some(ReservationStatus::Active) => return None,

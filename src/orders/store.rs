@@ -16,6 +16,7 @@ use uuid::Uuid;
 use super::{
     domain::Order,
     entity::{ActiveModel, Column, Entity, Model, OrderStatus},
+    service::Cart,
 };
 use crate::{
     idempotency::Key,
@@ -151,12 +152,19 @@ async fn move_lines(txn: &DatabaseTransaction, order_id: Uuid, statement: Statem
     Ok(())
 }
 
-/// Checks out the caller's reservations `reservation_ids` (sorted, without
-/// repeats) into the new PENDING `order`, in one statement: the order row,
-/// every reservation turned ORDERED with the order's id and no expiry, and
-/// the claim of the idempotency key, all or nothing. No stock moves: the
-/// units were taken when the reservations were made. Returns the order's
-/// lines, or none when nothing was written.
+/// Checks out the caller's `cart` (its reservations and its kit
+/// reservations, each list sorted, without repeats) into the new PENDING
+/// `order`, in one statement: the order row, every reservation and every
+/// component of every kit reservation turned ORDERED with the order's id
+/// and no expiry, and the claim of the idempotency key, all or nothing. No
+/// stock moves: the units were taken when the reservations were made.
+/// Returns the order's lines, or none when nothing was written.
+///
+/// The kit reservations' rows are locked first, in id order, as every
+/// statement that changes a kit's components does (`stock::kitting`): a
+/// kit is ordered whole or not at all, and only while every component is
+/// ACTIVE. A kit's component named alone never counts (it is checked out
+/// with its kit).
 ///
 /// This locks the listed reservations in id order for the statement
 /// (`lines`), so two checkouts of overlapping carts queue instead of
@@ -170,22 +178,28 @@ async fn move_lines(txn: &DatabaseTransaction, order_id: Uuid, statement: Statem
 pub(crate) async fn checkout(
     db: &DatabaseConnection,
     order: &Order,
-    reservation_ids: &[Uuid],
+    cart: &Cart,
     key: Option<&Key>,
 ) -> Result<Vec<ReservationRow>, DbErr> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             r#"
-WITH lines AS (
+WITH kit AS MATERIALIZED (
+    SELECT id FROM kit_reservations WHERE id = ANY($14) AND user_id = $2 ORDER BY id FOR UPDATE
+), lines AS (
     SELECT id FROM reservations
-     WHERE id = ANY($1) AND user_id = $2 AND {active_unexpired} AND kit_reservation_id IS NULL
+     WHERE ((id = ANY($1) AND kit_reservation_id IS NULL) OR kit_reservation_id IN (SELECT id FROM kit))
+       AND user_id = $2 AND {active_unexpired}
      ORDER BY id
        FOR UPDATE
 ), placed AS (
     INSERT INTO orders (id, user_id, status, ship_name, ship_line1, ship_line2, ship_city, ship_postal_code,
                         ship_country, version, created_at)
     SELECT $3, $2, {pending}, $4, $5, $6, $7, $8, $9, $10, $11
-     WHERE (SELECT count(*) FROM lines) = cardinality($1::uuid[])
+     WHERE (SELECT count(*) FROM lines)
+           = cardinality($1::uuid[])
+             + (SELECT count(*) FROM reservations WHERE kit_reservation_id IN (SELECT id FROM kit))
+       AND (SELECT count(*) FROM kit) = cardinality($14::uuid[])
  RETURNING id
 ), ordered AS (
     UPDATE reservations r SET status = {ordered}, order_id = p.id, expires_at = NULL
@@ -204,7 +218,7 @@ SELECT * FROM ordered ORDER BY id"#,
     });
     let address = order.address();
     let values: Vec<Value> = vec![
-        Value::from(reservation_ids.to_vec()),
+        Value::from(cart.reservation_ids.clone()),
         order.user_id.as_str().into(),
         order.id.into(),
         address.name.as_str().into(),
@@ -217,6 +231,7 @@ SELECT * FROM ordered ORDER BY id"#,
         order.created_at.into(),
         key.map(|k| k.key.clone()).into(),
         key.map(|k| k.fingerprint.clone()).into(),
+        Value::from(cart.kit_reservation_ids.clone()),
     ];
     let statement = Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), values);
     ReservationRow::find_by_statement(statement).all(db).await

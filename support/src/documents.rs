@@ -279,3 +279,9 @@ pub const CHANGE_ONE: &str = "mutation($input: ChangeReservationQuantityInput!) 
     ... on ReservationNotFound { reservationId }
     ... on ReservationPartOfKit { reservation { id } kitReservation { id } }
   } }";
+
+/// `checkout` of reservations and kit reservations, answering each line's kit.
+pub const CHECKOUT_KITS: &str = "mutation($input: CheckoutInput!) { checkout(input: $input) { __typename
+   ... on OrderPlaced { order { id status items { inventory { id } quantity kit { id } } } }
+   ... on ReservationsUnavailable { reservations { reservationId reason } }
+ } }";

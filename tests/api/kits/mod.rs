@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use crate::{
     documents::{
-        CHANGE_ONE, CREATE_KIT, EXTEND_KIT, EXTEND_ONE, KIT, KIT_RESERVATION, KITS, RELEASE_KIT, RELEASE_ONE,
-        RESERVE_KIT, UPDATE_KIT,
+        CHANGE_ONE, CHECKOUT_KITS, CREATE_KIT, EXTEND_KIT, EXTEND_ONE, KIT, KIT_RESERVATION, KITS, RELEASE_KIT,
+        RELEASE_ONE, RESERVE_KIT, UPDATE_KIT,
     },
     helpers::{Isolation, TestApp, error_code, sweep_all, uuid},
     locations::{create_location, default_location, stocked},
@@ -328,5 +328,73 @@ async fn an_inactive_kit_cannot_be_reserved_and_a_plain_checkout_of_a_component_
     assert_eq!(unknown, Value::Null);
     let page = app.graphql(None, KITS, json!({ "first": 10 })).await;
     assert_eq!(page["data"]["kits"]["nodes"][0]["available"], 4, "{page}");
+    app.assert_invariant().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kit_reservation_is_checked_out_whole_and_a_cancel_returns_every_component() {
+    let app = TestApp::spawn().await;
+    let (a, b) = (stocked(&app, "ORD-A", 6).await, stocked(&app, "ORD-B", 6).await);
+    let kit =
+        kit_of(&app, "ORD", json!([{ "inventoryId": a, "quantity": 2 }, { "inventoryId": b, "quantity": 1 }])).await;
+    let alice = app.token("alice", Role::Customer);
+    let held = reserve_kit(&app, &alice, kit, 1, json!({})).await;
+    let kit_reservation = held["kitReservation"]["id"].clone();
+    let loose = app.reserve(&alice, json!({ "inventoryId": a, "quantity": 1 })).await;
+    let loose = loose["reservation"]["id"].clone();
+    let dropped = reserve_kit(&app, &alice, kit, 1, json!({})).await;
+    let dropped_id = dropped["kitReservation"]["id"].clone();
+    app.mutate(&alice, "releaseKitReservation", RELEASE_KIT, json!({ "id": dropped_id })).await;
+
+    let address = crate::helpers::address("1 Kit Road");
+    let before = untouched(&app).await;
+    let stale = json!({ "input": { "reservationIds": [loose], "kitReservationIds": [kit_reservation, dropped_id],
+                                   "shippingAddress": address } });
+    let refused = app.mutate(&alice, "checkout", CHECKOUT_KITS, stale).await;
+    assert_eq!(refused["__typename"], "ReservationsUnavailable", "{refused}");
+    assert_eq!(refused["reservations"], json!([{ "reservationId": dropped_id, "reason": "RELEASED" }]));
+    assert_eq!(untouched(&app).await, before, "nothing written");
+    let bob = app.token("bob", Role::Customer);
+    let not_bobs = json!({ "input": { "kitReservationIds": [kit_reservation], "shippingAddress": address } });
+    let refused = app.mutate(&bob, "checkout", CHECKOUT_KITS, not_bobs).await;
+    assert_eq!(refused["reservations"], json!([{ "reservationId": kit_reservation, "reason": "NOT_FOUND" }]));
+
+    let input = json!({ "input": { "reservationIds": [loose], "kitReservationIds": [kit_reservation],
+                                   "shippingAddress": address, "idempotencyKey": "kit-order" } });
+    let placed = app.mutate(&alice, "checkout", CHECKOUT_KITS, input.clone()).await;
+    assert_eq!(placed["__typename"], "OrderPlaced", "{placed}");
+    let mut items: Vec<(Uuid, i64, bool)> = placed["order"]["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| (uuid(&i["inventory"]["id"]), i["quantity"].as_i64().expect("n"), i["kit"]["id"] == json!(kit)))
+        .collect();
+    items.sort();
+    let mut expected = vec![(a, 2, true), (a, 1, false), (b, 1, true)];
+    expected.sort();
+    assert_eq!(items, expected, "one line per component with its kit, and the loose line without");
+    let replayed = app.mutate(&alice, "checkout", CHECKOUT_KITS, input).await;
+    assert_eq!(replayed["order"]["id"], placed["order"]["id"], "the key replays the order");
+    let read = app.graphql(Some(&alice), KIT_RESERVATION, json!({ "id": kit_reservation })).await;
+    assert_eq!(read["data"]["kitReservation"]["status"], "ORDERED", "{read}");
+
+    let cancelled =
+        app.mutate(&alice, "cancelOrder", crate::documents::CANCEL_ORDER, json!({ "id": placed["order"]["id"] })).await;
+    assert_eq!(cancelled["__typename"], "OrderCancelled", "{cancelled}");
+    assert_eq!((app.states(a).await, app.states(b).await), ([6, 0, 0, 6], [6, 0, 0, 6]), "every unit back");
+    let statuses = app
+        .rows(&format!(
+            "SELECT DISTINCT status FROM reservations WHERE kit_reservation_id = '{}'",
+            uuid(&kit_reservation)
+        ))
+        .await;
+    assert_eq!(statuses, vec![json!({ "status": "RELEASED" })]);
+    let rows = app
+        .count(&format!(
+            "SELECT count(*) FROM stock_movements WHERE reason = 'ORDER_CANCELLED' AND kit_reservation_id = '{}'",
+            uuid(&kit_reservation)
+        ))
+        .await;
+    assert_eq!(rows, 2, "the cancel's ledger rows name the kit reservation");
     app.assert_invariant().await;
 }
