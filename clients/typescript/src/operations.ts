@@ -47,7 +47,9 @@ export const Checkout = graphql(`
   mutation Checkout($input: CheckoutInput!) {
     checkout(input: $input) {
       __typename
-      ... on OrderPlaced { order { id status version items { quantity inventory { id reserved committed } } } }
+      ... on OrderPlaced {
+        order { id status version items { quantity inventory { id reserved committed } kit { sku } } }
+      }
       ... on ReservationsUnavailable {
         reservations {
           reservationId reason

@@ -183,7 +183,10 @@ export function describeCheckout(result: CheckoutMutation['checkout']): string {
   switch (result.__typename) {
     case 'OrderPlaced': {
       const { order } = result;
-      const lines = order.items.map((item) => `${item.quantity} of ${item.inventory.id}`).join(', ');
+      // A kit reservation checked out whole is one line per component, each naming its kit.
+      const lines = order.items
+        .map((item) => `${item.quantity} of ${item.inventory.id}${item.kit ? ` (kit ${item.kit.sku})` : ''}`)
+        .join(', ');
       return `order ${order.id} ${order.status} at version ${order.version}: ${lines}`;
     }
     case 'ReservationsUnavailable':
@@ -684,6 +687,15 @@ export const examples = {
       idempotencyKey: 'cart-1',
     },
   },
+  // A kit reservation checked out whole beside a loose reservation.
+  checkoutKit: {
+    input: {
+      reservationIds: ['00000000-0000-0000-0000-000000000003'],
+      kitReservationIds: ['00000000-0000-0000-0000-00000000000b'],
+      shippingAddress: { name: 'Alice', line1: '1 Main St', city: 'Osaka', postalCode: '530-0001', country: 'JP' },
+      idempotencyKey: 'cart-2',
+    },
+  },
   changeReservationQuantity: { input: { reservationId: '00000000-0000-0000-0000-000000000003', quantity: 2 } },
   fulfillOrder: { id: '00000000-0000-0000-0000-000000000002' },
   orderChanged: { id: '00000000-0000-0000-0000-000000000002' },
@@ -773,6 +785,7 @@ export const examples = {
   changeShippingAddress: ChangeShippingAddressMutationVariables;
   inventoryChanged: InventoryChangedSubscriptionVariables;
   checkout: CheckoutMutationVariables;
+  checkoutKit: CheckoutMutationVariables;
   changeReservationQuantity: ChangeReservationQuantityMutationVariables;
   fulfillOrder: FulfillOrderMutationVariables;
   orderChanged: OrderChangedSubscriptionVariables;
