@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::helpers::{TestApp, uuid};
 
 /// The operations a person finds in GraphiQL, in the order they use them.
-const OPERATIONS: [&str; 7] = [
+const OPERATIONS: [&str; 11] = [
     "ListStock",
     "CreateLocation",
     "TransferStock",
@@ -16,6 +16,10 @@ const OPERATIONS: [&str; 7] = [
     "ReturnOrder",
     "AdjustStock",
     "SetSafetyStock",
+    "CreateKit",
+    "Kit",
+    "ReserveKit",
+    "ReleaseKitReservation",
 ];
 
 /// The document in the page's `data-default-query`, unescaped.
@@ -115,5 +119,37 @@ async fn the_example_operations_run_as_written_on_a_fresh_shop() {
         (&json!("default"), &json!(2), &json!(1)),
         "{kept}"
     );
+
+    // A kit of one EXAMPLE-1 and two EXAMPLE-2: EXAMPLE-1 has 3 sellable
+    // units (north 2, default 1 above its safety stock), EXAMPLE-2 10.
+    let other = app.create_inventory("EXAMPLE-2", 10).await;
+    let components = json!([{ "inventoryId": inventory, "quantity": 1 }, { "inventoryId": other, "quantity": 2 }]);
+    let made = run(&app, &operator, &document, "CreateKit", json!({ "components": components })).await;
+    assert_eq!((&made["createKit"]["sku"], &made["createKit"]["available"]), (&json!("STARTER-KIT"), &json!(3)));
+    let kit = uuid(&made["createKit"]["id"]);
+    let read = run(&app, &operator, &document, "Kit", json!({ "kitId": kit })).await;
+    assert_eq!(read["kit"]["available"], 3, "{read}");
+
+    let reserved = run(&app, &operator, &document, "ReserveKit", json!({ "kitId": kit, "quantity": 3 })).await;
+    let answer = &reserved["reserveKit"];
+    assert_eq!(answer["__typename"], "KitReserved", "{reserved}");
+    let parts: Vec<(&Value, &Value)> = answer["kitReservation"]["reservations"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{reserved}"))
+        .iter()
+        .map(|r| (&r["inventory"]["sku"], &r["quantity"]))
+        .collect();
+    assert_eq!(parts.len(), 2, "one reservation per component: {reserved}");
+    assert!(parts.contains(&(&json!("EXAMPLE-1"), &json!(3))) && parts.contains(&(&json!("EXAMPLE-2"), &json!(6))));
+    let read = run(&app, &operator, &document, "Kit", json!({ "kitId": kit })).await;
+    assert_eq!(read["kit"]["available"], 0, "the safety stock stays: {read}");
+
+    let id = &answer["kitReservation"]["id"];
+    let released = run(&app, &operator, &document, "ReleaseKitReservation", json!({ "kitReservationId": id })).await;
+    let answer = &released["releaseKitReservation"];
+    assert_eq!(answer["__typename"], "KitReservationReleased", "{released}");
+    assert_eq!(answer["kitReservation"]["status"], "RELEASED", "{released}");
+    let read = run(&app, &operator, &document, "Kit", json!({ "kitId": kit })).await;
+    assert_eq!(read["kit"]["available"], 3, "{read}");
     app.assert_invariant().await;
 }

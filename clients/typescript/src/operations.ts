@@ -47,9 +47,14 @@ export const Checkout = graphql(`
   mutation Checkout($input: CheckoutInput!) {
     checkout(input: $input) {
       __typename
-      ... on OrderPlaced { order { id status version items { quantity inventory { id reserved committed } } } }
+      ... on OrderPlaced {
+        order { id status version items { quantity inventory { id reserved committed } kit { sku } } }
+      }
       ... on ReservationsUnavailable {
-        reservations { reservationId reason reservation { id status quantity expiresAt } }
+        reservations {
+          reservationId reason
+          reservation { id status quantity expiresAt kitReservation { id kit { sku } } }
+        }
       }
     }
   }
@@ -66,6 +71,33 @@ export const ChangeReservationQuantity = graphql(`
       ... on SoldOut { requested available inventory { stock } }
       ... on ReservationNotActive { reservation { id status } }
       ... on ReservationNotFound { reservationId }
+      ... on ReservationPartOfKit { reservation { id } kitReservation { id kit { sku } } }
+    }
+  }
+`);
+
+// A kit's component answers ReservationPartOfKit to the one-reservation
+// mutations: the kit reservation is released and extended whole (below).
+export const ReleaseReservation = graphql(`
+  mutation ReleaseReservation($id: UUID!) {
+    releaseReservation(id: $id) {
+      __typename
+      ... on ReservationReleased { reservation { id status } inventory { id available version } }
+      ... on ReservationNotFound { reservationId }
+      ... on ReservationNotActive { reservation { id status } }
+      ... on ReservationPartOfKit { reservation { id } kitReservation { id kit { sku } } }
+    }
+  }
+`);
+
+export const ExtendReservation = graphql(`
+  mutation ExtendReservation($id: UUID!, $seconds: Int!) {
+    extendReservation(id: $id, seconds: $seconds) {
+      __typename
+      ... on ReservationExtended { reservation { id expiresAt } }
+      ... on ReservationNotFound { reservationId }
+      ... on ReservationNotActive { reservation { id status } }
+      ... on ReservationPartOfKit { reservation { id } kitReservation { id kit { sku } } }
     }
   }
 `);
@@ -241,6 +273,74 @@ export const WebhookEndpoints = graphql(`
         }
       }
       pageInfo { hasNextPage endCursor }
+    }
+  }
+`);
+
+// Kits (docs/kits.md): operators make them, anyone reads them, customers
+// reserve them; a kit reservation is released and extended whole.
+export const CreateKit = graphql(`
+  mutation CreateKit($input: CreateKitInput!) {
+    createKit(input: $input) {
+      id nodeId sku name active available
+      components { inventory { id sku } quantity }
+    }
+  }
+`);
+
+export const Kit = graphql(`
+  query Kit($id: UUID!) {
+    kit(id: $id) {
+      id sku name active available
+      components { inventory { id sku sellable } quantity }
+    }
+  }
+`);
+
+export const ReserveKit = graphql(`
+  mutation ReserveKit($input: ReserveKitInput!) {
+    reserveKit(input: $input) {
+      __typename
+      ... on KitReserved {
+        kitReservation {
+          id quantity status expiresAt
+          kit { sku }
+          reservations {
+            id quantity
+            inventory { id sku }
+            allocations { location { code } quantity }
+          }
+        }
+      }
+      ... on KitSoldOut {
+        requested available
+        kit { sku }
+        components { inventoryId reason available inventory { sku } }
+      }
+      ... on KitNotFound { kitId }
+    }
+  }
+`);
+
+export const ReleaseKitReservation = graphql(`
+  mutation ReleaseKitReservation($id: UUID!) {
+    releaseKitReservation(id: $id) {
+      __typename
+      ... on KitReservationReleased { kitReservation { id status quantity kit { sku } } }
+      ... on ReservationNotFound { reservationId }
+      ... on ReservationNotActive { reservation { id status } }
+    }
+  }
+`);
+
+export const ExtendKitReservation = graphql(`
+  mutation ExtendKitReservation($id: UUID!, $seconds: Int!) {
+    extendKitReservation(id: $id, seconds: $seconds) {
+      __typename
+      ... on ReservationExtended { reservation { id expiresAt } }
+      ... on ReservationNotFound { reservationId }
+      ... on ReservationNotActive { reservation { id status } }
+      ... on ReservationPartOfKit { reservation { id } kitReservation { id kit { sku } } }
     }
   }
 `);

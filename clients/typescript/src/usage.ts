@@ -13,10 +13,16 @@ import type {
   CheckoutMutationVariables,
   CreateLocationMutation,
   CreateLocationMutationVariables,
+  CreateKitMutation,
+  CreateKitMutationVariables,
   CreateWebhookMutation,
   CreateWebhookMutationVariables,
   DeleteWebhookMutation,
   DeleteWebhookMutationVariables,
+  ExtendKitReservationMutation,
+  ExtendKitReservationMutationVariables,
+  ExtendReservationMutation,
+  ExtendReservationMutationVariables,
   FulfillOrderMutation,
   FulfillOrderMutationVariables,
   InventoryChangedSubscription,
@@ -25,6 +31,8 @@ import type {
   InventoryLevelsQueryVariables,
   InventoryMovementsQuery,
   InventoryMovementsQueryVariables,
+  KitQuery,
+  KitQueryVariables,
   LocationsQuery,
   LocationsQueryVariables,
   OrderChangedSubscription,
@@ -35,6 +43,12 @@ import type {
   PlaceOrderMutationVariables,
   RedeliverFailedMutation,
   RedeliverFailedMutationVariables,
+  ReleaseKitReservationMutation,
+  ReleaseKitReservationMutationVariables,
+  ReleaseReservationMutation,
+  ReleaseReservationMutationVariables,
+  ReserveKitMutation,
+  ReserveKitMutationVariables,
   ReserveMutation,
   ReserveMutationVariables,
   ReturnOrderMutation,
@@ -158,6 +172,8 @@ function unavailableBecause(reason: UnavailableReservationReason): string {
       return 'you removed it';
     case UnavailableReservationReason.Ordered:
       return 'already ordered';
+    case UnavailableReservationReason.PartOfKit:
+      return 'part of a kit: the kit is checked out whole';
     default:
       return unhandled(reason);
   }
@@ -167,12 +183,19 @@ export function describeCheckout(result: CheckoutMutation['checkout']): string {
   switch (result.__typename) {
     case 'OrderPlaced': {
       const { order } = result;
-      const lines = order.items.map((item) => `${item.quantity} of ${item.inventory.id}`).join(', ');
+      // A kit reservation checked out whole is one line per component, each naming its kit.
+      const lines = order.items
+        .map((item) => `${item.quantity} of ${item.inventory.id}${item.kit ? ` (kit ${item.kit.sku})` : ''}`)
+        .join(', ');
       return `order ${order.id} ${order.status} at version ${order.version}: ${lines}`;
     }
     case 'ReservationsUnavailable':
       return result.reservations
-        .map((r) => `${r.reservationId}: ${unavailableBecause(r.reason)} (${r.reservation?.status ?? 'unknown'})`)
+        .map((r) => {
+          const kit = r.reservation?.kitReservation;
+          const whole = kit ? ` (kit ${kit.kit.sku}, ${kit.id})` : '';
+          return `${r.reservationId}: ${unavailableBecause(r.reason)}${whole} (${r.reservation?.status ?? 'unknown'})`;
+        })
         .join('; ');
     default:
       return unhandled(result);
@@ -194,6 +217,50 @@ export function describeQuantityChange(
       return `reservation ${result.reservation.id} is ${result.reservation.status}`;
     case 'ReservationNotFound':
       return `no reservation ${result.reservationId}`;
+    case 'ReservationPartOfKit':
+      return partOfKit(result);
+    default:
+      return unhandled(result);
+  }
+}
+
+// A kit's component is never released, extended or changed alone: the
+// screen offers the kit reservation instead (nothing was written).
+function partOfKit(result: { reservation: { id: string }; kitReservation: { id: string; kit: { sku: string } } }): string {
+  return `reservation ${result.reservation.id} is part of kit ${result.kitReservation.kit.sku} ` +
+    `(${result.kitReservation.id}): act on the kit reservation; nothing changed`;
+}
+
+export function describeRelease(result: ReleaseReservationMutation['releaseReservation']): string {
+  switch (result.__typename) {
+    case 'ReservationReleased':
+      return `reservation ${result.reservation.id} ${result.reservation.status}; ${result.inventory.id} now ` +
+        `${result.inventory.available} available at version ${result.inventory.version}`;
+    case 'ReservationNotFound':
+      return `no reservation ${result.reservationId}`;
+    case 'ReservationNotActive':
+      return `reservation ${result.reservation.id} is ${result.reservation.status}: nothing returned again`;
+    case 'ReservationPartOfKit':
+      return partOfKit(result);
+    default:
+      return unhandled(result);
+  }
+}
+
+// Both extendReservation and extendKitReservation answer an ExtendResult;
+// for a kit, the reservation is its first component (all share the expiry).
+export function describeExtend(
+  result: ExtendReservationMutation['extendReservation'] | ExtendKitReservationMutation['extendKitReservation'],
+): string {
+  switch (result.__typename) {
+    case 'ReservationExtended':
+      return `held until ${result.reservation.expiresAt ?? 'never'}`;
+    case 'ReservationNotFound':
+      return `no reservation ${result.reservationId}`;
+    case 'ReservationNotActive':
+      return `reservation ${result.reservation.id} is ${result.reservation.status}: too late to extend`;
+    case 'ReservationPartOfKit':
+      return partOfKit(result);
     default:
       return unhandled(result);
   }
@@ -520,6 +587,63 @@ export function describeWebhooks(result: WebhookEndpointsQuery): string {
   return rows.join('\n') + (pageInfo.hasNextPage ? `\nmore after ${pageInfo.endCursor ?? '?'}` : '');
 }
 
+// A shop page's kit: `available` is exact (that many one-kit reserveKit
+// succeed one after another from this state), so no arithmetic here.
+export function describeKit(result: KitQuery): string {
+  const kit = result.kit;
+  if (!kit) return 'no such kit';
+  const parts = kit.components.map((c) => `${c.quantity} × ${c.inventory.sku} (${c.inventory.sellable} sellable)`);
+  return `${kit.sku} ${kit.name}: ${kit.active ? `${kit.available} available` : 'not sold any more'}; ` +
+    parts.join(', ');
+}
+
+export function describeCreatedKit(result: CreateKitMutation): string {
+  const { id, sku, available, components } = result.createKit;
+  // Flattened: sub-kits replaced by their components, each inventory once.
+  const parts = components.map((c) => `${c.quantity} × ${c.inventory.sku}`).join(', ');
+  return `kit ${sku} (${id}) of ${parts}; ${available} available now`;
+}
+
+export function describeReserveKit(result: ReserveKitMutation['reserveKit']): string {
+  switch (result.__typename) {
+    case 'KitReserved': {
+      const { kitReservation: held } = result;
+      const parts = held.reservations
+        .map((r) => `${r.quantity} × ${r.inventory.sku} from ${allocated(r.allocations)}`)
+        .join('; ');
+      return `${held.quantity} × ${held.kit.sku} held (${held.id}, ${held.status}, expires ${held.expiresAt ?? 'never'}): ` +
+        parts;
+    }
+    case 'KitSoldOut': {
+      // Nothing was taken, not even the components that were there.
+      const short = result.components
+        .map((c) => `${c.inventory?.sku ?? c.inventoryId}: ${unavailableItem(c)}`)
+        .join('; ');
+      return `asked for ${result.requested} × ${result.kit.sku}, only ${result.available} can be reserved; short: ${short}`;
+    }
+    case 'KitNotFound':
+      return `no kit ${result.kitId} on sale`;
+    default:
+      return unhandled(result);
+  }
+}
+
+export function describeReleaseKit(result: ReleaseKitReservationMutation['releaseKitReservation']): string {
+  switch (result.__typename) {
+    case 'KitReservationReleased': {
+      const { kitReservation: released } = result;
+      return `${released.quantity} × ${released.kit.sku} given back (${released.id}, ${released.status}), every component at once`;
+    }
+    case 'ReservationNotFound':
+      return `no kit reservation ${result.reservationId}`;
+    case 'ReservationNotActive':
+      // Its first component, as it is: every component shares its status.
+      return `kit reservation is ${result.reservation.status} already: nothing returned again`;
+    default:
+      return unhandled(result);
+  }
+}
+
 // Variables are typed too: input names, required fields and scalars.
 export const examples = {
   reserve: { input: { inventoryId: '00000000-0000-0000-0000-000000000001', quantity: 1, expectedVersion: 3 } },
@@ -561,6 +685,15 @@ export const examples = {
       reservationIds: ['00000000-0000-0000-0000-000000000003', '00000000-0000-0000-0000-000000000004'],
       shippingAddress: { name: 'Alice', line1: '1 Main St', city: 'Osaka', postalCode: '530-0001', country: 'JP' },
       idempotencyKey: 'cart-1',
+    },
+  },
+  // A kit reservation checked out whole beside a loose reservation.
+  checkoutKit: {
+    input: {
+      reservationIds: ['00000000-0000-0000-0000-000000000003'],
+      kitReservationIds: ['00000000-0000-0000-0000-00000000000b'],
+      shippingAddress: { name: 'Alice', line1: '1 Main St', city: 'Osaka', postalCode: '530-0001', country: 'JP' },
+      idempotencyKey: 'cart-2',
     },
   },
   changeReservationQuantity: { input: { reservationId: '00000000-0000-0000-0000-000000000003', quantity: 2 } },
@@ -618,6 +751,33 @@ export const examples = {
   reserveSafetyStock: {
     input: { inventoryId: '00000000-0000-0000-0000-000000000001', quantity: 2, useSafetyStock: true },
   },
+  // Two kits from north or south only, each component whole from one location.
+  reserveKit: {
+    input: {
+      kitId: '00000000-0000-0000-0000-000000000009',
+      quantity: 2,
+      locationIds: ['00000000-0000-0000-0000-000000000005', '00000000-0000-0000-0000-000000000006'],
+      allowSplit: false,
+      idempotencyKey: 'kit-cart-1',
+    },
+  },
+  // A camera kit: a body, a lens kit (flattened into its components) and two batteries.
+  createKit: {
+    input: {
+      sku: 'CAM-STARTER',
+      name: 'Camera starter kit',
+      components: [
+        { inventoryId: '00000000-0000-0000-0000-000000000001', quantity: 1 },
+        { kitId: '00000000-0000-0000-0000-00000000000a', quantity: 1 },
+        { inventoryId: '00000000-0000-0000-0000-000000000007', quantity: 2 },
+      ],
+    },
+  },
+  kit: { id: '00000000-0000-0000-0000-000000000009' },
+  releaseReservation: { id: '00000000-0000-0000-0000-000000000003' },
+  extendReservation: { id: '00000000-0000-0000-0000-000000000003', seconds: 300 },
+  releaseKitReservation: { id: '00000000-0000-0000-0000-00000000000b' },
+  extendKitReservation: { id: '00000000-0000-0000-0000-00000000000b', seconds: 300 },
 } satisfies {
   reserve: ReserveMutationVariables;
   reserveAcrossLocations: ReserveMutationVariables;
@@ -625,6 +785,7 @@ export const examples = {
   changeShippingAddress: ChangeShippingAddressMutationVariables;
   inventoryChanged: InventoryChangedSubscriptionVariables;
   checkout: CheckoutMutationVariables;
+  checkoutKit: CheckoutMutationVariables;
   changeReservationQuantity: ChangeReservationQuantityMutationVariables;
   fulfillOrder: FulfillOrderMutationVariables;
   orderChanged: OrderChangedSubscriptionVariables;
@@ -644,4 +805,11 @@ export const examples = {
   adjustStock: AdjustStockMutationVariables;
   setSafetyStock: SetSafetyStockMutationVariables;
   reserveSafetyStock: ReserveMutationVariables;
+  reserveKit: ReserveKitMutationVariables;
+  createKit: CreateKitMutationVariables;
+  kit: KitQueryVariables;
+  releaseReservation: ReleaseReservationMutationVariables;
+  extendReservation: ExtendReservationMutationVariables;
+  releaseKitReservation: ReleaseKitReservationMutationVariables;
+  extendKitReservation: ExtendKitReservationMutationVariables;
 };
