@@ -1,16 +1,19 @@
-//! `--baseline-bin PATH`: this build's single-location cells against the
-//! server of another build (an earlier commit's `stockguard`), measured in
-//! the same rounds.
+//! `--baseline-bin PATH`: this build's HOT, SPREAD and MULTI cells against
+//! the server of another build (an earlier commit's `stockguard`), measured
+//! in the same rounds.
 //!
 //! A change that must keep the speed of the cells it does not target is
 //! judged by those cells before and after it. Cells of two runs minutes
 //! apart differ by as much as the machine drifts (see `history.rs`), so the
 //! other build gets a database of its own (migrated by its own server, to
 //! its own schema), and so does a second server of this build, both seeded
-//! the same way through their API, and HOT and SPREAD take turns on both
-//! servers round by round. The other build's database
-//! is checked by its own `stockguard check` at the end, since this build's
-//! invariant may not fit its schema.
+//! the same way through their API, and each cell takes turns on both
+//! servers round by round. MULTI is seeded after the single-location
+//! cells, as in the main run, so they measure what they always have; it is
+//! compared too because a change to the reserving statements (safety stock,
+//! issue 47) changes the multi-location one as well. The other build's
+//! database is checked by its own `stockguard check` at the end, since this
+//! build's invariant may not fit its schema.
 
 use std::path::{Path, PathBuf};
 
@@ -18,7 +21,7 @@ use anyhow::Context as _;
 
 use crate::{
     pairs::{self, Pair, Server},
-    scenarios::{Bench, Shop},
+    scenarios::{Bench, Scenario, Shop},
 };
 use stockguard_support::process::ServerProcess;
 
@@ -36,10 +39,10 @@ pub struct Baseline {
 
 /// Starts the other build's server and a second server of this build, each
 /// on a fresh database of its own seeded the same way through its API, and
-/// measures HOT and SPREAD at every client count on both. Not the main
-/// server: its database has the main cells' rows by then, and a fresh one
-/// beside it measured 0.78-0.83x of it (the before side favoured by a
-/// younger database, not by its code).
+/// measures HOT and SPREAD, then MULTI, at every client count on both. Not
+/// the main server: its database has the main cells' rows by then, and a
+/// fresh one beside it measured 0.78-0.83x of it (the before side favoured
+/// by a younger database, not by its code).
 pub async fn compare(
     bench: &mut Bench,
     server_bin: &Path,
@@ -69,16 +72,32 @@ async fn measure_both(
     [after_url, before_url]: [&str; 2],
 ) -> anyhow::Result<Vec<Pair>> {
     eprintln!("bench: baseline: seeding HOT and SPREAD through each server's API");
-    let before_shop = Shop::open_through_api(before_url, before, &bench.keys).await?;
-    let after_shop = Shop::open_through_api(after_url, after, &bench.keys).await?;
-    let servers = [
-        Server { label: "before", process: before, shop: Some(&before_shop), checked: false },
-        Server { label: "this build", process: after, shop: Some(&after_shop), checked: true },
-    ];
-    let cells = bench.pairs(servers, "the baseline and this build").await;
+    let mut before_shop = Shop::open_through_api(before_url, before, &bench.keys).await?;
+    let mut after_shop = Shop::open_through_api(after_url, after, &bench.keys).await?;
+    let what = "the baseline and this build";
+    let cells = async {
+        let mut cells = bench.pairs(servers([before, after], [&before_shop, &after_shop]), what).await?;
+        let rows = bench.multi_rows();
+        eprintln!("bench: baseline: seeding MULTI ({rows} rows over 4 locations) through each server's API");
+        before_shop.seed_multi(before, &bench.keys, rows).await?;
+        after_shop.seed_multi(after, &bench.keys, rows).await?;
+        bench.invariant.check(&after_shop.db, "seeding MULTI (this build)").await?;
+        let servers = servers([before, after], [&before_shop, &after_shop]);
+        cells.extend(bench.pairs_of(&[Scenario::Multi], servers, what).await?);
+        anyhow::Ok(cells)
+    }
+    .await;
     before_shop.db.close().await?;
     after_shop.db.close().await?;
     cells
+}
+
+/// The pair of the comparison: the other build's server, unchecked, first.
+fn servers<'a>([before, after]: [&'a ServerProcess; 2], [before_shop, after_shop]: [&'a Shop; 2]) -> [Server<'a>; 2] {
+    [
+        Server { label: "before", process: before, shop: Some(before_shop), checked: false },
+        Server { label: "this build", process: after, shop: Some(after_shop), checked: true },
+    ]
 }
 
 /// The other build's `stockguard check` on its database: its last line of
@@ -107,11 +126,12 @@ impl Baseline {
     /// The report's section.
     pub fn markdown(&self) -> String {
         let mut md = format!(
-            "\n## The single-location cells before and after this build\n\n\
-             The same cells on the server of another build (`{}`, {}) and on a second server of this build \
-             (or of the build given by `--after-bin`), \
-             each on a fresh database of its own migrated by it and seeded the same way through its API, taking \
-             turns round by round. \
+            "\n## HOT, SPREAD and MULTI before and after this build\n\n\
+             HOT, SPREAD and MULTI (the catalogue over 4 locations) on the server of another build (`{}`, {}) \
+             and on a second server of this build (or of the build given by `--after-bin`), \
+             each on a fresh database of its own migrated by it and seeded the same way through its API \
+             (`createInventory`; for MULTI then `createLocation` and `transferStock`, after the other cells), \
+             taking turns round by round. \
              Its database after the cells, by its own `stockguard check`: {}; \
              this build / before = this build's res/s over the other's.\n\n",
             self.bin.display(),

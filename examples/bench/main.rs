@@ -17,8 +17,8 @@
 //! whatever else the machine does falls on both alike; before each cell the
 //! inventories are vacuumed and a checkpoint is taken, as pgbench does. With
 //! `--history N`, SPREAD is also measured beside a second database holding N
-//! rows of history (see `history.rs`); with `--baseline-bin PATH`, HOT and
-//! SPREAD beside the server of another build (see `baseline.rs`); with
+//! rows of history (see `history.rs`); with `--baseline-bin PATH`, HOT,
+//! SPREAD and MULTI beside the server of another build (see `baseline.rs`); with
 //! `--webhook`, HOT and SPREAD beside a server of this build with one webhook
 //! endpoint, the events' lag over `--webhook-secs` and a check that every
 //! change arrived (see `webhook.rs`); with `--traces RATIO`, HOT and SPREAD
@@ -130,9 +130,9 @@ struct Args {
     /// (target/<profile>/stockguard), built first with cargo.
     #[arg(long)]
     server_bin: Option<PathBuf>,
-    /// The server binary of another build (an earlier commit's), whose HOT
-    /// and SPREAD cells are measured beside this build's, round by round,
-    /// on a database of its own (see `baseline.rs`).
+    /// The server binary of another build (an earlier commit's), whose HOT,
+    /// SPREAD and MULTI cells are measured beside this build's, round by
+    /// round, on a database of its own (see `baseline.rs`).
     #[arg(long)]
     baseline_bin: Option<PathBuf>,
     /// With `--baseline-bin`: the server binary measured after it, instead

@@ -54,7 +54,7 @@ pub struct Server<'a> {
 /// One cell: the same scenario and clients on both servers, in the order
 /// they were given.
 pub struct Pair {
-    /// HOT or SPREAD.
+    /// HOT, SPREAD or (`--baseline-bin`) MULTI.
     pub scenario: Scenario,
     /// Concurrent clients.
     pub clients: usize,
@@ -90,6 +90,16 @@ impl Bench {
     pub async fn pairs(&mut self, servers: [Server<'_>; 2], what: &str) -> anyhow::Result<Vec<Pair>> {
         let scenarios: &[Scenario] =
             if self.settings.smoke { &[Scenario::Spread] } else { &[Scenario::Hot, Scenario::Spread] };
+        self.pairs_of(scenarios, servers, what).await
+    }
+
+    /// [`Bench::pairs`] of `scenarios`, each already seeded on both servers.
+    pub async fn pairs_of(
+        &mut self,
+        scenarios: &[Scenario],
+        servers: [Server<'_>; 2],
+        what: &str,
+    ) -> anyhow::Result<Vec<Pair>> {
         let mut cells = Vec::new();
         for &scenario in scenarios {
             for clients in self.settings.clients.clone() {

@@ -222,7 +222,8 @@ impl Report<'_> {
             )),
             None => out.push((target, "not measured".into(), None)),
         }
-        let target = "HOT and SPREAD within 10 % of the build before (--baseline-bin), in the same rounds".to_owned();
+        let target =
+            "HOT, SPREAD and MULTI within 10 % of the build before (--baseline-bin), in the same rounds".to_owned();
         let worst = self.baseline.and_then(|b| pairs::worst(&b.cells));
         match worst {
             Some((c, r)) => out.push((

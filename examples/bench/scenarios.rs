@@ -175,6 +175,9 @@ pub struct Shop {
     pub spread: Arc<Vec<Uuid>>,
     /// The MULTI inventories, once seeded (after the single-location cells).
     pub multi: Arc<Vec<Uuid>>,
+    /// Whether its inventories are made through the server's API only
+    /// (another build's server, see [`Shop::open_through_api`]).
+    pub through_api: bool,
 }
 
 impl Shop {
@@ -185,13 +188,18 @@ impl Shop {
     }
 
     /// [`Shop::open`] for a server of another build (`--baseline-bin`),
-    /// whose schema this build's statements may not fit: SPREAD is made
-    /// through the server's API too, with `createInventory`.
+    /// whose schema this build's statements may not fit: SPREAD (and later
+    /// MULTI) is made through the server's API too, with `createInventory`.
     pub async fn open_through_api(database_url: &str, server: &ServerProcess, keys: &Keys) -> anyhow::Result<Self> {
         Self::seeded(database_url, server, keys, true).await
     }
 
-    async fn seeded(database_url: &str, server: &ServerProcess, keys: &Keys, api_only: bool) -> anyhow::Result<Self> {
+    async fn seeded(
+        database_url: &str,
+        server: &ServerProcess,
+        keys: &Keys,
+        through_api: bool,
+    ) -> anyhow::Result<Self> {
         let config = stockguard::config::DatabaseConfig {
             database_url: Some(database_url.to_owned()),
             pool_size: 2,
@@ -202,21 +210,14 @@ impl Shop {
         let db = stockguard::db::connect(database_url, &config).await?;
         let operator = keys.mint("bench-operator", Role::Operator, chrono::Duration::hours(4))?;
         let hot = Gql::new(&server.url, 1)?.create_inventory(&operator, "HOT", "bench HOT", 1_000_000_000).await?;
-        let spread = if api_only {
-            let gql = Gql::new(&server.url, 16)?;
-            let (gql, operator) = (&gql, &operator);
-            let created = futures::stream::iter(1..=SPREAD_ROWS)
-                .map(|n| async move {
-                    gql.create_inventory(operator, &format!("SPREAD-{n}"), &format!("spread {n}"), 1_000_000_000).await
-                })
-                .buffer_unordered(16);
-            created.try_collect().await?
+        let spread = if through_api {
+            create_rows(server, &operator, "SPREAD", &[SPREAD_STOCK; SPREAD_ROWS]).await?
         } else {
             seed_spread(&db).await?
         };
         let spread = Arc::new(spread);
         create_floor(&db).await?;
-        Ok(Self { database_url: database_url.to_owned(), db, hot, spread, multi: Arc::default() })
+        Ok(Self { database_url: database_url.to_owned(), db, hot, spread, multi: Arc::default(), through_api })
     }
 
     fn targets(&self, scenario: Scenario) -> Targets {

@@ -20,10 +20,12 @@ use super::*;
 /// MULTI's rows in a full run, and in the smoke.
 const MULTI_ROWS: usize = 10_000;
 const MULTI_ROWS_SMOKE: usize = 200;
-/// Units at each item's last location: never running out.
-const BULK: i32 = 1_000_000_000;
 /// Units at each of the three preferred locations are below this.
 const SMALL: usize = 40;
+/// Units at each item's last location: never running out, and with the
+/// three small levels at most the 10^9 units `createInventory` takes (a
+/// server of another build is seeded through it).
+const BULK: i32 = 1_000_000_000 - 3 * SMALL as i32;
 /// The three locations made besides `default`: code and priority.
 const LOCATIONS: [(&str, i32); 3] = [("bench-a", 10), ("bench-b", 20), ("bench-c", 30)];
 
@@ -42,8 +44,10 @@ pub struct MultiCell {
 
 impl Shop {
     /// Seeds MULTI through the server's API: three locations
-    /// (`createLocation`), `rows` items created at `default`, then each
-    /// item's units moved to the others (`transferStock`, 16 at a time).
+    /// (`createLocation`), `rows` items created at `default` (in SQL, or
+    /// with `createInventory` on a shop seeded [through the
+    /// API](Shop::open_through_api)), then each item's units moved to the
+    /// others (`transferStock`, 16 at a time).
     pub async fn seed_multi(&mut self, server: &ServerProcess, keys: &Keys, rows: usize) -> anyhow::Result<()> {
         let operator = keys.mint("bench-operator", Role::Operator, chrono::Duration::hours(4))?;
         let gql = Gql::new(&server.url, 16)?;
@@ -67,7 +71,11 @@ impl Shop {
             })
             .collect();
         let stocks: Vec<i32> = layouts.iter().map(|l| l.iter().sum()).collect();
-        let ids = seed_rows(&self.db, "MULTI", &stocks).await?;
+        let ids = if self.through_api {
+            create_rows(server, &operator, "MULTI", &stocks).await?
+        } else {
+            seed_rows(&self.db, "MULTI", &stocks).await?
+        };
         let transfers = ids.iter().zip(&layouts).flat_map(|(&id, layout)| {
             (locations.iter().zip(&layout[1..])).filter(|(_, units)| **units > 0).map(move |(&to, &units)| {
                 json!({ "i": { "inventoryId": id, "fromLocationId": default, "toLocationId": to, "quantity": units } })
@@ -108,10 +116,15 @@ impl Shop {
 }
 
 impl Bench {
+    /// MULTI's rows in this run.
+    pub fn multi_rows(&self) -> usize {
+        if self.settings.smoke { MULTI_ROWS_SMOKE } else { MULTI_ROWS }
+    }
+
     /// Seeds MULTI and measures it at every client count; run after the
     /// single-location cells, which so measure what they always have.
     pub async fn multi_cells(&mut self, server: &ServerProcess) -> anyhow::Result<Vec<MultiCell>> {
-        let rows = if self.settings.smoke { MULTI_ROWS_SMOKE } else { MULTI_ROWS };
+        let rows = self.multi_rows();
         eprintln!("bench: seeding MULTI ({rows} rows over 4 locations: createLocation, transferStock)");
         self.shop.seed_multi(server, &self.keys, rows).await?;
         self.invariant.check(&self.shop.db, "seeding MULTI").await?;

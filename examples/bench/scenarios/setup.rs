@@ -29,10 +29,12 @@ pub(super) async fn connect_patiently(url: &str) -> anyhow::Result<PgConnection>
 
 /// SPREAD's inventories.
 pub const SPREAD_ROWS: usize = 10_000;
+/// Each SPREAD inventory's stock.
+pub const SPREAD_STOCK: i32 = 1_000_000_000;
 
-/// The [`SPREAD_ROWS`] SPREAD inventories, each with a stock of 10^9.
+/// The [`SPREAD_ROWS`] SPREAD inventories, each with [`SPREAD_STOCK`].
 pub async fn seed_spread(db: &DatabaseConnection) -> anyhow::Result<Vec<Uuid>> {
-    seed_rows(db, "SPREAD", &[1_000_000_000; SPREAD_ROWS]).await
+    seed_rows(db, "SPREAD", &[SPREAD_STOCK; SPREAD_ROWS]).await
 }
 
 /// One inventory per entry of `stocks` with that stock (SKU `<sku>-<n>`),
@@ -50,6 +52,27 @@ pub async fn seed_rows(db: &DatabaseConnection, sku: &str, stocks: &[i32]) -> an
     txn.commit().await?;
     db.execute_unprepared("ANALYZE inventories; ANALYZE stock_movements;").await?;
     Ok(ids)
+}
+
+/// The inventories of [`seed_rows`], made through `server`'s API instead
+/// (`createInventory`, 16 at a time), for a server of another build whose
+/// schema this build's statement may not fit. The ids come in the order of
+/// `stocks`.
+pub async fn create_rows(
+    server: &ServerProcess,
+    operator: &str,
+    sku: &str,
+    stocks: &[i32],
+) -> anyhow::Result<Vec<Uuid>> {
+    let gql = Gql::new(&server.url, 16)?;
+    let gql = &gql;
+    let created = futures::stream::iter((1..).zip(stocks))
+        .map(|(n, &stock)| async move {
+            let name = format!("{} {n}", sku.to_lowercase());
+            gql.create_inventory(operator, &format!("{sku}-{n}"), &name, stock.into()).await
+        })
+        .buffered(16);
+    created.try_collect().await
 }
 
 /// [`RESERVE_SQL`] as a pgbench script: `$1` is the inventory numbered
