@@ -12,7 +12,8 @@
 //! and the only statement that sets it inserts the kit reservation it
 //! names in the same statement. Its index holds only kits' rows.
 //!
-//! The ledger's rows of a kit reservation's changes carry its id too.
+//! The ledger's rows of a kit reservation's changes carry its id too, and
+//! so does a checkout's `RESERVATION_CHANGED` event.
 
 use sea_orm_migration::prelude::*;
 
@@ -54,6 +55,18 @@ ALTER TABLE reservations ADD COLUMN kit_reservation_id uuid;
 CREATE INDEX reservations_kit_reservation ON reservations (kit_reservation_id) WHERE kit_reservation_id IS NOT NULL;
 
 ALTER TABLE stock_movements ADD COLUMN kit_reservation_id uuid;
+
+-- A checkout's event names the kit reservation a line is a component of,
+-- as the events made from ledger rows do.
+CREATE OR REPLACE FUNCTION record_checkout() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO events (type, subject_id, version, data)
+    VALUES ('RESERVATION_CHANGED', NEW.inventory_id, 2147483647,
+            jsonb_build_object('reservationId', NEW.id, 'status', NEW.status, 'quantity', NEW.quantity,
+                               'orderId', NEW.order_id, 'kitReservationId', NEW.kit_reservation_id));
+    RETURN NULL;
+END
+$$;
 "#,
             )
             .await?;
@@ -65,6 +78,15 @@ ALTER TABLE stock_movements ADD COLUMN kit_reservation_id uuid;
             .get_connection()
             .execute_unprepared(
                 r#"
+CREATE OR REPLACE FUNCTION record_checkout() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO events (type, subject_id, version, data)
+    VALUES ('RESERVATION_CHANGED', NEW.inventory_id, 2147483647,
+            jsonb_build_object('reservationId', NEW.id, 'status', NEW.status, 'quantity', NEW.quantity,
+                               'orderId', NEW.order_id));
+    RETURN NULL;
+END
+$$;
 ALTER TABLE stock_movements DROP COLUMN kit_reservation_id;
 DROP INDEX reservations_kit_reservation;
 ALTER TABLE reservations DROP COLUMN kit_reservation_id;

@@ -53,7 +53,7 @@ use crate::stock::{
 /// the pump's row, an unanalyzed ledger was read whole by every pass.
 pub const LEDGER_SQL: &str = "
 SELECT m.id, m.inventory_id, m.version_after, m.reason, m.delta, m.location_id, m.stock_after,
-       m.reservation_id, m.order_id, m.created_at, m.adjustment_reason,
+       m.reservation_id, m.order_id, m.created_at, m.adjustment_reason, m.kit_reservation_id,
        m.tableoid::bigint AS partition, (m.ctid::text::point)[0]::bigint AS block
   FROM stock_movements m
  WHERE m.txid >= (SELECT pg_snapshot_xmin(seen)::text::bigint FROM event_pump)
@@ -254,6 +254,7 @@ fn read_move(row: &QueryResult) -> Result<Move, DbErr> {
         order_id: row.try_get("", "order_id")?,
         created_at: row.try_get("", "created_at")?,
         adjustment_reason: row.try_get("", "adjustment_reason")?,
+        kit_reservation_id: row.try_get("", "kit_reservation_id")?,
     })
 }
 

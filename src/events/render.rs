@@ -48,6 +48,8 @@ pub(crate) struct Move {
     pub created_at: DateTime<Utc>,
     /// Why an operator adjusted stock (ADJUSTED rows only).
     pub adjustment_reason: Option<AdjustmentReason>,
+    /// The kit reservation whose change wrote the row, if any.
+    pub kit_reservation_id: Option<Uuid>,
 }
 
 /// An event a trigger recorded (an order's new version, a checkout).
@@ -327,6 +329,8 @@ fn reservation_changes(inventory: Uuid, number: i32, rows: &[&Move], events: &mu
         push_uuid(&mut data, reservation);
         let _ = write!(data, r#"","status":"{status}","quantity":{quantity},"orderId":"#);
         push_id(&mut data, rows.first().and_then(|m| m.order_id));
+        data.push_str(r#","kitReservationId":"#);
+        push_id(&mut data, rows.first().and_then(|m| m.kit_reservation_id));
         data.push('}');
         let first = rows.iter().map(|m| m.id).min().unwrap_or_default();
         let mut id = [0; 16];

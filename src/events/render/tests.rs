@@ -27,6 +27,7 @@ fn moved(
         order_id: None,
         created_at: at(i64::from(version)),
         adjustment_reason: None,
+        kit_reservation_id: None,
     }
 }
 

@@ -7,6 +7,7 @@ mod adjustments;
 mod crash;
 mod failover;
 mod kills;
+mod kits;
 mod migrated;
 mod receiver;
 mod retention;
