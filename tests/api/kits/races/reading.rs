@@ -238,45 +238,49 @@ async fn a_reader_beside_the_mix_never_sees_a_partial_kit(isolation: Isolation) 
     );
 }
 
-/// Reads `node_ids` through the API until `until`, counting reads in
-/// `reads`; every kit reservation shown with components in a status not
-/// its own, and whether any read showed them all ACTIVE and any all EXPIRED.
-fn reading_api_until(
+/// Reads `node_ids` through the API, counting reads in `reads`, until a
+/// read shows every one EXPIRED (30 s at most, then the test fails);
+/// every kit reservation shown with components in a status not its own.
+fn reading_api_across(
     app: &Arc<TestApp>,
     node_ids: Vec<String>,
-    until: tokio::time::Instant,
-) -> tokio::task::JoinHandle<(Vec<Value>, bool, bool)> {
-    let app = app.clone();
+    reads: &Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<Vec<Value>> {
+    let (app, reads) = (app.clone(), reads.clone());
     tokio::spawn(async move {
-        let operator = app.operator();
-        let (mut partial, mut active, mut expired) = (Vec::new(), false, false);
-        while tokio::time::Instant::now() < until {
+        let (operator, start) = (app.operator(), std::time::Instant::now());
+        let mut partial = Vec::new();
+        loop {
             let body = app.graphql(Some(&operator), KIT_RESERVATION_NODES, json!({ "ids": node_ids })).await;
             let nodes = body["data"]["nodes"].as_array().unwrap_or_else(|| panic!("{body}")).clone();
-            for node in nodes {
+            for node in &nodes {
                 let parts = node["reservations"].as_array().unwrap_or_else(|| panic!("{body}"));
                 if parts.iter().any(|p| p["status"] != node["status"]) {
                     partial.push(node.clone());
                 }
-                active |= node["status"] == "ACTIVE";
-                expired |= node["status"] == "EXPIRED";
             }
+            reads.fetch_add(1, Ordering::SeqCst);
+            if nodes.iter().all(|node| node["status"] == "EXPIRED") {
+                return partial;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "the kits never read as EXPIRED: {body}");
         }
-        (partial, active, expired)
     })
 }
 
-/// Times the expiry passes while the readers read: each time a few in a
-/// hundred kit reservations are read as it passes.
+/// Times the kit reservations' expiries pass while the readers read.
 const CROSSINGS: usize = 8;
 
+/// Readers of the kit reservations across their expiry.
+const READERS: usize = 6;
+
 /// A kit reservation whose expiry passes while it is being read: 30 kit
-/// reservations of a kit of 20 components, all due in 300 ms (not swept:
-/// the API shows a due hold as EXPIRED), read through the API by four
-/// readers from before that instant until after it, eight times. No read
-/// shows a kit reservation with a component in a status not its own, and
-/// the readers saw them both ACTIVE and EXPIRED (the instant passed while
-/// they read).
+/// reservations of a kit of 20 components, read through the API by six
+/// readers over and over; once each has read them (ACTIVE: due in an
+/// hour), they are made due one every 20 ms from 200 ms on (not swept: the
+/// API shows a due hold as EXPIRED), and the readers go on until they read
+/// them all EXPIRED; eight times. No read shows a kit reservation with a
+/// component in a status not its own.
 async fn a_kit_expiring_while_read_through_the_api_is_never_shown_partial(isolation: Isolation) {
     let app = Arc::new(TestApp::without_sweeper(isolation).await);
     let mut given = Vec::new();
@@ -290,24 +294,34 @@ async fn a_kit_expiring_while_read_through_the_api_is_never_shown_partial(isolat
         assert_eq!(answer["__typename"], "KitReserved", "{answer}");
         held.push(answer["kitReservation"]["nodeId"].as_str().expect("nodeId").to_owned());
     }
+    let far = "UPDATE reservations SET expires_at = now() + interval '1 hour' WHERE kit_reservation_id IS NOT NULL";
+    // One kit reservation due every 20 ms from 200 ms on, each with all its
+    // components: whenever a read runs in those 600 ms, some kit's expiry
+    // passes while it resolves.
+    let soon = "UPDATE reservations r
+                   SET expires_at = now() + interval '200 milliseconds' + o.n * interval '20 milliseconds'
+                  FROM (SELECT id, row_number() OVER (ORDER BY id) AS n FROM kit_reservations) o
+                 WHERE r.kit_reservation_id = o.id";
+    let mut reads = 0;
     for round in 0..CROSSINGS {
-        let mut seen = Vec::new();
-        let due = "UPDATE reservations SET expires_at = now() + interval '300 milliseconds' \
-                   WHERE kit_reservation_id IS NOT NULL";
-        app.db.execute_unprepared(due).await.expect("due in 300 ms");
-        let until = tokio::time::Instant::now() + Duration::from_millis(700);
-        let readers: Vec<_> = (0..4).map(|_| reading_api_until(&app, held.clone(), until)).collect();
+        app.db.execute_unprepared(far).await.expect("due in an hour");
+        let counts: Vec<Arc<AtomicUsize>> = (0..READERS).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+        let readers: Vec<_> = counts.iter().map(|count| reading_api_across(&app, held.clone(), count)).collect();
+        eventually(Duration::from_secs(30), "every reader read the kits ACTIVE", || async {
+            counts.iter().all(|count| count.load(Ordering::SeqCst) > 0)
+        })
+        .await;
+        app.db.execute_unprepared(soon).await.expect("due from 200 ms on");
         for reader in readers {
-            let (partial, active, expired) = reader.await.expect("reader");
+            let partial = reader.await.expect("reader");
             assert!(partial.is_empty(), "round {round}: the API showed partial kits: {partial:#?}");
-            seen.push((active, expired));
         }
-        assert!(seen.iter().any(|s| s.0) && seen.iter().any(|s| s.1), "round {round}: the expiry passed while read");
+        reads += counts.iter().map(|count| count.load(Ordering::SeqCst)).sum::<usize>();
     }
     app.assert_invariant().await;
     eprintln!(
         "a_kit_expiring_while_read_through_the_api_is_never_shown_partial {isolation:?}: {CROSSINGS} crossings, \
-         4 readers of 30 kit reservations of 20 components"
+         {READERS} readers of 30 kit reservations of 20 components, {reads} reads"
     );
 }
 
