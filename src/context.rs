@@ -11,6 +11,7 @@ use std::{
 };
 
 use async_graphql::{Context, ErrorExtensions, dataloader::DataLoader};
+use chrono::{DateTime, Utc};
 use sea_orm::DatabaseConnection;
 
 use crate::{
@@ -31,6 +32,9 @@ pub(crate) trait Parts<'a> {
 
     /// The signed-in operator, or `UNAUTHENTICATED` / `FORBIDDEN`.
     fn operator(&self) -> GqlResult<&'a User>;
+
+    /// The instant the request is answered as of (see [`AsOf`]).
+    fn as_of(&self) -> GqlResult<DateTime<Utc>>;
 }
 
 impl<'a> Parts<'a> for Context<'a> {
@@ -53,7 +57,18 @@ impl<'a> Parts<'a> for Context<'a> {
         let user = self.user()?;
         if user.is_operator() { Ok(user) } else { Err(AppError::Forbidden.extend()) }
     }
+
+    fn as_of(&self) -> GqlResult<DateTime<Utc>> {
+        Ok(self.part::<AsOf>()?.0)
+    }
 }
+
+/// The one instant a request's answer is judged at where the clock
+/// decides what it shows (an ACTIVE reservation past its expiry reads as
+/// EXPIRED): taken once per request, so a kit reservation whose expiry
+/// passes while its fields resolve never shows some components ACTIVE and
+/// the rest EXPIRED in one answer, as each field asking the clock did.
+pub(crate) struct AsOf(pub(crate) DateTime<Utc>);
 
 // Here, not in `auth`: `auth` stays below `error` (which counts database
 // failures through `telemetry`, which labels a span by the caller's role).

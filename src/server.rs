@@ -18,7 +18,7 @@ use tokio::{
 use crate::{
     adjustments::service::AdjustmentService,
     app::AppState,
-    context::Loaders,
+    context::{AsOf, Loaders},
     documents::Bounds,
     events::{self, deliver::Delivering},
     gateway::{Fairness, Gateway, Setup},
@@ -157,9 +157,10 @@ impl Server {
 }
 
 /// `request` with its own DataLoaders over `state`'s pool, so nothing is
-/// cached past it. The transport adds the caller.
+/// cached past it, and the instant it is answered as of. The transport
+/// adds the caller.
 pub fn request_data(state: &AppState, request: Request) -> Request {
-    request.data(Loaders::new(state.db.clone()))
+    request.data(Loaders::new(state.db.clone())).data(AsOf(chrono::Utc::now()))
 }
 
 /// The background tasks of a server process.

@@ -160,7 +160,7 @@ impl KitReservation {
 
     /// The status of every one of its reservations (they always share it).
     async fn status(&self, ctx: &Context<'_>) -> GqlResult<ReservationStatus> {
-        Ok(reservation_domain::status_at(&self.first(ctx).await?, Utc::now()).into())
+        Ok(reservation_domain::status_at(&self.first(ctx).await?, ctx.as_of()?).into())
     }
 
     /// When the kits were taken.

@@ -111,8 +111,8 @@ impl Reservation {
 
     /// Life-cycle state. An ACTIVE reservation past its `expiresAt` reads as
     /// EXPIRED at once, even before the sweeper has returned its stock.
-    async fn status(&self) -> ReservationStatus {
-        domain::status_at(&self.0, Utc::now()).into()
+    async fn status(&self, ctx: &Context<'_>) -> GqlResult<ReservationStatus> {
+        Ok(domain::status_at(&self.0, ctx.as_of()?).into())
     }
 
     /// When the stock was taken.

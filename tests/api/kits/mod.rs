@@ -4,7 +4,11 @@
 //! `Kit.available` is exactly the number of one-kit reservations that
 //! succeed one after another; a kit reservation's components are released,
 //! extended and expired together, never one alone; a key replays. The
-//! races are in `races.rs`.
+//! races are in `races.rs`, the property test against a model in
+//! `model.rs`.
+
+mod model;
+mod races;
 
 use sea_orm::ConnectionTrait;
 use serde_json::{Value, json};
