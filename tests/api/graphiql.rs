@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::helpers::{TestApp, uuid};
 
 /// The operations a person finds in GraphiQL, in the order they use them.
-const OPERATIONS: [&str; 11] = [
+const OPERATIONS: [&str; 12] = [
     "ListStock",
     "CreateLocation",
     "TransferStock",
@@ -20,6 +20,7 @@ const OPERATIONS: [&str; 11] = [
     "Kit",
     "ReserveKit",
     "ReleaseKitReservation",
+    "ReserveCartWithKit",
 ];
 
 /// The document in the page's `data-default-query`, unescaped.
@@ -151,5 +152,31 @@ async fn the_example_operations_run_as_written_on_a_fresh_shop() {
     assert_eq!(answer["kitReservation"]["status"], "RELEASED", "{released}");
     let read = run(&app, &operator, &document, "Kit", json!({ "kitId": kit })).await;
     assert_eq!(read["kit"]["available"], 3, "{read}");
+
+    // A kit and 3 loose EXAMPLE-1 need 4 of its 3 sellable units: refused
+    // whole, the short component naming its kit; 2 loose fit beside the kit.
+    let cart = json!({ "kitId": kit, "inventoryId": inventory, "quantity": 3 });
+    let refused = run(&app, &operator, &document, "ReserveCartWithKit", cart).await;
+    assert_eq!(
+        refused["reserveMany"],
+        json!({ "__typename": "ItemsUnavailable", "items": [{ "inventoryId": inventory, "kitId": kit,
+            "reason": "SOLD_OUT", "available": 3, "inventory": { "sku": "EXAMPLE-1" } }] }),
+        "{refused}"
+    );
+    let cart = json!({ "kitId": kit, "inventoryId": inventory, "quantity": 2 });
+    let held = run(&app, &operator, &document, "ReserveCartWithKit", cart).await;
+    let answer = &held["reserveMany"];
+    assert_eq!(answer["__typename"], "ReservedAll", "{held}");
+    let loose: Vec<(&Value, &Value)> = answer["reservations"]
+        .as_array()
+        .expect("loose")
+        .iter()
+        .map(|r| (&r["inventory"]["sku"], &r["quantity"]))
+        .collect();
+    assert_eq!(loose, vec![(&json!("EXAMPLE-1"), &json!(2))], "{held}");
+    let kit_reservation = &answer["kitReservations"][0];
+    assert_eq!((&kit_reservation["quantity"], &kit_reservation["kit"]["sku"]), (&json!(1), &json!("STARTER-KIT")));
+    let read = run(&app, &operator, &document, "Kit", json!({ "kitId": kit })).await;
+    assert_eq!(read["kit"]["available"], 0, "{read}");
     app.assert_invariant().await;
 }

@@ -24,9 +24,28 @@ export const PlaceOrder = graphql(`
     placeOrder(input: $input) {
       __typename
       ... on OrderPlaced {
-        order { id status version items { quantity inventory { id } allocations { location { code } quantity } } }
+        order { id status version items { quantity inventory { id } kit { sku } allocations { location { code } quantity } } }
       }
-      ... on ItemsUnavailable { items { inventoryId reason available inventory { stock } } }
+      ... on ItemsUnavailable { items { inventoryId reason available kitId inventory { stock } } }
+    }
+  }
+`);
+
+// A cart of loose lines and kit lines (docs/kits.md#kits-in-a-cart): each kit
+// line becomes a kit reservation; `reservations` holds the loose lines only.
+export const ReserveMany = graphql(`
+  mutation ReserveMany($input: ReserveManyInput!) {
+    reserveMany(input: $input) {
+      __typename
+      ... on ReservedAll {
+        reservations { id quantity status expiresAt inventory { id sku } allocations { location { code } quantity } }
+        kitReservations {
+          id quantity status expiresAt
+          kit { id sku }
+          reservations { id quantity inventory { id sku } allocations { location { code } quantity } }
+        }
+      }
+      ... on ItemsUnavailable { items { inventoryId reason available kitId inventory { sku stock } } }
     }
   }
 `);

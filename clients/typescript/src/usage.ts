@@ -49,6 +49,8 @@ import type {
   ReleaseReservationMutationVariables,
   ReserveKitMutation,
   ReserveKitMutationVariables,
+  ReserveManyMutation,
+  ReserveManyMutationVariables,
   ReserveMutation,
   ReserveMutationVariables,
   ReturnOrderMutation,
@@ -127,19 +129,60 @@ function unavailableItem(item: { reason: UnavailableReason; available?: number |
   }
 }
 
+// A short line of a cart or an order. `kitId` is set when a kit line named
+// the inventory (the first such kit): the line is then that kit's short
+// component, or, with reason NOT_FOUND and `inventoryId` the kit's own id,
+// the kit itself is unknown or no longer sold.
+function unavailableLine(item: {
+  inventoryId: string;
+  reason: UnavailableReason;
+  available?: number | null;
+  kitId?: string | null;
+  inventory?: { stock: number } | null;
+}): string {
+  if (item.kitId && item.kitId === item.inventoryId && item.reason === UnavailableReason.NotFound) {
+    return `kit ${item.kitId}: no such kit on sale`;
+  }
+  const kit = item.kitId ? ` (a component of kit ${item.kitId})` : '';
+  return `${item.inventoryId}${kit}: ${unavailableItem(item)} (stock ${item.inventory?.stock ?? 'n/a'})`;
+}
+
 export function describePlaceOrder(result: PlaceOrderMutation['placeOrder']): string {
   switch (result.__typename) {
     case 'OrderPlaced': {
       const { order } = result;
+      // A kit line is one order line per component, each naming its kit; an
+      // inventory named loose and by a kit is two lines.
       const lines = order.items
-        .map((item) => `${item.quantity} of ${item.inventory.id} from ${allocated(item.allocations)}`)
+        .map((item) => `${item.quantity} of ${item.inventory.id}${item.kit ? ` (kit ${item.kit.sku})` : ''} ` +
+          `from ${allocated(item.allocations)}`)
         .join('; ');
       return `order ${order.id} ${order.status} at version ${order.version}: ${lines}`;
     }
     case 'ItemsUnavailable':
-      return result.items
-        .map((item) => `${item.inventoryId}: ${unavailableItem(item)} (stock ${item.inventory?.stock ?? 'n/a'})`)
-        .join('; ');
+      // Nothing was placed: loose units and kits' units of one inventory were judged together.
+      return result.items.map(unavailableLine).join('; ');
+    default:
+      return unhandled(result);
+  }
+}
+
+export function describeReserveMany(result: ReserveManyMutation['reserveMany']): string {
+  switch (result.__typename) {
+    case 'ReservedAll': {
+      // `reservations` are the loose lines only; a kit line's components are
+      // its kit reservation's, released, extended and checked out whole.
+      const loose = result.reservations.map(
+        (r) => `${r.quantity} × ${r.inventory.sku} (${r.id}, expires ${r.expiresAt ?? 'never'}) from ${allocated(r.allocations)}`,
+      );
+      const kits = result.kitReservations.map((held) => {
+        const parts = held.reservations.map((r) => `${r.quantity} × ${r.inventory.sku} from ${allocated(r.allocations)}`);
+        return `${held.quantity} × kit ${held.kit.sku} (${held.id}, ${held.status}): ${parts.join(', ')}`;
+      });
+      return `cart held: ${[...loose, ...kits].join('; ')}`;
+    }
+    case 'ItemsUnavailable':
+      return `nothing held: ${result.items.map(unavailableLine).join('; ')}`;
     default:
       return unhandled(result);
   }
@@ -672,6 +715,22 @@ export const examples = {
       idempotencyKey: 'checkout-1',
     },
   },
+  // A kit line and a loose unit of one of its components: summed per inventory
+  // before they are judged, so together they never take more than is there.
+  reserveMany: {
+    input: {
+      items: [{ inventoryId: '00000000-0000-0000-0000-000000000007', quantity: 1 }],
+      kits: [{ kitId: '00000000-0000-0000-0000-000000000009', quantity: 2 }],
+      idempotencyKey: 'kit-cart-2',
+    },
+  },
+  // An order straight from kit lines only (`items` defaults to []).
+  placeOrderKits: {
+    input: {
+      kits: [{ kitId: '00000000-0000-0000-0000-000000000009', strategy: AllocationStrategy.FewestLocations }],
+      shippingAddress: { name: 'Alice', line1: '1 Main St', city: 'Osaka', postalCode: '530-0001', country: 'JP' },
+    },
+  },
   changeShippingAddress: {
     input: {
       orderId: '00000000-0000-0000-0000-000000000002',
@@ -782,6 +841,8 @@ export const examples = {
   reserve: ReserveMutationVariables;
   reserveAcrossLocations: ReserveMutationVariables;
   placeOrder: PlaceOrderMutationVariables;
+  reserveMany: ReserveManyMutationVariables;
+  placeOrderKits: PlaceOrderMutationVariables;
   changeShippingAddress: ChangeShippingAddressMutationVariables;
   inventoryChanged: InventoryChangedSubscriptionVariables;
   checkout: CheckoutMutationVariables;
