@@ -20,7 +20,7 @@ use crate::{
     pagination::{self, Connection, Cursor, connection},
     reservations::{
         ReservationRow,
-        domain::{self as reservation_domain, KitLine, Unavailable, UnavailableReason},
+        domain::{self as reservation_domain, KitLine, Unavailable},
         graphql::{
             AllocationStrategy, ExtendResult, Reservation, ReservationExtended, ReservationNotActive,
             ReservationNotFound, ReservationStatus, UnavailableItem,
@@ -293,9 +293,10 @@ pub(crate) struct KitLineInput {
     pub allow_split: bool,
 }
 
-/// The kit lines of a multi-item request with their kits' components:
-/// `Err` with a `NOT_FOUND` item (its `inventoryId` and `kitId` the kit's)
-/// for each line whose kit is unknown or inactive.
+/// The kit lines of a multi-item request with their kits' components
+/// (an inactive kit's too, refused after its key is looked up): `Err` with
+/// a `NOT_FOUND` item (its `inventoryId` and `kitId` the kit's) for each
+/// line whose kit does not exist.
 pub(crate) async fn kit_lines(
     ctx: &Context<'_>,
     inputs: Option<&[KitLineInput]>,
@@ -308,20 +309,13 @@ pub(crate) async fn kit_lines(
         let allocating =
             reservation_domain::choice(&field, input.location_ids.clone(), input.strategy.into(), input.allow_split)
                 .gql()?;
-        let kit = ctx.loader::<KitLoader>()?.load_one(input.kit_id).await.gql()?.filter(|kit| kit.active);
-        let Some(kit) = kit else {
-            missing.push(Unavailable {
-                inventory_id: input.kit_id,
-                reason: UnavailableReason::NotFound,
-                inventory: None,
-                available: None,
-                kit_id: Some(input.kit_id),
-            });
+        let Some(kit) = ctx.loader::<KitLoader>()?.load_one(input.kit_id).await.gql()? else {
+            missing.push(Unavailable::missing_kit(input.kit_id));
             continue;
         };
         let components = ctx.loader::<ComponentsLoader>()?.load_one(kit.id).await.gql()?.unwrap_or_default();
         let components = components.iter().map(|c| (c.inventory_id, c.quantity)).collect();
-        lines.push(KitLine { kit_id: kit.id, quantity: input.quantity, allocating, components });
+        lines.push(KitLine { kit_id: kit.id, quantity: input.quantity, allocating, components, active: kit.active });
     }
     Ok(if missing.is_empty() { Ok(lines) } else { Err(missing) })
 }

@@ -172,6 +172,10 @@ impl OrderService {
         if let Some(order) = replay(db, user_id, key.as_ref()).await? {
             return Ok(PlaceOutcome::Placed(order));
         }
+        let inactive = taking.inactive();
+        if !inactive.is_empty() {
+            return Ok(PlaceOutcome::ItemsUnavailable(inactive));
+        }
         let run = || async {
             let order = Order::place(Uuid::new_v4(), user_id.to_owned(), address.clone(), Utc::now());
             let txn = db.begin().await?;

@@ -128,6 +128,10 @@ pub(crate) struct KitLine {
     pub allocating: Allocating,
     /// The kit's components.
     pub components: Vec<(Uuid, i32)>,
+    /// Whether the kit may be reserved: an inactive kit's line is refused
+    /// (`NOT_FOUND`) after a replay of the request's key is looked for, so
+    /// a key still replays the first outcome once the kit is deactivated.
+    pub active: bool,
 }
 
 /// A multi-item request, checked: its lines (one per inventory, loose units
@@ -142,6 +146,8 @@ pub(crate) struct Taking {
     pub parts: Vec<Part>,
     /// One per kit line.
     pub kits: Vec<KitPart>,
+    /// The kits of its kit lines that are inactive.
+    inactive: Vec<Uuid>,
 }
 
 impl Taking {
@@ -173,7 +179,15 @@ impl Taking {
                 parts.push(Part { id: Uuid::new_v4(), inventory_id, quantity, kit_reservation_id: Some(id) });
             }
         }
-        Ok(Self { lines: merge(named.into_iter(), max_quantity)?, parts, kits: kit_parts })
+        let inactive = kits.iter().filter(|kit| !kit.active).map(|kit| kit.kit_id).collect();
+        Ok(Self { lines: merge(named.into_iter(), max_quantity)?, parts, kits: kit_parts, inactive })
+    }
+
+    /// The kit lines whose kit is inactive, as `NOT_FOUND` items (the kit's
+    /// id as their inventory's): what the request answers when it is not
+    /// the replay of a key.
+    pub(crate) fn inactive(&self) -> Vec<Unavailable> {
+        self.inactive.iter().map(|&kit_id| Unavailable::missing_kit(kit_id)).collect()
     }
 
     /// The kit of the first kit line naming `inventory_id`, if any: what a
@@ -209,6 +223,20 @@ pub(crate) struct Unavailable {
     pub available: Option<i32>,
     /// The kit of a kit line that named the inventory (the first), if any.
     pub kit_id: Option<Uuid>,
+}
+
+impl Unavailable {
+    /// A kit line whose kit is unknown or inactive: `NOT_FOUND`, the kit's
+    /// id as its inventory's and as its kit's.
+    pub(crate) fn missing_kit(kit_id: Uuid) -> Self {
+        Self {
+            inventory_id: kit_id,
+            reason: UnavailableReason::NotFound,
+            inventory: None,
+            available: None,
+            kit_id: Some(kit_id),
+        }
+    }
 }
 
 /// Every line the locked rows cannot serve.
@@ -262,8 +290,13 @@ mod tests {
     #[test]
     fn a_kit_line_and_a_loose_line_of_its_component_are_judged_as_one_line_and_kept_as_two_parts() {
         let (a, b, kit) = (Uuid::from_u128(1), Uuid::from_u128(2), Uuid::from_u128(9));
-        let kit_line =
-            KitLine { kit_id: kit, quantity: 2, allocating: Allocating::default(), components: vec![(a, 3), (b, 1)] };
+        let kit_line = KitLine {
+            kit_id: kit,
+            quantity: 2,
+            allocating: Allocating::default(),
+            components: vec![(a, 3), (b, 1)],
+            active: true,
+        };
         let taking = Taking::new(&[input(a, 1, None)], std::slice::from_ref(&kit_line), 1000).expect("taking");
         assert_eq!(taking.lines.iter().map(|l| (l.inventory_id, l.quantity)).collect::<Vec<_>>(), vec![(a, 7), (b, 2)]);
         let parts: Vec<(Uuid, i32, bool)> =

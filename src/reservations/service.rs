@@ -200,6 +200,10 @@ impl ReservationService {
         if let Some(first) = replay_multi_item(&self.db, user_id, key.as_ref()).await? {
             return Ok(ReserveManyOutcome::ReservedAll(first));
         }
+        let inactive = taking.inactive();
+        if !inactive.is_empty() {
+            return Ok(ReserveManyOutcome::ItemsUnavailable(inactive));
+        }
         let run = || async {
             let txn = self.db.begin().await?;
             let purpose = Purpose::Reservations { ttl_secs };

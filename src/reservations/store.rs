@@ -129,7 +129,7 @@ pub(crate) async fn take_lines(
     key: Option<&Key>,
 ) -> Result<Vec<Model>, DbErr> {
     let key = key.map(|k| (k.key.as_str(), k.fingerprint.as_str()));
-    let Taking { lines, parts, kits } = taking;
+    let Taking { lines, parts, kits, .. } = taking;
     let statement = lines::take_lines(lines, parts, kits, purpose, user_id, key, Uuid::new_v4());
     Model::find_by_statement(statement).all(txn).await
 }

@@ -510,3 +510,24 @@ async fn the_archive_takes_a_done_kit_reservation_whole_or_leaves_it() {
     let read = app.graphql(Some(&alice), KIT_RESERVATION, json!({ "id": held["kitReservation"]["id"] })).await;
     assert_eq!(read["data"]["kitReservation"]["status"], "ACTIVE", "{read}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyed_cart_replays_its_first_outcome_after_its_kit_is_deactivated() {
+    let app = TestApp::spawn().await;
+    let a = stocked(&app, "REPLAY-A", 5).await;
+    let kit = kit_of(&app, "REPLAY", json!([{ "inventoryId": a, "quantity": 2 }])).await;
+    let alice = app.token("alice", Role::Customer);
+    let input = json!({ "input": { "kits": [{ "kitId": kit }], "idempotencyKey": "replay-cart" } });
+    let first = app.mutate(&alice, "reserveMany", RESERVE_MANY_KITS, input.clone()).await;
+    assert_eq!(first["__typename"], "ReservedAll", "{first}");
+    app.mutate(&app.operator(), "updateKit", UPDATE_KIT, json!({ "input": { "id": kit, "active": false } })).await;
+    let replayed = app.mutate(&alice, "reserveMany", RESERVE_MANY_KITS, input).await;
+    assert_eq!(replayed, first, "the key replays the first outcome");
+    let fresh = json!({ "input": { "kits": [{ "kitId": kit }] } });
+    let refused = app.mutate(&alice, "reserveMany", RESERVE_MANY_KITS, fresh).await;
+    assert_eq!(
+        refused["items"],
+        json!([{ "inventoryId": kit, "reason": "NOT_FOUND", "available": null, "kitId": kit }])
+    );
+    assert_eq!(app.states(a).await[0], 3, "taken once");
+}
