@@ -252,13 +252,7 @@ impl KitService {
         if released > 0 {
             return Ok(KitReleaseOutcome::Released(kit_reservation));
         }
-        let parts = read_answer!(&self.db, |db| store::parts(db, &[id]))?;
-        crate::db::durable(&self.db).await?;
-        let first = parts
-            .into_iter()
-            .next()
-            .ok_or_else(|| AppError::internal(anyhow::anyhow!("a kit reservation has no component")))?;
-        Ok(KitReleaseOutcome::NotActive(first))
+        Ok(KitReleaseOutcome::NotActive(self.first_part(id).await?))
     }
 
     /// Moves the expiry of every component of an ACTIVE, unexpired kit
@@ -278,13 +272,20 @@ impl KitService {
         if self.owned(id, owner).await?.is_none() {
             return Ok(KitExtendOutcome::NotFound);
         }
+        Ok(KitExtendOutcome::NotActive(self.first_part(id).await?))
+    }
+
+    /// The first component of the kit reservation `id` (they share their
+    /// status), as another request left it, once that request's commit is
+    /// durable: an answer that reports a write must not come before it
+    /// (`crate::db::durable`).
+    async fn first_part(&self, id: Uuid) -> Result<ReservationRow, AppError> {
         let parts = read_answer!(&self.db, |db| store::parts(db, &[id]))?;
         crate::db::durable(&self.db).await?;
-        let first = parts
+        parts
             .into_iter()
             .next()
-            .ok_or_else(|| AppError::internal(anyhow::anyhow!("a kit reservation has no component")))?;
-        Ok(KitExtendOutcome::NotActive(first))
+            .ok_or_else(|| AppError::internal(anyhow::anyhow!("a kit reservation has no component")))
     }
 
     /// The kit reservation `id` if it is `owner`'s.

@@ -22,7 +22,7 @@ use super::{
         CHOICE_COLUMNS, Ids, LEDGER_OF_KITS, Lines, active_unexpired, choice, expiry, inventory_columns,
         lock_inventories, lock_levels, per_line, reservation_columns_as_r, set,
     },
-    lines::{Line, line_cte, line_values},
+    lines::{FRESH, Line, line_cte, line_values},
     rows::{MovementReason, ReservationStatus, sql},
 };
 
@@ -72,12 +72,7 @@ WITH {line}, locked AS MATERIALIZED (
     {locked}
 ), lvl AS MATERIALIZED (
     {levels}
-), fresh AS (
-    SELECT bool_and(CASE WHEN coalesce(v.available, 0) = k.stock THEN true ELSE retry_stale_read() END) AS ok
-      FROM locked k
-      LEFT JOIN (SELECT inventory_id, sum(available) AS available FROM lvl GROUP BY inventory_id) v
-        ON v.inventory_id = k.id
-), plan AS (
+), {fresh}, plan AS (
     SELECT line.*, a.locations, a.takes, a.eligible
       FROM line, LATERAL (
            SELECT array_agg(location_id ORDER BY {preference}) AS locations,
@@ -129,6 +124,7 @@ SELECT {columns}, p.takes IS NOT NULL AS feasible, p.eligible, {reservation}
             line = line_cte(),
             locked = lock_inventories(&inventory_columns(""), Ids::Array("$1"), None),
             levels = lock_levels(Ids::Array("ARRAY(SELECT id FROM locked)")),
+            fresh = FRESH,
             preference = preference("line.ids"),
             eligible = eligible("line.ids"),
             offered = offered("", None),

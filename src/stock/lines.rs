@@ -105,12 +105,7 @@ WITH {line}, locked AS MATERIALIZED (
     {locked}
 ), lvl AS MATERIALIZED (
     {levels}
-), fresh AS (
-    SELECT bool_and(CASE WHEN coalesce(v.available, 0) = k.stock THEN true ELSE retry_stale_read() END) AS ok
-      FROM locked k
-      LEFT JOIN (SELECT inventory_id, sum(available) AS available FROM lvl GROUP BY inventory_id) v
-        ON v.inventory_id = k.id
-), judged AS (
+), {fresh}, judged AS (
     SELECT line.inventory_id,
            allocate(array_agg({offered} ORDER BY {preference}) FILTER (WHERE v.location_id IS NOT NULL),
                     line.quantity, line.fewest, line.split) IS NOT NULL AS feasible,
@@ -125,6 +120,7 @@ SELECT k.*, coalesce(j.feasible, false) AS feasible, j.eligible
             line = line_cte(),
             locked = lock_inventories(&inventory_columns(""), Ids::Array("$1"), None),
             levels = lock_levels(Ids::Array("ARRAY(SELECT id FROM locked)")),
+            fresh = FRESH,
             preference = preference("line.ids"),
             eligible = eligible("line.ids"),
             held = held("line.split", &offered("v.", None)),
@@ -133,6 +129,18 @@ SELECT k.*, coalesce(j.feasible, false) AS feasible, j.eligible
     });
     Statement::from_sql_and_values(DbBackend::Postgres, SQL.as_str(), line_values(lines))
 }
+
+/// The CTE `fresh` of a statement that locked the inventories of its lines
+/// (`locked`, with their `stock`) and then their levels (`lvl`): `ok` when
+/// each inventory's levels add up to its stock, and a serialization failure
+/// (`retry_stale_read`) when a level made after the statement began is not
+/// among those it locked, so the statement runs again.
+pub(super) const FRESH: &str = r#"fresh AS (
+    SELECT bool_and(CASE WHEN coalesce(v.available, 0) = k.stock THEN true ELSE retry_stale_read() END) AS ok
+      FROM locked k
+      LEFT JOIN (SELECT inventory_id, sum(available) AS available FROM lvl GROUP BY inventory_id) v
+        ON v.inventory_id = k.id
+)"#;
 
 /// A line's inventory as [`lock_lines`] locked it, and whether its
 /// eligible locations can give the line.
