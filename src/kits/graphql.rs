@@ -16,7 +16,7 @@ use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     global_id,
-    inventory::graphql::{Inventory, load as load_inventory},
+    inventory::{graphql::Inventory, loader::InventoryLoader},
     pagination::{self, Connection, Cursor, connection},
     reservations::{
         ReservationRow,
@@ -63,12 +63,16 @@ impl Kit {
     /// Its components, flattened: each inventory once, ordered by inventory sku.
     async fn components(&self, ctx: &Context<'_>) -> GqlResult<Vec<KitComponent>> {
         let rows = ctx.loader::<ComponentsLoader>()?.load_one(self.0.id).await.gql()?.unwrap_or_default();
+        // One batch for every component's inventory (and every other kit's
+        // on the page), not one statement per component.
+        let ids = rows.iter().map(|row| row.inventory_id);
+        let mut inventories = ctx.loader::<InventoryLoader>()?.load_many(ids).await.gql()?;
         let mut components = Vec::with_capacity(rows.len());
         for row in rows {
-            let inventory = load_inventory(ctx, row.inventory_id)
-                .await?
+            let inventory = inventories
+                .remove(&row.inventory_id)
                 .ok_or_else(|| AppError::internal(anyhow::anyhow!("a kit's component is missing")).extend())?;
-            components.push(KitComponent { row, inventory });
+            components.push(KitComponent { row, inventory: Inventory(inventory) });
         }
         components.sort_by(|a, b| a.inventory.0.sku.cmp(&b.inventory.0.sku));
         Ok(components)
@@ -302,6 +306,10 @@ pub(crate) async fn kit_lines(
     inputs: Option<&[KitLineInput]>,
 ) -> GqlResult<Result<Vec<KitLine>, Vec<Unavailable>>> {
     let inputs = inputs.unwrap_or_default();
+    // One batch for the kits and one for their components, however many lines.
+    let ids = inputs.iter().map(|input| input.kit_id);
+    let kits = ctx.loader::<KitLoader>()?.load_many(ids.clone()).await.gql()?;
+    let components = ctx.loader::<ComponentsLoader>()?.load_many(ids).await.gql()?;
     let mut lines = Vec::with_capacity(inputs.len());
     let mut missing = Vec::new();
     for (i, input) in inputs.iter().enumerate() {
@@ -309,13 +317,18 @@ pub(crate) async fn kit_lines(
         let allocating =
             reservation_domain::choice(&field, input.location_ids.clone(), input.strategy.into(), input.allow_split)
                 .gql()?;
-        let Some(kit) = ctx.loader::<KitLoader>()?.load_one(input.kit_id).await.gql()? else {
+        let Some(kit) = kits.get(&input.kit_id) else {
             missing.push(Unavailable::missing_kit(input.kit_id));
             continue;
         };
-        let components = ctx.loader::<ComponentsLoader>()?.load_one(kit.id).await.gql()?.unwrap_or_default();
-        let components = components.iter().map(|c| (c.inventory_id, c.quantity)).collect();
-        lines.push(KitLine { kit_id: kit.id, quantity: input.quantity, allocating, components, active: kit.active });
+        let parts = components.get(&kit.id).map(|rows| rows.iter().map(|c| (c.inventory_id, c.quantity)).collect());
+        lines.push(KitLine {
+            kit_id: kit.id,
+            quantity: input.quantity,
+            allocating,
+            components: parts.unwrap_or_default(),
+            active: kit.active,
+        });
     }
     Ok(if missing.is_empty() { Ok(lines) } else { Err(missing) })
 }

@@ -531,3 +531,27 @@ async fn a_keyed_cart_replays_its_first_outcome_after_its_kit_is_deactivated() {
     );
     assert_eq!(app.states(a).await[0], 3, "taken once");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_page_of_kits_with_their_availability_and_components_costs_the_same_statements_however_many_kits_and_parts() {
+    let app = TestApp::spawn().await;
+    let page = "query { kits(first: 100) { nodes { sku available components { inventory { sku stock } quantity } } } }";
+    let mut counted = Vec::new();
+    // Two kits of one component, then six more of four: each read is one batch for the page.
+    for (round, (kits, parts)) in [(2, 1), (6, 4)].into_iter().enumerate() {
+        for n in 0..kits {
+            let mut components = Vec::new();
+            for p in 0..parts {
+                let item = stocked(&app, &format!("PAGE-{round}-{n}-{p}"), 9).await;
+                components.push(json!({ "inventoryId": item, "quantity": 3 }));
+            }
+            kit_of(&app, &format!("PAGE-{round}-{n}"), json!(components)).await;
+        }
+        let before = app.statements.load(std::sync::atomic::Ordering::SeqCst);
+        let body = app.graphql(None, page, json!({})).await;
+        counted.push(app.statements.load(std::sync::atomic::Ordering::SeqCst) - before);
+        let nodes = body["data"]["kits"]["nodes"].as_array().unwrap_or_else(|| panic!("{body}")).clone();
+        assert!(nodes.iter().all(|kit| kit["available"] == 3), "{body}");
+    }
+    assert_eq!(counted[0], counted[1], "one statement per kind of read for the page, not per kit or per component");
+}
