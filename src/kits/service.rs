@@ -247,8 +247,10 @@ impl KitService {
     /// `owner`'s back at once. When collision retries run out nothing was
     /// written: the retryable `DATABASE_UNAVAILABLE`.
     pub(crate) async fn release(&self, id: Uuid, owner: &str) -> Result<KitReleaseOutcome, AppError> {
-        let released = store::release(&self.db, &self.collisions, id, owner).await?.done()?;
+        // Read first: a kit reservation's row never changes, and once the
+        // release has committed nothing must stand between it and its answer.
         let Some(kit_reservation) = self.owned(id, owner).await? else { return Ok(KitReleaseOutcome::NotFound) };
+        let released = store::release(&self.db, &self.collisions, id, owner).await?.done()?;
         if released > 0 {
             return Ok(KitReleaseOutcome::Released(kit_reservation));
         }
