@@ -8,7 +8,7 @@ use std::{
 };
 
 use futures::future::{BoxFuture, join_all};
-use sea_orm::DatabaseConnection;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use stockguard::db;
 use tokio::sync::Barrier;
@@ -52,15 +52,27 @@ pub async fn at_once<T: Send + 'static>(requests: Vec<BoxFuture<'static, T>>) ->
 /// Sweeps batches of `batch` until nothing more is due, re-running
 /// collisions (two sweeps on one inventory) as the sweeper does; how many
 /// reservations it expired.
+///
+/// A sweep that finds nothing is believed only when no due reservation is
+/// left: PostgreSQL answers a collision before it has rolled the failed
+/// sweep back, so the next sweep, on another connection, can find the due
+/// rows still locked by the dying one and skip them.
 pub async fn sweep_all(db: &DatabaseConnection, batch: i64) -> i64 {
     let mut total = 0;
     loop {
         match stockguard::reservations::sweeper::sweep_once(db, batch).await {
-            Ok(0) => return total,
+            Ok(0) if !anything_due(db).await => return total,
+            Ok(0) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
             Ok(expired) => total += expired,
             Err(err) => assert!(db::classify(&err).is_collision(), "{err}"),
         }
     }
+}
+
+async fn anything_due(db: &DatabaseConnection) -> bool {
+    let due = "SELECT EXISTS (SELECT 1 FROM reservations WHERE status = 'ACTIVE' AND expires_at <= now())";
+    let row = db.query_one_raw(Statement::from_string(DbBackend::Postgres, due)).await.expect("read what is due");
+    row.expect("one row").try_get_by_index(0).expect("a bool")
 }
 
 /// A UUID from a JSON string.
