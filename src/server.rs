@@ -27,7 +27,10 @@ use crate::{
     live::{Feed, Live},
     locations::service::LocationService,
     orders::{self, domain::Order, returns::service::ReturnService, service::OrderService},
-    reservations::{service::ReservationService, sweeper},
+    reservations::{
+        service::{self as reservation_service, ReservationService},
+        sweeper,
+    },
     schema::{self, AppSchema, Services},
     stock::partitions,
     webhooks::service::WebhookService,
@@ -54,10 +57,11 @@ pub struct Server {
 impl Server {
     /// The parts of a process serving `state`.
     pub fn new(state: AppState) -> Self {
+        let coalescer = reservation_service::coalescer(&state);
         let services = Services {
             inventory: InventoryService::new(&state),
-            reservations: ReservationService::new(&state),
-            kits: KitService::new(&state),
+            reservations: ReservationService::new(&state, coalescer.clone()),
+            kits: KitService::new(&state, coalescer),
             orders: OrderService::new(&state),
             returns: ReturnService::new(&state),
             adjustments: AdjustmentService::new(&state),

@@ -23,6 +23,7 @@ use crate::{
     pagination::Page,
     reservations::{
         ReservationRow,
+        coalesce::{Coalescer, KitAsk, KitTurn},
         domain::{Unavailable, UnavailableReason},
         service::known_locations,
     },
@@ -38,6 +39,9 @@ pub(crate) struct KitService {
     collisions: Collisions,
     /// The limits requests are checked against.
     limits: std::sync::Arc<Limits>,
+    /// Serves kits by the default choice in the lanes and batches of
+    /// single reserves; none when coalescing is switched off.
+    coalescer: Option<Coalescer>,
 }
 
 /// A request to reserve kits, checked.
@@ -96,9 +100,10 @@ pub(crate) enum KitReleaseOutcome {
 }
 
 impl KitService {
-    /// The service over `state`'s pool.
-    pub(crate) fn new(state: &AppState) -> Self {
-        Self { db: state.db.clone(), collisions: state.collisions.clone(), limits: state.limits.clone() }
+    /// The service over `state`'s pool, batching kits through `coalescer`
+    /// (none: each alone).
+    pub(crate) fn new(state: &AppState, coalescer: Option<Coalescer>) -> Self {
+        Self { db: state.db.clone(), collisions: state.collisions.clone(), limits: state.limits.clone(), coalescer }
     }
 
     /// The limits requests are checked against.
@@ -184,6 +189,36 @@ impl KitService {
             .collect();
         let lines = domain::lines(&components, request.quantity, &request.allocating, self.limits.max_quantity)?;
         let kit_reservation_id = Uuid::new_v4();
+        let reserved = |created_at| {
+            KitReserveOutcome::Reserved(KitReservationRow {
+                id: kit_reservation_id,
+                kit_id,
+                user_id: user_id.to_owned(),
+                quantity: request.quantity,
+                created_at,
+            })
+        };
+        // By the default choice a kit shares lanes and statements with
+        // single reserves; otherwise, or when its batch did not serve it,
+        // it runs its own statement (in its lane, if it was given one).
+        let _lane = match &self.coalescer {
+            Some(coalescer) if request.allocating.is_default() => {
+                let ask = KitAsk {
+                    kit_id,
+                    quantity: request.quantity,
+                    kit_reservation_id,
+                    inventory_ids: lines.iter().map(|line| line.inventory_id).collect(),
+                    quantities: lines.iter().map(|line| line.quantity).collect(),
+                    key: key.clone(),
+                    ttl_secs: self.limits.reservation_ttl_secs,
+                };
+                match coalescer.reserve_kit(user_id, ask).await? {
+                    KitTurn::Granted { created_at } => return Ok(reserved(created_at)),
+                    KitTurn::Alone(lane) => lane,
+                }
+            }
+            _ => None,
+        };
         let statement = KitReserve {
             kit_id,
             quantity: request.quantity,
@@ -205,13 +240,7 @@ impl KitService {
                 Err(err) => return Err(err.into()),
             };
         if let Some(first) = taken.first().and_then(|t| t.reservation.as_ref()) {
-            return Ok(KitReserveOutcome::Reserved(KitReservationRow {
-                id: kit_reservation_id,
-                kit_id,
-                user_id: user_id.to_owned(),
-                quantity: request.quantity,
-                created_at: first.created_at,
-            }));
+            return Ok(reserved(first.created_at));
         }
         let short: Vec<Unavailable> = taken
             .iter()

@@ -26,7 +26,11 @@
 //! a read afterwards, as alone. A batch naming an inventory this process
 //! has seen held in several places walks across the levels instead
 //! (`stock::coalesced`), so stock spread over locations is batched too.
-//! Only reserves by the default choice come here (`service::reserve`).
+//! Only reserves by the default choice come here (`service::reserve`), and
+//! kits by the default choice (`kits::service`): a kit caller is one
+//! caller of all its components' inventories, and a batch with kits in it
+//! is served by `stock::coalesced::KITS_RESERVE_SQL`, which judges each
+//! kit at its turn against every component at once.
 //!
 //! Every caller's own rules hold inside a batch. An expected version is
 //! checked at the caller's turn, so of callers expecting one version the
@@ -45,6 +49,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use chrono::{DateTime, Utc};
 use sea_orm::DatabaseConnection;
 use tokio::sync::oneshot;
 use tracing::Instrument;
@@ -60,33 +65,207 @@ use crate::{
     db::{Attempted, Collisions, DbFailure, Exhausted, StatementPool, classify},
     error::AppError,
     idempotency::{self, Key},
-    stock::coalesced::{CoalescedReserve, Turn},
+    stock::coalesced::{CoalescedReserve, KitLines, Turn},
     telemetry,
 };
+
+/// A `reserveKit` by the default choice, checked, for the coalescer to
+/// serve: every component's units or none.
+#[derive(Debug, Clone)]
+pub(crate) struct KitAsk {
+    /// The kit.
+    pub kit_id: Uuid,
+    /// Kits asked for.
+    pub quantity: i32,
+    /// The kit reservation's id, if it is made.
+    pub kit_reservation_id: Uuid,
+    /// The components' inventories, by id.
+    pub inventory_ids: Vec<Uuid>,
+    /// Each component's units (kits × its quantity per kit), as `inventory_ids`.
+    pub quantities: Vec<i32>,
+    /// Its idempotency key with the request's fingerprint, if it sent one.
+    pub key: Option<Key>,
+    /// Seconds until its reservations expire; 0 = never.
+    pub ttl_secs: i32,
+}
+
+/// How the coalescer served a kit caller.
+pub(crate) enum KitTurn {
+    /// A batch's statement took every component: the kit reservation
+    /// (`KitAsk::kit_reservation_id`) was made at `created_at`.
+    Granted {
+        /// When it was made (the statement's transaction start).
+        created_at: DateTime<Utc>,
+    },
+    /// The caller runs its own statement: in a lane of its own, held until
+    /// it is dropped, or without one when a batch did not serve it (refused
+    /// at its turn, or the batch failed and wrote nothing), coming after
+    /// the batch as a caller arriving later would.
+    Alone(Option<Lane>),
+}
+
+/// What a waiting caller asks for, and where its answer goes.
+enum Ask {
+    /// A `reserve`: units of one inventory.
+    One { request: ReserveRequest, reply: oneshot::Sender<Result<ReserveOutcome, AppError>> },
+    /// A `reserveKit`: every component or none.
+    Kit { kit: KitAsk, reply: oneshot::Sender<Result<KitTurn, AppError>> },
+}
+
+impl Ask {
+    /// The inventories it takes from.
+    fn inventories(&self) -> &[Uuid] {
+        match self {
+            Self::One { request, .. } => std::slice::from_ref(&request.inventory_id),
+            Self::Kit { kit, .. } => &kit.inventory_ids,
+        }
+    }
+
+    /// Answers `err`.
+    fn fail(self, err: AppError) {
+        match self {
+            Self::One { reply, .. } => drop(reply.send(Err(err))),
+            Self::Kit { reply, .. } => drop(reply.send(Err(err))),
+        }
+    }
+}
 
 /// One caller waiting for its batch.
 struct Waiting {
     /// The caller (token `sub`).
     user_id: String,
     /// What it asks for.
-    request: ReserveRequest,
+    ask: Ask,
     /// Its idempotency key with the request's fingerprint, if it sent one.
     key: Option<Key>,
     /// When it joined the queue.
     arrived: Instant,
-    /// Where its answer goes.
-    reply: oneshot::Sender<Result<ReserveOutcome, AppError>>,
     /// Its span, for the batch's link to it (none with traces off).
     span: tracing::Span,
 }
 
 impl Waiting {
     /// `user_id`'s `request`, arriving now, answered on `reply`.
-    fn new(user_id: &str, request: &ReserveRequest, reply: oneshot::Sender<Result<ReserveOutcome, AppError>>) -> Self {
+    fn one(user_id: &str, request: &ReserveRequest, reply: oneshot::Sender<Result<ReserveOutcome, AppError>>) -> Self {
         let key = request.key();
-        let span = telemetry::caller_span();
-        Self { user_id: user_id.to_owned(), request: request.clone(), key, arrived: Instant::now(), reply, span }
+        Self::new(user_id, Ask::One { request: request.clone(), reply }, key)
     }
+
+    /// `user_id`'s `kit`, arriving now, answered on `reply`.
+    fn kit(user_id: &str, kit: KitAsk, reply: oneshot::Sender<Result<KitTurn, AppError>>) -> Self {
+        let key = kit.key.clone();
+        Self::new(user_id, Ask::Kit { kit, reply }, key)
+    }
+
+    fn new(user_id: &str, ask: Ask, key: Option<Key>) -> Self {
+        let span = telemetry::caller_span();
+        Self { user_id: user_id.to_owned(), ask, key, arrived: Instant::now(), span }
+    }
+
+    /// Units of a single reserve; kits of a kit caller.
+    fn quantity(&self) -> i32 {
+        match &self.ask {
+            Ask::One { request, .. } => request.quantity,
+            Ask::Kit { kit, .. } => kit.quantity,
+        }
+    }
+
+    /// The version a single reserve expects; a kit caller expects none.
+    fn expected_version(&self) -> Option<i32> {
+        match &self.ask {
+            Ask::One { request, .. } => request.expected_version,
+            Ask::Kit { .. } => None,
+        }
+    }
+
+    fn ttl_secs(&self) -> i32 {
+        match &self.ask {
+            Ask::One { request, .. } => request.ttl_secs,
+            Ask::Kit { kit, .. } => kit.ttl_secs,
+        }
+    }
+
+    /// Whether it may take safety stock: an operator's single reserve may;
+    /// a kit never does.
+    fn use_safety_stock(&self) -> bool {
+        match &self.ask {
+            Ask::One { request, .. } => request.use_safety_stock,
+            Ask::Kit { .. } => false,
+        }
+    }
+}
+
+/// The lines of a batch with kits in it ([`KitLines`]): a single reserve's
+/// one, with its reservation's ids, and a kit's one per component, each
+/// with new time-ordered ids.
+struct BatchLines {
+    kit_ids: Vec<Option<Uuid>>,
+    kit_reservation_ids: Vec<Option<Uuid>>,
+    callers: Vec<i32>,
+    inventory_ids: Vec<Uuid>,
+    quantities: Vec<i32>,
+    reservation_ids: Vec<Uuid>,
+    movement_ids: Vec<Uuid>,
+}
+
+impl BatchLines {
+    /// The lines of `batch`, whose single reserves take the reservation and
+    /// ledger row ids `ids` and `movement_ids` (one per caller).
+    fn of(batch: &[Waiting], ids: &[Uuid], movement_ids: &[Uuid]) -> Self {
+        let mut lines = Self {
+            kit_ids: Vec::with_capacity(batch.len()),
+            kit_reservation_ids: Vec::with_capacity(batch.len()),
+            callers: Vec::new(),
+            inventory_ids: Vec::new(),
+            quantities: Vec::new(),
+            reservation_ids: Vec::new(),
+            movement_ids: Vec::new(),
+        };
+        for (n, ((waiting, &id), &movement_id)) in (1..).zip(batch.iter().zip(ids).zip(movement_ids)) {
+            let (kit_id, kit_reservation_id) = match &waiting.ask {
+                Ask::One { request, .. } => {
+                    lines.push(n, request.inventory_id, request.quantity, id, movement_id);
+                    (None, None)
+                }
+                Ask::Kit { kit, .. } => {
+                    for (&inventory_id, &quantity) in kit.inventory_ids.iter().zip(&kit.quantities) {
+                        lines.push(n, inventory_id, quantity, Uuid::now_v7(), Uuid::now_v7());
+                    }
+                    (Some(kit.kit_id), Some(kit.kit_reservation_id))
+                }
+            };
+            lines.kit_ids.push(kit_id);
+            lines.kit_reservation_ids.push(kit_reservation_id);
+        }
+        lines
+    }
+
+    fn push(&mut self, caller: i32, inventory_id: Uuid, quantity: i32, reservation_id: Uuid, movement_id: Uuid) {
+        self.callers.push(caller);
+        self.inventory_ids.push(inventory_id);
+        self.quantities.push(quantity);
+        self.reservation_ids.push(reservation_id);
+        self.movement_ids.push(movement_id);
+    }
+
+    fn bind(&self) -> KitLines<'_> {
+        KitLines {
+            kit_ids: &self.kit_ids,
+            kit_reservation_ids: &self.kit_reservation_ids,
+            callers: &self.callers,
+            inventory_ids: &self.inventory_ids,
+            quantities: &self.quantities,
+            reservation_ids: &self.reservation_ids,
+            movement_ids: &self.movement_ids,
+        }
+    }
+}
+
+/// The answer a queued caller's batch sends it.
+async fn answered<T>(answer: oneshot::Receiver<Result<T, AppError>>) -> Result<T, AppError> {
+    answer
+        .await
+        .unwrap_or_else(|_| Err(AppError::internal(anyhow::anyhow!("the coalesced batch ended without answering"))))
 }
 
 /// The lanes' shared state.
@@ -106,13 +285,13 @@ impl Lanes {
     /// already one of `batch`'s, added to `batch`; their inventories become busy.
     fn take_into(&mut self, batch: &mut Vec<Waiting>, max: usize) {
         let Self { busy, queue, .. } = self;
-        let mut mine: HashSet<Uuid> = batch.iter().map(|w| w.request.inventory_id).collect();
+        let mut mine: HashSet<Uuid> = batch.iter().flat_map(|w| w.ask.inventories()).copied().collect();
         let mut rest = VecDeque::with_capacity(queue.len());
         for waiting in queue.drain(..) {
-            let id = waiting.request.inventory_id;
-            if batch.len() < max && (mine.contains(&id) || !busy.contains(&id)) {
-                mine.insert(id);
-                busy.insert(id);
+            let ids = waiting.ask.inventories();
+            if batch.len() < max && ids.iter().all(|id| mine.contains(id) || !busy.contains(id)) {
+                mine.extend(ids);
+                busy.extend(ids);
                 batch.push(waiting);
             } else {
                 rest.push_back(waiting);
@@ -190,7 +369,7 @@ impl Coalescer {
     /// counting those whose statement runs), for tests that must see callers
     /// queued before they go on.
     pub fn queued(&self, inventory_id: Uuid) -> usize {
-        self.lanes().queue.iter().filter(|w| w.request.inventory_id == inventory_id).count()
+        self.lanes().queue.iter().filter(|w| w.ask.inventories().contains(&inventory_id)).count()
     }
 
     /// How many callers of any inventory wait in the queue right now.
@@ -203,42 +382,63 @@ impl Coalescer {
     /// takes from its inventory, else in a batch.
     pub async fn reserve(&self, user_id: &str, request: &ReserveRequest) -> Result<ReserveOutcome, AppError> {
         let inventory_id = request.inventory_id;
-        let queued = {
-            let mut lanes = self.lanes();
-            if self.may_open(&lanes, 1) && !lanes.busy.contains(&inventory_id) {
-                lanes.running += 1;
-                lanes.busy.insert(inventory_id);
-                None
-            } else {
-                let (reply, answer) = oneshot::channel();
-                lanes.queue.push_back(Waiting::new(user_id, request, reply));
-                // Enough company waits for a lane of its own.
-                let batch = self.next_batch(&mut lanes);
-                Some((answer, batch))
-            }
-        };
-        if let Some((answer, batch)) = queued {
-            if let Some(batch) = batch {
-                tokio::spawn(self.clone().serve(batch));
-            }
-            return answer.await.unwrap_or_else(|_| {
-                Err(AppError::internal(anyhow::anyhow!("the coalesced batch ended without answering")))
-            });
+        let (reply, answer) = oneshot::channel();
+        if !self.enter(&[inventory_id], || Waiting::one(user_id, request, reply)) {
+            return answered(answer).await;
         }
         if self.window.is_zero() {
             // A lane of its own: served at once, in its own task; whoever
             // queued meanwhile is served next when `_lane` is dropped, even
             // if this caller goes away halfway.
-            let _lane = Lane { coalescer: self, inventories: vec![inventory_id] };
+            let _lane = Lane { coalescer: self.clone(), inventories: vec![inventory_id] };
             return self.alone(user_id, request).await;
         }
         // A batch that waits for company runs in its own task, so a caller
         // that goes away cannot strand the others.
         let (reply, answer) = oneshot::channel();
-        tokio::spawn(self.clone().serve(vec![Waiting::new(user_id, request, reply)]));
-        answer.await.unwrap_or_else(|_| {
-            Err(AppError::internal(anyhow::anyhow!("the reservation's task ended without answering")))
-        })
+        tokio::spawn(self.clone().serve(vec![Waiting::one(user_id, request, reply)]));
+        answered(answer).await
+    }
+
+    /// Serves `kit` for `user_id` as [`Self::reserve`] serves a single
+    /// reserve, sharing lanes and batches with them: a kit caller that may
+    /// have a lane of its own gets it back to run its own statement in
+    /// (`KitTurn::Alone`), and one that queued shares a batch's statement
+    /// with whoever waits, on its components' inventories or any other.
+    pub(crate) async fn reserve_kit(&self, user_id: &str, kit: KitAsk) -> Result<KitTurn, AppError> {
+        let inventories = kit.inventory_ids.clone();
+        let (reply, answer) = oneshot::channel();
+        if !self.enter(&inventories, || Waiting::kit(user_id, kit.clone(), reply)) {
+            return answered(answer).await;
+        }
+        if self.window.is_zero() {
+            return Ok(KitTurn::Alone(Some(Lane { coalescer: self.clone(), inventories })));
+        }
+        let (reply, answer) = oneshot::channel();
+        tokio::spawn(self.clone().serve(vec![Waiting::kit(user_id, kit, reply)]));
+        answered(answer).await
+    }
+
+    /// Lets a caller of `inventories` in: true when a lane may open for it
+    /// (nothing runs, or the backlog is 1 and a lane is free) and nobody
+    /// else takes from its inventories, the lane then counted as running
+    /// and its inventories busy; else it queues as `waiting` (and a batch
+    /// starts when enough company waits for a lane of its own).
+    fn enter(&self, inventories: &[Uuid], waiting: impl FnOnce() -> Waiting) -> bool {
+        let batch = {
+            let mut lanes = self.lanes();
+            if self.may_open(&lanes, 1) && inventories.iter().all(|id| !lanes.busy.contains(id)) {
+                lanes.running += 1;
+                lanes.busy.extend(inventories);
+                return true;
+            }
+            lanes.queue.push_back(waiting());
+            self.next_batch(&mut lanes)
+        };
+        if let Some(batch) = batch {
+            tokio::spawn(self.clone().serve(batch));
+        }
+        false
     }
 
     /// Runs one batch in a lane already counted as running (its inventories
@@ -249,10 +449,10 @@ impl Coalescer {
             tokio::time::sleep_until(deadline.into()).await;
             self.lanes().take_into(&mut batch, self.max_batch);
         }
-        let mut inventories: Vec<Uuid> = batch.iter().map(|w| w.request.inventory_id).collect();
+        let mut inventories: Vec<Uuid> = batch.iter().flat_map(|w| w.ask.inventories()).copied().collect();
         inventories.sort_unstable();
         inventories.dedup();
-        let _lane = Lane { coalescer: &self, inventories };
+        let _lane = Lane { coalescer: self.clone(), inventories };
         self.run(batch).await;
     }
 
@@ -299,10 +499,16 @@ impl Coalescer {
         alone::reserve_alone(&self.db, &self.statements, &self.collisions, user_id, request, &self.spread).await
     }
 
-    /// A queued caller served alone, answered.
+    /// A queued caller served alone, answered: a kit caller runs its own
+    /// statement.
     async fn waiting_alone(&self, waiting: Waiting) {
-        let result = self.alone(&waiting.user_id, &waiting.request).instrument(waiting.span.clone()).await;
-        let _ = waiting.reply.send(result);
+        let Waiting { user_id, ask, span, .. } = waiting;
+        match ask {
+            Ask::One { request, reply } => {
+                let _ = reply.send(self.alone(&user_id, &request).instrument(span).await);
+            }
+            Ask::Kit { reply, .. } => drop(reply.send(Ok(KitTurn::Alone(None)))),
+        }
     }
 
     /// Runs one batch statement and answers every caller in it.
@@ -316,17 +522,19 @@ impl Coalescer {
         // Time-ordered keys (see `alone::reserve_once`).
         let ids: Vec<Uuid> = batch.iter().map(|_| Uuid::now_v7()).collect();
         let movement_ids: Vec<Uuid> = batch.iter().map(|_| Uuid::now_v7()).collect();
-        let inventories: Vec<Uuid> = batch.iter().map(|w| w.request.inventory_id).collect();
+        let inventories: Vec<Uuid> = batch.iter().map(|w| w.ask.inventories()[0]).collect();
         let users: Vec<&str> = batch.iter().map(|w| w.user_id.as_str()).collect();
-        let quantities: Vec<i32> = batch.iter().map(|w| w.request.quantity).collect();
+        let quantities: Vec<i32> = batch.iter().map(Waiting::quantity).collect();
         let keys: Vec<Option<&str>> = batch.iter().map(|w| w.key.as_ref().map(|k| k.key.as_str())).collect();
         let fingerprints: Vec<Option<&str>> =
             batch.iter().map(|w| w.key.as_ref().map(|k| k.fingerprint.as_str())).collect();
-        let expected_versions: Vec<Option<i32>> = batch.iter().map(|w| w.request.expected_version).collect();
-        let ttl_secs: Vec<i32> = batch.iter().map(|w| w.request.ttl_secs).collect();
+        let expected_versions: Vec<Option<i32>> = batch.iter().map(Waiting::expected_version).collect();
+        let ttl_secs: Vec<i32> = batch.iter().map(Waiting::ttl_secs).collect();
         // Per caller: customers and operators share batches.
-        let use_safety_stock: Vec<bool> = batch.iter().map(|w| w.request.use_safety_stock).collect();
+        let use_safety_stock: Vec<bool> = batch.iter().map(Waiting::use_safety_stock).collect();
         let across_levels = inventories.iter().any(|&id| self.spread.contains(id));
+        let lines =
+            batch.iter().any(|w| matches!(w.ask, Ask::Kit { .. })).then(|| BatchLines::of(&batch, &ids, &movement_ids));
         let reserve = CoalescedReserve {
             inventory_ids: &inventories,
             reservation_ids: &ids,
@@ -339,6 +547,7 @@ impl Coalescer {
             ttl_secs: &ttl_secs,
             use_safety_stock: &use_safety_stock,
             across_levels,
+            kits: lines.as_ref().map(BatchLines::bind),
         };
         let span = telemetry::batch(batch.len());
         telemetry::link_callers(&span, batch.iter().map(|w| &w.span));
@@ -360,7 +569,7 @@ impl Coalescer {
             Err(err) if classify(&err) == DbFailure::Unavailable => {
                 let err = AppError::from(err);
                 for waiting in batch {
-                    let _ = waiting.reply.send(Err(err.clone()));
+                    waiting.ask.fail(err.clone());
                 }
                 return;
             }
@@ -377,26 +586,46 @@ impl Coalescer {
             }
         };
         for ((waiting, id), turn) in batch.into_iter().zip(ids).zip(turns) {
-            let outcome = self.outcome(&waiting, id, turn).await;
+            let Waiting { user_id, ask, key, .. } = waiting;
             // A caller that has gone away no longer needs its answer.
-            let _ = waiting.reply.send(outcome);
+            match ask {
+                Ask::One { request, reply } => {
+                    let _ = reply.send(self.outcome(&user_id, &request, key.as_ref(), id, turn).await);
+                }
+                Ask::Kit { reply, .. } => {
+                    let turn = match turn {
+                        Turn::Taken { granted: true, now, .. } => KitTurn::Granted { created_at: now },
+                        // Refused at its turn: its own statement says why
+                        // (which components are short, or the kit is gone),
+                        // as for a caller that came after the batch.
+                        _ => KitTurn::Alone(None),
+                    };
+                    let _ = reply.send(Ok(turn));
+                }
+            }
         }
     }
 
     /// A caller's answer from its turn in the statement, as alone.
-    async fn outcome(&self, waiting: &Waiting, id: Uuid, turn: Turn) -> Result<ReserveOutcome, AppError> {
-        let Waiting { user_id, request, key, .. } = waiting;
+    async fn outcome(
+        &self,
+        user_id: &str,
+        request: &ReserveRequest,
+        key: Option<&Key>,
+        id: Uuid,
+        turn: Turn,
+    ) -> Result<ReserveOutcome, AppError> {
         let refused = match turn {
             Turn::Taken { granted: true, inventory, now, expires_at, .. } => {
                 let reservation = ReservationRow {
                     id,
                     inventory_id: request.inventory_id,
                     order_id: None,
-                    user_id: user_id.clone(),
+                    user_id: user_id.to_owned(),
                     quantity: request.quantity,
                     status: ReservationStatus::Active,
-                    idempotency_key: key.as_ref().map(|k| k.key.clone()),
-                    request_fingerprint: key.as_ref().map(|k| k.fingerprint.clone()),
+                    idempotency_key: key.map(|k| k.key.clone()),
+                    request_fingerprint: key.map(|k| k.fingerprint.clone()),
                     created_at: now,
                     expires_at,
                     multi_item_id: None,
@@ -415,7 +644,6 @@ impl Coalescer {
             // served across the levels as alone when that is why.
             Turn::NotTaken => {
                 let (db, statements, collisions) = (&self.db, &self.statements, &self.collisions);
-                let key = key.as_ref();
                 return alone::beyond_sole_level(db, statements, collisions, user_id, request, key, &self.spread).await;
             }
             Turn::NotFound => ReserveOutcome::InventoryNotFound,
@@ -429,7 +657,7 @@ impl Coalescer {
         };
         // Not served now, but its key may have been by an earlier request:
         // that first outcome is the answer, as alone.
-        Ok(reserve::replay(&self.db, user_id, key.as_ref()).await?.unwrap_or(refused))
+        Ok(reserve::replay(&self.db, user_id, key).await?.unwrap_or(refused))
     }
 
     /// Serves the callers of a failed batch statement (it wrote nothing)
@@ -453,14 +681,14 @@ impl Coalescer {
 /// A running lane. Dropped when its statement is done (or its caller has
 /// gone away), it frees its inventories and starts the batches that can run
 /// now, each in a task of its own.
-struct Lane<'a> {
+pub(crate) struct Lane {
     /// Whose lane it is.
-    coalescer: &'a Coalescer,
+    coalescer: Coalescer,
     /// The inventories its statement takes from.
     inventories: Vec<Uuid>,
 }
 
-impl Drop for Lane<'_> {
+impl Drop for Lane {
     fn drop(&mut self) {
         let batches = self.coalescer.finish(&self.inventories);
         // Without a runtime (it is shutting down) the queued callers' replies

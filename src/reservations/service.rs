@@ -125,23 +125,30 @@ pub(crate) struct ReservationService {
     limits: Arc<Limits>,
 }
 
+/// The process's coalescer if its limits switch coalescing on: one for
+/// every feature that reserves (`reserve`, `reserveKit`), so they share
+/// lanes and batches.
+pub(crate) fn coalescer(state: &AppState) -> Option<Coalescer> {
+    let limits = &state.limits;
+    limits.coalesce.then(|| {
+        Coalescer::new(
+            state.db.clone(),
+            state.statements.clone(),
+            state.collisions.clone(),
+            Batching {
+                lanes: limits.coalesce_lanes,
+                max_batch: limits.coalesce_max_batch,
+                backlog: limits.coalesce_backlog,
+                window: Duration::from_micros(limits.coalesce_window_us),
+            },
+        )
+    })
+}
+
 impl ReservationService {
-    /// The service over `state`'s pools, coalescing if its limits say so.
-    pub(crate) fn new(state: &AppState) -> Self {
-        let limits = &state.limits;
-        let coalescer = limits.coalesce.then(|| {
-            Coalescer::new(
-                state.db.clone(),
-                state.statements.clone(),
-                state.collisions.clone(),
-                Batching {
-                    lanes: limits.coalesce_lanes,
-                    max_batch: limits.coalesce_max_batch,
-                    backlog: limits.coalesce_backlog,
-                    window: Duration::from_micros(limits.coalesce_window_us),
-                },
-            )
-        });
+    /// The service over `state`'s pools, serving single reserves through
+    /// `coalescer` (none: each alone).
+    pub(crate) fn new(state: &AppState, coalescer: Option<Coalescer>) -> Self {
         let spread = coalescer.as_ref().map_or_else(Arc::default, Coalescer::spread);
         Self {
             db: state.db.clone(),

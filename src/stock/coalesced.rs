@@ -2,7 +2,8 @@
 //! statement: [`COALESCED_RESERVE_SQL`] (a walk through each inventory's
 //! callers), [`DISTINCT_RESERVE_SQL`] (each caller on its own inventory) and,
 //! when the batch names an inventory held in several places,
-//! [`ACROSS_LEVELS_RESERVE_SQL`]. Each caller gets the answer it would have
+//! [`ACROSS_LEVELS_RESERVE_SQL`], and when kits are among its callers,
+//! [`KITS_RESERVE_SQL`]. Each caller gets the answer it would have
 //! got alone, one at a time, in arrival order.
 
 use std::sync::LazyLock;
@@ -16,7 +17,10 @@ use uuid::Uuid;
 
 use super::{
     allocating::{eligible, offered, preference, sole_offered, sole_safety_stock},
-    fragments::{Ids, LEDGER_WITH_ID, expiry, inventory_columns, lock_inventories, lock_levels, set, sole, step},
+    fragments::{
+        Ids, LEDGER_WITH_ID, LEDGER_WITH_ID_OF_KITS, expiry, inventory_columns, lock_inventories, lock_levels, set,
+        sole, step,
+    },
     rows::{InventoryRow, MovementReason, ReservationStatus, sql},
 };
 
@@ -342,6 +346,170 @@ WITH RECURSIVE req AS MATERIALIZED (
     )
 });
 
+/// [`ACROSS_LEVELS_RESERVE_SQL`] for a batch with kits in it: a kit
+/// caller takes every one of its components or none, so it is judged
+/// against all of its inventories at its turn, and the walk goes through
+/// the batch's callers in arrival order across inventories (not per
+/// inventory), carrying what each inventory's levels still offer and its
+/// version as arrays (`walk`, one element per inventory, by id). Every
+/// caller has lines: one for a single reserve, one per component for a kit
+/// (`$13`..`$17`: the caller's place in arrival order, inventory, units,
+/// reservation id and ledger row id). `$11` and `$12` give each caller's kit
+/// and kit reservation id (NULL for a single reserve); the other
+/// parameters are [`COALESCED_RESERVE_SQL`]'s, a kit caller's inventory
+/// being its first component's and its quantity the kits asked for.
+///
+/// A caller fits when each of its lines fits in what its inventory's
+/// eligible levels offer customers after the grants before it, its
+/// expected version (a single reserve's) is the version at its turn, and
+/// its kit is active. Where each granted line's units come from is the
+/// shelf of [`ACROSS_LEVELS_RESERVE_SQL`]: the granted lines of an
+/// inventory take consecutive runs of its levels' sellable units in
+/// arrival order. Each component is one change of its inventory (version +
+/// 1, its own ledger rows carrying the kit reservation's id), the first
+/// component (by inventory id) carries the key, and a granted kit writes
+/// its kit reservation, as [`super::kitting::reserve_kit`] does alone. A
+/// caller who may take safety stock is not served here (its row says
+/// `found` NULL), as in [`ACROSS_LEVELS_RESERVE_SQL`]. Locks: the batch's
+/// inventories in id order, then their levels, the order of every stock
+/// statement. One row per caller in arrival order, as [`Turn::from_row`]
+/// reads it; a kit caller's row is its first component's inventory, and
+/// whether it was granted.
+pub static KITS_RESERVE_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        r#"
+WITH RECURSIVE req AS MATERIALIZED (
+    SELECT r.*, k.kit_id, k.kit_reservation_id
+      FROM {CALLERS}
+      JOIN unnest($11::uuid[], $12::uuid[]) WITH ORDINALITY AS k(kit_id, kit_reservation_id, n) ON k.n = r.n
+), line AS MATERIALIZED (
+    SELECT l.*, dense_rank() OVER (ORDER BY l.inventory_id)::integer AS p
+      FROM unnest($13::integer[], $14::uuid[], $15::integer[], $16::uuid[], $17::uuid[])
+           AS l(n, inventory_id, quantity, reservation_id, movement_id)
+), inv AS MATERIALIZED (
+    {inv}
+), lvl AS MATERIALIZED (
+    {levels}
+), held AS MATERIALIZED (
+    SELECT inv.id AS inventory_id,
+           (coalesce(sum({offered}) FILTER (WHERE {eligible}), 0))::integer AS eligible,
+           CASE WHEN coalesce(sum(v.available), 0) = inv.stock THEN true ELSE retry_stale_read() END AS fresh
+      FROM inv LEFT JOIN lvl v ON v.inventory_id = inv.id
+     GROUP BY inv.id, inv.stock
+), place AS MATERIALIZED (
+    SELECT DISTINCT l.p, l.inventory_id, h.eligible, i.stock, i.version
+      FROM line l LEFT JOIN inv i ON i.id = l.inventory_id LEFT JOIN held h ON h.inventory_id = l.inventory_id
+), ask AS MATERIALIZED (
+    SELECT n, array_agg(p ORDER BY p) AS ps, array_agg(quantity ORDER BY p) AS qs FROM line GROUP BY n
+), walk AS (
+    SELECT 0::bigint AS n, array_agg(eligible ORDER BY p) AS eligible, array_agg(version ORDER BY p) AS versions,
+           false AS granted
+      FROM place
+     WHERE (SELECT bool_and(fresh) FROM held) IS NOT FALSE
+    UNION ALL
+    SELECT r.n,
+           CASE WHEN g.fits
+                THEN ARRAY(SELECT x.e - coalesce(d.q, 0)
+                             FROM unnest(w.eligible) WITH ORDINALITY AS x(e, i)
+                             LEFT JOIN unnest(a.ps, a.qs) AS d(p, q) ON d.p = x.i
+                            ORDER BY x.i)
+                ELSE w.eligible END,
+           CASE WHEN g.fits
+                THEN ARRAY(SELECT x.v + (d.p IS NOT NULL)::integer
+                             FROM unnest(w.versions) WITH ORDINALITY AS x(v, i)
+                             LEFT JOIN unnest(a.ps) AS d(p) ON d.p = x.i
+                            ORDER BY x.i)
+                ELSE w.versions END,
+           g.fits
+      FROM walk w JOIN req r ON r.n = w.n + 1 JOIN ask a ON a.n = r.n
+     CROSS JOIN LATERAL (
+           SELECT NOT r.use_safety
+                  AND NOT EXISTS (SELECT 1 FROM unnest(a.ps, a.qs) AS d(p, q)
+                                   WHERE NOT coalesce(w.eligible[d.p] >= d.q, false))
+                  AND (r.expected_version IS NULL OR w.versions[a.ps[1]] = r.expected_version)
+                  AND (r.kit_id IS NULL OR EXISTS (SELECT 1 FROM kits WHERE id = r.kit_id AND active)) AS fits
+     ) g
+), steps AS (
+    SELECT * FROM walk WHERE n > 0
+), ran AS MATERIALIZED (
+    SELECT l.*, r.user_id, r.idempotency_key, r.request_fingerprint, r.ttl_secs, r.kit_reservation_id,
+           (pl.stock - sum(l.quantity) OVER w)::integer AS stock,
+           (pl.version + row_number() OVER w)::integer AS version,
+           sum(l.quantity) OVER w - l.quantity AS start,
+           row_number() OVER (PARTITION BY l.n ORDER BY l.inventory_id) AS j
+      FROM line l JOIN steps s ON s.n = l.n JOIN req r ON r.n = l.n JOIN place pl ON pl.p = l.p
+     WHERE s.granted
+    WINDOW w AS (PARTITION BY l.inventory_id ORDER BY l.n)
+), last AS (
+    SELECT DISTINCT ON (inventory_id) inventory_id, stock, version FROM ran ORDER BY inventory_id, version DESC
+), taken AS (
+    UPDATE inventories i
+       {set}
+      FROM last
+     WHERE i.id = last.inventory_id
+ RETURNING i.id, i.updated_at
+), shelf AS (
+    SELECT inventory_id, location_id, offered,
+           sum(offered) OVER (PARTITION BY inventory_id ORDER BY {preference}) - offered AS start
+      FROM (SELECT *, {offered} AS offered FROM lvl) v
+     WHERE {eligible} AND offered > 0
+), pick AS (
+    SELECT g.reservation_id, g.movement_id, g.inventory_id, g.stock, g.version, g.kit_reservation_id,
+           sh.location_id,
+           (least(g.start + g.quantity, sh.start + sh.offered) - greatest(g.start, sh.start))::integer AS take,
+           row_number() OVER (PARTITION BY g.reservation_id ORDER BY sh.start) AS j
+      FROM ran g JOIN shelf sh ON sh.inventory_id = g.inventory_id
+     WHERE sh.start < g.start + g.quantity AND sh.start + sh.offered > g.start
+), drawn AS (
+    UPDATE stock_levels l SET available = v.available - d.take
+      FROM (SELECT inventory_id, location_id, sum(take) AS take FROM pick GROUP BY inventory_id, location_id) d
+      JOIN lvl v ON v.inventory_id = d.inventory_id AND v.location_id = d.location_id
+     WHERE l.inventory_id = d.inventory_id AND l.location_id = d.location_id
+), kit AS (
+    INSERT INTO kit_reservations (id, kit_id, user_id, quantity)
+    SELECT r.kit_reservation_id, r.kit_id, r.user_id, r.quantity
+      FROM req r JOIN steps s ON s.n = r.n
+     WHERE s.granted AND r.kit_id IS NOT NULL
+), reservation AS (
+    INSERT INTO reservations
+           (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at,
+            kit_reservation_id)
+    SELECT reservation_id, inventory_id, user_id, quantity, {active}, CASE WHEN j = 1 THEN idempotency_key END,
+           CASE WHEN j = 1 THEN request_fingerprint END, {granted_expires}, kit_reservation_id
+      FROM ran
+), allocation AS (
+    INSERT INTO allocations (reservation_id, location_id, quantity)
+    SELECT reservation_id, location_id, take FROM pick
+), movement AS (
+    {LEDGER_WITH_ID_OF_KITS}
+    SELECT CASE WHEN j = 1 THEN movement_id ELSE gen_random_uuid() END, inventory_id, -take, {reserved}, stock,
+           version, reservation_id, NULL, location_id, kit_reservation_id
+      FROM pick
+)
+SELECT CASE WHEN i.id IS NULL THEN false WHEN r.use_safety THEN NULL ELSE true END AS found,
+       coalesce(s.granted, false) AS granted,
+       i.id, i.sku, i.name, (i.stock - (pl.eligible - s.eligible[pl.p]))::integer AS stock,
+       s.versions[pl.p] AS version, i.created_at, coalesce(t.updated_at, i.updated_at) AS updated_at,
+       i.sole_location_id, s.eligible[pl.p] AS available, now() AS now, {expires} AS expires_at
+  FROM req r
+  LEFT JOIN steps s ON s.n = r.n
+  LEFT JOIN inv i ON i.id = r.inventory_id
+  LEFT JOIN place pl ON pl.inventory_id = r.inventory_id
+  LEFT JOIN taken t ON t.id = r.inventory_id
+ ORDER BY r.n"#,
+        inv = lock_inventories(&inventory_columns(""), Ids::Array("$14"), None),
+        levels = lock_levels(Ids::Array("ARRAY(SELECT id FROM inv)")),
+        eligible = eligible("NULL::uuid[]"),
+        offered = offered("", None),
+        preference = preference("NULL::uuid[]"),
+        set = set("last.stock", "last.version"),
+        active = sql(ReservationStatus::Active),
+        reserved = sql(MovementReason::Reserved),
+        granted_expires = expiry("ttl_secs"),
+        expires = expiry("r.ttl_secs"),
+    )
+});
+
 /// The bind values of [`COALESCED_RESERVE_SQL`] (and of
 /// [`DISTINCT_RESERVE_SQL`] and [`ACROSS_LEVELS_RESERVE_SQL`]): the callers,
 /// in arrival order, one element each in every slice.
@@ -370,10 +538,34 @@ pub struct CoalescedReserve<'a> {
     /// Whether an inventory of the batch is known to be held in several
     /// places: then [`ACROSS_LEVELS_RESERVE_SQL`] serves it.
     pub across_levels: bool,
+    /// The kits among the callers and every caller's lines, when there are
+    /// kits: then [`KITS_RESERVE_SQL`] serves the batch.
+    pub kits: Option<KitLines<'a>>,
+}
+
+/// The parameters [`KITS_RESERVE_SQL`] adds: per caller its kit, and every
+/// caller's lines (a single reserve's one, a kit's one per component).
+#[derive(Debug, Clone, Copy)]
+pub struct KitLines<'a> {
+    /// Each caller's kit (none for a single reserve).
+    pub kit_ids: &'a [Option<Uuid>],
+    /// Each caller's new kit reservation's id (none for a single reserve).
+    pub kit_reservation_ids: &'a [Option<Uuid>],
+    /// Each line's caller, its place in arrival order from 1.
+    pub callers: &'a [i32],
+    /// Each line's inventory.
+    pub inventory_ids: &'a [Uuid],
+    /// Each line's units.
+    pub quantities: &'a [i32],
+    /// Each line's new reservation's id.
+    pub reservation_ids: &'a [Uuid],
+    /// Each line's first ledger row's id.
+    pub movement_ids: &'a [Uuid],
 }
 
 impl CoalescedReserve<'_> {
     /// The batch's statement with these values, for the statement pool:
+    /// [`KITS_RESERVE_SQL`] for a batch with kits, else
     /// [`ACROSS_LEVELS_RESERVE_SQL`] for a batch `across_levels`, else
     /// [`DISTINCT_RESERVE_SQL`] when every caller names another inventory,
     /// else [`COALESCED_RESERVE_SQL`].
@@ -381,6 +573,17 @@ impl CoalescedReserve<'_> {
         let mut inventories = self.inventory_ids.to_vec();
         inventories.sort_unstable();
         inventories.dedup();
+        if let Some(kits) = &self.kits {
+            return self
+                .bind(sqlx::query(KITS_RESERVE_SQL.as_str()))
+                .bind(kits.kit_ids)
+                .bind(kits.kit_reservation_ids)
+                .bind(kits.callers)
+                .bind(kits.inventory_ids)
+                .bind(kits.quantities)
+                .bind(kits.reservation_ids)
+                .bind(kits.movement_ids);
+        }
         let sql = if self.across_levels {
             &ACROSS_LEVELS_RESERVE_SQL
         } else if inventories.len() == self.inventory_ids.len() {

@@ -63,6 +63,13 @@ pub const LEDGER_ADJUSTED: &str = "INSERT INTO stock_movements \
 pub(crate) const LEDGER_WITH_ID: &str = "INSERT INTO stock_movements \
      (id, inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id)";
 
+/// [`LEDGER_WITH_ID`] for reserves that may be a kit's components (ten
+/// values): the nine, then the kit reservation's id (NULL for a
+/// reservation of its own).
+pub(crate) const LEDGER_WITH_ID_OF_KITS: &str = "INSERT INTO stock_movements \
+     (id, inventory_id, delta, reason, stock_after, version_after, reservation_id, order_id, location_id, \
+      kit_reservation_id)";
+
 /// The condition of an inventory row (aliased `alias`: `""`, `"i."`) whose
 /// units may be taken from its one level directly, as the conditional
 /// UPDATE of the row alone: it has one level (`sole_location_id`) and that

@@ -216,6 +216,7 @@ async fn explain_all(db: &DatabaseConnection, url: &str) -> Vec<String> {
         ttl_secs: &[0, 900, 60],
         use_safety_stock: &[false, true, false],
         across_levels: false,
+        kits: None,
     };
     let explained = coalesced.bind(sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {}", *COALESCED_RESERVE_SQL))));
     if let Err(err) = explained.fetch_all(&mut conn).await {

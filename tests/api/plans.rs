@@ -46,6 +46,7 @@ async fn the_coalesced_reserve_is_planned_once_however_its_batches_vary() {
             ttl_secs: &inventories.iter().map(|_| 900).collect::<Vec<_>>(),
             use_safety_stock: &inventories.iter().map(|_| false).collect::<Vec<_>>(),
             across_levels: false,
+            kits: None,
         };
         let turns = pool.fetch_all("test", reserve.query()).await.expect("coalesced reserve");
         assert_eq!(turns.len(), inventories.len());

@@ -7,6 +7,7 @@
 //! races are in `races.rs`, the property test against a model in
 //! `model.rs`.
 
+mod batched;
 mod model;
 mod races;
 
