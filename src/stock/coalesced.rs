@@ -237,6 +237,45 @@ SELECT CASE WHEN t.n IS NOT NULL THEN true END AS found, t.n IS NOT NULL AS gran
     )
 });
 
+/// The body of the CTE `held` of a statement across levels: per locked
+/// inventory (`inv`), what its eligible levels (`lvl`) offer customers
+/// together (`eligible`), and whether its levels add up to its row's stock
+/// (`fresh`; a level added after the statement began does not, and the
+/// statement is run again: `retry_stale_read`).
+static HELD: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT inv.id AS inventory_id,
+           (coalesce(sum({offered}) FILTER (WHERE {eligible}), 0))::integer AS eligible,
+           CASE WHEN coalesce(sum(v.available), 0) = inv.stock THEN true ELSE retry_stale_read() END AS fresh
+      FROM inv LEFT JOIN lvl v ON v.inventory_id = inv.id
+     GROUP BY inv.id, inv.stock",
+        offered = offered("", None),
+        eligible = eligible("NULL::uuid[]"),
+    )
+});
+
+/// The body of the CTE `shelf`: each inventory's eligible levels laid end
+/// to end in order of preference, each with the sellable units it offers
+/// and where they `start`, from which consecutive grants take runs.
+static SHELF: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT inventory_id, location_id, offered,
+           sum(offered) OVER (PARTITION BY inventory_id ORDER BY {preference}) - offered AS start
+      FROM (SELECT *, {offered} AS offered FROM lvl) v
+     WHERE {eligible} AND offered > 0",
+        preference = preference("NULL::uuid[]"),
+        offered = offered("", None),
+        eligible = eligible("NULL::uuid[]"),
+    )
+});
+
+/// The body of the CTE `drawn`: each level written once, from the value
+/// `lvl` locked, less what the grants `pick` from it.
+const DRAWN: &str = "UPDATE stock_levels l SET available = v.available - d.take
+      FROM (SELECT inventory_id, location_id, sum(take) AS take FROM pick GROUP BY inventory_id, location_id) d
+      JOIN lvl v ON v.inventory_id = d.inventory_id AND v.location_id = d.location_id
+     WHERE l.inventory_id = d.inventory_id AND l.location_id = d.location_id";
+
 /// [`COALESCED_RESERVE_SQL`] for a batch that names an inventory held in
 /// several places (any inventory of it may be): each caller takes by the
 /// default choice (every active location, by priority then code, splitting
@@ -278,11 +317,7 @@ WITH RECURSIVE req AS MATERIALIZED (
 ), lvl AS MATERIALIZED (
     {levels}
 ), held AS MATERIALIZED (
-    SELECT inv.id AS inventory_id,
-           (coalesce(sum({offered}) FILTER (WHERE {eligible}), 0))::integer AS eligible,
-           CASE WHEN coalesce(sum(v.available), 0) = inv.stock THEN true ELSE retry_stale_read() END AS fresh
-      FROM inv LEFT JOIN lvl v ON v.inventory_id = inv.id
-     GROUP BY inv.id, inv.stock
+    {held}
 ), walk AS (
     SELECT inv.id AS inventory_id, 0::bigint AS k, h.eligible AS eligible, inv.stock AS stock,
            inv.version AS version, false AS granted
@@ -301,10 +336,7 @@ WITH RECURSIVE req AS MATERIALIZED (
       JOIN held h ON h.inventory_id = r.inventory_id
      WHERE s.granted
 ), shelf AS (
-    SELECT inventory_id, location_id, offered,
-           sum(offered) OVER (PARTITION BY inventory_id ORDER BY {preference}) - offered AS start
-      FROM (SELECT *, {offered} AS offered FROM lvl) v
-     WHERE {eligible} AND offered > 0
+    {shelf}
 ), pick AS (
     SELECT g.reservation_id, g.movement_id, g.inventory_id, g.stock, g.version, sh.location_id,
            (least(g.start + g.quantity, sh.start + sh.offered) - greatest(g.start, sh.start))::integer AS take,
@@ -312,10 +344,7 @@ WITH RECURSIVE req AS MATERIALIZED (
       FROM granted g JOIN shelf sh ON sh.inventory_id = g.inventory_id
      WHERE sh.start < g.start + g.quantity AND sh.start + sh.offered > g.start
 ), drawn AS (
-    UPDATE stock_levels l SET available = v.available - d.take
-      FROM (SELECT inventory_id, location_id, sum(take) AS take FROM pick GROUP BY inventory_id, location_id) d
-      JOIN lvl v ON v.inventory_id = d.inventory_id AND v.location_id = d.location_id
-     WHERE l.inventory_id = d.inventory_id AND l.location_id = d.location_id
+    {drawn}
 ), reservation AS (
     INSERT INTO reservations
            (id, inventory_id, user_id, quantity, status, idempotency_key, request_fingerprint, expires_at)
@@ -336,9 +365,9 @@ WITH RECURSIVE req AS MATERIALIZED (
         steps = steps(),
         inv = lock_inventories(&inventory_columns(""), Ids::Array("$1"), None),
         levels = lock_levels(Ids::Array("ARRAY(SELECT id FROM inv)")),
-        eligible = eligible("NULL::uuid[]"),
-        offered = offered("", None),
-        preference = preference("NULL::uuid[]"),
+        held = HELD.as_str(),
+        shelf = SHELF.as_str(),
+        drawn = DRAWN,
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
         granted_expires = expiry("ttl_secs"),
@@ -391,11 +420,7 @@ WITH RECURSIVE req AS MATERIALIZED (
 ), lvl AS MATERIALIZED (
     {levels}
 ), held AS MATERIALIZED (
-    SELECT inv.id AS inventory_id,
-           (coalesce(sum({offered}) FILTER (WHERE {eligible}), 0))::integer AS eligible,
-           CASE WHEN coalesce(sum(v.available), 0) = inv.stock THEN true ELSE retry_stale_read() END AS fresh
-      FROM inv LEFT JOIN lvl v ON v.inventory_id = inv.id
-     GROUP BY inv.id, inv.stock
+    {held}
 ), place AS MATERIALIZED (
     SELECT DISTINCT l.p, l.inventory_id, h.eligible, i.stock, i.version
       FROM line l LEFT JOIN inv i ON i.id = l.inventory_id LEFT JOIN held h ON h.inventory_id = l.inventory_id
@@ -449,10 +474,7 @@ WITH RECURSIVE req AS MATERIALIZED (
      WHERE i.id = last.inventory_id
  RETURNING i.id, i.updated_at
 ), shelf AS (
-    SELECT inventory_id, location_id, offered,
-           sum(offered) OVER (PARTITION BY inventory_id ORDER BY {preference}) - offered AS start
-      FROM (SELECT *, {offered} AS offered FROM lvl) v
-     WHERE {eligible} AND offered > 0
+    {shelf}
 ), pick AS (
     SELECT g.reservation_id, g.movement_id, g.inventory_id, g.stock, g.version, g.kit_reservation_id,
            sh.location_id,
@@ -461,10 +483,7 @@ WITH RECURSIVE req AS MATERIALIZED (
       FROM ran g JOIN shelf sh ON sh.inventory_id = g.inventory_id
      WHERE sh.start < g.start + g.quantity AND sh.start + sh.offered > g.start
 ), drawn AS (
-    UPDATE stock_levels l SET available = v.available - d.take
-      FROM (SELECT inventory_id, location_id, sum(take) AS take FROM pick GROUP BY inventory_id, location_id) d
-      JOIN lvl v ON v.inventory_id = d.inventory_id AND v.location_id = d.location_id
-     WHERE l.inventory_id = d.inventory_id AND l.location_id = d.location_id
+    {drawn}
 ), kit AS (
     INSERT INTO kit_reservations (id, kit_id, user_id, quantity)
     SELECT r.kit_reservation_id, r.kit_id, r.user_id, r.quantity
@@ -499,9 +518,9 @@ SELECT CASE WHEN i.id IS NULL THEN false WHEN r.use_safety THEN NULL ELSE true E
  ORDER BY r.n"#,
         inv = lock_inventories(&inventory_columns(""), Ids::Array("$14"), None),
         levels = lock_levels(Ids::Array("ARRAY(SELECT id FROM inv)")),
-        eligible = eligible("NULL::uuid[]"),
-        offered = offered("", None),
-        preference = preference("NULL::uuid[]"),
+        held = HELD.as_str(),
+        shelf = SHELF.as_str(),
+        drawn = DRAWN,
         set = set("last.stock", "last.version"),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
