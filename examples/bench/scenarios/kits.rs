@@ -25,7 +25,7 @@ use stockguard::stock::{
     kitting::{KitReserve, reserve_kit},
     lines::Line,
 };
-use stockguard_support::documents::CREATE_KIT;
+use stockguard_support::documents::{CREATE_KIT, brief::RESERVE_KIT_TYPENAME};
 
 use super::*;
 
@@ -78,6 +78,11 @@ pub fn kit_count(smoke: bool) -> usize {
 pub const KIT_RESERVED: &str = "KitReserved";
 
 impl Scenario {
+    /// KIT or KIT+SINGLES.
+    pub fn is_kit(self) -> bool {
+        matches!(self, Self::Kit | Self::KitSingles)
+    }
+
     /// Whether client `i` of this scenario reserves kits (the others, of
     /// KIT+SINGLES, reserve single units of the kits' components).
     pub fn kit_client(self, i: usize) -> bool {
@@ -92,7 +97,9 @@ impl Scenario {
 impl Shop {
     /// Seeds `count` kits of [`COMPONENTS`] distinct random SPREAD
     /// inventories, one unit each, through the server's API (`createKit`,
-    /// 16 at a time), then reads their lines back as the server reads them.
+    /// 16 at a time), then reads their lines back as the server reads them
+    /// (not on a shop seeded [through the API](Shop::open_through_api),
+    /// whose schema may be another build's and which has no limit side).
     pub async fn seed_kits(&mut self, server: &ServerProcess, keys: &Keys, count: usize) -> anyhow::Result<()> {
         let operator = keys.mint("bench-operator", Role::Operator, chrono::Duration::hours(4))?;
         let gql = Gql::new(&server.url, 16)?;
@@ -123,7 +130,17 @@ impl Shop {
             .buffered(16)
             .try_collect()
             .await?;
-        self.db.execute_unprepared("ANALYZE kits; ANALYZE kit_components;").await?;
+        let mut components: Vec<Uuid> = recipes.into_iter().flatten().collect();
+        components.sort_unstable();
+        components.dedup();
+        self.kit_components = Arc::new(components);
+        let analyzed = self.db.execute_unprepared("ANALYZE kits; ANALYZE kit_components;").await;
+        if self.through_api {
+            // Another build's tables may be named otherwise: analyzed if they are not.
+            self.kits = Arc::new(ids.into_iter().map(|id| BenchKit { id, lines: Vec::new() }).collect());
+            return Ok(());
+        }
+        analyzed?;
 
         // The lines as `reserveKit` builds them: the components by inventory id.
         let rows = self
@@ -153,13 +170,19 @@ impl Shop {
                 Ok(BenchKit { id, lines })
             })
             .collect::<anyhow::Result<_>>()?;
-        let mut components: Vec<Uuid> = recipes.into_iter().flatten().collect();
-        components.sort_unstable();
-        components.dedup();
         self.kits = Arc::new(kits);
-        self.kit_components = Arc::new(components);
         Ok(())
     }
+}
+
+/// Whether `server` has kits (a build before them has no `reserveKit`):
+/// `reserveKit` of a kit that does not exist answers `KitNotFound` and
+/// writes nothing.
+pub async fn serves_kits(server: &ServerProcess, keys: &Keys) -> anyhow::Result<bool> {
+    let token = keys.mint("bench-probe", Role::Customer, chrono::Duration::minutes(5))?;
+    let input = json!({ "i": { "kitId": Uuid::nil() } });
+    let outcome = Gql::new(&server.url, 1)?.call(&token, RESERVE_KIT_TYPENAME, input, "reserveKit").await;
+    Ok(matches!(outcome, Outcome::Ok(name, _) if name == "KitNotFound"))
 }
 
 /// One client reserving one random kit of `kits` at a time over HTTP until
