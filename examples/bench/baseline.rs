@@ -11,7 +11,9 @@
 //! servers round by round. MULTI is seeded after the single-location
 //! cells, as in the main run, so they measure what they always have; it is
 //! compared too because a change to the reserving statements (safety stock,
-//! issue 47) changes the multi-location one as well. The other build's
+//! issue 47) changes the multi-location one as well. Then KIT and
+//! KIT+SINGLES, seeded last as in the main run, when the other build has
+//! kits (`reserveKit`; a build before them is measured without). The other build's
 //! database is checked by its own `stockguard check` at the end, since this
 //! build's invariant may not fit its schema.
 
@@ -21,7 +23,7 @@ use anyhow::Context as _;
 
 use crate::{
     pairs::{self, Pair, Server},
-    scenarios::{Bench, Scenario, Shop},
+    scenarios::{Bench, Scenario, Shop, kit_count, serves_kits},
 };
 use stockguard_support::process::ServerProcess;
 
@@ -82,8 +84,19 @@ async fn measure_both(
         before_shop.seed_multi(before, &bench.keys, rows).await?;
         after_shop.seed_multi(after, &bench.keys, rows).await?;
         bench.invariant.check(&after_shop.db, "seeding MULTI (this build)").await?;
-        let servers = servers([before, after], [&before_shop, &after_shop]);
-        cells.extend(bench.pairs_of(&[Scenario::Multi], servers, what).await?);
+        let pair = servers([before, after], [&before_shop, &after_shop]);
+        cells.extend(bench.pairs_of(&[Scenario::Multi], pair, what).await?);
+        if !serves_kits(before, &bench.keys).await? {
+            eprintln!("bench: baseline: the other build has no reserveKit; no KIT cells");
+            return anyhow::Ok(cells);
+        }
+        let count = kit_count(bench.settings.smoke);
+        eprintln!("bench: baseline: seeding {count} kits (createKit) through each server's API");
+        before_shop.seed_kits(before, &bench.keys, count).await?;
+        after_shop.seed_kits(after, &bench.keys, count).await?;
+        bench.invariant.check(&after_shop.db, "seeding the kits (this build)").await?;
+        let pair = servers([before, after], [&before_shop, &after_shop]);
+        cells.extend(bench.pairs_of(&[Scenario::Kit, Scenario::KitSingles], pair, what).await?);
         anyhow::Ok(cells)
     }
     .await;
@@ -126,8 +139,9 @@ impl Baseline {
     /// The report's section.
     pub fn markdown(&self) -> String {
         let mut md = format!(
-            "\n## HOT, SPREAD and MULTI before and after this build\n\n\
-             HOT, SPREAD and MULTI (the catalogue over 4 locations) on the server of another build (`{}`, {}) \
+            "\n## HOT, SPREAD, MULTI (and KIT) before and after this build\n\n\
+             HOT, SPREAD and MULTI (the catalogue over 4 locations), and KIT and KIT+SINGLES when the other \
+             build has kits (`createKit` after the other cells), on the server of another build (`{}`, {}) \
              and on a second server of this build (or of the build given by `--after-bin`), \
              each on a fresh database of its own migrated by it and seeded the same way through its API \
              (`createInventory`; for MULTI then `createLocation` and `transferStock`, after the other cells), \

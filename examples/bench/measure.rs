@@ -219,7 +219,7 @@ impl Measured {
 
     /// The statistics over `seconds` measured in all; machine busy is the mean of the rounds.
     pub fn stats(self, seconds: f64) -> Stats {
-        let mut stats = Stats::from(self.recorder, seconds, &["Reserved"]);
+        let mut stats = Stats::from(self.recorder, seconds, &crate::scenarios::RESERVED);
         stats.usage = self.usage;
         stats.usage.machine_busy_pct /= f64::from(self.rounds.max(1));
         stats

@@ -10,7 +10,9 @@ use crate::{
     history::Probes,
     measure::Stats,
     pairs::{self, Pair},
-    scenarios::{Invariant, MultiCell, Scenario},
+    scenarios::{
+        COMPONENTS, Invariant, KitCell, MultiCell, Scenario, component_reservations_per_sec, kits_and_singles,
+    },
     traces::Traces,
     webhook::Webhook,
 };
@@ -115,6 +117,8 @@ pub struct Report<'a> {
     pub cells: &'a [Cell],
     /// The MULTI cells.
     pub multi: &'a [MultiCell],
+    /// The KIT and KIT+SINGLES cells.
+    pub kits: &'a [KitCell],
     /// The strategy comparison.
     pub strategy: &'a Strategy,
     /// The invariant checks.
@@ -140,7 +144,8 @@ impl Report<'_> {
     /// Errors over every run.
     pub fn total_errors(&self) -> u64 {
         let cells: u64 = self.cells.iter().map(|c| c.stockguard.errors + c.raw.errors + c.floor.errors).sum();
-        let multi: u64 = self.multi.iter().map(|c| c.stockguard.errors + c.limit.errors).sum();
+        let multi: u64 = self.multi.iter().map(|c| c.stockguard.errors + c.limit.errors).sum::<u64>()
+            + self.kits.iter().map(|c| c.stockguard.errors + c.limit.errors).sum::<u64>();
         let history: u64 = (self.history.iter().flat_map(|h| &h.cells))
             .map(|c| c.without.stockguard.errors + c.without.raw.errors + c.with.stockguard.errors + c.with.raw.errors)
             .sum::<u64>()
@@ -200,6 +205,19 @@ impl Report<'_> {
                 None => out.push((target, "not measured".into(), None)),
             }
         }
+        for scenario in [Scenario::Kit, Scenario::KitSingles] {
+            for clients in [16, 64] {
+                let target = format!("{} at {clients} clients: ≥ 1.0× its own one-statement limit", scenario.name());
+                match self.kits.iter().find(|c| c.scenario == scenario && c.clients == clients) {
+                    Some(c) => {
+                        let (g, l) = (c.stockguard.per_sec(c.stockguard.successes), c.limit.per_sec(c.limit.successes));
+                        let r = ratio(g, l);
+                        out.push((target, format!("{r:.2}× ({g:.0} vs {l:.0} res/s)"), Some(r >= 1.0)));
+                    }
+                    None => out.push((target, "not measured".into(), None)),
+                }
+            }
+        }
         let target = "server peak RSS ≤ 64 MB under the 64-client load".to_owned();
         if self.cells.iter().any(|c| c.clients == 64) {
             let mb = mb(self.main_hwm_kb);
@@ -224,7 +242,9 @@ impl Report<'_> {
         }
         let target =
             "HOT, SPREAD and MULTI within 10 % of the build before (--baseline-bin), in the same rounds".to_owned();
-        let worst = self.baseline.and_then(|b| pairs::worst(&b.cells));
+        // Not the kit cells (compared when both builds have kits): this
+        // target is the cells that were there before them.
+        let worst = self.baseline.and_then(|b| pairs::worst(b.cells.iter().filter(|c| !c.scenario.is_kit())));
         match worst {
             Some((c, r)) => out.push((
                 target,
@@ -352,6 +372,7 @@ impl Report<'_> {
         }
 
         self.multi_markdown(&mut md);
+        self.kit_markdown(&mut md);
 
         if let Some(b) = self.baseline {
             md.push_str(&b.markdown());
@@ -493,6 +514,73 @@ impl Report<'_> {
                 g.errors + l.errors,
             );
         }
+    }
+
+    /// The KIT and KIT+SINGLES table, if measured.
+    fn kit_markdown(&self, md: &mut String) {
+        if self.kits.is_empty() {
+            return;
+        }
+        let _ = write!(
+            md,
+            "\n## KIT: kits of {COMPONENTS} SPREAD inventories, and kits beside single reserves\n\n\
+             KIT: `reserveKit` of one kit, naming no location, on random kits of {COMPONENTS} distinct SPREAD \
+             inventories (one unit of each; {} kits made with `createKit` after every other cell). \
+             KIT+SINGLES: half the clients (the even ones) as KIT, half `reserve` one unit of a random \
+             inventory of those kits. Limit: the server's own kit statement (`stock::kitting::reserve_kit`) \
+             for the kit clients and `RESERVE_SQL` for the others, prepared, one dedicated connection per \
+             client, measured as the raw-SQL limit above, taking turns with Stockguard. A kit reservation \
+             counts as one reservation (res/s, ratio, CPU per reservation); component res/s counts the \
+             reservations it writes, {COMPONENTS} per kit, plus the single reserves. Kits: the kit \
+             reservations among the reservations, Stockguard / limit.\n\n\
+             | cell | clients | Stockguard res/s | limit res/s | ratio | component res/s Stockguard / limit | \
+             kits Stockguard / limit | p99 ms Stockguard / limit | CPU µs/res server | \
+             CPU µs/res PostgreSQL: Stockguard / limit | errors |\n\
+             |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n",
+            self.kit_count()
+        );
+        for c in self.kits {
+            let (g, l) = (&c.stockguard, &c.limit);
+            let (server_us, pg_us) = cpu_per_reservation(g);
+            let share = |s: &crate::measure::Stats| {
+                let (kits, singles) = kits_and_singles(s);
+                100.0 * ratio(kits as f64, (kits + singles) as f64)
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.0} | {:.0} | {:.2} | {:.0} / {:.0} | {:.0} % / {:.0} % | {:.2} / {:.2} | {server_us:.0} | \
+                 {pg_us:.0} / {:.0} | {} |",
+                c.scenario.name(),
+                c.clients,
+                g.per_sec(g.successes),
+                l.per_sec(l.successes),
+                ratio(g.per_sec(g.successes), l.per_sec(l.successes)),
+                component_reservations_per_sec(g),
+                component_reservations_per_sec(l),
+                share(g),
+                share(l),
+                g.p99_ms,
+                l.p99_ms,
+                cpu_per_reservation(l).1,
+                g.errors + l.errors,
+            );
+        }
+        md.push_str("\nOutcomes:\n\n| cell | clients | Stockguard | limit |\n|---|--:|---|---|\n");
+        for c in self.kits {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} |",
+                c.scenario.name(),
+                c.clients,
+                c.stockguard.outcomes_text(),
+                c.limit.outcomes_text()
+            );
+        }
+    }
+
+    /// Kits made for the KIT cells in this run.
+    fn kit_count(&self) -> usize {
+        crate::scenarios::kit_count(self.settings.smoke)
     }
 
     /// Successful reservations/s vs clients, Stockguard and raw SQL, HOT and SPREAD.

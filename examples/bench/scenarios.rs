@@ -1,14 +1,15 @@
 //! The workloads: what each client does in a loop (the hot or spread
 //! `reserve`, `reserve` at an expected version with retries, one contested
-//! order, contested checkouts of carts), the raw-SQL side of a reserve cell, and the benchmark's runs of
+//! order, contested checkouts of carts, `reserveKit`), the raw-SQL side of a reserve cell, and the benchmark's runs of
 //! them against its own server and database. The load tool (`load.rs`) runs
 //! the same client loops against a server that is already running.
 
 mod clients;
+mod kits;
 mod multi;
 mod setup;
 
-pub use self::{clients::*, multi::*, setup::*};
+pub use self::{clients::*, kits::*, multi::*, setup::*};
 
 use std::{
     sync::{
@@ -57,6 +58,10 @@ pub enum Raw {
     Anywhere,
     /// [`FLOOR_SQL`] on its own schema: what any reservation system pays.
     Floor,
+    /// The server's own kit statement (`stock::kitting::reserve_kit`) for
+    /// the kit clients of a KIT or KIT+SINGLES cell, `RESERVE_SQL` for the
+    /// others: their limit.
+    Kit,
 }
 
 /// The minimal two-write reservation: the conditional decrement and the
@@ -81,6 +86,10 @@ pub async fn create_floor(db: &DatabaseConnection) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The outcomes of a successful reservation in a reserve cell: a single
+/// reserve's, and a kit's (KIT and KIT+SINGLES), counted as one each.
+pub const RESERVED: [&str; 2] = ["Reserved", KIT_RESERVED];
+
 /// Which inventories a reserve cell takes from.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Scenario {
@@ -91,6 +100,12 @@ pub enum Scenario {
     /// Rows whose stock is spread over 4 locations, picked at random, 1–3
     /// units each (see [`Shop::seed_multi`]).
     Multi,
+    /// Kits of 4 SPREAD rows, picked at random, one kit at a time (see
+    /// [`Shop::seed_kits`]).
+    Kit,
+    /// Half the clients reserve kits as KIT does, half one unit of a
+    /// random component row of those kits.
+    KitSingles,
 }
 
 impl Scenario {
@@ -100,13 +115,15 @@ impl Scenario {
             Self::Hot => "HOT",
             Self::Spread => "SPREAD",
             Self::Multi => "MULTI",
+            Self::Kit => "KIT",
+            Self::KitSingles => "KIT+SINGLES",
         }
     }
 
     /// How many units each of its reserves asks for.
     pub fn units(self) -> Units {
         match self {
-            Self::Hot | Self::Spread => Units::One,
+            Self::Hot | Self::Spread | Self::Kit | Self::KitSingles => Units::One,
             Self::Multi => Units::OneToThree,
         }
     }
@@ -175,6 +192,10 @@ pub struct Shop {
     pub spread: Arc<Vec<Uuid>>,
     /// The MULTI inventories, once seeded (after the single-location cells).
     pub multi: Arc<Vec<Uuid>>,
+    /// The kits, once seeded (after every other cell).
+    pub kits: Arc<Vec<BenchKit>>,
+    /// The SPREAD inventories in at least one kit, once the kits are seeded.
+    pub kit_components: Arc<Vec<Uuid>>,
     /// Whether its inventories are made through the server's API only
     /// (another build's server, see [`Shop::open_through_api`]).
     pub through_api: bool,
@@ -217,7 +238,16 @@ impl Shop {
         };
         let spread = Arc::new(spread);
         create_floor(&db).await?;
-        Ok(Self { database_url: database_url.to_owned(), db, hot, spread, multi: Arc::default(), through_api })
+        Ok(Self {
+            database_url: database_url.to_owned(),
+            db,
+            hot,
+            spread,
+            multi: Arc::default(),
+            kits: Arc::default(),
+            kit_components: Arc::default(),
+            through_api,
+        })
     }
 
     fn targets(&self, scenario: Scenario) -> Targets {
@@ -225,6 +255,8 @@ impl Shop {
             Scenario::Hot => Arc::new(vec![self.hot]),
             Scenario::Spread => self.spread.clone(),
             Scenario::Multi => self.multi.clone(),
+            // The single reserves of KIT+SINGLES (KIT's clients take kits only).
+            Scenario::Kit | Scenario::KitSingles => self.kit_components.clone(),
         };
         Targets { ids, units: scenario.units() }
     }
@@ -234,9 +266,11 @@ impl Shop {
     /// and a checkpoint taken, so no run pays for the one before it and a
     /// checkpoint falls inside a measured window less often.
     async fn settle(&self) -> anyhow::Result<()> {
-        // MULTI's levels too, once there are any; before that the
-        // single-location cells settle as they always have.
-        let levels = if self.multi.is_empty() { None } else { Some("VACUUM (ANALYZE) stock_levels") };
+        // MULTI's levels too, once there are any (and the kits', whose
+        // reserves change SPREAD's); before that the single-location cells
+        // settle as they always have.
+        let levels =
+            if self.multi.is_empty() && self.kits.is_empty() { None } else { Some("VACUUM (ANALYZE) stock_levels") };
         let sqls = ["VACUUM (ANALYZE) inventories", "VACUUM (ANALYZE) floor.inventories"].into_iter().chain(levels);
         for sql in sqls.chain(["CHECKPOINT"]) {
             self.db.execute_unprepared(sql).await.with_context(|| format!("before a run: {sql}"))?;
@@ -367,7 +401,9 @@ impl Bench {
                     By::Http(server) => self.stockguard(server, side.shop, scenario, clients, slice).await?,
                     By::Sql(statement) => self.raw_sql(statement, side.shop, scenario, clients, slice).await?,
                 };
-                reserved[i] = m.0.outcomes.get("Reserved").copied().unwrap_or(0) as f64 / slice.as_secs_f64();
+                let outcomes = &m.0.outcomes;
+                let successes: u64 = RESERVED.iter().filter_map(|name| outcomes.get(*name)).sum();
+                reserved[i] = successes as f64 / slice.as_secs_f64();
                 measured[i].add(m);
             }
             // Per round, so a slow patch (a checkpoint's full-page writes) shows where it fell.
@@ -395,6 +431,10 @@ impl Bench {
             .map(|(i, token)| {
                 let rec = Recorder::new(measure_from, until);
                 let keyed = self.settings.keyed;
+                if scenario.kit_client(i) {
+                    let kits = shop.kits.clone();
+                    return tokio::spawn(reserve_kit_client(gql.clone(), token, kits, i as u64 + 1, rec, keyed));
+                }
                 tokio::spawn(reserve_client(gql.clone(), token, targets.clone(), i as u64 + 1, rec, None, keyed))
             })
             .collect();
@@ -427,6 +467,7 @@ impl Bench {
             .map(|(i, mut conn)| {
                 let done = done.clone();
                 let targets = targets.clone();
+                let kits = (statement == Raw::Kit && scenario.kit_client(i)).then(|| shop.kits.clone());
                 tokio::spawn(async move {
                     let user = format!("bench-raw-{i}");
                     let mut rec = Recorder::new(measure_from, until);
@@ -437,6 +478,14 @@ impl Bench {
                         sent += 1;
                         // A fresh key per statement, and a fingerprint the size of the server's.
                         let key = keyed.then(|| (format!("{prefix}-{sent}"), format!("{sent:064x}")));
+                        if let Some(kits) = &kits {
+                            let kit = &kits[rng.below(kits.len())];
+                            let key = key.as_ref().map(|(key, fingerprint)| (key.as_str(), fingerprint.as_str()));
+                            let start = Instant::now();
+                            let outcome = raw_kit(&mut conn, kit, &user, key, ttl_secs).await;
+                            rec.record(start, &outcome, ONE_REQUEST);
+                            continue;
+                        }
                         let reserve = Reserve {
                             inventory_id: targets.ids[rng.below(targets.ids.len())],
                             quantity: targets.units.draw(&mut rng),
@@ -452,7 +501,7 @@ impl Bench {
                             use_safety_stock: false,
                         };
                         let query = match statement {
-                            Raw::Limit => reserve.query(),
+                            Raw::Limit | Raw::Kit => reserve.query(),
                             Raw::Anywhere => reserve.allocating_query(),
                             Raw::Floor => sqlx::query(FLOOR_SQL)
                                 .bind(reserve.inventory_id)

@@ -26,9 +26,10 @@ use super::{
     rows::{MovementReason, ReservationStatus, sql},
 };
 
-/// The request [`reserve_kit`] binds.
+/// The request [`reserve_kit`] binds. Public for the benchmark's KIT
+/// cells, which build it as the server does.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct KitReserve<'a> {
+pub struct KitReserve<'a> {
     /// The kit.
     pub kit_id: Uuid,
     /// Kits.
@@ -64,7 +65,10 @@ pub(crate) struct KitReserve<'a> {
 /// whether its locations could give it (`feasible`), what they offer
 /// (`eligible`, as [`held`] says), and the reservation written (`r_*`,
 /// NULL when nothing was).
-pub(crate) fn reserve_kit(request: KitReserve<'_>) -> Statement {
+///
+/// Public for the benchmark's KIT cells (examples/bench), which run it
+/// prepared on connections of their own as the cells' one-statement limit.
+pub fn reserve_kit(request: KitReserve<'_>) -> Statement {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             r#"

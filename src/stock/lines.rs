@@ -34,8 +34,9 @@ pub(crate) enum Purpose {
 }
 
 /// One line of a multi-item request, merged and checked (one per inventory).
+/// Public for the benchmark, whose KIT limit builds a kit's lines.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Line {
+pub struct Line {
     /// The inventory.
     pub inventory_id: Uuid,
     /// Units, summed over the request's lines for this inventory.

@@ -2,7 +2,7 @@
 //! which every request of the tests goes, answered as a [`Reply`];
 //! [`create_inventory`]; and for the examples' many concurrent callers
 //! [`Gql`] (keep-alive connections, answers read as an [`Outcome`]) with the
-//! lean `reserve` of the benchmark's measured loop ([`Lean`]).
+//! lean `reserve` and `reserveKit` of the benchmark's measured loop ([`Lean`]).
 
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ use uuid::Uuid;
 
 use crate::documents::{
     CREATE_INVENTORY,
-    brief::{PLACE_ORDER, RESERVE_TYPENAME},
+    brief::{PLACE_ORDER, RESERVE_KIT_TYPENAME, RESERVE_TYPENAME},
 };
 
 /// An HTTP answer: the status and the body as it came.
@@ -95,6 +95,8 @@ pub struct Gql {
     url: String,
     /// [`RESERVE_TYPENAME`] as a JSON string, for [`Lean`].
     reserve_json: String,
+    /// [`RESERVE_KIT_TYPENAME`] as a JSON string, for [`Lean`].
+    reserve_kit_json: String,
 }
 
 impl Gql {
@@ -105,7 +107,12 @@ impl Gql {
             .tcp_nodelay(true)
             .timeout(Duration::from_secs(30))
             .build()?;
-        Ok(Self { http, url: format!("{base}/graphql"), reserve_json: serde_json::to_string(RESERVE_TYPENAME)? })
+        Ok(Self {
+            http,
+            url: format!("{base}/graphql"),
+            reserve_json: serde_json::to_string(RESERVE_TYPENAME)?,
+            reserve_kit_json: serde_json::to_string(RESERVE_KIT_TYPENAME)?,
+        })
     }
 
     /// Posts one operation: the HTTP status and the body when it is JSON. A
@@ -163,6 +170,7 @@ impl Gql {
             host: HeaderValue::from_str(&authority)?,
             authority,
             reserve_json: self.reserve_json.clone(),
+            reserve_kit_json: self.reserve_kit_json.clone(),
             connection: None,
         })
     }
@@ -198,6 +206,8 @@ pub struct Lean {
     path: hyper::Uri,
     /// [`RESERVE_TYPENAME`] as a JSON string.
     reserve_json: String,
+    /// [`RESERVE_KIT_TYPENAME`] as a JSON string.
+    reserve_kit_json: String,
     /// Open until the server closes it or a request on it fails.
     connection: Option<Open>,
 }
@@ -222,6 +232,29 @@ impl Lean {
             r#"{{"query":{},"variables":{{"i":{{"inventoryId":"{inventory}"{quantity}{key}}}}}}}"#,
             self.reserve_json
         );
+        self.typename(authorization, body, "reserve").await
+    }
+
+    /// `reserveKit` of `quantity` of `kit` (every location, the default
+    /// choice), with `key` if given. One kit is asked for by leaving the
+    /// quantity out, its default.
+    pub async fn reserve_kit(
+        &mut self,
+        authorization: &HeaderValue,
+        kit: Uuid,
+        quantity: i32,
+        key: Option<&str>,
+    ) -> Outcome {
+        let quantity = if quantity == 1 { String::new() } else { format!(r#","quantity":{quantity}"#) };
+        let key = key.map(|key| format!(r#","idempotencyKey":"{key}""#)).unwrap_or_default();
+        let body =
+            format!(r#"{{"query":{},"variables":{{"i":{{"kitId":"{kit}"{quantity}{key}}}}}}}"#, self.reserve_kit_json);
+        self.typename(authorization, body, "reserveKit").await
+    }
+
+    /// Posts `body`, one of the documents above, and reads the answer's
+    /// `__typename` of `data.<field>`, or its first error's code.
+    async fn typename(&mut self, authorization: &HeaderValue, body: String, field: &str) -> Outcome {
         let answer = tokio::time::timeout(Duration::from_secs(30), self.post(authorization, body)).await;
         let (status, bytes) = match answer {
             Ok(Ok(answer)) => answer,
@@ -239,10 +272,15 @@ impl Lean {
                 let code = answer.errors[0].extensions.as_ref().and_then(|e| e.code.as_deref()).unwrap_or("no code");
                 Outcome::Error(code.to_owned())
             }
-            Ok(ReserveAnswer { data: Some(ReserveData { reserve: Some(name) }), .. }) => {
+            Ok(ReserveAnswer { data: Some(ReserveData { reserve: Some(name), .. }), .. }) if field == "reserve" => {
                 Outcome::Ok(name.typename.into_owned(), Value::Null)
             }
-            Ok(_) => Outcome::Error("no data.reserve".into()),
+            Ok(ReserveAnswer { data: Some(ReserveData { reserve_kit: Some(name), .. }), .. })
+                if field == "reserveKit" =>
+            {
+                Outcome::Ok(name.typename.into_owned(), Value::Null)
+            }
+            Ok(_) => Outcome::Error(format!("no data.{field}")),
             Err(_) => Outcome::Error("HTTP bad body".into()),
         }
     }
@@ -285,7 +323,7 @@ fn transport(err: reqwest::Error) -> String {
     format!("HTTP {}", if err.is_timeout() { "timeout" } else { "transport" })
 }
 
-/// Only what [`Lean::reserve`] reads of an answer.
+/// Only what [`Lean::reserve`] and [`Lean::reserve_kit`] read of an answer.
 #[derive(serde::Deserialize)]
 struct ReserveAnswer<'a> {
     #[serde(borrow)]
@@ -298,6 +336,8 @@ struct ReserveAnswer<'a> {
 struct ReserveData<'a> {
     #[serde(borrow)]
     reserve: Option<Typename<'a>>,
+    #[serde(borrow, rename = "reserveKit")]
+    reserve_kit: Option<Typename<'a>>,
 }
 
 #[derive(serde::Deserialize)]

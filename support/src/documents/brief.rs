@@ -4,6 +4,9 @@
 /// `reserve` reading back only the union member: the measured loop's request.
 pub const RESERVE_TYPENAME: &str = "mutation($i: ReserveInput!) { reserve(input: $i) { __typename } }";
 
+/// `reserveKit` reading back only the union member: the KIT cells' measured request.
+pub const RESERVE_KIT_TYPENAME: &str = "mutation($i: ReserveKitInput!) { reserveKit(input: $i) { __typename } }";
+
 /// `reserve` with what a client keeps: the reservation and the inventory's version.
 pub const RESERVE: &str = r#"mutation($i: ReserveInput!) { reserve(input: $i) { __typename
   ... on Reserved { reservation { id } inventory { id version } }
