@@ -241,7 +241,7 @@ impl Report<'_> {
             None => out.push((target, "not measured".into(), None)),
         }
         let target =
-            "HOT, SPREAD and MULTI within 10 % of the build before (--baseline-bin), in the same rounds".to_owned();
+            "HOT, SPREAD and MULTI within 5 % of the build before (--baseline-bin), in the same rounds".to_owned();
         // Not the kit cells (compared when both builds have kits): this
         // target is the cells that were there before them.
         let worst = self.baseline.and_then(|b| pairs::worst(b.cells.iter().filter(|c| !c.scenario.is_kit())));
@@ -249,7 +249,7 @@ impl Report<'_> {
             Some((c, r)) => out.push((
                 target,
                 format!("{r:.2}× at {} x{} (the lowest after / before)", c.scenario.name(), c.clients),
-                Some(r >= 0.9),
+                Some(r >= 0.95),
             )),
             None => out.push((target, "not measured".into(), None)),
         }
