@@ -269,6 +269,21 @@ static SHELF: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The body of the CTE `pick`: the run of the shelf each grant of
+/// `granted` (a CTE of `reservation_id`, `movement_id`, `inventory_id`,
+/// `stock`, `version`, `quantity` and its `start` on its inventory's shelf,
+/// with `columns` passed through) takes, one row per level it touches,
+/// `j` numbering them.
+fn pick(granted: &str, columns: &str) -> String {
+    format!(
+        "SELECT g.reservation_id, g.movement_id, g.inventory_id, g.stock, g.version,{columns} sh.location_id,
+           (least(g.start + g.quantity, sh.start + sh.offered) - greatest(g.start, sh.start))::integer AS take,
+           row_number() OVER (PARTITION BY g.reservation_id ORDER BY sh.start) AS j
+      FROM {granted} g JOIN shelf sh ON sh.inventory_id = g.inventory_id
+     WHERE sh.start < g.start + g.quantity AND sh.start + sh.offered > g.start"
+    )
+}
+
 /// The body of the CTE `drawn`: each level written once, from the value
 /// `lvl` locked, less what the grants `pick` from it.
 const DRAWN: &str = "UPDATE stock_levels l SET available = v.available - d.take
@@ -338,11 +353,7 @@ WITH RECURSIVE req AS MATERIALIZED (
 ), shelf AS (
     {shelf}
 ), pick AS (
-    SELECT g.reservation_id, g.movement_id, g.inventory_id, g.stock, g.version, sh.location_id,
-           (least(g.start + g.quantity, sh.start + sh.offered) - greatest(g.start, sh.start))::integer AS take,
-           row_number() OVER (PARTITION BY g.reservation_id ORDER BY sh.start) AS j
-      FROM granted g JOIN shelf sh ON sh.inventory_id = g.inventory_id
-     WHERE sh.start < g.start + g.quantity AND sh.start + sh.offered > g.start
+    {pick}
 ), drawn AS (
     {drawn}
 ), reservation AS (
@@ -368,6 +379,7 @@ WITH RECURSIVE req AS MATERIALIZED (
         held = HELD.as_str(),
         shelf = SHELF.as_str(),
         drawn = DRAWN,
+        pick = pick("granted", ""),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
         granted_expires = expiry("ttl_secs"),
@@ -476,12 +488,7 @@ WITH RECURSIVE req AS MATERIALIZED (
 ), shelf AS (
     {shelf}
 ), pick AS (
-    SELECT g.reservation_id, g.movement_id, g.inventory_id, g.stock, g.version, g.kit_reservation_id,
-           sh.location_id,
-           (least(g.start + g.quantity, sh.start + sh.offered) - greatest(g.start, sh.start))::integer AS take,
-           row_number() OVER (PARTITION BY g.reservation_id ORDER BY sh.start) AS j
-      FROM ran g JOIN shelf sh ON sh.inventory_id = g.inventory_id
-     WHERE sh.start < g.start + g.quantity AND sh.start + sh.offered > g.start
+    {pick}
 ), drawn AS (
     {drawn}
 ), kit AS (
@@ -521,6 +528,7 @@ SELECT CASE WHEN i.id IS NULL THEN false WHEN r.use_safety THEN NULL ELSE true E
         held = HELD.as_str(),
         shelf = SHELF.as_str(),
         drawn = DRAWN,
+        pick = pick("ran", " g.kit_reservation_id,"),
         set = set("last.stock", "last.version"),
         active = sql(ReservationStatus::Active),
         reserved = sql(MovementReason::Reserved),
