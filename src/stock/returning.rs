@@ -61,7 +61,11 @@ SELECT {columns}, {reservation} FROM changed c, released r"#,
 /// `kit_reservation_id` and added to the due reservations (`UNION ALL`):
 /// an `OR` of the two in the UPDATE's WHERE can only be answered by
 /// scanning every reservation, and on 10 million rows of history every
-/// sweep ran into the statement timeout (tests/api/plans.rs).
+/// sweep ran into the statement timeout (tests/api/plans.rs). The
+/// conditions are repeated on the row updated, so that at READ COMMITTED a
+/// component a release changed after the statement's snapshot is judged
+/// as it is now (PostgreSQL re-checks the UPDATE's own conditions on the
+/// newest row, not a subquery's), and its units come back once.
 ///
 /// The limit is written into the text, not bound: with `LIMIT $1` the
 /// generic plan is costed for an unknown limit, PostgreSQL judges it dearer
@@ -95,6 +99,7 @@ WITH due AS (
                     SELECT c.id FROM reservations c
                      WHERE c.kit_reservation_id = ANY (ARRAY(SELECT id FROM due_kits))
                        AND c.status = {active} AND c.expires_at <= now())
+       AND r.status = {active} AND r.expires_at <= now()
  RETURNING r.id, r.inventory_id, r.quantity, r.kit_reservation_id
 ), locked AS MATERIALIZED (
     {locked}
