@@ -30,7 +30,7 @@ use stockguard::{auth::Role, config::Limits};
 use uuid::Uuid;
 
 use self::receiver::{Answer, Receiver, events, verifies};
-use crate::helpers::{Isolation, Options, TestApp, address, at_every_isolation, at_once, eventually, uuid};
+use crate::helpers::{Isolation, Options, TestApp, address, at_every_isolation, at_once, eventually, retried, uuid};
 
 const CREATE_WEBHOOK: &str = "mutation($input: CreateWebhookInput!) { createWebhook(input: $input) {
   endpoint { id url events active } secret } }";
@@ -159,7 +159,8 @@ async fn every_committed_change_arrives_once_in_order_and_signed(isolation: Isol
         let item = items[n % 3];
         async move {
             let token = app.token(&format!("ev-{n}"), Role::Customer);
-            (token.clone(), app.reserve(&token, json!({ "inventoryId": item, "quantity": 1 + n % 2 })).await)
+            let input = json!({ "inventoryId": item, "quantity": 1 + n % 2 });
+            (token.clone(), retried(|| app.reserve(&token, input.clone())).await)
         }
         .boxed()
     });
@@ -169,22 +170,23 @@ async fn every_committed_change_arrives_once_in_order_and_signed(isolation: Isol
         .filter(|(_, r)| r["__typename"] == "Reserved")
         .map(|(token, r)| (token.clone(), r["reservation"]["id"].as_str().expect("id").to_owned()))
         .collect();
-    assert!(reserved.iter().any(|(_, r)| r["__typename"] == "SoldOut"), "EV-C sold out");
+    assert!(reserved.iter().any(|(_, r)| r["__typename"] == "SoldOut"), "EV-C sold out: {reserved:?}");
     let releases = granted.iter().step_by(2).map(|(token, id)| {
         let (app, token, id) = (app.clone(), token.clone(), id.clone());
-        async move { app.release(&token, id).await }.boxed()
+        async move { retried(|| app.release(&token, &id)).await }.boxed()
     });
     for released in at_once(releases.collect()).await {
         assert_eq!(released["__typename"], "ReservationReleased", "{released}");
     }
     // EV-A may have sold out and had none of its units released: the
     // restock is what the order is sure to find.
-    let restocked = app.restock(&app.operator(), json!({ "inventoryId": items[0], "quantity": 1 })).await;
+    let (operator, restock) = (app.operator(), json!({ "inventoryId": items[0], "quantity": 1 }));
+    let restocked = retried(|| app.restock(&operator, restock.clone())).await;
     assert_eq!(restocked["__typename"], "Restocked", "{restocked}");
     let customer = app.token("ev-buyer", Role::Customer);
     let order =
         json!({ "items": [{ "inventoryId": items[0], "quantity": 1 }], "shippingAddress": address("1 Main Street") });
-    let placed = app.place_order(&customer, order).await;
+    let placed = retried(|| app.place_order(&customer, order.clone())).await;
     assert_eq!(placed["__typename"], "OrderPlaced", "{placed}");
 
     let committed = committed_changes(&app, &items).await;

@@ -101,6 +101,28 @@ pub fn error_code(body: &Value) -> Option<&str> {
     body["errors"][0]["extensions"]["code"].as_str()
 }
 
+/// Runs `call` again, as a client told `retryable` would, while it answers
+/// the retryable `DATABASE_UNAVAILABLE` (a statement pool that stayed full
+/// past its acquire timeout, collisions that ran out), at most 10 times;
+/// the last answer. For tests whose subject is not that refusal: a call
+/// that wrote something before refusing would show in what they count
+/// next (a second reservation, a release answered `ReservationNotActive`).
+pub async fn retried<F, Fut>(mut call: F) -> Value
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Value>,
+{
+    let mut answer = call().await;
+    for _ in 1..10 {
+        if error_code(&answer) != Some("DATABASE_UNAVAILABLE") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        answer = call().await;
+    }
+    answer
+}
+
 /// Polls `probe` every 20 ms until it holds, and fails the test (naming
 /// `what`) when it has not within `limit`: a wait that cannot pass without
 /// the condition. Returns how long it took.

@@ -29,7 +29,8 @@ use stockguard::{
 use uuid::Uuid;
 
 pub use self::answers::{
-    address, at_once, count, error_code, eventually, metric, named, names, order_lines, plan_nodes, sweep_all, uuid,
+    address, at_once, count, error_code, eventually, metric, named, names, order_lines, plan_nodes, retried, sweep_all,
+    uuid,
 };
 use self::template::copy_of_template;
 pub use crate::documents::RESERVE;
