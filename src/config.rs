@@ -317,6 +317,12 @@ pub struct Limits {
     #[arg(long, env = "STOCKGUARD_COLLISION_ATTEMPTS", default_value_t = 20)]
     pub collision_attempts: u32,
 
+    /// How long a waiting list's offer is held for its customer (seconds),
+    /// 1 to 2,592,000 (30 days); then it expires and passes to the next in line.
+    #[arg(long, env = "STOCKGUARD_WAITLIST_OFFER_SECS", default_value_t = 900,
+          value_parser = clap::value_parser!(i32).range(1..=2_592_000))]
+    pub waitlist_offer_secs: i32,
+
     /// Let webhooks reach loopback addresses (`http://127.0.0.1:…`,
     /// `http://localhost:…`, `https` too), for development and tests. Every
     /// other private, link-local or reserved address stays refused, at

@@ -26,10 +26,12 @@ pub enum Kind {
     Kit,
     /// `KitReservation`.
     KitReservation,
+    /// `WaitlistEntry`.
+    WaitlistEntry,
 }
 
 impl Kind {
-    const ALL: [Self; 8] = [
+    const ALL: [Self; 9] = [
         Self::Inventory,
         Self::Reservation,
         Self::Order,
@@ -38,6 +40,7 @@ impl Kind {
         Self::WebhookEndpoint,
         Self::Kit,
         Self::KitReservation,
+        Self::WaitlistEntry,
     ];
 
     fn type_name(self) -> &'static str {
@@ -50,6 +53,7 @@ impl Kind {
             Self::WebhookEndpoint => "WebhookEndpoint",
             Self::Kit => "Kit",
             Self::KitReservation => "KitReservation",
+            Self::WaitlistEntry => "WaitlistEntry",
         }
     }
 }

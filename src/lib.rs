@@ -79,4 +79,5 @@ pub(crate) mod telemetry;
 /// Input checks that turn bad input into `BAD_USER_INPUT` before anything runs.
 pub(crate) mod validate;
 /// Webhook endpoints and their deliveries, as operators manage them.
+pub(crate) mod waitlists;
 pub(crate) mod webhooks;

@@ -22,6 +22,7 @@ use crate::{
     locations::graphql::{self as locations, Location},
     orders::graphql::{self as orders, Order},
     reservations::graphql::{self as reservations, Reservation},
+    waitlists::graphql::{self as waitlists, WaitlistEntry},
     webhooks::graphql::{self as webhooks, WebhookEndpoint},
 };
 
@@ -45,6 +46,8 @@ pub(crate) enum Node {
     Kit(Kit),
     /// A hold on kits.
     KitReservation(KitReservation),
+    /// A customer in line for freed units.
+    WaitlistEntry(WaitlistEntry),
 }
 
 /// Most ids one `nodes` call looks up.
@@ -93,5 +96,6 @@ async fn find(ctx: &Context<'_>, kind: Kind, id: Uuid) -> GqlResult<Option<Node>
         Kind::WebhookEndpoint => webhooks::visible(ctx, id).await?.map(Node::WebhookEndpoint),
         Kind::Kit => kits::load(ctx, id).await?.map(Node::Kit),
         Kind::KitReservation => kits::visible(ctx, id).await?.map(Node::KitReservation),
+        Kind::WaitlistEntry => waitlists::visible(ctx, id).await?.map(Node::WaitlistEntry),
     })
 }

@@ -38,6 +38,10 @@ use crate::{
         service::ReservationService,
     },
     telemetry,
+    waitlists::{
+        graphql::{WaitlistMutation, WaitlistQuery},
+        service::WaitlistService,
+    },
     webhooks::{
         graphql::{WebhookMutation, WebhookQuery},
         service::WebhookService,
@@ -46,7 +50,16 @@ use crate::{
 
 /// The root query type.
 #[derive(MergedObject, Default)]
-pub struct Query(InventoryQuery, ReservationQuery, KitQuery, OrderQuery, LocationQuery, WebhookQuery, NodeQuery);
+pub struct Query(
+    InventoryQuery,
+    ReservationQuery,
+    KitQuery,
+    WaitlistQuery,
+    OrderQuery,
+    LocationQuery,
+    WebhookQuery,
+    NodeQuery,
+);
 
 /// The root mutation type.
 #[derive(MergedObject, Default)]
@@ -54,6 +67,7 @@ pub struct Mutation(
     InventoryMutation,
     ReservationMutation,
     KitMutation,
+    WaitlistMutation,
     OrderMutation,
     ReturnMutation,
     AdjustmentMutation,
@@ -91,6 +105,8 @@ pub(crate) struct Services {
     pub reservations: ReservationService,
     /// Kits and kit reservations.
     pub kits: KitService,
+    /// Waiting lists.
+    pub waitlists: WaitlistService,
     /// Orders.
     pub orders: OrderService,
     /// Returns of fulfilled orders.

@@ -33,6 +33,7 @@ use crate::{
     },
     schema::{self, AppSchema, Services},
     stock::partitions,
+    waitlists::service::WaitlistService,
     webhooks::service::WebhookService,
 };
 
@@ -62,6 +63,7 @@ impl Server {
             inventory: InventoryService::new(&state),
             reservations: ReservationService::new(&state, coalescer.clone()),
             kits: KitService::new(&state, coalescer),
+            waitlists: WaitlistService::new(&state),
             orders: OrderService::new(&state),
             returns: ReturnService::new(&state),
             adjustments: AdjustmentService::new(&state),
@@ -94,13 +96,23 @@ impl Server {
     /// The schema this process serves, with every feature's runtime state as data.
     pub fn schema(&self) -> AppSchema {
         schema::build(self.state.clone(), |schema| {
-            let Services { inventory, reservations, kits, orders, returns, adjustments, locations, webhooks } =
-                self.services.clone();
+            let Services {
+                inventory,
+                reservations,
+                kits,
+                waitlists,
+                orders,
+                returns,
+                adjustments,
+                locations,
+                webhooks,
+            } = self.services.clone();
             schema
                 .data(inventory)
                 .data(locations)
                 .data(reservations)
                 .data(kits)
+                .data(waitlists)
                 .data(orders)
                 .data(returns)
                 .data(adjustments)

@@ -34,6 +34,7 @@ mod m20261213_090000_index_idempotency_keys_by_age;
 mod m20261214_090000_take_back_returned_units;
 mod m20261215_090000_adjust_stock_and_keep_safety_stock;
 mod m20261216_090000_sell_kits;
+mod m20261217_090000_offer_freed_units_to_waiting_lists;
 
 /// The migrations in the order they are applied.
 pub struct Migrator;
@@ -64,6 +65,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261214_090000_take_back_returned_units::Migration),
             Box::new(m20261215_090000_adjust_stock_and_keep_safety_stock::Migration),
             Box::new(m20261216_090000_sell_kits::Migration),
+            Box::new(m20261217_090000_offer_freed_units_to_waiting_lists::Migration),
         ]
     }
 }

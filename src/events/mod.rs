@@ -113,6 +113,9 @@ pub(crate) enum EventType {
     /// A new version of an order.
     #[sea_orm(string_value = "ORDER_CHANGED")]
     OrderChanged,
+    /// A waiting list entry joined or changed status.
+    #[sea_orm(string_value = "WAITLIST_CHANGED")]
+    WaitlistChanged,
 }
 
 /// Where a delivery (one body of 1 to 100 events to one endpoint) stands,
@@ -143,7 +146,7 @@ mod tests {
     #[test]
     fn event_types_and_delivery_statuses_keep_their_stored_names() {
         let types: Vec<String> = EventType::iter().map(|kind| kind.to_value()).collect();
-        assert_eq!(types, ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED"]);
+        assert_eq!(types, ["STOCK_CHANGED", "RESERVATION_CHANGED", "ORDER_CHANGED", "WAITLIST_CHANGED"]);
         let statuses: Vec<String> = DeliveryStatus::iter().map(|status| status.to_value()).collect();
         assert_eq!(statuses, ["PENDING", "DELIVERED", "FAILED"]);
     }

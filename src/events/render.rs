@@ -228,6 +228,8 @@ impl<'a> Pass<'a> {
             // checkout, after its version's stock and reservation changes.
             let (rank, subject) = match r.kind {
                 EventType::OrderChanged => (0, "orderId"),
+                // An entry's changes are ordered by its own version.
+                EventType::WaitlistChanged => (0, "entryId"),
                 EventType::StockChanged | EventType::ReservationChanged => (2, "inventoryId"),
             };
             events.push(Event {

@@ -84,6 +84,8 @@ pub enum Drift {
     Line(LineDrift),
     /// A kit reservation that is not whole.
     Kit(KitDrift),
+    /// A waiting list entry whose held or offered units are not its own.
+    Entry(EntryDrift),
 }
 
 /// One inventory whose numbers do not add up.
@@ -193,6 +195,32 @@ pub struct KitDrift {
     pub matching: i64,
 }
 
+/// A waiting list entry whose units do not add up: a WAITING entry whose
+/// hold is not an ACTIVE, unexpiring reservation of exactly its `held`
+/// units that no customer owns (or that has units while it holds none, or
+/// holds its whole quantity without being offered); an OFFERED entry whose
+/// offer is not an ACTIVE reservation of its customer for its quantity; a
+/// settled entry (CLAIMED, EXPIRED, LEFT) whose hold is still ACTIVE.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct EntryDrift {
+    /// The entry.
+    pub entry_id: Uuid,
+    /// Its inventory.
+    pub(crate) inventory_id: Uuid,
+    /// The inventory's SKU.
+    pub(crate) sku: String,
+    /// The entry's status.
+    pub status: String,
+    /// Units it wants.
+    pub quantity: i64,
+    /// Units it counts as held for it.
+    pub held: i64,
+    /// Its hold's (or offer's) status; none without one.
+    pub hold_status: Option<String>,
+    /// Its hold's (or offer's) units.
+    pub hold_quantity: i64,
+}
+
 impl std::fmt::Display for Drift {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -236,6 +264,11 @@ impl std::fmt::Display for Drift {
                 d.matching,
                 d.statuses,
                 d.expiries
+            ),
+            Self::Entry(d) => write!(
+                f,
+                "{} ({}) waiting list entry {}, {}: {} of {} held, its hold {:?} of {} units",
+                d.sku, d.inventory_id, d.entry_id, d.status, d.held, d.quantity, d.hold_status, d.hold_quantity
             ),
             Self::Level(d) => {
                 let available = d.available.map_or_else(|| "no level".to_owned(), |n| n.to_string());
@@ -498,9 +531,9 @@ async fn run(
     }
     // The order lines with returns (few beside the inventories, found
     // through the partial index of lines with returned units and the return
-    // lines themselves) and the kit reservations, a statement each after
-    // the inventories' batches.
-    for statement in [sums::RETURNED_LINES.as_str(), sums::KIT_RESERVATIONS] {
+    // lines themselves), the kit reservations and the waiting lists' open
+    // entries and holds, a statement each after the inventories' batches.
+    for statement in [sums::RETURNED_LINES.as_str(), sums::KIT_RESERVATIONS, sums::WAITLIST_ENTRIES] {
         clock.arm(txn).await?;
         for row in txn.query_all_raw(query(statement)).await? {
             found(Found::Drift(drift(&row)?));
@@ -530,6 +563,7 @@ fn drift(row: &sea_orm::QueryResult) -> Result<Drift, DbErr> {
         "inventory" => serde_json::from_value(detail).map(Drift::Inventory).map_err(read),
         "line" => serde_json::from_value(detail).map(Drift::Line).map_err(read),
         "kit" => serde_json::from_value(detail).map(Drift::Kit).map_err(read),
+        "entry" => serde_json::from_value(detail).map(Drift::Entry).map_err(read),
         _ => serde_json::from_value(detail).map(Drift::Level).map_err(read),
     }
 }

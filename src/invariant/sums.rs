@@ -330,3 +330,27 @@ SELECT 'kit' AS kind, d.sku, to_jsonb(d) AS detail
             OR p.parts <> (SELECT count(*) FROM kit_components c WHERE c.kit_id = k.kit_id)
             OR p.matching <> p.parts) AS d
  ORDER BY d.sku, d.kit_reservation_id"#;
+
+/// The waiting list entries whose units are not their own, each as an
+/// `entry` drift (see `EntryDrift`): the open entries, and the entries of
+/// every ACTIVE hold (found through the partial index of holds), judged
+/// with their hold.
+pub(super) const WAITLIST_ENTRIES: &str = r#"
+SELECT 'entry' AS kind, d.sku, to_jsonb(d) AS detail
+  FROM (SELECT e.id AS entry_id, e.inventory_id, i.sku, e.status, e.quantity::bigint AS quantity,
+               e.held::bigint AS held, r.status AS hold_status, coalesce(r.quantity, 0)::bigint AS hold_quantity
+          FROM (SELECT id FROM waitlist_entries WHERE status IN ('WAITING', 'OFFERED')
+                UNION SELECT waitlist_entry_id FROM reservations
+                       WHERE waitlist_entry_id IS NOT NULL AND status = 'ACTIVE') AS x
+          JOIN waitlist_entries e ON e.id = x.id
+          JOIN inventories i ON i.id = e.inventory_id
+          LEFT JOIN reservations r ON r.id = e.reservation_id
+         WHERE NOT coalesce(CASE e.status
+                 WHEN 'WAITING' THEN e.held < e.quantity
+                      AND ((e.held = 0 AND r.id IS NULL)
+                           OR (r.status = 'ACTIVE' AND r.quantity = e.held AND r.expires_at IS NULL
+                               AND r.user_id = 'waitlist:' || e.id AND r.waitlist_entry_id = e.id))
+                 WHEN 'OFFERED' THEN r.status = 'ACTIVE' AND r.quantity = e.quantity AND r.user_id = e.user_id
+                      AND r.waitlist_entry_id = e.id
+                 ELSE false END, false)) AS d
+ ORDER BY d.sku, d.entry_id"#;

@@ -127,6 +127,12 @@ impl Inventory {
         units(self.states(ctx).await?.sellable)
     }
 
+    /// Units wanted by its waiting list's WAITING entries (batched per request).
+    async fn waiting(&self, ctx: &Context<'_>) -> GqlResult<i32> {
+        let loader = ctx.loader::<crate::waitlists::loader::WaitingLoader>()?;
+        units(loader.load_one(self.0.id).await.gql()?.unwrap_or(0))
+    }
+
     /// Its stock at each location that ever held it, by priority then code
     /// (batched per request); the state fields above are their sums.
     async fn levels(&self, ctx: &Context<'_>) -> GqlResult<Vec<StockLevel>> {

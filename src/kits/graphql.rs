@@ -86,6 +86,12 @@ impl Kit {
         Ok(ctx.loader::<AvailableLoader>()?.load_one(self.0.id).await.gql()?.unwrap_or(0))
     }
 
+    /// Units wanted by its waiting list's WAITING entries: kits have no
+    /// waiting list yet, so 0.
+    async fn waiting(&self) -> i32 {
+        0
+    }
+
     /// When it was made.
     async fn created_at(&self) -> DateTime<Utc> {
         self.0.created_at

@@ -27,6 +27,9 @@ pub(crate) enum EventType {
     /// A new version of an order: placed, address changed, confirmed,
     /// cancelled, fulfilled.
     OrderChanged,
+    /// A waiting list entry joined or changed status (offered, claimed,
+    /// expired, left).
+    WaitlistChanged,
 }
 
 impl From<EventType> for events::EventType {
@@ -35,6 +38,7 @@ impl From<EventType> for events::EventType {
             EventType::StockChanged => Self::StockChanged,
             EventType::ReservationChanged => Self::ReservationChanged,
             EventType::OrderChanged => Self::OrderChanged,
+            EventType::WaitlistChanged => Self::WaitlistChanged,
         }
     }
 }
@@ -45,6 +49,7 @@ impl From<events::EventType> for EventType {
             events::EventType::StockChanged => Self::StockChanged,
             events::EventType::ReservationChanged => Self::ReservationChanged,
             events::EventType::OrderChanged => Self::OrderChanged,
+            events::EventType::WaitlistChanged => Self::WaitlistChanged,
         }
     }
 }

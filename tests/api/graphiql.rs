@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::helpers::{TestApp, uuid};
 
 /// The operations a person finds in GraphiQL, in the order they use them.
-const OPERATIONS: [&str; 12] = [
+const OPERATIONS: [&str; 15] = [
     "ListStock",
     "CreateLocation",
     "TransferStock",
@@ -21,6 +21,9 @@ const OPERATIONS: [&str; 12] = [
     "ReserveKit",
     "ReleaseKitReservation",
     "ReserveCartWithKit",
+    "JoinWaitlist",
+    "MyWaitlistEntries",
+    "LeaveWaitlist",
 ];
 
 /// The document in the page's `data-default-query`, unescaped.
@@ -178,5 +181,15 @@ async fn the_example_operations_run_as_written_on_a_fresh_shop() {
     assert_eq!((&kit_reservation["quantity"], &kit_reservation["kit"]["sku"]), (&json!(1), &json!("STARTER-KIT")));
     let read = run(&app, &operator, &document, "Kit", json!({ "kitId": kit })).await;
     assert_eq!(read["kit"]["available"], 0, "{read}");
+
+    // EXAMPLE-1 is sold out above its safety stock: the line is open.
+    let joined = run(&app, &operator, &document, "JoinWaitlist", json!({ "inventoryId": inventory })).await;
+    let entry = &joined["joinWaitlist"]["entry"];
+    assert_eq!((&entry["status"], &entry["position"]), (&json!("WAITING"), &json!(1)), "{joined}");
+    assert_eq!(entry["inventory"]["waiting"], 1, "{joined}");
+    let mine = run(&app, &operator, &document, "MyWaitlistEntries", json!({})).await;
+    assert_eq!(mine["myWaitlistEntries"]["nodes"][0]["id"], entry["id"], "{mine}");
+    let left = run(&app, &operator, &document, "LeaveWaitlist", json!({ "entryId": entry["id"] })).await;
+    assert_eq!(left["leaveWaitlist"]["status"], "LEFT", "{left}");
     app.assert_invariant().await;
 }

@@ -50,5 +50,6 @@ mod stock_ops;
 mod stock_states;
 mod traces;
 mod transfers;
+mod waitlists;
 mod webhooks;
 mod ws;

@@ -138,6 +138,7 @@ fn the_committed_possible_types_are_the_schema_s() {
             "Order",
             "Reservation",
             "StockMovement",
+            "WaitlistEntry",
             "WebhookEndpoint"
         ])
     );

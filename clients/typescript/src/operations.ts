@@ -363,3 +363,34 @@ export const ExtendKitReservation = graphql(`
     }
   }
 `);
+
+export const JoinWaitlist = graphql(`
+  mutation JoinWaitlist($input: JoinWaitlistInput!) {
+    joinWaitlist(input: $input) {
+      __typename
+      ... on WaitlistJoined { entry { id status position quantity inventory { sku } } }
+      ... on NotSoldOut { available }
+      ... on InventoryNotFound { inventoryId }
+      ... on KitNotFound { kitId }
+    }
+  }
+`);
+
+export const MyWaitlistEntries = graphql(`
+  query MyWaitlistEntries($first: Int, $after: String) {
+    myWaitlistEntries(first: $first, after: $after) {
+      nodes {
+        id status position quantity createdAt offeredAt
+        inventory { sku }
+        offer { id status expiresAt }
+      }
+      pageInfo { hasNextPage endCursor }
+    }
+  }
+`);
+
+export const LeaveWaitlist = graphql(`
+  mutation LeaveWaitlist($id: UUID!) {
+    leaveWaitlist(id: $id) { id status }
+  }
+`);

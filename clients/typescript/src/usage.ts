@@ -31,10 +31,15 @@ import type {
   InventoryLevelsQueryVariables,
   InventoryMovementsQuery,
   InventoryMovementsQueryVariables,
+  JoinWaitlistMutation,
+  JoinWaitlistMutationVariables,
   KitQuery,
   KitQueryVariables,
+  LeaveWaitlistMutationVariables,
   LocationsQuery,
   LocationsQueryVariables,
+  MyWaitlistEntriesQuery,
+  MyWaitlistEntriesQueryVariables,
   OrderChangedSubscription,
   OrderChangedSubscriptionVariables,
   OrderReturnsQuery,
@@ -579,6 +584,8 @@ export function eventTypeLabel(type: EventType): string {
       return 'reservations';
     case EventType.OrderChanged:
       return 'orders';
+    case EventType.WaitlistChanged:
+      return 'waiting lists';
     default:
       return unhandled(type);
   }
@@ -669,6 +676,32 @@ export function describeReserveKit(result: ReserveKitMutation['reserveKit']): st
     default:
       return unhandled(result);
   }
+}
+
+export function describeJoinWaitlist(result: JoinWaitlistMutation['joinWaitlist']): string {
+  switch (result.__typename) {
+    case 'WaitlistJoined': {
+      const { entry } = result;
+      // Each freed unit is held for the head of the line; the offer comes as a WAITLIST_CHANGED event.
+      return `in line for ${entry.quantity} × ${entry.inventory?.sku ?? '?'} (${entry.id}, ${entry.status}, position ${entry.position ?? '-'})`;
+    }
+    case 'NotSoldOut':
+      // Nothing written: reserve instead.
+      return `${result.available} can be reserved now`;
+    case 'InventoryNotFound':
+      return `no inventory ${result.inventoryId}`;
+    case 'KitNotFound':
+      return `no kit ${result.kitId}`;
+    default:
+      return unhandled(result);
+  }
+}
+
+export function describeWaitlistEntries(result: MyWaitlistEntriesQuery): string[] {
+  return result.myWaitlistEntries.nodes.map((entry) => {
+    const offer = entry.offer ? `, offer ${entry.offer.id} ${entry.offer.status} until ${entry.offer.expiresAt ?? 'never'}` : '';
+    return `${entry.quantity} × ${entry.inventory?.sku ?? '?'}: ${entry.status}${offer}`;
+  });
 }
 
 export function describeReleaseKit(result: ReleaseKitReservationMutation['releaseKitReservation']): string {
@@ -837,6 +870,12 @@ export const examples = {
   extendReservation: { id: '00000000-0000-0000-0000-000000000003', seconds: 300 },
   releaseKitReservation: { id: '00000000-0000-0000-0000-00000000000b' },
   extendKitReservation: { id: '00000000-0000-0000-0000-00000000000b', seconds: 300 },
+  // Two units of a sold-out item, offered together when both are freed.
+  joinWaitlist: {
+    input: { inventoryId: '00000000-0000-0000-0000-000000000001', quantity: 2, idempotencyKey: 'wl-1' },
+  },
+  myWaitlistEntries: { first: 20 },
+  leaveWaitlist: { id: '00000000-0000-0000-0000-00000000000c' },
 } satisfies {
   reserve: ReserveMutationVariables;
   reserveAcrossLocations: ReserveMutationVariables;
@@ -873,4 +912,7 @@ export const examples = {
   extendReservation: ExtendReservationMutationVariables;
   releaseKitReservation: ReleaseKitReservationMutationVariables;
   extendKitReservation: ExtendKitReservationMutationVariables;
+  joinWaitlist: JoinWaitlistMutationVariables;
+  myWaitlistEntries: MyWaitlistEntriesQueryVariables;
+  leaveWaitlist: LeaveWaitlistMutationVariables;
 };

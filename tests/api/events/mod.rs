@@ -16,6 +16,7 @@ mod scan;
 mod sharing;
 mod thread;
 mod units;
+mod waitlists;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -123,13 +124,17 @@ fn stock_changes(events: &[Value]) -> Vec<(Uuid, i64)> {
         .collect()
 }
 
-/// Asserts that each inventory's and each order's events arrived in version
-/// order (first arrivals), an order's returns (which keep its version)
-/// after it by their number.
+/// Asserts that each inventory's, each order's and each waiting list
+/// entry's events arrived in version order (first arrivals), an order's
+/// returns (which keep its version) after it by their number.
 fn assert_in_order(first: &[Value]) {
     let mut last: BTreeMap<(String, String), (i64, i64)> = BTreeMap::new();
     for event in first.iter().filter(|e| e["type"] != "RESERVATION_CHANGED") {
-        let subject = event["inventoryId"].as_str().or(event["orderId"].as_str()).unwrap_or_default();
+        let subject = event["inventoryId"]
+            .as_str()
+            .or(event["orderId"].as_str())
+            .or(event["entryId"].as_str())
+            .unwrap_or_default();
         let key = (event["type"].as_str().unwrap_or_default().to_owned(), subject.to_owned());
         let place =
             (event["version"].as_i64().expect("a version"), event["data"]["returnNumber"].as_i64().unwrap_or(0));

@@ -1,0 +1,218 @@
+//! Waiting lists: each unit freed while customers wait goes to the first of
+//! them, in the statement that frees it (docs/waitlists.md).
+//!
+//! Units come back to a level by many statements (a release, the sweeper's
+//! expiry, a cancelled order, a smaller quantity, a restock, a restocking
+//! return, a positive adjustment, a transfer in), and the next one written
+//! must not forget the line. So the hand-off is a trigger on the level:
+//! whenever a level's `available` grows, `offer_freed_units` runs at the
+//! end of that statement, in its transaction, and moves the freed units to
+//! the WAITING entries of the inventory in the order they joined. An
+//! inventory nobody waits for pays one look into an empty partial index.
+//!
+//! The units held for an entry are an ordinary ACTIVE reservation
+//! (`reservations.waitlist_entry_id`), so every reader and the invariant
+//! count them as reserved with no change. While the entry waits the hold
+//! belongs to no customer (`user_id` is `waitlist:` and the entry's id, a
+//! subject no signed token of a customer carries) and never expires; once
+//! it holds the entry's whole quantity it becomes the offer: it is given to
+//! the entry's user with the entry's offer expiry, and the entry is OFFERED.
+//! From then on it is a hold like any other; `waitlist_settle` follows its
+//! status (released: LEFT, expired: EXPIRED, checked out: CLAIMED), and the
+//! units a release or an expiry brings back run through the trigger again,
+//! to the next in line. A cancelled order's units come back the same way
+//! and never reopen the entry it was placed from: only an entry still
+//! WAITING or OFFERED is settled.
+//!
+//! Every change of an entry's status (and its joining) records one
+//! `WAITLIST_CHANGED` event, its `version` the entry's.
+
+use sea_orm_migration::prelude::*;
+
+#[derive(DeriveMigrationName)]
+pub struct Migration;
+
+#[async_trait::async_trait]
+impl MigrationTrait for Migration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared(
+                r#"
+CREATE TABLE waitlist_entries (
+    id                  uuid        PRIMARY KEY,
+    -- The order of the line: assigned at joining, strictly increasing.
+    seq                 bigint      GENERATED ALWAYS AS IDENTITY,
+    inventory_id        uuid        NOT NULL REFERENCES inventories (id),
+    user_id             text        NOT NULL,
+    quantity            integer     NOT NULL CHECK (quantity > 0),
+    held                integer     NOT NULL DEFAULT 0,
+    status              text        NOT NULL
+        CHECK (status IN ('WAITING', 'OFFERED', 'CLAIMED', 'EXPIRED', 'LEFT')),
+    location_ids        uuid[],
+    offer_secs          integer     NOT NULL CHECK (offer_secs > 0),
+    reservation_id      uuid,
+    version             integer     NOT NULL DEFAULT 1,
+    idempotency_key     text,
+    request_fingerprint text,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    offered_at          timestamptz,
+    CHECK (held BETWEEN 0 AND quantity),
+    CHECK ((status = 'WAITING') = (held < quantity) OR status IN ('LEFT', 'EXPIRED'))
+);
+CREATE INDEX waitlist_entries_line ON waitlist_entries (inventory_id, seq) WHERE status = 'WAITING';
+CREATE UNIQUE INDEX waitlist_entries_open ON waitlist_entries (inventory_id, user_id)
+    WHERE status IN ('WAITING', 'OFFERED');
+CREATE INDEX waitlist_entries_user ON waitlist_entries (user_id, seq);
+CREATE INDEX waitlist_entries_offered ON waitlist_entries (inventory_id, seq) WHERE status = 'OFFERED';
+CREATE UNIQUE INDEX waitlist_entries_user_idempotency_key ON waitlist_entries (user_id, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+
+ALTER TABLE reservations ADD COLUMN waitlist_entry_id uuid;
+-- Only holds and offers are in it: the check finds them by it.
+CREATE INDEX reservations_waitlist_entry ON reservations (waitlist_entry_id) WHERE waitlist_entry_id IS NOT NULL;
+
+ALTER TABLE events DROP CONSTRAINT events_type_check;
+ALTER TABLE events ADD CONSTRAINT events_type_check
+    CHECK (type IN ('RESERVATION_CHANGED', 'ORDER_CHANGED', 'WAITLIST_CHANGED'));
+
+-- One WAITLIST_CHANGED event per change of an entry: its joining, and
+-- each change of status (every statement that changes one also counts its
+-- version up). A change of position is none.
+CREATE FUNCTION record_waitlist_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO events (type, subject_id, version, data)
+    VALUES ('WAITLIST_CHANGED', NEW.id, NEW.version,
+            jsonb_build_object('entryId', NEW.id, 'inventoryId', NEW.inventory_id, 'status', NEW.status,
+                               'quantity', NEW.quantity,
+                               'reservationId', CASE WHEN NEW.status <> 'WAITING' THEN NEW.reservation_id END));
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER waitlist_entries_joined AFTER INSERT ON waitlist_entries
+    FOR EACH ROW EXECUTE FUNCTION record_waitlist_change();
+CREATE TRIGGER waitlist_entries_changed AFTER UPDATE OF status ON waitlist_entries
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION record_waitlist_change();
+
+-- Moves the units a statement freed at one level to the WAITING entries
+-- of its inventory, first joined first: each entry takes what it still
+-- lacks, into its hold; a hold that reaches the entry's quantity becomes
+-- the offer. Units a level keeps as safety stock are not given. The head
+-- entry is locked, so two transactions freeing units of one inventory
+-- hand them on one after the other (at REPEATABLE READ and SERIALIZABLE
+-- the second collides, and its statement is run again).
+CREATE FUNCTION offer_freed_units() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    freed   integer := NEW.available - CASE WHEN TG_OP = 'UPDATE' THEN OLD.available ELSE 0 END;
+    give    integer;
+    e       waitlist_entries;
+    stock_now   integer;
+    version_now integer;
+    hold    uuid;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM waitlist_entries
+                    WHERE inventory_id = NEW.inventory_id AND status = 'WAITING') THEN
+        RETURN NULL;
+    END IF;
+    -- What is there now (an earlier row of this statement may have given
+    -- some away already), above safety stock.
+    SELECT least(freed, l.available - l.safety_stock) INTO freed
+      FROM stock_levels l WHERE l.inventory_id = NEW.inventory_id AND l.location_id = NEW.location_id;
+    WHILE freed > 0 LOOP
+        -- At READ COMMITTED a head another transaction offered while we
+        -- waited for its lock is no longer WAITING and comes back as no
+        -- row: look again while one is waiting.
+        FOR attempt IN 1..100 LOOP
+            SELECT * INTO e FROM waitlist_entries
+             WHERE inventory_id = NEW.inventory_id AND status = 'WAITING'
+               AND (location_ids IS NULL OR NEW.location_id = ANY (location_ids))
+             ORDER BY seq LIMIT 1
+               FOR UPDATE;
+            EXIT WHEN FOUND OR NOT EXISTS (
+                SELECT 1 FROM waitlist_entries
+                 WHERE inventory_id = NEW.inventory_id AND status = 'WAITING'
+                   AND (location_ids IS NULL OR NEW.location_id = ANY (location_ids)));
+        END LOOP;
+        EXIT WHEN e.id IS NULL OR e.status <> 'WAITING';
+        give := least(freed, e.quantity - e.held);
+        UPDATE stock_levels SET available = available - give
+         WHERE inventory_id = NEW.inventory_id AND location_id = NEW.location_id;
+        UPDATE inventories SET stock = stock - give, version = version + 1, updated_at = now()
+         WHERE id = NEW.inventory_id
+        RETURNING stock, version INTO stock_now, version_now;
+        hold := coalesce(e.reservation_id, gen_random_uuid());
+        INSERT INTO reservations (id, inventory_id, user_id, quantity, status, location_ids, waitlist_entry_id)
+        VALUES (hold, NEW.inventory_id, 'waitlist:' || e.id, give, 'ACTIVE', e.location_ids, e.id)
+        ON CONFLICT (id) DO UPDATE SET quantity = reservations.quantity + give;
+        INSERT INTO allocations (reservation_id, location_id, quantity) VALUES (hold, NEW.location_id, give)
+        ON CONFLICT (reservation_id, location_id) DO UPDATE SET quantity = allocations.quantity + give;
+        INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id, location_id)
+        VALUES (NEW.inventory_id, -give, CASE WHEN e.reservation_id IS NULL THEN 'RESERVED' ELSE 'QUANTITY_CHANGED' END,
+                stock_now, version_now, hold, NEW.location_id);
+        IF e.held + give = e.quantity THEN
+            UPDATE reservations SET user_id = e.user_id, expires_at = now() + e.offer_secs * interval '1 second'
+             WHERE id = hold;
+            UPDATE waitlist_entries SET held = quantity, reservation_id = hold, status = 'OFFERED',
+                   offered_at = now(), version = version + 1
+             WHERE id = e.id;
+        ELSE
+            UPDATE waitlist_entries SET held = held + give, reservation_id = hold WHERE id = e.id;
+        END IF;
+        freed := freed - give;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER stock_levels_offer_freed AFTER UPDATE OF available ON stock_levels
+    FOR EACH ROW WHEN (NEW.available > OLD.available) EXECUTE FUNCTION offer_freed_units();
+CREATE TRIGGER stock_levels_offer_added AFTER INSERT ON stock_levels
+    FOR EACH ROW WHEN (NEW.available > 0) EXECUTE FUNCTION offer_freed_units();
+
+-- An entry's hold or offer left ACTIVE: the entry follows, once. Released
+-- (by its customer, or the hold of an entry leaving) is LEFT, expired is
+-- EXPIRED, checked out is CLAIMED. An entry already settled is not
+-- touched, so cancelling an order placed from an offer reopens nothing.
+CREATE FUNCTION waitlist_settle() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE waitlist_entries
+       SET status = CASE NEW.status WHEN 'ORDERED' THEN 'CLAIMED' WHEN 'EXPIRED' THEN 'EXPIRED' ELSE 'LEFT' END,
+           version = version + 1
+     WHERE id = NEW.waitlist_entry_id AND status IN ('WAITING', 'OFFERED');
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER reservations_settle_waitlist AFTER UPDATE OF status ON reservations
+    FOR EACH ROW WHEN (NEW.waitlist_entry_id IS NOT NULL AND OLD.status = 'ACTIVE' AND NEW.status <> 'ACTIVE')
+    EXECUTE FUNCTION waitlist_settle();
+"#,
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared(
+                r#"
+DROP TRIGGER reservations_settle_waitlist ON reservations;
+DROP FUNCTION waitlist_settle();
+DROP TRIGGER stock_levels_offer_added ON stock_levels;
+DROP TRIGGER stock_levels_offer_freed ON stock_levels;
+DROP FUNCTION offer_freed_units();
+DROP TRIGGER waitlist_entries_changed ON waitlist_entries;
+DROP TRIGGER waitlist_entries_joined ON waitlist_entries;
+DROP FUNCTION record_waitlist_change();
+DELETE FROM events WHERE type = 'WAITLIST_CHANGED';
+ALTER TABLE events DROP CONSTRAINT events_type_check;
+ALTER TABLE events ADD CONSTRAINT events_type_check CHECK (type IN ('RESERVATION_CHANGED', 'ORDER_CHANGED'));
+ALTER TABLE reservations DROP COLUMN waitlist_entry_id;
+DROP TABLE waitlist_entries;
+"#,
+            )
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,327 @@
+//! Waiting lists, tried from outside: customers who could not get an item
+//! join its line; every unit freed while they wait (a release, an expiry,
+//! a restock, a cancelled order, a leaving entry) goes to the first of them
+//! in the statement that frees it, and nobody reserving at the same time
+//! gets one. Each scenario runs at every isolation level, and the
+//! invariant is read from the database after it.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use sea_orm::ConnectionTrait;
+use serde_json::{Value, json};
+use stockguard::{auth::Role, config::Limits};
+use uuid::Uuid;
+
+use crate::helpers::{Isolation, Options, TestApp, address, at_every_isolation, at_once, retried, sweep_all, uuid};
+
+const JOIN: &str = "mutation($input: JoinWaitlistInput!) { joinWaitlist(input: $input) { __typename
+  ... on WaitlistJoined { entry { id status position quantity offer { id status quantity userId } } }
+  ... on NotSoldOut { available } ... on InventoryNotFound { inventoryId } } }";
+const LEAVE: &str = "mutation($id: UUID!) { leaveWaitlist(id: $id) { id status } }";
+const MINE: &str = "{ myWaitlistEntries(first: 50) { nodes { id status position offer { id status userId } } } }";
+const LINE: &str = "query($i: UUID!) { waitlist(inventoryId: $i, first: 100) { nodes { id userId status position } } }";
+const CHECKOUT: &str = "mutation($input: CheckoutInput!) { checkout(input: $input) { __typename
+  ... on OrderPlaced { order { id } } } }";
+const CANCEL: &str = "mutation($id: UUID!) { cancelOrder(id: $id) { __typename } }";
+
+async fn spawn(isolation: Isolation, offer_secs: i32) -> Arc<TestApp> {
+    let limits = Limits { waitlist_offer_secs: offer_secs, ..Limits::default() };
+    Arc::new(TestApp::spawn_with_options(Options { isolation, limits, ..Options::default() }).await)
+}
+
+/// `who` joins the line of `item` for `quantity` units; the answer.
+async fn join(app: &TestApp, who: &str, item: Uuid, quantity: i32) -> Value {
+    let token = app.token(who, Role::Customer);
+    let input = json!({ "input": { "inventoryId": item, "quantity": quantity } });
+    retried(|| app.mutate(&token, "joinWaitlist", JOIN, input.clone())).await
+}
+
+/// `who` joins and is in line: the entry's id.
+async fn joined(app: &TestApp, who: &str, item: Uuid, quantity: i32) -> Uuid {
+    let answer = join(app, who, item, quantity).await;
+    assert_eq!(answer["__typename"], "WaitlistJoined", "{answer}");
+    assert_eq!(answer["entry"]["status"], "WAITING", "{answer}");
+    uuid(&answer["entry"]["id"])
+}
+
+/// Each entry's status, from the database, by the customer's name.
+async fn statuses(app: &TestApp, item: Uuid) -> Vec<(String, String, i64)> {
+    let rows = app
+        .rows(&format!("SELECT user_id, status, held FROM waitlist_entries WHERE inventory_id = '{item}' ORDER BY seq"))
+        .await;
+    rows.iter()
+        .map(|r| {
+            (
+                r["user_id"].as_str().expect("text").to_owned(),
+                r["status"].as_str().expect("text").to_owned(),
+                r["held"].as_i64().expect("a number"),
+            )
+        })
+        .collect()
+}
+
+/// The ACTIVE offer reservation of `who` for `item` and its units, from the database.
+async fn offered_units(app: &TestApp, who: &str, item: Uuid) -> i64 {
+    app.count(&format!(
+        "SELECT coalesce(sum(quantity), 0) FROM reservations
+          WHERE inventory_id = '{item}' AND user_id = '{who}' AND status = 'ACTIVE'
+            AND waitlist_entry_id IS NOT NULL AND expires_at > now()"
+    ))
+    .await
+}
+
+/// Sells `item` (of `units` units) out to `units` customers `<prefix>-<n>`;
+/// their reservations' ids with their tokens.
+async fn sell_out(app: &Arc<TestApp>, item: Uuid, units: usize, prefix: &str) -> Vec<(String, String)> {
+    let mut held = Vec::new();
+    for n in 0..units {
+        let token = app.token(&format!("{prefix}-{n}"), Role::Customer);
+        let reserved = app.reserve(&token, json!({ "inventoryId": item, "quantity": 1 })).await;
+        assert_eq!(reserved["__typename"], "Reserved", "{reserved}");
+        held.push((token, reserved["reservation"]["id"].as_str().expect("text").to_owned()));
+    }
+    held
+}
+
+/// A sold-out item of 4 units; E (1 unit), A (1), B (2), C (1) and D (1)
+/// join its line in that order. While the four holds are released at once,
+/// 24 other customers try to reserve it at the same instant: none of them
+/// gets a unit; E, A and B are offered, C and D still wait. The offers are ACTIVE reservations of their
+/// customers, the line's reads agree, and the invariant holds.
+async fn freed_units_go_to_the_line_in_order_and_nobody_snipes(isolation: Isolation) {
+    let app = spawn(isolation, 900).await;
+    let item = app.create_inventory("WL-DROP", 4).await;
+    let held = sell_out(&app, item, 4, "wl-first").await;
+    for (who, quantity) in [("wl-early", 1), ("wl-a", 1), ("wl-b", 2), ("wl-c", 1), ("wl-d", 1)] {
+        joined(&app, who, item, quantity).await;
+    }
+    let releases = held.into_iter().map(|(token, id)| {
+        let app = app.clone();
+        async move { retried(|| app.release(&token, &id)).await["__typename"].as_str().unwrap_or("ERROR").to_owned() }
+            .boxed()
+    });
+    let snipers = (0..24).map(|n| {
+        let (app, token) = (app.clone(), app.token(&format!("wl-sniper-{n}"), Role::Customer));
+        async move {
+            let input = json!({ "inventoryId": item, "quantity": 1 });
+            retried(|| app.reserve(&token, input.clone())).await["__typename"].as_str().unwrap_or("ERROR").to_owned()
+        }
+        .boxed()
+    });
+    let answers = at_once(releases.chain(snipers).collect()).await;
+    assert!(answers[..4].iter().all(|a| a == "ReservationReleased"), "{answers:?}");
+    assert!(answers[4..].iter().all(|a| a == "SoldOut"), "a sniper got a unit: {answers:?}");
+    // wl-early joined first of all: it was in line before A.
+    let line = statuses(&app, item).await;
+    let status = |who: &str| line.iter().find(|(u, ..)| u == who).map(|(_, s, h)| (s.clone(), *h)).expect("in line");
+    assert_eq!(status("wl-early"), ("OFFERED".into(), 1), "{line:?}");
+    assert_eq!(status("wl-a"), ("OFFERED".into(), 1), "{line:?}");
+    assert_eq!(status("wl-b"), ("OFFERED".into(), 2), "{line:?}");
+    assert_eq!(status("wl-c"), ("WAITING".into(), 0), "{line:?}");
+    assert_eq!(status("wl-d"), ("WAITING".into(), 0), "{line:?}");
+    for (who, units) in [("wl-early", 1), ("wl-a", 1), ("wl-b", 2), ("wl-c", 0)] {
+        assert_eq!(offered_units(&app, who, item).await, units, "{who}");
+    }
+    assert_eq!(app.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{item}'")).await, 0);
+    // Through the API: the line in order, positions of the waiting, the offer is the customer's own hold.
+    let line = app.graphql(Some(&app.operator()), LINE, json!({ "i": item })).await;
+    let nodes = line["data"]["waitlist"]["nodes"].as_array().expect("a page").clone();
+    let order: Vec<&str> = nodes.iter().map(|n| n["userId"].as_str().expect("text")).collect();
+    assert_eq!(order, ["wl-early", "wl-a", "wl-b", "wl-c", "wl-d"], "{line}");
+    assert_eq!(nodes[3]["position"], 1, "{line}");
+    assert_eq!(nodes[4]["position"], 2, "{line}");
+    let mine = app.graphql(Some(&app.token("wl-b", Role::Customer)), MINE, json!({})).await;
+    let offer = &mine["data"]["myWaitlistEntries"]["nodes"][0]["offer"];
+    assert_eq!((offer["status"].as_str(), offer["userId"].as_str()), (Some("ACTIVE"), Some("wl-b")), "{mine}");
+    let inventory = app
+        .graphql(None, "query($i: UUID!) { inventory(id: $i) { waiting reserved available } }", json!({ "i": item }))
+        .await;
+    assert_eq!(inventory["data"]["inventory"]["waiting"], 2, "C and D wait for a unit each: {inventory}");
+    app.assert_invariant().await;
+}
+
+/// A customer who could reserve gets `NotSoldOut` and nothing is written;
+/// joining twice returns the one open entry; a key replays; bad input is
+/// refused; a stranger's entry cannot be left.
+async fn joining_is_only_for_what_cannot_be_reserved(isolation: Isolation) {
+    let app = spawn(isolation, 900).await;
+    let item = app.create_inventory("WL-OPEN", 3).await;
+    let answer = join(&app, "wl-x", item, 3).await;
+    assert_eq!(
+        (answer["__typename"].as_str(), answer["available"].as_i64()),
+        (Some("NotSoldOut"), Some(3)),
+        "{answer}"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM waitlist_entries").await, 0);
+    let first = joined(&app, "wl-x", item, 4).await;
+    assert_eq!(joined(&app, "wl-x", item, 4).await, first, "the open entry again");
+    let token = app.token("wl-y", Role::Customer);
+    let keyed = json!({ "input": { "inventoryId": item, "quantity": 5, "idempotencyKey": "k1" } });
+    let one = app.mutate(&token, "joinWaitlist", JOIN, keyed.clone()).await;
+    let two = app.mutate(&token, "joinWaitlist", JOIN, keyed).await;
+    assert_eq!(one["entry"]["id"], two["entry"]["id"], "{one} {two}");
+    assert_eq!(one["entry"]["position"], 2, "{one}");
+    let unknown = join(&app, "wl-z", Uuid::now_v7(), 1).await;
+    assert_eq!(unknown["__typename"], "InventoryNotFound", "{unknown}");
+    for input in [
+        json!({ "inventoryId": item, "quantity": 0 }),
+        json!({ "inventoryId": item, "kitId": item }),
+        json!({ "quantity": 1 }),
+        json!({ "inventoryId": item, "locationIds": [Uuid::now_v7()] }),
+    ] {
+        let refused = app.graphql(Some(&token), JOIN, json!({ "input": input })).await;
+        assert_eq!(crate::helpers::error_code(&refused), Some("BAD_USER_INPUT"), "{refused}");
+    }
+    let anonymous = app.graphql(None, JOIN, json!({ "input": { "inventoryId": item } })).await;
+    assert_eq!(crate::helpers::error_code(&anonymous), Some("UNAUTHENTICATED"), "{anonymous}");
+    let forbidden = app.graphql(Some(&token), LINE, json!({ "i": item })).await;
+    assert_eq!(crate::helpers::error_code(&forbidden), Some("FORBIDDEN"), "{forbidden}");
+    let stranger = app.graphql(Some(&token), LEAVE, json!({ "id": first })).await;
+    assert_eq!(stranger["data"]["leaveWaitlist"], Value::Null, "{stranger}");
+    assert_eq!(app.count("SELECT count(*) FROM waitlist_entries WHERE status = 'WAITING'").await, 2);
+    app.assert_invariant().await;
+}
+
+/// The hand-off: an offer that expires passes its units to the next in
+/// line in the sweep that expires it (the entry EXPIRED); one that is
+/// checked out makes its entry CLAIMED, and cancelling that order gives the
+/// units to the next in line without reopening the entry; a waiting entry
+/// that leaves passes the units held for it on. A restock feeds the line
+/// first.
+async fn offers_pass_on_when_they_expire_are_released_or_cancelled(isolation: Isolation) {
+    let app = spawn(isolation, 900).await;
+    let item = app.create_inventory("WL-HAND", 1).await;
+    let held = sell_out(&app, item, 1, "wl-h").await;
+    joined(&app, "wl-1", item, 1).await;
+    joined(&app, "wl-2", item, 1).await;
+    let three = joined(&app, "wl-3", item, 2).await;
+    joined(&app, "wl-4", item, 1).await;
+    let (token, id) = &held[0];
+    assert_eq!(retried(|| app.release(token, id)).await["__typename"], "ReservationReleased");
+    assert_eq!(offered_units(&app, "wl-1", item).await, 1);
+    // wl-1's offer runs out (its expiry moved to the past, as time would):
+    // the sweep that expires it offers wl-2.
+    let due = "UPDATE reservations SET expires_at = now() - interval '1 second' WHERE user_id = 'wl-1'";
+    app.db.execute_unprepared(due).await.expect("the offer due");
+    assert_eq!(sweep_all(&app.db, 100).await, 1);
+    let line = statuses(&app, item).await;
+    assert_eq!(line[0].1, "EXPIRED", "{line:?}");
+    assert_eq!(line[1].1, "OFFERED", "{line:?}");
+    // wl-2 checks its offer out at once: CLAIMED.
+    let two = app.token("wl-2", Role::Customer);
+    let offer = app
+        .rows(&format!("SELECT id FROM reservations WHERE user_id = 'wl-2' AND inventory_id = '{item}'"))
+        .await[0]["id"]
+        .as_str()
+        .expect("wl-2's offer")
+        .to_owned();
+    let input = json!({ "input": { "reservationIds": [offer], "shippingAddress": address("1 Queue Street") } });
+    let placed = app.mutate(&two, "checkout", CHECKOUT, input).await;
+    assert_eq!(placed["__typename"], "OrderPlaced", "{placed}");
+    assert_eq!(statuses(&app, item).await[1].1, "CLAIMED");
+    // A restock of 1: wl-3 wants 2, so the unit is held for it, not sellable.
+    let restocked = app.restock(&app.operator(), json!({ "inventoryId": item, "quantity": 1 })).await;
+    assert_eq!(restocked["__typename"], "Restocked", "{restocked}");
+    assert_eq!(statuses(&app, item).await[2], ("wl-3".into(), "WAITING".into(), 1));
+    let sniper =
+        app.reserve(&app.token("wl-sniper", Role::Customer), json!({ "inventoryId": item, "quantity": 1 })).await;
+    assert_eq!(sniper["__typename"], "SoldOut", "{sniper}");
+    // wl-2 cancels the order: its unit joins wl-3's, which is offered; wl-2 stays CLAIMED.
+    let order = placed["order"]["id"].as_str().expect("text").to_owned();
+    let cancelled = app.mutate(&two, "cancelOrder", CANCEL, json!({ "id": order })).await;
+    assert_eq!(cancelled["__typename"], "OrderCancelled", "{cancelled}");
+    let line = statuses(&app, item).await;
+    assert_eq!(line[1].1, "CLAIMED", "no resurrection: {line:?}");
+    assert_eq!(line[2], ("wl-3".into(), "OFFERED".into(), 2), "{line:?}");
+    // wl-3 leaves: its offer is released and its two units go to wl-4 (one) and the shelf (one).
+    let left = app.graphql(Some(&app.token("wl-3", Role::Customer)), LEAVE, json!({ "id": three })).await;
+    assert_eq!(left["data"]["leaveWaitlist"]["status"], "LEFT", "{left}");
+    let line = statuses(&app, item).await;
+    assert_eq!(line[3], ("wl-4".into(), "OFFERED".into(), 1), "{line:?}");
+    assert_eq!(
+        app.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{item}'")).await,
+        1,
+        "one unit for sale"
+    );
+    app.assert_invariant().await;
+}
+
+at_every_isolation! {
+    freed_units_go_to_the_line_in_order_and_nobody_snipes;
+    joining_is_only_for_what_cannot_be_reserved;
+    offers_pass_on_when_they_expire_are_released_or_cancelled;
+}
+
+/// Thirty customers in line (wanting 1, 2 or 3 units each) for an item of
+/// 20 units held by 20 others. At one instant: 15 of the holds are
+/// released, the other 5 are expired by two sweeps, an operator restocks 3
+/// units twice, and 20 more customers try to reserve. Whatever the
+/// interleaving, the 26 freed units go to the line in its order: the
+/// entries that fit are OFFERED their whole quantity, the next holds the
+/// remainder, the rest hold nothing, and no reserver gets a unit. Read from
+/// the database, with the invariant (which judges every entry's hold).
+async fn racing_frees_offer_each_unit_once_in_order(isolation: Isolation) {
+    let app = spawn(isolation, 900).await;
+    let item = app.create_inventory("WL-RACE", 20).await;
+    let held = sell_out(&app, item, 20, "wl-r").await;
+    let wants: Vec<i64> = (0..30).map(|n| 1 + (n * 7 % 3)).collect();
+    for (n, quantity) in wants.iter().enumerate() {
+        joined(&app, &format!("wl-q{n:02}"), item, *quantity as i32).await;
+    }
+    let due: Vec<String> = held[15..].iter().map(|(_, id)| format!("'{id}'")).collect();
+    let due =
+        format!("UPDATE reservations SET expires_at = now() - interval '1 second' WHERE id IN ({})", due.join(","));
+    app.db.execute_unprepared(&due).await.expect("five holds due");
+    let releases = held[..15].iter().cloned().map(|(token, id)| {
+        let app = app.clone();
+        async move { retried(|| app.release(&token, &id)).await["__typename"].as_str().unwrap_or("ERROR").to_owned() }
+            .boxed()
+    });
+    let sweeps = (0..2).map(|_| {
+        let app = app.clone();
+        async move { format!("swept {}", sweep_all(&app.db, 2).await) }.boxed()
+    });
+    let restocks = (0..2).map(|_| {
+        let (app, operator) = (app.clone(), app.operator());
+        async move {
+            let input = json!({ "inventoryId": item, "quantity": 3 });
+            retried(|| app.restock(&operator, input.clone())).await["__typename"].as_str().unwrap_or("ERROR").to_owned()
+        }
+        .boxed()
+    });
+    let snipers = (0..20).map(|n| {
+        let (app, token) = (app.clone(), app.token(&format!("wl-rs-{n}"), Role::Customer));
+        async move {
+            let input = json!({ "inventoryId": item, "quantity": 1 });
+            retried(|| app.reserve(&token, input.clone())).await["__typename"].as_str().unwrap_or("ERROR").to_owned()
+        }
+        .boxed()
+    });
+    let answers = at_once(releases.chain(sweeps).chain(restocks).chain(snipers).collect()).await;
+    assert!(answers[..15].iter().all(|a| a == "ReservationReleased"), "{answers:?}");
+    let swept: i64 = answers[15..17].iter().map(|a| a["swept ".len()..].parse::<i64>().expect("a count")).sum();
+    assert_eq!(swept, 5, "{answers:?}");
+    assert!(answers[17..19].iter().all(|a| a == "Restocked"), "{answers:?}");
+    assert!(answers[19..].iter().all(|a| a == "SoldOut"), "a reserver got a freed unit: {answers:?}");
+    // The model: 26 units down the line in order.
+    let mut left = 26;
+    let expected: Vec<(String, String, i64)> = wants
+        .iter()
+        .enumerate()
+        .map(|(n, want)| {
+            let held = left.min(*want);
+            left -= held;
+            let status = if held == *want { "OFFERED" } else { "WAITING" };
+            (format!("wl-q{n:02}"), status.to_owned(), held)
+        })
+        .collect();
+    assert_eq!(statuses(&app, item).await, expected);
+    assert_eq!(app.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{item}'")).await, 0);
+    app.assert_invariant().await;
+    eprintln!("racing_frees_offer_each_unit_once_in_order {isolation:?}: {answers:?}");
+}
+
+at_every_isolation! {
+    racing_frees_offer_each_unit_once_in_order;
+}
