@@ -5,7 +5,7 @@
 //! gets one. Each scenario runs at every isolation level, and the
 //! invariant is read from the database after it.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use futures::FutureExt;
 use sea_orm::ConnectionTrait;
@@ -13,7 +13,15 @@ use serde_json::{Value, json};
 use stockguard::{auth::Role, config::Limits};
 use uuid::Uuid;
 
-use crate::helpers::{Isolation, Options, TestApp, address, at_every_isolation, at_once, retried, sweep_all, uuid};
+use crate::{
+    helpers::{
+        Isolation, Options, TestApp, address, at_every_isolation, at_once, eventually, retried, sweep_all, uuid,
+    },
+    locations::{create_location, default_location},
+    returns::{fulfilled_order, line},
+    stock_ops::{adjust, set_safety},
+    transfers::transfer,
+};
 
 const JOIN: &str = "mutation($input: JoinWaitlistInput!) { joinWaitlist(input: $input) { __typename
   ... on WaitlistJoined { entry { id status position quantity offer { id status quantity userId } } }
@@ -25,8 +33,10 @@ const CHECKOUT: &str = "mutation($input: CheckoutInput!) { checkout(input: $inpu
   ... on OrderPlaced { order { id } } } }";
 const CANCEL: &str = "mutation($id: UUID!) { cancelOrder(id: $id) { __typename } }";
 
+/// A server whose offers live `offer_secs` and whose sweeper stays out of
+/// the way: the tests expire holds and sweep by hand.
 async fn spawn(isolation: Isolation, offer_secs: i32) -> Arc<TestApp> {
-    let limits = Limits { waitlist_offer_secs: offer_secs, ..Limits::default() };
+    let limits = Limits { waitlist_offer_secs: offer_secs, sweep_interval_ms: 3_600_000, ..Limits::default() };
     Arc::new(TestApp::spawn_with_options(Options { isolation, limits, ..Options::default() }).await)
 }
 
@@ -324,4 +334,201 @@ async fn racing_frees_offer_each_unit_once_in_order(isolation: Isolation) {
 
 at_every_isolation! {
     racing_frees_offer_each_unit_once_in_order;
+}
+
+/// Every path that frees units feeds the line, each in its own statement:
+/// a smaller quantity, a restocking return, a positive adjustment, a
+/// transfer in (from a location whose units are its safety stock), and a
+/// release. Eight entries of one unit each are offered one path after
+/// another, in the order they joined, and nothing is sellable while one of
+/// them waits.
+async fn every_path_that_frees_units_feeds_the_line(isolation: Isolation) {
+    let app = spawn(isolation, 900).await;
+    let operator = app.operator();
+    let item = app.create_inventory("WL-PATHS", 10).await;
+    let (home, spare) = (default_location(&app).await, create_location(&app, "wl-spare", 50).await);
+    let order = fulfilled_order(&app, &[(item, 2)]).await;
+    // One unit at the spare location, kept there as its safety stock.
+    let moved = transfer(
+        &app,
+        &operator,
+        json!({ "inventoryId": item, "fromLocationId": home,
+        "toLocationId": spare, "quantity": 1 }),
+    )
+    .await;
+    assert_eq!(moved["__typename"], "StockTransferred", "{moved}");
+    let kept = set_safety(&app, &operator, json!({ "inventoryId": item, "locationId": spare, "quantity": 1 })).await;
+    assert!(kept.get("errors").is_none(), "{kept}");
+    let holder = app.token("wl-holder", Role::Customer);
+    let held = app.reserve(&holder, json!({ "inventoryId": item, "quantity": 7, "locationIds": [home] })).await;
+    assert_eq!(held["__typename"], "Reserved", "{held}");
+    let hold = held["reservation"]["id"].as_str().expect("a hold").to_owned();
+    for n in 0..8 {
+        joined(&app, &format!("wl-p{n}"), item, 1).await;
+    }
+    let offered = |app: Arc<TestApp>| async move {
+        statuses(&app, item).await.iter().filter(|(_, status, _)| status == "OFFERED").count()
+    };
+    let sellable = "SELECT coalesce(sum(greatest(available - safety_stock, 0)), 0)::bigint FROM stock_levels";
+    let check = |path: &'static str, answer: Value, n: usize| {
+        let app = app.clone();
+        async move {
+            assert!(answer.get("errors").is_none() && !answer.is_null(), "{path}: {answer}");
+            assert_eq!(offered(app.clone()).await, n, "{path} offered the next in line");
+            assert_eq!(app.count(&format!("{sellable} WHERE inventory_id = '{item}'")).await, 0, "{path}");
+        }
+    };
+    check("a smaller quantity", app.change_quantity(&holder, &hold, 6).await, 1).await;
+    let returned = json!({ "orderId": order, "lines": [line(item, 1, false, None)] });
+    check("a restocking return", app.return_order(&operator, returned).await, 2).await;
+    let found = json!({ "inventoryId": item, "delta": 1, "reason": "FOUND" });
+    check("a positive adjustment", adjust(&app, &operator, found).await, 3).await;
+    let back = json!({ "inventoryId": item, "fromLocationId": spare, "toLocationId": home, "quantity": 1 });
+    check("a transfer in", transfer(&app, &operator, back).await, 4).await;
+    assert_eq!(retried(|| app.release(&holder, &hold)).await["__typename"], "ReservationReleased");
+    let line = statuses(&app, item).await;
+    assert!(line.iter().all(|(_, status, held)| status == "OFFERED" && *held == 1), "{line:?}");
+    assert_eq!(app.count(&format!("{sellable} WHERE inventory_id = '{item}'")).await, 2, "6 released, 4 offered");
+    app.assert_invariant().await;
+}
+
+/// Ten customers send three joins each at once while five of the ten
+/// holds on the item are released: each customer has one entry (their
+/// three answers name it, or were `NotSoldOut` while a released unit was
+/// on the shelf), and whenever an entry waits no unit is sellable. Then
+/// everyone leaves at once while an operator restocks 3: every entry is
+/// LEFT, no hold is left, and every unit is on the shelf or with its holder.
+async fn joins_and_leaves_racing_frees_keep_one_entry_each_and_no_unit_between(isolation: Isolation) {
+    let app = spawn(isolation, 900).await;
+    let item = app.create_inventory("WL-JOINS", 10).await;
+    let held = sell_out(&app, item, 10, "wl-jh").await;
+    let joins = (0..30).map(|n| {
+        let app = app.clone();
+        async move { named_entry(join(&app, &format!("wl-j{}", n % 10), item, 1).await) }.boxed()
+    });
+    let releases = held[..5].iter().cloned().map(|(token, id)| {
+        let app = app.clone();
+        async move { (retried(|| app.release(&token, &id)).await["__typename"].to_string(), None) }.boxed()
+    });
+    let answers = at_once(joins.chain(releases).collect()).await;
+    assert!(answers[30..].iter().all(|(name, _)| name == "\"ReservationReleased\""), "{answers:?}");
+    for customer in 0..10 {
+        let mine: Vec<&(String, Option<Uuid>)> = answers[..30].iter().skip(customer).step_by(10).collect();
+        let entries: std::collections::BTreeSet<Uuid> = mine.iter().filter_map(|(_, id)| *id).collect();
+        assert!(entries.len() <= 1, "wl-j{customer} has one entry: {mine:?}");
+        assert!(mine.iter().all(|(name, _)| name == "WaitlistJoined" || name == "NotSoldOut"), "{mine:?}");
+    }
+    let waiting = app
+        .count(&format!("SELECT count(*) FROM waitlist_entries WHERE inventory_id = '{item}' AND status = 'WAITING'"))
+        .await;
+    let shelf = app.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{item}'")).await;
+    assert!(waiting == 0 || shelf == 0, "{waiting} wait while {shelf} are sellable");
+    assert_eq!(
+        app.count(&format!(
+            "SELECT count(*) FROM waitlist_entries WHERE inventory_id = '{item}' AND status = 'OFFERED'"
+        ))
+        .await
+            + shelf,
+        5
+    );
+    app.assert_invariant().await;
+
+    let entries = app.rows(&format!("SELECT id, user_id FROM waitlist_entries WHERE inventory_id = '{item}'")).await;
+    let leaves = entries.iter().map(|row| {
+        let (app, id) = (app.clone(), uuid(&row["id"]));
+        let token = app.token(row["user_id"].as_str().expect("a customer"), Role::Customer);
+        async move {
+            let left = retried(|| app.graphql(Some(&token), LEAVE, json!({ "id": id }))).await;
+            left["data"]["leaveWaitlist"]["status"].as_str().unwrap_or("ERROR").to_owned()
+        }
+        .boxed()
+    });
+    let restock = {
+        let (app, operator) = (app.clone(), app.operator());
+        async move {
+            let input = json!({ "inventoryId": item, "quantity": 3 });
+            retried(|| app.restock(&operator, input.clone())).await["__typename"].as_str().unwrap_or("ERROR").to_owned()
+        }
+        .boxed()
+    };
+    let answers = at_once(leaves.chain(std::iter::once(restock)).collect()).await;
+    assert_eq!(answers.last().map(String::as_str), Some("Restocked"), "{answers:?}");
+    assert!(answers[..answers.len() - 1].iter().all(|a| a == "LEFT"), "{answers:?}");
+    assert_eq!(
+        app.count(&format!("SELECT count(*) FROM waitlist_entries WHERE inventory_id = '{item}' AND status <> 'LEFT'"))
+            .await,
+        0
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM reservations WHERE waitlist_entry_id IS NOT NULL AND status = 'ACTIVE'").await,
+        0
+    );
+    assert_eq!(
+        app.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{item}'")).await,
+        8,
+        "5 released, 3 restocked"
+    );
+    app.assert_invariant().await;
+}
+
+/// A join's answer as its union member and entry id.
+fn named_entry(answer: Value) -> (String, Option<Uuid>) {
+    let name = answer["__typename"].as_str().unwrap_or("ERROR").to_owned();
+    let id = answer["entry"]["id"].as_str().map(|_| uuid(&answer["entry"]["id"]));
+    (name, id)
+}
+
+at_every_isolation! {
+    every_path_that_frees_units_feeds_the_line;
+    joins_and_leaves_racing_frees_keep_one_entry_each_and_no_unit_between;
+}
+
+/// With the server's own sweeper at its default interval, an offer that
+/// runs out is followed by the next entry's offer within the interval and
+/// a second of its expiry instant (read from the database's clocks).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sweeper_hands_an_expired_offer_on_within_its_interval() {
+    let limits = Limits { waitlist_offer_secs: 1, ..Limits::default() };
+    let app = Arc::new(TestApp::spawn_with_options(Options { limits, ..Options::default() }).await);
+    let item = app.create_inventory("WL-TICK", 1).await;
+    let held = sell_out(&app, item, 1, "wl-t").await;
+    joined(&app, "wl-t1", item, 1).await;
+    joined(&app, "wl-t2", item, 1).await;
+    let (token, id) = &held[0];
+    assert_eq!(retried(|| app.release(token, id)).await["__typename"], "ReservationReleased");
+    let second = "SELECT count(*) FROM waitlist_entries WHERE user_id = 'wl-t2' AND status = 'OFFERED'";
+    eventually(Duration::from_secs(20), "the second in line offered", || {
+        let app = app.clone();
+        async move { app.count(second).await == 1 }
+    })
+    .await;
+    let late = app
+        .count(
+            "SELECT (extract(epoch FROM (SELECT offered_at FROM waitlist_entries WHERE user_id = 'wl-t2')
+                   - (SELECT expires_at FROM reservations WHERE user_id = 'wl-t1')) * 1000)::bigint",
+        )
+        .await;
+    let bound = i64::try_from(Limits::default().sweep_interval_ms).expect("ms") + 1000;
+    assert!((0..=bound).contains(&late), "offered {late} ms after the expiry (at most {bound})");
+    assert_eq!(statuses(&app, item).await[0].1, "EXPIRED");
+    app.assert_invariant().await;
+}
+
+/// A hold that is not its entry's (written directly, as a bug would) is
+/// reported by the check, and only it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_check_reports_an_entry_whose_hold_does_not_add_up() {
+    let app = spawn(Isolation::ReadCommitted, 900).await;
+    let item = app.create_inventory("WL-DRIFT", 1).await;
+    sell_out(&app, item, 1, "wl-dh").await;
+    let entry = joined(&app, "wl-d1", item, 2).await;
+    app.assert_invariant().await;
+    app.db
+        .execute_unprepared(&format!("UPDATE waitlist_entries SET held = 1 WHERE id = '{entry}'"))
+        .await
+        .expect("broken on purpose");
+    let drifts = stockguard::invariant::check(&app.db).await.expect("check");
+    assert_eq!(drifts.len(), 1, "{drifts:?}");
+    let text = drifts[0].to_string();
+    assert!(text.contains(&entry.to_string()) && text.contains("1 of 2 held"), "{text}");
 }
