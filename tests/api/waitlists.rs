@@ -18,6 +18,7 @@ use crate::{
         Isolation, Options, TestApp, address, at_every_isolation, at_once, eventually, retried, sweep_all, uuid,
     },
     locations::{create_location, default_location},
+    process::Process,
     returns::{fulfilled_order, line},
     stock_ops::{adjust, set_safety},
     transfers::transfer,
@@ -531,4 +532,100 @@ async fn the_check_reports_an_entry_whose_hold_does_not_add_up() {
     assert_eq!(drifts.len(), 1, "{drifts:?}");
     let text = drifts[0].to_string();
     assert!(text.contains(&entry.to_string()) && text.contains("1 of 2 held"), "{text}");
+}
+
+/// Two server processes on one database (a deployment of several): twelve
+/// holds released through both at once, an operator restocking 2 through
+/// each, and snipers on both. The 16 freed units go down the line of 12
+/// entries (1 or 2 units each, 18 in all) in order, each once, and no
+/// sniper gets one.
+async fn two_processes_freeing_at_once_offer_each_unit_once(isolation: Isolation) {
+    let env = [("STOCKGUARD_SWEEP_INTERVAL_MS", "3600000")];
+    let (one, two) = Process::start_two(&env, isolation).await;
+    let item = one.create_inventory("WL-TWO", 12).await;
+    let mut holds = Vec::new();
+    for n in 0..12 {
+        let token = one.token(&format!("wl-2h{n}"), Role::Customer);
+        let input = json!({ "input": { "inventoryId": item, "quantity": 1 } });
+        let reserved = ask(&one, &token, RESERVE, input).await;
+        holds.push((token, reserved["data"]["reserve"]["reservation"]["id"].as_str().expect("held").to_owned()));
+    }
+    let wants: Vec<i64> = (0..12).map(|n| 1 + n % 2).collect();
+    for (n, want) in wants.iter().enumerate() {
+        let token = one.token(&format!("wl-2q{n}"), Role::Customer);
+        let joined = ask(&one, &token, JOIN, json!({ "input": { "inventoryId": item, "quantity": want } })).await;
+        assert_eq!(joined["data"]["joinWaitlist"]["__typename"], "WaitlistJoined", "{joined}");
+    }
+    let operator = one.token("operator", Role::Operator);
+    let barrier = Arc::new(tokio::sync::Barrier::new(12 + 2 + 10));
+    let calls = holds
+        .iter()
+        .enumerate()
+        .map(|(n, (token, id))| (n % 2, token.clone(), RELEASE, json!({ "id": id })))
+        .chain(
+            (0..2).map(|n| (n, operator.clone(), RESTOCK, json!({ "input": { "inventoryId": item, "quantity": 2 } }))),
+        )
+        .chain((0..10).map(|n| {
+            let token = one.token(&format!("wl-2s{n}"), Role::Customer);
+            (n % 2, token, RESERVE, json!({ "input": { "inventoryId": item, "quantity": 1 } }))
+        }))
+        .map(|(side, token, query, variables)| {
+            let (barrier, process) = (barrier.clone(), if side == 0 { &one } else { &two });
+            async move {
+                barrier.wait().await;
+                let body = ask(process, &token, query, variables).await;
+                let data = body["data"].as_object().and_then(|d| d.values().next().cloned()).unwrap_or(body);
+                data["__typename"].as_str().unwrap_or("ERROR").to_owned()
+            }
+        });
+    let answers = futures::future::join_all(calls).await;
+    assert!(answers[..12].iter().all(|a| a == "ReservationReleased"), "{answers:?}");
+    assert!(answers[12..14].iter().all(|a| a == "Restocked"), "{answers:?}");
+    assert!(answers[14..].iter().all(|a| a == "SoldOut"), "a sniper got a freed unit: {answers:?}");
+    let mut left = 16;
+    let expected: Vec<String> = wants
+        .iter()
+        .map(|want| {
+            let held = left.min(*want);
+            left -= held;
+            format!("{}:{held}", if held == *want { "OFFERED" } else { "WAITING" })
+        })
+        .collect();
+    let line = one
+        .db
+        .query_all_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Postgres,
+            format!(
+                "SELECT status || ':' || held AS s FROM waitlist_entries WHERE inventory_id = '{item}' ORDER BY seq"
+            ),
+        ))
+        .await
+        .expect("the line");
+    let line: Vec<String> = line.iter().map(|row| row.try_get("", "s").expect("text")).collect();
+    assert_eq!(line, expected);
+    assert_eq!(one.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{item}'")).await, 0);
+    let drifts = stockguard::invariant::check(&one.db).await.expect("check");
+    assert!(drifts.is_empty(), "{drifts:?}");
+}
+
+/// `query` through `process` as `token`, sent again (as a client would)
+/// while it answers the retryable `DATABASE_UNAVAILABLE`; the body.
+async fn ask(process: &Process, token: &str, query: &str, variables: Value) -> Value {
+    for _ in 0..10 {
+        let (_, body) = process.graphql(Some(token), query, variables.clone()).await.expect("an answer");
+        if crate::helpers::error_code(&body) != Some("DATABASE_UNAVAILABLE") {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("still unavailable after 10 tries")
+}
+
+const RESERVE: &str = "mutation($input: ReserveInput!) { reserve(input: $input) { __typename
+  ... on Reserved { reservation { id } } } }";
+const RELEASE: &str = "mutation($id: UUID!) { releaseReservation(id: $id) { __typename } }";
+const RESTOCK: &str = "mutation($input: RestockInput!) { restock(input: $input) { __typename } }";
+
+at_every_isolation! {
+    two_processes_freeing_at_once_offer_each_unit_once;
 }
