@@ -20,6 +20,7 @@ mod inputs;
 mod locations;
 mod mutations;
 mod queries;
+mod waitlists;
 
 use self::inputs::*;
 use self::mutations::*;
