@@ -7,8 +7,13 @@
 //! must not forget the line. So the hand-off is a trigger on the level:
 //! whenever a level's `available` grows, `offer_freed_units` runs at the
 //! end of that statement, in its transaction, and moves the freed units to
-//! the WAITING entries of the inventory in the order they joined. An
-//! inventory nobody waits for pays one look into an empty partial index.
+//! the WAITING entries of the inventory in the order they joined. A level
+//! whose inventory nobody waits for does not even call it: the trigger's
+//! condition reads the level's own `waiting` flag, which a join sets on
+//! every level of its inventory (under their locks, which every freeing
+//! statement takes too), and the trigger clears on its own level when it
+//! finds nobody waiting. A flag left set costs one call; it is never unset
+//! while an entry waits (the check says so).
 //!
 //! The units held for an entry are an ordinary ACTIVE reservation
 //! (`reservations.waitlist_entry_id`), so every reader and the invariant
@@ -68,6 +73,7 @@ CREATE INDEX waitlist_entries_offered ON waitlist_entries (inventory_id, seq) WH
 CREATE UNIQUE INDEX waitlist_entries_user_idempotency_key ON waitlist_entries (user_id, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 
+ALTER TABLE stock_levels ADD COLUMN waiting boolean NOT NULL DEFAULT false;
 ALTER TABLE reservations ADD COLUMN waitlist_entry_id uuid;
 -- Only holds and offers are in it: the check finds them by it.
 CREATE INDEX reservations_waitlist_entry ON reservations (waitlist_entry_id) WHERE waitlist_entry_id IS NOT NULL;
@@ -112,7 +118,18 @@ DECLARE
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM waitlist_entries
                     WHERE inventory_id = NEW.inventory_id AND status = 'WAITING') THEN
+        -- Nobody waits any more: this level stops calling (its row is
+        -- ours already; the inventory's other levels clear their own).
+        IF NEW.waiting THEN
+            UPDATE stock_levels SET waiting = false
+             WHERE inventory_id = NEW.inventory_id AND location_id = NEW.location_id;
+        END IF;
         RETURN NULL;
+    END IF;
+    IF NOT NEW.waiting THEN
+        -- A level added while entries wait (a transfer or restock to a new location).
+        UPDATE stock_levels SET waiting = true
+         WHERE inventory_id = NEW.inventory_id AND location_id = NEW.location_id;
     END IF;
     -- What is there now (an earlier row of this statement may have given
     -- some away already), above safety stock.
@@ -165,7 +182,7 @@ END
 $$;
 
 CREATE TRIGGER stock_levels_offer_freed AFTER UPDATE OF available ON stock_levels
-    FOR EACH ROW WHEN (NEW.available > OLD.available) EXECUTE FUNCTION offer_freed_units();
+    FOR EACH ROW WHEN (NEW.available > OLD.available AND NEW.waiting) EXECUTE FUNCTION offer_freed_units();
 CREATE TRIGGER stock_levels_offer_added AFTER INSERT ON stock_levels
     FOR EACH ROW WHEN (NEW.available > 0) EXECUTE FUNCTION offer_freed_units();
 
@@ -209,6 +226,7 @@ DELETE FROM events WHERE type = 'WAITLIST_CHANGED';
 ALTER TABLE events DROP CONSTRAINT events_type_check;
 ALTER TABLE events ADD CONSTRAINT events_type_check CHECK (type IN ('RESERVATION_CHANGED', 'ORDER_CHANGED'));
 ALTER TABLE reservations DROP COLUMN waitlist_entry_id;
+ALTER TABLE stock_levels DROP COLUMN waiting;
 DROP TABLE waitlist_entries;
 "#,
             )

@@ -200,7 +200,8 @@ pub struct KitDrift {
 /// units that no customer owns (or that has units while it holds none, or
 /// holds its whole quantity without being offered); an OFFERED entry whose
 /// offer is not an ACTIVE reservation of its customer for its quantity; a
-/// settled entry (CLAIMED, EXPIRED, LEFT) whose hold is still ACTIVE.
+/// settled entry (CLAIMED, EXPIRED, LEFT) whose hold is still ACTIVE; a
+/// WAITING entry with a level of its inventory not flagged `waiting`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct EntryDrift {
     /// The entry.
@@ -219,6 +220,9 @@ pub struct EntryDrift {
     pub hold_status: Option<String>,
     /// Its hold's (or offer's) units.
     pub hold_quantity: i64,
+    /// Levels of its inventory not flagged `waiting` while it waits (should
+    /// be 0: their freed units would not reach the line).
+    pub unflagged_levels: i64,
 }
 
 impl std::fmt::Display for Drift {
@@ -267,8 +271,17 @@ impl std::fmt::Display for Drift {
             ),
             Self::Entry(d) => write!(
                 f,
-                "{} ({}) waiting list entry {}, {}: {} of {} held, its hold {:?} of {} units",
-                d.sku, d.inventory_id, d.entry_id, d.status, d.held, d.quantity, d.hold_status, d.hold_quantity
+                "{} ({}) waiting list entry {}, {}: {} of {} held, its hold {:?} of {} units; \
+                 {} levels not flagged waiting",
+                d.sku,
+                d.inventory_id,
+                d.entry_id,
+                d.status,
+                d.held,
+                d.quantity,
+                d.hold_status,
+                d.hold_quantity,
+                d.unflagged_levels
             ),
             Self::Level(d) => {
                 let available = d.available.map_or_else(|| "no level".to_owned(), |n| n.to_string());

@@ -331,21 +331,26 @@ SELECT 'kit' AS kind, d.sku, to_jsonb(d) AS detail
             OR p.matching <> p.parts) AS d
  ORDER BY d.sku, d.kit_reservation_id"#;
 
-/// The waiting list entries whose units are not their own, each as an
-/// `entry` drift (see `EntryDrift`): the open entries, and the entries of
-/// every ACTIVE hold (found through the partial index of holds), judged
-/// with their hold.
+/// The waiting list entries whose units are not their own, or whose freed
+/// units could miss them, each as an `entry` drift (see `EntryDrift`): the
+/// open entries, and the entries of every ACTIVE hold (found through the
+/// partial index of holds), judged with their hold and their inventory's
+/// levels.
 pub(super) const WAITLIST_ENTRIES: &str = r#"
 SELECT 'entry' AS kind, d.sku, to_jsonb(d) AS detail
   FROM (SELECT e.id AS entry_id, e.inventory_id, i.sku, e.status, e.quantity::bigint AS quantity,
-               e.held::bigint AS held, r.status AS hold_status, coalesce(r.quantity, 0)::bigint AS hold_quantity
+               e.held::bigint AS held, r.status AS hold_status, coalesce(r.quantity, 0)::bigint AS hold_quantity,
+               (SELECT count(*) FROM stock_levels l
+                 WHERE l.inventory_id = e.inventory_id AND NOT l.waiting AND e.status = 'WAITING') AS unflagged_levels
           FROM (SELECT id FROM waitlist_entries WHERE status IN ('WAITING', 'OFFERED')
                 UNION SELECT waitlist_entry_id FROM reservations
                        WHERE waitlist_entry_id IS NOT NULL AND status = 'ACTIVE') AS x
           JOIN waitlist_entries e ON e.id = x.id
           JOIN inventories i ON i.id = e.inventory_id
           LEFT JOIN reservations r ON r.id = e.reservation_id
-         WHERE NOT coalesce(CASE e.status
+         WHERE EXISTS (SELECT 1 FROM stock_levels l
+                        WHERE l.inventory_id = e.inventory_id AND NOT l.waiting AND e.status = 'WAITING')
+            OR NOT coalesce(CASE e.status
                  WHEN 'WAITING' THEN e.held < e.quantity
                       AND ((e.held = 0 AND r.id IS NULL)
                            OR (r.status = 'ACTIVE' AND r.quantity = e.held AND r.expires_at IS NULL

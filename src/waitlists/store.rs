@@ -1,7 +1,8 @@
-//! The waiting lists' statements. Joining and leaving lock the inventory's
-//! row before the entry's, the order the freeing statements take them in
-//! (they change the inventory, then the trigger locks the head entry), so
-//! the two never wait for each other in a circle.
+//! The waiting lists' statements. Leaving locks the inventory's row before
+//! the entry's, the order the freeing statements take them in (they change
+//! the inventory, then the trigger locks the head entry), so the two never
+//! wait for each other in a circle; joining locks the inventory's levels,
+//! which every freeing statement changes, and no entry.
 
 use chrono::{DateTime, Utc};
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, DbErr, FromQueryResult, Statement, TransactionTrait};
@@ -169,21 +170,21 @@ pub(crate) struct Joined {
 }
 
 /// Writes the entry when the inventory's sellable units at its locations
-/// are fewer than it asks for, in one statement. The levels are locked
-/// first, so a release racing the join either lands before it (and the
-/// join sees the unit) or after (and the trigger sees the entry); an open
-/// entry of the user, or one with the key, keeps it from being written
-/// (`ON CONFLICT`), which the caller then reads.
+/// are fewer than it asks for, in one statement, and flags every level of
+/// the inventory `waiting` (so their freed units reach the trigger). The
+/// levels are locked first, so a release racing the join either lands
+/// before it (and the join sees the unit) or after (and the trigger sees
+/// the entry); an open entry of the user, or one with the key, keeps it
+/// from being written (`ON CONFLICT`), which the caller then reads.
 pub(crate) async fn join(db: &impl ConnectionTrait, join: &Join) -> Result<Joined, DbErr> {
     const SQL: &str = r#"
 WITH inventory AS (
-    SELECT id FROM inventories WHERE id = $2 FOR UPDATE
+    SELECT id FROM inventories WHERE id = $2
 ), levels AS MATERIALIZED (
-    SELECT available, safety_stock FROM stock_levels
-     WHERE inventory_id = $2 AND ($5::uuid[] IS NULL OR location_id = ANY ($5::uuid[]))
-       FOR UPDATE
+    SELECT location_id, available, safety_stock FROM stock_levels WHERE inventory_id = $2 FOR UPDATE
 ), sellable AS (
     SELECT coalesce(sum(greatest(available - safety_stock, 0)), 0)::bigint AS n FROM levels
+     WHERE $5::uuid[] IS NULL OR location_id = ANY ($5::uuid[])
 ), joined AS (
     INSERT INTO waitlist_entries
         (id, inventory_id, user_id, quantity, status, location_ids, offer_secs, idempotency_key, request_fingerprint)
@@ -191,6 +192,9 @@ WITH inventory AS (
       FROM inventory WHERE (SELECT n FROM sellable) < $4
     ON CONFLICT DO NOTHING
     RETURNING id
+), flagged AS (
+    UPDATE stock_levels SET waiting = true
+     WHERE inventory_id = $2 AND NOT waiting AND EXISTS (SELECT 1 FROM joined)
 )
 SELECT EXISTS (SELECT 1 FROM inventory) AS found, (SELECT n FROM sellable) AS sellable,
        EXISTS (SELECT 1 FROM joined) AS joined"#;

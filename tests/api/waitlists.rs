@@ -390,6 +390,17 @@ async fn every_path_that_frees_units_feeds_the_line(isolation: Isolation) {
     let line = statuses(&app, item).await;
     assert!(line.iter().all(|(_, status, held)| status == "OFFERED" && *held == 1), "{line:?}");
     assert_eq!(app.count(&format!("{sellable} WHERE inventory_id = '{item}'")).await, 2, "6 released, 4 offered");
+    // Nobody waits now: the next units freed at the level clear its flag,
+    // and it stops calling the trigger.
+    let flagged = format!(
+        "SELECT count(*) FROM stock_levels WHERE inventory_id = '{item}' AND location_id = '{home}' AND waiting"
+    );
+    assert_eq!(app.count(&flagged).await, 1);
+    let first = app.rows("SELECT id FROM reservations WHERE user_id = 'wl-p0'").await[0]["id"].clone();
+    let released = app.release(&app.token("wl-p0", Role::Customer), first.as_str().expect("an offer")).await;
+    assert_eq!(released["__typename"], "ReservationReleased", "{released}");
+    assert_eq!(app.count(&flagged).await, 0, "cleared when nobody waits");
+    assert_eq!(app.count(&format!("{sellable} WHERE inventory_id = '{item}'")).await, 3);
     app.assert_invariant().await;
 }
 
@@ -515,8 +526,9 @@ async fn the_sweeper_hands_an_expired_offer_on_within_its_interval() {
     app.assert_invariant().await;
 }
 
-/// A hold that is not its entry's (written directly, as a bug would) is
-/// reported by the check, and only it.
+/// A hold that is not its entry's, and a level that would not hand its
+/// freed units to a waiting entry (each written directly, as a bug would),
+/// are reported by the check, and only they.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_check_reports_an_entry_whose_hold_does_not_add_up() {
     let app = spawn(Isolation::ReadCommitted, 900).await;
@@ -532,6 +544,16 @@ async fn the_check_reports_an_entry_whose_hold_does_not_add_up() {
     assert_eq!(drifts.len(), 1, "{drifts:?}");
     let text = drifts[0].to_string();
     assert!(text.contains(&entry.to_string()) && text.contains("1 of 2 held"), "{text}");
+    // A level whose flag a bug cleared while the entry waits would let its
+    // freed units be sold: reported too.
+    let repaired = format!("UPDATE waitlist_entries SET held = 0 WHERE id = '{entry}'");
+    app.db.execute_unprepared(&repaired).await.expect("repaired");
+    app.assert_invariant().await;
+    let unflagged = format!("UPDATE stock_levels SET waiting = false WHERE inventory_id = '{item}'");
+    app.db.execute_unprepared(&unflagged).await.expect("broken on purpose");
+    let drifts = stockguard::invariant::check(&app.db).await.expect("check");
+    assert_eq!(drifts.len(), 1, "{drifts:?}");
+    assert!(drifts[0].to_string().contains("1 levels not flagged waiting"), "{}", drifts[0]);
 }
 
 /// Two server processes on one database (a deployment of several): twelve
