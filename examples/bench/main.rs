@@ -32,7 +32,9 @@
 //! 4 SPREAD inventories, reserved with `reserveKit` (and, in KIT+SINGLES, by
 //! half the clients, their components with `reserve`), against the limit of
 //! the server's kit statement (`scenarios/kits.rs`); last so that every
-//! cell before it measures the database it always has.
+//! cell before it measures the database it always has. With `--drop`, after
+//! them, a drop with a waiting list: offers per second and the time from a
+//! unit's release to its offer (`drop.rs`).
 //!
 //! After every run the docs/design.md invariant is checked from the database; a
 //! violation (or a reserve run with no successful reservation at all) makes
@@ -77,6 +79,7 @@ use stockguard_support::{
 };
 
 mod baseline;
+mod drop;
 mod history;
 mod load;
 mod measure;
@@ -157,6 +160,10 @@ struct Args {
     /// Seconds of the `--webhook` sustained run (the smoke's: 2).
     #[arg(long, default_value_t = 60)]
     webhook_secs: u64,
+    /// Last, a drop with a waiting list: a sold-out item, 10,000 customers
+    /// in line, its 2,000 holds released at full speed (see `drop.rs`).
+    #[arg(long)]
+    drop: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -196,6 +203,8 @@ pub struct Settings {
     pub webhook: Option<Duration>,
     /// The `--traces` sampling ratio, when asked for.
     pub traces: Option<f64>,
+    /// The `--drop` run.
+    pub drop: bool,
 }
 
 impl Settings {
@@ -224,8 +233,8 @@ impl Settings {
         if args.traces.is_some_and(|ratio| !(0.0..=1.0).contains(&ratio)) {
             bail!("--traces takes a sampling ratio from 0 to 1");
         }
-        let (smoke, keyed, traces) = (args.smoke, args.keyed, args.traces);
-        Ok(Self { duration, warmup, rounds, clients, smoke, out, history, keyed, webhook, traces })
+        let (smoke, keyed, traces, drop) = (args.smoke, args.keyed, args.traces, args.drop);
+        Ok(Self { duration, warmup, rounds, clients, smoke, out, history, keyed, webhook, traces, drop })
     }
 
     /// Clients of the strategy comparison: 64 when measured, else the most measured.
@@ -410,6 +419,7 @@ async fn main_matrix(
 
     // Last: the kits are made now, so no cell before sees them.
     let kits = bench.kit_cells(server).await?;
+    let drop = if bench.settings.drop { Some(drop::run(&mut bench, server, clients).await?) } else { None };
 
     let strategy = Strategy {
         clients,
@@ -430,6 +440,7 @@ async fn main_matrix(
         baseline: baseline.as_ref(),
         webhook: webhook.as_ref(),
         traces: traces.as_ref(),
+        drop: drop.as_ref(),
     };
     let markdown = report.markdown();
     if let Some(out) = &bench.settings.out {

@@ -7,6 +7,7 @@ use std::{fmt::Write as _, path::Path};
 use crate::{
     Settings,
     baseline::Baseline,
+    drop::DropRun,
     history::Probes,
     measure::Stats,
     pairs::{self, Pair},
@@ -133,6 +134,8 @@ pub struct Report<'a> {
     pub webhook: Option<&'a Webhook>,
     /// The `--traces` run, if one was made.
     pub traces: Option<&'a Traces>,
+    /// The `--drop` run, if one was made.
+    pub drop: Option<&'a DropRun>,
 }
 
 impl Report<'_> {
@@ -382,6 +385,9 @@ impl Report<'_> {
         }
         if let Some(t) = self.traces {
             md.push_str(&t.markdown());
+        }
+        if let Some(d) = self.drop {
+            md.push_str(&d.markdown());
         }
         if let Some(h) = self.history {
             let _ = writeln!(
