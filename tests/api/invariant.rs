@@ -203,9 +203,13 @@ async fn a_line_whose_allocations_do_not_add_up_to_its_quantity_is_reported() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_version_without_its_change_is_reported_and_a_change_of_two_rows_counts_once() {
     // A second row at version 3 is still one change; a row at version 10 is one more.
+    // The second row is written as its change's rows are, at their instant
+    // (one statement, one partition): the fixture's version 3 is 7 hours
+    // old, on the previous day's partition between midnight and 7 UTC.
     let same = drifts_after(&format!(
-        "INSERT INTO stock_movements (inventory_id, location_id, delta, reason, stock_after, version_after) \
-         VALUES ('{SPLIT}', NULL, 0, 'QUANTITY_CHANGED', 6, 3)"
+        "INSERT INTO stock_movements (inventory_id, location_id, delta, reason, stock_after, version_after, created_at) \
+         SELECT '{SPLIT}', NULL, 0, 'QUANTITY_CHANGED', 6, 3, created_at FROM stock_movements \
+          WHERE inventory_id = '{SPLIT}' AND version_after = 3 LIMIT 1"
     ))
     .await;
     assert_eq!(same, vec![]);
