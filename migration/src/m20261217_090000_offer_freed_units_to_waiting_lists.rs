@@ -48,7 +48,9 @@ CREATE TABLE waitlist_entries (
     id                  uuid        PRIMARY KEY,
     -- The order of the line: assigned at joining, strictly increasing.
     seq                 bigint      GENERATED ALWAYS AS IDENTITY,
-    inventory_id        uuid        NOT NULL REFERENCES inventories (id),
+    -- Exactly one of the two: what the entry waits for.
+    inventory_id        uuid        REFERENCES inventories (id),
+    kit_id              uuid        REFERENCES kits (id),
     user_id             text        NOT NULL,
     quantity            integer     NOT NULL CHECK (quantity > 0),
     held                integer     NOT NULL DEFAULT 0,
@@ -56,18 +58,28 @@ CREATE TABLE waitlist_entries (
         CHECK (status IN ('WAITING', 'OFFERED', 'CLAIMED', 'EXPIRED', 'LEFT')),
     location_ids        uuid[],
     offer_secs          integer     NOT NULL CHECK (offer_secs > 0),
+    -- An inventory's entry: its hold, then its offer.
     reservation_id      uuid,
+    -- A kit's entry: its offer (its holds are a reservation per component).
+    kit_reservation_id  uuid,
     version             integer     NOT NULL DEFAULT 1,
     idempotency_key     text,
     request_fingerprint text,
     created_at          timestamptz NOT NULL DEFAULT now(),
     offered_at          timestamptz,
+    CHECK ((inventory_id IS NULL) <> (kit_id IS NULL)),
     CHECK (held BETWEEN 0 AND quantity),
     CHECK ((status = 'WAITING') = (held < quantity) OR status IN ('LEFT', 'EXPIRED'))
 );
 CREATE INDEX waitlist_entries_line ON waitlist_entries (inventory_id, seq) WHERE status = 'WAITING';
 CREATE UNIQUE INDEX waitlist_entries_open ON waitlist_entries (inventory_id, user_id)
     WHERE status IN ('WAITING', 'OFFERED');
+CREATE INDEX waitlist_entries_kit_line ON waitlist_entries (kit_id, seq) WHERE status = 'WAITING' AND kit_id IS NOT NULL;
+CREATE UNIQUE INDEX waitlist_entries_kit_open ON waitlist_entries (kit_id, user_id)
+    WHERE status IN ('WAITING', 'OFFERED') AND kit_id IS NOT NULL;
+CREATE INDEX waitlist_entries_kit_offered ON waitlist_entries (kit_id, seq) WHERE status = 'OFFERED' AND kit_id IS NOT NULL;
+-- The kits an inventory is a component of, for the trigger.
+CREATE INDEX kit_components_inventory ON kit_components (inventory_id);
 CREATE INDEX waitlist_entries_user ON waitlist_entries (user_id, seq);
 CREATE INDEX waitlist_entries_offered ON waitlist_entries (inventory_id, seq) WHERE status = 'OFFERED';
 CREATE UNIQUE INDEX waitlist_entries_user_idempotency_key ON waitlist_entries (user_id, idempotency_key)
@@ -89,9 +101,10 @@ CREATE FUNCTION record_waitlist_change() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO events (type, subject_id, version, data)
     VALUES ('WAITLIST_CHANGED', NEW.id, NEW.version,
-            jsonb_build_object('entryId', NEW.id, 'inventoryId', NEW.inventory_id, 'status', NEW.status,
-                               'quantity', NEW.quantity,
-                               'reservationId', CASE WHEN NEW.status <> 'WAITING' THEN NEW.reservation_id END));
+            jsonb_build_object('entryId', NEW.id, 'inventoryId', NEW.inventory_id, 'kitId', NEW.kit_id,
+                               'status', NEW.status, 'quantity', NEW.quantity,
+                               'reservationId', CASE WHEN NEW.status <> 'WAITING' THEN NEW.reservation_id END,
+                               'kitReservationId', NEW.kit_reservation_id));
     RETURN NULL;
 END
 $$;
@@ -100,13 +113,39 @@ CREATE TRIGGER waitlist_entries_joined AFTER INSERT ON waitlist_entries
 CREATE TRIGGER waitlist_entries_changed AFTER UPDATE OF status ON waitlist_entries
     FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION record_waitlist_change();
 
+-- The units of inventory `item` entry `w` still lacks: of its quantity for
+-- an inventory's entry; for a kit's, of the item's component quantity
+-- times the kits, less what its hold of the item has.
+CREATE FUNCTION waitlist_lacks(w waitlist_entries, item uuid) RETURNS integer LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN w.kit_id IS NULL THEN w.quantity - w.held
+           ELSE (SELECT c.quantity * w.quantity FROM kit_components c WHERE c.kit_id = w.kit_id AND c.inventory_id = item)
+                - coalesce((SELECT sum(r.quantity) FROM reservations r
+                             WHERE r.waitlist_entry_id = w.id AND r.inventory_id = item AND r.status = 'ACTIVE'), 0)::integer
+           END
+$$;
+
+-- Whether some WAITING entry lacks units of inventory `item` that a level
+-- at `location` can give: an entry of the item, or of a kit it is a
+-- component of.
+CREATE FUNCTION waitlist_lacking(item uuid, location uuid) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM waitlist_entries w
+         WHERE w.status = 'WAITING'
+           AND (w.inventory_id = item OR w.kit_id IN (SELECT kit_id FROM kit_components WHERE inventory_id = item))
+           AND (w.location_ids IS NULL OR location = ANY (w.location_ids))
+           AND waitlist_lacks(w, item) > 0)
+$$;
+
 -- Moves the units a statement freed at one level to the WAITING entries
--- of its inventory, first joined first: each entry takes what it still
--- lacks, into its hold; a hold that reaches the entry's quantity becomes
--- the offer. Units a level keeps as safety stock are not given. The head
--- entry is locked, so two transactions freeing units of one inventory
--- hand them on one after the other (at REPEATABLE READ and SERIALIZABLE
--- the second collides, and its statement is run again).
+-- that lack them (of its inventory, or of a kit it is a component of),
+-- first joined first: each entry takes what it still lacks, into its hold
+-- of the inventory; an inventory's entry whose hold reaches its quantity is
+-- offered it, a kit's entry whose holds of every component are whole is
+-- offered them as one kit reservation. Units a level keeps as safety stock
+-- are not given. The head entry is locked, so two transactions freeing
+-- units of one inventory hand them on one after the other (at REPEATABLE
+-- READ and SERIALIZABLE the second collides, and its statement is run
+-- again).
 CREATE FUNCTION offer_freed_units() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     freed   integer := NEW.available - CASE WHEN TG_OP = 'UPDATE' THEN OLD.available ELSE 0 END;
@@ -115,12 +154,17 @@ DECLARE
     stock_now   integer;
     version_now integer;
     hold    uuid;
+    fresh   boolean;
+    kit_hold uuid;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM waitlist_entries
-                    WHERE inventory_id = NEW.inventory_id AND status = 'WAITING') THEN
-        -- Nobody waits any more: this level stops calling (its row is
-        -- ours already; the inventory's other levels clear their own).
-        IF NEW.waiting THEN
+    IF NOT waitlist_lacking(NEW.inventory_id, NEW.location_id) THEN
+        -- Nobody waits for what this level holds: it stops calling (its
+        -- row is ours already; the other levels clear their own).
+        IF NEW.waiting AND NOT EXISTS (
+            SELECT 1 FROM waitlist_entries w
+             WHERE w.status = 'WAITING'
+               AND (w.inventory_id = NEW.inventory_id
+                    OR w.kit_id IN (SELECT kit_id FROM kit_components WHERE inventory_id = NEW.inventory_id))) THEN
             UPDATE stock_levels SET waiting = false
              WHERE inventory_id = NEW.inventory_id AND location_id = NEW.location_id;
         END IF;
@@ -136,44 +180,65 @@ BEGIN
     SELECT least(freed, l.available - l.safety_stock) INTO freed
       FROM stock_levels l WHERE l.inventory_id = NEW.inventory_id AND l.location_id = NEW.location_id;
     WHILE freed > 0 LOOP
-        -- At READ COMMITTED a head another transaction offered while we
-        -- waited for its lock is no longer WAITING and comes back as no
-        -- row: look again while one is waiting.
+        -- At READ COMMITTED a head another transaction changed while we
+        -- waited for its lock may no longer qualify and comes back as no
+        -- row: look again while one lacks units.
         FOR attempt IN 1..100 LOOP
-            SELECT * INTO e FROM waitlist_entries
-             WHERE inventory_id = NEW.inventory_id AND status = 'WAITING'
-               AND (location_ids IS NULL OR NEW.location_id = ANY (location_ids))
-             ORDER BY seq LIMIT 1
-               FOR UPDATE;
-            EXIT WHEN FOUND OR NOT EXISTS (
-                SELECT 1 FROM waitlist_entries
-                 WHERE inventory_id = NEW.inventory_id AND status = 'WAITING'
-                   AND (location_ids IS NULL OR NEW.location_id = ANY (location_ids)));
+            SELECT * INTO e FROM waitlist_entries w
+             WHERE w.status = 'WAITING'
+               AND (w.inventory_id = NEW.inventory_id
+                    OR w.kit_id IN (SELECT kit_id FROM kit_components WHERE inventory_id = NEW.inventory_id))
+               AND (w.location_ids IS NULL OR NEW.location_id = ANY (w.location_ids))
+               AND waitlist_lacks(w, NEW.inventory_id) > 0
+             ORDER BY w.seq LIMIT 1
+               FOR UPDATE OF w;
+            EXIT WHEN FOUND OR NOT waitlist_lacking(NEW.inventory_id, NEW.location_id);
         END LOOP;
         EXIT WHEN e.id IS NULL OR e.status <> 'WAITING';
-        give := least(freed, e.quantity - e.held);
+        give := least(freed, waitlist_lacks(e, NEW.inventory_id));
+        EXIT WHEN give <= 0;
         UPDATE stock_levels SET available = available - give
          WHERE inventory_id = NEW.inventory_id AND location_id = NEW.location_id;
         UPDATE inventories SET stock = stock - give, version = version + 1, updated_at = now()
          WHERE id = NEW.inventory_id
         RETURNING stock, version INTO stock_now, version_now;
-        hold := coalesce(e.reservation_id, gen_random_uuid());
+        IF e.kit_id IS NULL THEN
+            hold := e.reservation_id;
+        ELSE
+            SELECT id INTO hold FROM reservations
+             WHERE waitlist_entry_id = e.id AND inventory_id = NEW.inventory_id AND status = 'ACTIVE';
+        END IF;
+        fresh := hold IS NULL;
+        hold := coalesce(hold, gen_random_uuid());
         INSERT INTO reservations (id, inventory_id, user_id, quantity, status, location_ids, waitlist_entry_id)
         VALUES (hold, NEW.inventory_id, 'waitlist:' || e.id, give, 'ACTIVE', e.location_ids, e.id)
         ON CONFLICT (id) DO UPDATE SET quantity = reservations.quantity + give;
         INSERT INTO allocations (reservation_id, location_id, quantity) VALUES (hold, NEW.location_id, give)
         ON CONFLICT (reservation_id, location_id) DO UPDATE SET quantity = allocations.quantity + give;
         INSERT INTO stock_movements (inventory_id, delta, reason, stock_after, version_after, reservation_id, location_id)
-        VALUES (NEW.inventory_id, -give, CASE WHEN e.reservation_id IS NULL THEN 'RESERVED' ELSE 'QUANTITY_CHANGED' END,
+        VALUES (NEW.inventory_id, -give, CASE WHEN fresh THEN 'RESERVED' ELSE 'QUANTITY_CHANGED' END,
                 stock_now, version_now, hold, NEW.location_id);
-        IF e.held + give = e.quantity THEN
-            UPDATE reservations SET user_id = e.user_id, expires_at = now() + e.offer_secs * interval '1 second'
-             WHERE id = hold;
-            UPDATE waitlist_entries SET held = quantity, reservation_id = hold, status = 'OFFERED',
+        IF e.kit_id IS NULL THEN
+            IF e.held + give = e.quantity THEN
+                UPDATE reservations SET user_id = e.user_id, expires_at = now() + e.offer_secs * interval '1 second'
+                 WHERE id = hold;
+                UPDATE waitlist_entries SET held = quantity, reservation_id = hold, status = 'OFFERED',
+                       offered_at = now(), version = version + 1
+                 WHERE id = e.id;
+            ELSE
+                UPDATE waitlist_entries SET held = held + give, reservation_id = hold WHERE id = e.id;
+            END IF;
+        ELSIF NOT EXISTS (SELECT 1 FROM kit_components c
+                           WHERE c.kit_id = e.kit_id AND waitlist_lacks(e, c.inventory_id) > 0) THEN
+            -- Every component is held: the holds become one kit reservation of the customer's.
+            kit_hold := gen_random_uuid();
+            INSERT INTO kit_reservations (id, kit_id, user_id, quantity) VALUES (kit_hold, e.kit_id, e.user_id, e.quantity);
+            UPDATE reservations SET user_id = e.user_id, kit_reservation_id = kit_hold,
+                   expires_at = now() + e.offer_secs * interval '1 second'
+             WHERE waitlist_entry_id = e.id AND status = 'ACTIVE';
+            UPDATE waitlist_entries SET held = quantity, kit_reservation_id = kit_hold, status = 'OFFERED',
                    offered_at = now(), version = version + 1
              WHERE id = e.id;
-        ELSE
-            UPDATE waitlist_entries SET held = held + give, reservation_id = hold WHERE id = e.id;
         END IF;
         freed := freed - give;
     END LOOP;
@@ -219,6 +284,9 @@ DROP FUNCTION waitlist_settle();
 DROP TRIGGER stock_levels_offer_added ON stock_levels;
 DROP TRIGGER stock_levels_offer_freed ON stock_levels;
 DROP FUNCTION offer_freed_units();
+DROP FUNCTION waitlist_lacking(uuid, uuid);
+DROP FUNCTION waitlist_lacks(waitlist_entries, uuid);
+DROP INDEX kit_components_inventory;
 DROP TRIGGER waitlist_entries_changed ON waitlist_entries;
 DROP TRIGGER waitlist_entries_joined ON waitlist_entries;
 DROP FUNCTION record_waitlist_change();

@@ -206,9 +206,11 @@ pub struct KitDrift {
 pub struct EntryDrift {
     /// The entry.
     pub entry_id: Uuid,
-    /// Its inventory.
-    pub(crate) inventory_id: Uuid,
-    /// The inventory's SKU.
+    /// Its inventory (an inventory's entry).
+    pub(crate) inventory_id: Option<Uuid>,
+    /// Its kit (a kit's entry).
+    pub(crate) kit_id: Option<Uuid>,
+    /// The inventory's or the kit's SKU.
     pub(crate) sku: String,
     /// The entry's status.
     pub status: String,
@@ -271,10 +273,10 @@ impl std::fmt::Display for Drift {
             ),
             Self::Entry(d) => write!(
                 f,
-                "{} ({}) waiting list entry {}, {}: {} of {} held, its hold {:?} of {} units; \
+                "{} ({:?}) waiting list entry {}, {}: {} of {} held, its hold {:?} of {} units; \
                  {} levels not flagged waiting",
                 d.sku,
-                d.inventory_id,
+                d.inventory_id.or(d.kit_id),
                 d.entry_id,
                 d.status,
                 d.held,

@@ -337,25 +337,46 @@ SELECT 'kit' AS kind, d.sku, to_jsonb(d) AS detail
 /// partial index of holds), judged with their hold and their inventory's
 /// levels.
 pub(super) const WAITLIST_ENTRIES: &str = r#"
+WITH judged AS (
+    SELECT id FROM waitlist_entries WHERE status IN ('WAITING', 'OFFERED')
+    UNION SELECT waitlist_entry_id FROM reservations WHERE waitlist_entry_id IS NOT NULL AND status = 'ACTIVE'
+), items AS (
+    -- The inventories each judged entry waits for: its own, or its kit's components.
+    SELECT e.id AS entry_id, coalesce(c.inventory_id, e.inventory_id) AS inventory_id,
+           coalesce(c.quantity, 1) * e.quantity AS wanted
+      FROM waitlist_entries e
+      LEFT JOIN kit_components c ON c.kit_id = e.kit_id
+     WHERE e.id IN (SELECT id FROM judged)
+)
 SELECT 'entry' AS kind, d.sku, to_jsonb(d) AS detail
-  FROM (SELECT e.id AS entry_id, e.inventory_id, i.sku, e.status, e.quantity::bigint AS quantity,
-               e.held::bigint AS held, r.status AS hold_status, coalesce(r.quantity, 0)::bigint AS hold_quantity,
-               (SELECT count(*) FROM stock_levels l
-                 WHERE l.inventory_id = e.inventory_id AND NOT l.waiting AND e.status = 'WAITING') AS unflagged_levels
-          FROM (SELECT id FROM waitlist_entries WHERE status IN ('WAITING', 'OFFERED')
-                UNION SELECT waitlist_entry_id FROM reservations
-                       WHERE waitlist_entry_id IS NOT NULL AND status = 'ACTIVE') AS x
-          JOIN waitlist_entries e ON e.id = x.id
-          JOIN inventories i ON i.id = e.inventory_id
+  FROM (SELECT e.id AS entry_id, e.inventory_id, e.kit_id, coalesce(i.sku, k.sku, '') AS sku, e.status,
+               e.quantity::bigint AS quantity, e.held::bigint AS held, r.status AS hold_status,
+               coalesce(r.quantity, 0)::bigint AS hold_quantity,
+               (SELECT count(*) FROM stock_levels l JOIN items t ON t.inventory_id = l.inventory_id
+                 WHERE t.entry_id = e.id AND NOT l.waiting AND e.status = 'WAITING') AS unflagged_levels
+          FROM waitlist_entries e
+          LEFT JOIN inventories i ON i.id = e.inventory_id
+          LEFT JOIN kits k ON k.id = e.kit_id
           LEFT JOIN reservations r ON r.id = e.reservation_id
-         WHERE EXISTS (SELECT 1 FROM stock_levels l
-                        WHERE l.inventory_id = e.inventory_id AND NOT l.waiting AND e.status = 'WAITING')
-            OR NOT coalesce(CASE e.status
-                 WHEN 'WAITING' THEN e.held < e.quantity
+         WHERE e.id IN (SELECT id FROM judged)
+           AND (EXISTS (SELECT 1 FROM stock_levels l JOIN items t ON t.inventory_id = l.inventory_id
+                         WHERE t.entry_id = e.id AND NOT l.waiting AND e.status = 'WAITING')
+                OR NOT coalesce(CASE
+                 WHEN e.status = 'WAITING' AND e.kit_id IS NULL THEN e.held < e.quantity
                       AND ((e.held = 0 AND r.id IS NULL)
                            OR (r.status = 'ACTIVE' AND r.quantity = e.held AND r.expires_at IS NULL
                                AND r.user_id = 'waitlist:' || e.id AND r.waitlist_entry_id = e.id))
-                 WHEN 'OFFERED' THEN r.status = 'ACTIVE' AND r.quantity = e.quantity AND r.user_id = e.user_id
-                      AND r.waitlist_entry_id = e.id
-                 ELSE false END, false)) AS d
+                 WHEN e.status = 'WAITING' THEN e.held = 0
+                      -- Each hold of a kit's entry: a component's, unexpiring, no customer's, at most wanted.
+                      AND NOT EXISTS (
+                          SELECT 1 FROM reservations h LEFT JOIN items t ON t.entry_id = e.id AND t.inventory_id = h.inventory_id
+                           WHERE h.waitlist_entry_id = e.id AND h.status = 'ACTIVE'
+                             AND NOT coalesce(h.user_id = 'waitlist:' || e.id AND h.expires_at IS NULL
+                                              AND h.kit_reservation_id IS NULL AND h.quantity <= t.wanted, false))
+                 WHEN e.status = 'OFFERED' AND e.kit_id IS NULL THEN r.status = 'ACTIVE' AND r.quantity = e.quantity
+                      AND r.user_id = e.user_id AND r.waitlist_entry_id = e.id
+                 WHEN e.status = 'OFFERED' THEN EXISTS (
+                          SELECT 1 FROM kit_reservations kr
+                           WHERE kr.id = e.kit_reservation_id AND kr.user_id = e.user_id AND kr.quantity = e.quantity)
+                 ELSE false END, false))) AS d
  ORDER BY d.sku, d.entry_id"#;

@@ -86,10 +86,12 @@ impl Kit {
         Ok(ctx.loader::<AvailableLoader>()?.load_one(self.0.id).await.gql()?.unwrap_or(0))
     }
 
-    /// Units wanted by its waiting list's WAITING entries: kits have no
-    /// waiting list yet, so 0.
-    async fn waiting(&self) -> i32 {
-        0
+    /// Kits wanted by its waiting list's WAITING entries (batched per request).
+    async fn waiting(&self, ctx: &Context<'_>) -> GqlResult<i32> {
+        let loader = ctx.loader::<crate::waitlists::loader::KitWaitingLoader>()?;
+        let wanted = loader.load_one(self.0.id).await.gql()?.unwrap_or(0);
+        i32::try_from(wanted)
+            .map_err(|_| crate::error::AppError::internal(anyhow::anyhow!("{wanted} kits wanted")).extend())
     }
 
     /// When it was made.

@@ -7,14 +7,14 @@ use uuid::Uuid;
 
 use super::{
     service::{JoinOutcome, JoinRequest, WaitlistService},
-    store::{EntryRow, WaitlistStatus},
+    store::{EntryRow, Item, WaitlistStatus},
 };
 use crate::{
     context::Parts,
     error::{AppError, GqlResult, IntoGql},
     global_id,
     inventory::graphql::{self as inventory, Inventory, InventoryNotFound},
-    kits::graphql::{Kit, KitNotFound, KitReservation},
+    kits::graphql::{self as kits, Kit, KitNotFound, KitReservation},
     locations::graphql::units,
     pagination::{self, Connection, Page, connection},
     reservations::graphql::{self as reservations, Reservation},
@@ -38,15 +38,20 @@ impl WaitlistEntry {
         global_id::encode(global_id::Kind::WaitlistEntry, self.0.id)
     }
 
-    /// What it waits for (batched per request).
+    /// The inventory it waits for (batched per request); null for a kit's entry.
     async fn inventory(&self, ctx: &Context<'_>) -> GqlResult<Option<Inventory>> {
-        inventory::load(ctx, self.0.inventory_id).await
+        match self.0.item {
+            Item::Inventory(id) => inventory::load(ctx, id).await,
+            Item::Kit(_) => Ok(None),
+        }
     }
 
-    /// The kit it waits for: waiting lists of kits are not kept yet, so
-    /// always null.
-    async fn kit(&self) -> Option<Kit> {
-        None
+    /// The kit it waits for; null for an inventory's entry.
+    async fn kit(&self, ctx: &Context<'_>) -> GqlResult<Option<Kit>> {
+        match self.0.item {
+            Item::Kit(id) => kits::load(ctx, id).await,
+            Item::Inventory(_) => Ok(None),
+        }
     }
 
     /// The customer in line.
@@ -84,10 +89,14 @@ impl WaitlistEntry {
         }
     }
 
-    /// The offered kit reservation of a kit's entry; always null (no kit
-    /// waiting lists yet).
-    async fn kit_offer(&self) -> Option<KitReservation> {
-        None
+    /// The kit reservation offered to a kit's entry, as `offer` is to an
+    /// inventory's: every component held whole, released, expired and
+    /// checked out together; null while WAITING.
+    async fn kit_offer(&self, ctx: &Context<'_>) -> GqlResult<Option<KitReservation>> {
+        match (self.0.offered_at, self.0.kit_reservation_id) {
+            (Some(_), Some(id)) => kits::visible(ctx, id).await,
+            _ => Ok(None),
+        }
     }
 
     /// When the offer was made.
@@ -101,9 +110,10 @@ impl WaitlistEntry {
 pub(crate) struct JoinWaitlistInput {
     /// The inventory; give exactly one of `inventoryId` and `kitId`.
     pub inventory_id: Option<Uuid>,
-    /// A kit: not kept yet (`BAD_USER_INPUT`).
+    /// The kit: every component's units are held as they are freed, and
+    /// offered together as one kit reservation.
     pub kit_id: Option<Uuid>,
-    /// Units, 1 to STOCKGUARD_MAX_QUANTITY, offered together.
+    /// Units (kits), 1 to STOCKGUARD_MAX_QUANTITY, offered together.
     #[graphql(default = 1)]
     pub quantity: i32,
     /// Only units freed at these active locations; any location when left out.
@@ -122,7 +132,7 @@ pub(crate) struct WaitlistJoined {
 /// The units can be reserved now: reserve instead. Nothing written.
 #[derive(SimpleObject)]
 pub(crate) struct NotSoldOut {
-    /// Sellable units at the entry's locations.
+    /// Sellable units (for a kit: kits) at the entry's locations.
     pub available: i32,
 }
 
@@ -194,7 +204,7 @@ impl WaitlistQuery {
         &self,
         ctx: &Context<'_>,
         #[graphql(desc = "The inventory; give exactly one of `inventoryId` and `kitId`.")] inventory_id: Option<Uuid>,
-        #[graphql(desc = "A kit: no kit has a waiting list yet, so its page is empty.")] kit_id: Option<Uuid>,
+        #[graphql(desc = "The kit; give exactly one of `inventoryId` and `kitId`.")] kit_id: Option<Uuid>,
         #[graphql(
             default_with = "Some(pagination::DEFAULT_PAGE_SIZE)",
             desc = "Page size, 1 to the server's maximum page size (STOCKGUARD_MAX_PAGE_SIZE)."
@@ -205,11 +215,12 @@ impl WaitlistQuery {
         ctx.operator()?;
         let service = ctx.part::<WaitlistService>()?;
         let page = Page::<LineCursor>::parse(first, after.as_deref(), service_max(ctx)?).gql()?;
-        let rows = match (inventory_id, kit_id) {
-            (Some(inventory), None) => service.line(inventory, page.first, page.after.map(|c| c.0)).await.gql()?,
-            (None, Some(_)) => Vec::new(),
+        let item = match (inventory_id, kit_id) {
+            (Some(inventory), None) => Item::Inventory(inventory),
+            (None, Some(kit)) => Item::Kit(kit),
             _ => return Err(one_of()).gql(),
         };
+        let rows = service.line(item, page.first, page.after.map(|c| c.0)).await.gql()?;
         Ok(connection(page, rows, |row| LineCursor(row.seq), WaitlistEntry))
     }
 }
@@ -242,15 +253,13 @@ impl WaitlistMutation {
         let user = ctx.user()?;
         let max = ctx.part::<crate::app::AppState>()?.limits.max_quantity;
         let quantity = validate::within("input.quantity", input.quantity, 1..=max).gql()?;
-        let inventory_id = match (input.inventory_id, input.kit_id) {
-            (Some(inventory), None) => inventory,
-            (None, Some(_)) => {
-                return Err(AppError::bad_input("input.kitId", "waiting lists of kits are not kept yet")).gql();
-            }
+        let item = match (input.inventory_id, input.kit_id) {
+            (Some(inventory), None) => Item::Inventory(inventory),
+            (None, Some(kit)) => Item::Kit(kit),
             _ => return Err(one_of()).gql(),
         };
         let request = JoinRequest {
-            inventory_id,
+            item,
             quantity,
             location_ids: input.location_ids,
             idempotency_key: validate::idempotency_key("input.idempotencyKey", input.idempotency_key.as_deref())
@@ -264,7 +273,12 @@ impl WaitlistMutation {
             JoinOutcome::NotSoldOut { available } => {
                 JoinWaitlistResult::NotSoldOut(NotSoldOut { available: units(available)? })
             }
-            JoinOutcome::InventoryNotFound => JoinWaitlistResult::InventoryNotFound(InventoryNotFound { inventory_id }),
+            JoinOutcome::InventoryNotFound | JoinOutcome::KitNotFound => match item {
+                Item::Inventory(inventory_id) => {
+                    JoinWaitlistResult::InventoryNotFound(InventoryNotFound { inventory_id })
+                }
+                Item::Kit(kit_id) => JoinWaitlistResult::KitNotFound(KitNotFound { kit_id }),
+            },
         };
         Ok(telemetry::counted("joinWaitlist", result))
     }

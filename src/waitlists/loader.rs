@@ -1,4 +1,5 @@
-//! `Inventory.waiting` for a page of inventories in one statement.
+//! `Inventory.waiting` and `Kit.waiting` for a page of inventories (or
+//! kits) in one statement.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -18,6 +19,20 @@ impl Loader<Uuid> for WaitingLoader {
     type Error = Arc<DbErr>;
 
     async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, i64>, Self::Error> {
-        Ok(read_answer!(&self.db, |db| super::store::waiting(db, keys))?.into_iter().collect())
+        Ok(read_answer!(&self.db, |db| super::store::waiting(db, false, keys))?.into_iter().collect())
+    }
+}
+
+pool_loader! {
+    /// Loads the kits wanted by each kit's WAITING entries in batches.
+    KitWaitingLoader
+}
+
+impl Loader<Uuid> for KitWaitingLoader {
+    type Value = i64;
+    type Error = Arc<DbErr>;
+
+    async fn load(&self, keys: &[Uuid]) -> Result<HashMap<Uuid, i64>, Self::Error> {
+        Ok(read_answer!(&self.db, |db| super::store::waiting(db, true, keys))?.into_iter().collect())
     }
 }

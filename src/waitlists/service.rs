@@ -6,7 +6,7 @@
 use sea_orm::DatabaseConnection;
 use uuid::Uuid;
 
-use super::store::{self, EntryRow, Join};
+use super::store::{self, EntryRow, Item, Join};
 use crate::{app::AppState, db::Collisions, error::AppError};
 
 /// The waiting lists as the resolvers see them.
@@ -21,7 +21,7 @@ pub(crate) struct WaitlistService {
 /// What a customer asks to wait for.
 #[derive(Debug, Clone)]
 pub(crate) struct JoinRequest {
-    pub inventory_id: Uuid,
+    pub item: Item,
     pub quantity: i32,
     /// Only units freed at these locations; all when none.
     pub location_ids: Option<Vec<Uuid>>,
@@ -33,7 +33,11 @@ impl JoinRequest {
     fn fingerprint(&self) -> String {
         let mut locations = self.location_ids.clone().unwrap_or_default();
         locations.sort();
-        format!("join:{}:{}:{locations:?}", self.inventory_id, self.quantity)
+        let item = match self.item {
+            Item::Inventory(id) => format!("inventory:{id}"),
+            Item::Kit(id) => format!("kit:{id}"),
+        };
+        format!("join:{item}:{}:{locations:?}", self.quantity)
     }
 }
 
@@ -46,6 +50,8 @@ pub(crate) enum JoinOutcome {
     NotSoldOut { available: i64 },
     /// No such inventory.
     InventoryNotFound,
+    /// No such kit, or not on sale.
+    KitNotFound,
 }
 
 impl WaitlistService {
@@ -75,7 +81,7 @@ impl WaitlistService {
         }
         let join = Join {
             id: Uuid::now_v7(),
-            inventory_id: request.inventory_id,
+            item: request.item,
             user_id: user.to_owned(),
             quantity: request.quantity,
             location_ids: request.location_ids.clone(),
@@ -87,9 +93,15 @@ impl WaitlistService {
         // join (or another with its key) finds that entry the second time.
         for _ in 0..2 {
             let run = || store::join(&self.db, &join);
-            let judged = self.collisions.run(join.inventory_id, run).await?.done()?;
+            let key = match join.item {
+                Item::Inventory(id) | Item::Kit(id) => id,
+            };
+            let judged = self.collisions.run(key, run).await?.done()?;
             if !judged.found {
-                return Ok(JoinOutcome::InventoryNotFound);
+                return Ok(match join.item {
+                    Item::Inventory(_) => JoinOutcome::InventoryNotFound,
+                    Item::Kit(_) => JoinOutcome::KitNotFound,
+                });
             }
             if judged.joined {
                 let entry = store::find(&self.db, join.id).await?;
@@ -103,7 +115,7 @@ impl WaitlistService {
             {
                 return replay(entry, &fingerprint);
             }
-            if let Some(entry) = store::find_open(&self.db, request.inventory_id, user).await? {
+            if let Some(entry) = store::find_open(&self.db, request.item, user).await? {
                 return Ok(JoinOutcome::Joined(entry));
             }
         }
@@ -125,14 +137,9 @@ impl WaitlistService {
         Ok(store::mine(&self.db, user, first, before).await?)
     }
 
-    /// A page of an inventory's line in offer order.
-    pub(crate) async fn line(
-        &self,
-        inventory: Uuid,
-        first: u64,
-        after: Option<i64>,
-    ) -> Result<Vec<EntryRow>, AppError> {
-        Ok(store::line(&self.db, inventory, first, after).await?)
+    /// A page of an item's line in offer order.
+    pub(crate) async fn line(&self, item: Item, first: u64, after: Option<i64>) -> Result<Vec<EntryRow>, AppError> {
+        Ok(store::line(&self.db, item, first, after).await?)
     }
 }
 

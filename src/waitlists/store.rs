@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::{
     db::{Attempted, Collisions},
-    stock::returning,
+    stock::{kitting, returning},
 };
 
 /// Where an entry stands, as `waitlist_entries.status` spells it.
@@ -41,13 +41,32 @@ impl WaitlistStatus {
     }
 }
 
+/// What an entry waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Item {
+    /// Units of an inventory.
+    Inventory(Uuid),
+    /// Kits: every component's units, offered together.
+    Kit(Uuid),
+}
+
+impl Item {
+    /// The entry's column naming it and its id.
+    fn column(self) -> (&'static str, Uuid) {
+        match self {
+            Self::Inventory(id) => ("inventory_id", id),
+            Self::Kit(id) => ("kit_id", id),
+        }
+    }
+}
+
 /// One entry, with its place in line while it waits.
 #[derive(Debug, Clone)]
 pub(crate) struct EntryRow {
     pub id: Uuid,
     /// Its place in the order of the line (every entry of every inventory).
     pub seq: i64,
-    pub inventory_id: Uuid,
+    pub item: Item,
     pub user_id: String,
     pub quantity: i32,
     pub status: WaitlistStatus,
@@ -55,8 +74,10 @@ pub(crate) struct EntryRow {
     pub position: Option<i32>,
     pub created_at: DateTime<Utc>,
     pub offered_at: Option<DateTime<Utc>>,
-    /// The held units' reservation: the offer once OFFERED.
+    /// An inventory's entry: the held units' reservation, the offer once OFFERED.
     pub reservation_id: Option<Uuid>,
+    /// A kit's entry: its offer once OFFERED.
+    pub kit_reservation_id: Option<Uuid>,
     idempotency_key: Option<String>,
     request_fingerprint: Option<String>,
 }
@@ -65,7 +86,8 @@ pub(crate) struct EntryRow {
 struct Raw {
     id: Uuid,
     seq: i64,
-    inventory_id: Uuid,
+    inventory_id: Option<Uuid>,
+    kit_id: Option<Uuid>,
     user_id: String,
     quantity: i32,
     status: String,
@@ -73,6 +95,7 @@ struct Raw {
     created_at: DateTime<Utc>,
     offered_at: Option<DateTime<Utc>>,
     reservation_id: Option<Uuid>,
+    kit_reservation_id: Option<Uuid>,
     idempotency_key: Option<String>,
     request_fingerprint: Option<String>,
 }
@@ -84,7 +107,11 @@ impl TryFrom<Raw> for EntryRow {
         Ok(Self {
             id: raw.id,
             seq: raw.seq,
-            inventory_id: raw.inventory_id,
+            item: match (raw.inventory_id, raw.kit_id) {
+                (Some(inventory), None) => Item::Inventory(inventory),
+                (None, Some(kit)) => Item::Kit(kit),
+                _ => return Err(DbErr::Type(format!("waiting list entry {} waits for no one item", raw.id))),
+            },
             user_id: raw.user_id,
             quantity: raw.quantity,
             status: WaitlistStatus::parse(&raw.status)?,
@@ -92,6 +119,7 @@ impl TryFrom<Raw> for EntryRow {
             created_at: raw.created_at,
             offered_at: raw.offered_at,
             reservation_id: raw.reservation_id,
+            kit_reservation_id: raw.kit_reservation_id,
             idempotency_key: raw.idempotency_key,
             request_fingerprint: raw.request_fingerprint,
         })
@@ -106,11 +134,12 @@ impl EntryRow {
 }
 
 /// The columns of [`Raw`] from the entry aliased `e`, its position counted
-/// among the WAITING entries of its inventory (the partial index of the line).
-const COLUMNS: &str = "e.id, e.seq, e.inventory_id, e.user_id, e.quantity, e.status, e.created_at, e.offered_at, \
-     e.reservation_id, e.idempotency_key, e.request_fingerprint, \
+/// among the WAITING entries of its item (the partial indexes of the lines).
+const COLUMNS: &str = "e.id, e.seq, e.inventory_id, e.kit_id, e.user_id, e.quantity, e.status, e.created_at, \
+     e.offered_at, e.reservation_id, e.kit_reservation_id, e.idempotency_key, e.request_fingerprint, \
      CASE WHEN e.status = 'WAITING' THEN (SELECT count(*) FROM waitlist_entries w \
-        WHERE w.inventory_id = e.inventory_id AND w.status = 'WAITING' AND w.seq <= e.seq) END AS position";
+        WHERE (w.inventory_id = e.inventory_id OR w.kit_id = e.kit_id) AND w.status = 'WAITING' AND w.seq <= e.seq) \
+     END AS position";
 
 async fn rows(db: &impl ConnectionTrait, statement: Statement) -> Result<Vec<EntryRow>, DbErr> {
     Raw::find_by_statement(statement).all(db).await?.into_iter().map(EntryRow::try_from).collect()
@@ -132,24 +161,21 @@ pub(crate) async fn find_by_key(db: &impl ConnectionTrait, user: &str, key: &str
     row(db, Statement::from_sql_and_values(DbBackend::Postgres, sql, [user.into(), key.into()])).await
 }
 
-/// `user`'s WAITING or OFFERED entry for `inventory`, if any.
-pub(crate) async fn find_open(
-    db: &impl ConnectionTrait,
-    inventory: Uuid,
-    user: &str,
-) -> Result<Option<EntryRow>, DbErr> {
+/// `user`'s WAITING or OFFERED entry for `item`, if any.
+pub(crate) async fn find_open(db: &impl ConnectionTrait, item: Item, user: &str) -> Result<Option<EntryRow>, DbErr> {
+    let (column, id) = item.column();
     let sql = format!(
         "SELECT {COLUMNS} FROM waitlist_entries e
-          WHERE e.inventory_id = $1 AND e.user_id = $2 AND e.status IN ('WAITING', 'OFFERED')"
+          WHERE e.{column} = $1 AND e.user_id = $2 AND e.status IN ('WAITING', 'OFFERED')"
     );
-    row(db, Statement::from_sql_and_values(DbBackend::Postgres, sql, [inventory.into(), user.into()])).await
+    row(db, Statement::from_sql_and_values(DbBackend::Postgres, sql, [id.into(), user.into()])).await
 }
 
 /// What a join asks for.
 #[derive(Debug, Clone)]
 pub(crate) struct Join {
     pub id: Uuid,
-    pub inventory_id: Uuid,
+    pub item: Item,
     pub user_id: String,
     pub quantity: i32,
     pub location_ids: Option<Vec<Uuid>>,
@@ -161,9 +187,9 @@ pub(crate) struct Join {
 /// What the joining statement found.
 #[derive(Debug, FromQueryResult)]
 pub(crate) struct Joined {
-    /// Whether the inventory exists.
+    /// Whether the inventory (or the active kit) exists.
     pub found: bool,
-    /// Its sellable units at the entry's locations when judged.
+    /// Its sellable units (or kits) at the entry's locations when judged.
     pub sellable: i64,
     /// Whether the entry was written.
     pub joined: bool,
@@ -177,42 +203,65 @@ pub(crate) struct Joined {
 /// the entry); an open entry of the user, or one with the key, keeps it
 /// from being written (`ON CONFLICT`), which the caller then reads.
 pub(crate) async fn join(db: &impl ConnectionTrait, join: &Join) -> Result<Joined, DbErr> {
-    const SQL: &str = r#"
-WITH inventory AS (
+    // An inventory's entry: its levels; a kit's: its components' levels,
+    // and the kits they make together (each component's sellable units
+    // over its quantity, the fewest).
+    const INVENTORY: &str = r#"
+WITH item AS (
     SELECT id FROM inventories WHERE id = $2
-), levels AS MATERIALIZED (
-    SELECT location_id, available, safety_stock FROM stock_levels WHERE inventory_id = $2 FOR UPDATE
+), components AS (
+    SELECT $2::uuid AS inventory_id, 1 AS quantity
+), "#;
+    const KIT: &str = r#"
+WITH item AS (
+    SELECT id FROM kits WHERE id = $2 AND active
+), components AS (
+    SELECT inventory_id, quantity FROM kit_components WHERE kit_id = $2
+), "#;
+    const REST: &str = r#"levels AS MATERIALIZED (
+    SELECT inventory_id, location_id, available, safety_stock FROM stock_levels
+     WHERE inventory_id IN (SELECT inventory_id FROM components)
+     ORDER BY inventory_id, location_id
+       FOR UPDATE
 ), sellable AS (
-    SELECT coalesce(sum(greatest(available - safety_stock, 0)), 0)::bigint AS n FROM levels
-     WHERE $5::uuid[] IS NULL OR location_id = ANY ($5::uuid[])
+    SELECT coalesce(min(s.n / c.quantity), 0)::bigint AS n
+      FROM components c
+      CROSS JOIN LATERAL (
+        SELECT coalesce(sum(greatest(l.available - l.safety_stock, 0)), 0) AS n FROM levels l
+         WHERE l.inventory_id = c.inventory_id AND ($5::uuid[] IS NULL OR l.location_id = ANY ($5::uuid[]))) s
 ), joined AS (
-    INSERT INTO waitlist_entries
-        (id, inventory_id, user_id, quantity, status, location_ids, offer_secs, idempotency_key, request_fingerprint)
-    SELECT $1, $2, $3, $4, 'WAITING', $5, $6, $7, $8
-      FROM inventory WHERE (SELECT n FROM sellable) < $4
+    INSERT INTO waitlist_entries (id, inventory_id, kit_id, user_id, quantity, status, location_ids, offer_secs,
+                                  idempotency_key, request_fingerprint)
+    SELECT $1, $9, $10, $3, $4, 'WAITING', $5, $6, $7, $8
+      FROM item WHERE (SELECT n FROM sellable) < $4
     ON CONFLICT DO NOTHING
     RETURNING id
 ), flagged AS (
     UPDATE stock_levels SET waiting = true
-     WHERE inventory_id = $2 AND NOT waiting AND EXISTS (SELECT 1 FROM joined)
+     WHERE inventory_id IN (SELECT inventory_id FROM components) AND NOT waiting AND EXISTS (SELECT 1 FROM joined)
 )
-SELECT EXISTS (SELECT 1 FROM inventory) AS found, (SELECT n FROM sellable) AS sellable,
+SELECT EXISTS (SELECT 1 FROM item) AS found, (SELECT n FROM sellable) AS sellable,
        EXISTS (SELECT 1 FROM joined) AS joined"#;
-    let locations = join.location_ids.clone().map(|ids| ids.into_iter().collect::<Vec<_>>());
+    let (head, id, inventory, kit) = match join.item {
+        Item::Inventory(id) => (INVENTORY, id, Some(id), None),
+        Item::Kit(id) => (KIT, id, None, Some(id)),
+    };
     let key = join.idempotency_key.clone();
     let fingerprint = key.as_ref().map(|_| join.fingerprint.clone());
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
-        SQL,
+        format!("{head}{REST}"),
         [
             join.id.into(),
-            join.inventory_id.into(),
+            id.into(),
             join.user_id.clone().into(),
             join.quantity.into(),
-            locations.into(),
+            join.location_ids.clone().into(),
             join.offer_secs.into(),
             key.into(),
             fingerprint.into(),
+            inventory.into(),
+            kit.into(),
         ],
     );
     Joined::find_by_statement(statement).one(db).await?.ok_or_else(|| DbErr::RecordNotFound("the join's row".into()))
@@ -252,37 +301,60 @@ pub(crate) async fn leave(
 }
 
 async fn leave_in(txn: &DatabaseTransaction, id: Uuid, owner: &str) -> Result<Option<EntryRow>, DbErr> {
+    // Its inventory, or its kit's components, in id order.
     let lock = Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "SELECT 1 FROM inventories WHERE id = (SELECT inventory_id FROM waitlist_entries WHERE id = $1 AND user_id = $2)
+        "SELECT 1 FROM inventories WHERE id IN (
+             SELECT inventory_id FROM waitlist_entries WHERE id = $1 AND user_id = $2
+             UNION ALL
+             SELECT c.inventory_id FROM kit_components c JOIN waitlist_entries e ON e.kit_id = c.kit_id
+              WHERE e.id = $1 AND e.user_id = $2)
+          ORDER BY id
             FOR UPDATE",
         [id.into(), owner.into()],
     );
-    if txn.query_one_raw(lock).await?.is_none() {
+    if txn.query_all_raw(lock).await?.is_empty() {
         return Ok(None);
     }
     let entry = Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "SELECT status, reservation_id FROM waitlist_entries WHERE id = $1 FOR UPDATE",
+        "SELECT status, reservation_id, kit_reservation_id FROM waitlist_entries WHERE id = $1 FOR UPDATE",
         [id.into()],
     );
     let Some(entry) = txn.query_one_raw(entry).await? else { return Ok(None) };
     let status: String = entry.try_get("", "status")?;
-    let reservation: Option<Uuid> = entry.try_get("", "reservation_id")?;
-    match (status.as_str(), reservation) {
-        ("WAITING", Some(hold)) => {
-            txn.query_one_raw(returning::release(hold, &hold_owner(id))).await?;
-        }
-        ("OFFERED", Some(offer)) => {
-            txn.query_one_raw(returning::release(offer, owner)).await?;
-        }
-        ("WAITING", None) => {
-            txn.execute_raw(Statement::from_sql_and_values(
+    let (offer, kit_offer): (Option<Uuid>, Option<Uuid>) =
+        (entry.try_get("", "reservation_id")?, entry.try_get("", "kit_reservation_id")?);
+    match status.as_str() {
+        "WAITING" => {
+            // Its holds (one, or one per component of a kit), each released
+            // to the next in line; the first makes the entry LEFT.
+            let holds = Statement::from_sql_and_values(
                 DbBackend::Postgres,
-                "UPDATE waitlist_entries SET status = 'LEFT', version = version + 1 WHERE id = $1",
+                "SELECT id FROM reservations WHERE waitlist_entry_id = $1 AND status = 'ACTIVE' ORDER BY inventory_id",
                 [id.into()],
-            ))
-            .await?;
+            );
+            let holds: Vec<Uuid> =
+                txn.query_all_raw(holds).await?.iter().map(|row| row.try_get("", "id")).collect::<Result<_, _>>()?;
+            for hold in &holds {
+                txn.query_one_raw(returning::release(*hold, &hold_owner(id))).await?;
+            }
+            if holds.is_empty() {
+                txn.execute_raw(Statement::from_sql_and_values(
+                    DbBackend::Postgres,
+                    "UPDATE waitlist_entries SET status = 'LEFT', version = version + 1 WHERE id = $1",
+                    [id.into()],
+                ))
+                .await?;
+            }
+        }
+        "OFFERED" => {
+            if let Some(offer) = offer {
+                txn.query_one_raw(returning::release(offer, owner)).await?;
+            }
+            if let Some(kit_offer) = kit_offer {
+                txn.query_all_raw(kitting::release_kit(kit_offer, owner)).await?;
+            }
         }
         _ => {}
     }
@@ -313,32 +385,37 @@ pub(crate) async fn mine(
     rows(db, Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await
 }
 
-/// A page of the WAITING and OFFERED entries of `inventory` in offer order
+/// A page of the WAITING and OFFERED entries of `item` in offer order
 /// (first joined first), after the entry whose place in line is `after`.
 pub(crate) async fn line(
     db: &impl ConnectionTrait,
-    inventory: Uuid,
+    item: Item,
     first: u64,
     after: Option<i64>,
 ) -> Result<Vec<EntryRow>, DbErr> {
+    let (column, id) = item.column();
     let sql = format!(
         "SELECT {COLUMNS} FROM waitlist_entries e
-          WHERE e.inventory_id = $1 AND e.status IN ('WAITING', 'OFFERED') AND e.seq > $2
+          WHERE e.{column} = $1 AND e.status IN ('WAITING', 'OFFERED') AND e.seq > $2
           ORDER BY e.seq LIMIT $3"
     );
     let limit = i64::try_from(first).unwrap_or(i64::MAX).saturating_add(1);
-    let values = [inventory.into(), after.unwrap_or(0).into(), limit.into()];
+    let values = [id.into(), after.unwrap_or(0).into(), limit.into()];
     rows(db, Statement::from_sql_and_values(DbBackend::Postgres, sql, values)).await
 }
 
-/// Units wanted by the WAITING entries of each of `inventories`.
-pub(crate) async fn waiting(db: &impl ConnectionTrait, inventories: &[Uuid]) -> Result<Vec<(Uuid, i64)>, DbErr> {
+/// Units (or kits) wanted by the WAITING entries of each of `items`, all
+/// inventories or all kits.
+pub(crate) async fn waiting(db: &impl ConnectionTrait, kits: bool, items: &[Uuid]) -> Result<Vec<(Uuid, i64)>, DbErr> {
+    let column = if kits { "kit_id" } else { "inventory_id" };
     let statement = Statement::from_sql_and_values(
         DbBackend::Postgres,
-        "SELECT inventory_id, sum(quantity)::bigint AS n FROM waitlist_entries
-          WHERE inventory_id = ANY ($1) AND status = 'WAITING' GROUP BY inventory_id",
-        [inventories.to_vec().into()],
+        format!(
+            "SELECT {column} AS item, sum(quantity)::bigint AS n FROM waitlist_entries
+              WHERE {column} = ANY ($1) AND status = 'WAITING' GROUP BY {column}"
+        ),
+        [items.to_vec().into()],
     );
     let found = db.query_all_raw(statement).await?;
-    found.iter().map(|r| Ok((r.try_get("", "inventory_id")?, r.try_get("", "n")?))).collect()
+    found.iter().map(|r| Ok((r.try_get("", "item")?, r.try_get("", "n")?))).collect()
 }

@@ -651,3 +651,209 @@ const RESTOCK: &str = "mutation($input: RestockInput!) { restock(input: $input) 
 at_every_isolation! {
     two_processes_freeing_at_once_offer_each_unit_once;
 }
+
+const CHECKOUT_KIT: &str = "mutation($input: CheckoutInput!) { checkout(input: $input) { __typename } }";
+const JOIN_KIT: &str = "mutation($input: JoinWaitlistInput!) { joinWaitlist(input: $input) { __typename
+  ... on WaitlistJoined { entry { id status position kit { sku waiting } } }
+  ... on NotSoldOut { available } ... on KitNotFound { kitId } } }";
+
+/// `who` joins the line of `kit` for `quantity` kits: the entry's id.
+async fn joined_kit(app: &TestApp, who: &str, kit: Uuid, quantity: i32) -> Uuid {
+    let token = app.token(who, Role::Customer);
+    let input = json!({ "input": { "kitId": kit, "quantity": quantity } });
+    let answer = retried(|| app.mutate(&token, "joinWaitlist", JOIN_KIT, input.clone())).await;
+    assert_eq!(answer["__typename"], "WaitlistJoined", "{answer}");
+    uuid(&answer["entry"]["id"])
+}
+
+/// `units` units of `item` held by `who`; the reservation's id.
+async fn hold(app: &TestApp, who: &str, item: Uuid, units: i32) -> (String, String) {
+    let token = app.token(who, Role::Customer);
+    let reserved = app.reserve(&token, json!({ "inventoryId": item, "quantity": units })).await;
+    assert_eq!(reserved["__typename"], "Reserved", "{reserved}");
+    (token, reserved["reservation"]["id"].as_str().expect("an id").to_owned())
+}
+
+/// The units of `item` held for (or offered to) `entry`, from the database.
+async fn held_for(app: &TestApp, entry: Uuid, item: Uuid) -> i64 {
+    app.count(&format!(
+        "SELECT coalesce(sum(quantity), 0)::bigint FROM reservations
+          WHERE waitlist_entry_id = '{entry}' AND inventory_id = '{item}' AND status = 'ACTIVE'"
+    ))
+    .await
+}
+
+/// A kit of one A and two B, both sold out; a customer waits for a kit,
+/// then another for one A. Two A come back: the kit's entry, first in
+/// line, holds one (all it needs of A), the A entry is offered the other.
+/// Nobody can reserve the kit meanwhile. Two B come back: the kit's entry
+/// has every component and is offered them as one kit reservation of its
+/// customer, which it checks out (CLAIMED).
+async fn a_kit_entry_holds_each_component_and_is_offered_them_whole(isolation: Isolation) {
+    let app = spawn(isolation, 900).await;
+    let (a, b) = (app.create_inventory("WL-KA", 2).await, app.create_inventory("WL-KB", 2).await);
+    let kit = crate::kits::kit_of(
+        &app,
+        "WL-KIT",
+        json!([{ "inventoryId": a, "quantity": 1 }, { "inventoryId": b, "quantity": 2 }]),
+    )
+    .await;
+    let (ha, ra) = hold(&app, "wl-kha", a, 2).await;
+    let (hb, rb) = hold(&app, "wl-khb", b, 2).await;
+    let kit_entry = joined_kit(&app, "wl-k1", kit, 1).await;
+    let a_entry = joined(&app, "wl-k2", a, 1).await;
+
+    assert_eq!(retried(|| app.release(&ha, &ra)).await["__typename"], "ReservationReleased");
+    assert_eq!(held_for(&app, kit_entry, a).await, 1, "the kit's entry holds its A");
+    assert_eq!(held_for(&app, a_entry, a).await, 1, "the A entry is offered the other");
+    let line = statuses(&app, a).await;
+    assert_eq!(line, vec![("wl-k2".to_owned(), "OFFERED".to_owned(), 1)], "{line:?}");
+    let sniper = app.token("wl-ksniper", Role::Customer);
+    let refused = crate::kits::reserve_kit(&app, &sniper, kit, 1, json!({})).await;
+    assert_eq!(refused["__typename"], "KitSoldOut", "{refused}");
+    let line = app
+        .graphql(
+            Some(&app.operator()),
+            "query($k: UUID!) { waitlist(kitId: $k) { nodes { id status position } } }",
+            json!({ "k": kit }),
+        )
+        .await;
+    assert_eq!(line["data"]["waitlist"]["nodes"][0]["position"], 1, "{line}");
+
+    assert_eq!(retried(|| app.release(&hb, &rb)).await["__typename"], "ReservationReleased");
+    let offered = app
+        .rows(&format!(
+            "SELECT e.status, e.kit_reservation_id, k.user_id, k.quantity,
+                    (SELECT count(*) FROM reservations r WHERE r.kit_reservation_id = k.id AND r.user_id = 'wl-k1'
+                        AND r.status = 'ACTIVE' AND r.expires_at > now()) AS parts
+               FROM waitlist_entries e JOIN kit_reservations k ON k.id = e.kit_reservation_id
+              WHERE e.id = '{kit_entry}'"
+        ))
+        .await;
+    assert_eq!(offered.len(), 1, "the kit's entry is offered a kit reservation");
+    assert_eq!(
+        (&offered[0]["status"], &offered[0]["user_id"], &offered[0]["parts"]),
+        (&json!("OFFERED"), &json!("wl-k1"), &json!(2))
+    );
+    let kit_offer = offered[0]["kit_reservation_id"].as_str().expect("an offer").to_owned();
+    let waiting =
+        app.graphql(None, "query($k: UUID!) { kit(id: $k) { waiting available } }", json!({ "k": kit })).await;
+    assert_eq!(waiting["data"]["kit"], json!({ "waiting": 0, "available": 0 }), "{waiting}");
+    let input = json!({ "input": { "kitReservationIds": [kit_offer], "shippingAddress": address("3 Kit Court") } });
+    let placed = app.mutate(&app.token("wl-k1", Role::Customer), "checkout", CHECKOUT_KIT, input).await;
+    assert_eq!(placed["__typename"], "OrderPlaced", "{placed}");
+    assert_eq!(
+        app.count(&format!("SELECT count(*) FROM waitlist_entries WHERE id = '{kit_entry}' AND status = 'CLAIMED'"))
+            .await,
+        1
+    );
+    app.assert_invariant().await;
+}
+
+/// A kit's entry holding some of its components leaves: its holds go to
+/// the next in line (an entry of one of them). A second kit entry is then
+/// offered by a restock and its offer expires: the sweep gives every
+/// component back at once and the entry is EXPIRED.
+async fn a_kit_entry_that_leaves_or_expires_passes_its_components_on(isolation: Isolation) {
+    let app = spawn(isolation, 900).await;
+    let (a, b) = (app.create_inventory("WL-LA", 1).await, app.create_inventory("WL-LB", 1).await);
+    let kit = crate::kits::kit_of(
+        &app,
+        "WL-LKIT",
+        json!([{ "inventoryId": a, "quantity": 1 }, { "inventoryId": b, "quantity": 1 }]),
+    )
+    .await;
+    let (ha, ra) = hold(&app, "wl-lha", a, 1).await;
+    hold(&app, "wl-lhb", b, 1).await;
+    let first = joined_kit(&app, "wl-l1", kit, 1).await;
+    let a_entry = joined(&app, "wl-l2", a, 1).await;
+    assert_eq!(retried(|| app.release(&ha, &ra)).await["__typename"], "ReservationReleased");
+    assert_eq!(held_for(&app, first, a).await, 1);
+    let left = app.graphql(Some(&app.token("wl-l1", Role::Customer)), LEAVE, json!({ "id": first })).await;
+    assert_eq!(left["data"]["leaveWaitlist"]["status"], "LEFT", "{left}");
+    assert_eq!(held_for(&app, first, a).await, 0);
+    assert_eq!(held_for(&app, a_entry, a).await, 1, "the A entry is offered what the kit's entry held");
+
+    let second = joined_kit(&app, "wl-l3", kit, 1).await;
+    let restock = |item: Uuid| json!({ "inventoryId": item, "quantity": 1 });
+    assert_eq!(app.restock(&app.operator(), restock(a)).await["__typename"], "Restocked");
+    assert_eq!(app.restock(&app.operator(), restock(b)).await["__typename"], "Restocked");
+    let offered = format!("SELECT count(*) FROM waitlist_entries WHERE id = '{second}' AND status = 'OFFERED'");
+    assert_eq!(app.count(&offered).await, 1);
+    let due = "UPDATE reservations SET expires_at = now() - interval '1 second' WHERE user_id = 'wl-l3'";
+    app.db.execute_unprepared(due).await.expect("the offer due");
+    assert_eq!(sweep_all(&app.db, 100).await, 2, "both components at once");
+    let expired = format!("SELECT count(*) FROM waitlist_entries WHERE id = '{second}' AND status = 'EXPIRED'");
+    assert_eq!(app.count(&expired).await, 1);
+    let shelf = format!("SELECT sum(stock)::bigint FROM inventories WHERE id IN ('{a}', '{b}')");
+    assert_eq!(app.count(&shelf).await, 2, "nobody else waits: both units on the shelf");
+    app.assert_invariant().await;
+}
+
+at_every_isolation! {
+    a_kit_entry_holds_each_component_and_is_offered_them_whole;
+    a_kit_entry_that_leaves_or_expires_passes_its_components_on;
+}
+
+/// A kit of one A and two B; A and B each sold out to 6 holders of one
+/// unit. Kit entries and A entries join in turn (kit, A, kit, A, ...: 8
+/// A and 8 B wanted, 6 of each there). At one instant the 12 holds are
+/// released while snipers reserve A, B and the kit: the units go down each
+/// component's line in joining order, so the first three kit entries and
+/// the first three A entries are offered, the fourth of each holds
+/// nothing, and no sniper gets a unit.
+async fn kits_and_inventories_in_one_line_racing_frees_are_served_in_order(isolation: Isolation) {
+    let app = spawn(isolation, 900).await;
+    let (a, b) = (app.create_inventory("WL-RA", 6).await, app.create_inventory("WL-RB", 6).await);
+    let kit = crate::kits::kit_of(
+        &app,
+        "WL-RKIT",
+        json!([{ "inventoryId": a, "quantity": 1 }, { "inventoryId": b, "quantity": 2 }]),
+    )
+    .await;
+    let mut holds = Vec::new();
+    for n in 0..6 {
+        holds.push(hold(&app, &format!("wl-rha{n}"), a, 1).await);
+        holds.push(hold(&app, &format!("wl-rhb{n}"), b, 1).await);
+    }
+    let mut entries = Vec::new();
+    for n in 0..4 {
+        entries.push(("kit", joined_kit(&app, &format!("wl-rk{n}"), kit, 1).await));
+        entries.push(("a", joined(&app, &format!("wl-ra{n}"), a, 1).await));
+    }
+    let releases = holds.into_iter().map(|(token, id)| {
+        let app = app.clone();
+        async move { retried(|| app.release(&token, &id)).await["__typename"].as_str().unwrap_or("ERROR").to_owned() }
+            .boxed()
+    });
+    let snipers = (0..12).map(|n| {
+        let (app, token) = (app.clone(), app.token(&format!("wl-rs{n}"), Role::Customer));
+        async move {
+            let answer = match n % 3 {
+                0 => crate::kits::reserve_kit(&app, &token, kit, 1, json!({})).await,
+                1 => retried(|| app.reserve(&token, json!({ "inventoryId": a, "quantity": 1 }))).await,
+                _ => retried(|| app.reserve(&token, json!({ "inventoryId": b, "quantity": 1 }))).await,
+            };
+            answer["__typename"].as_str().unwrap_or("ERROR").to_owned()
+        }
+        .boxed()
+    });
+    let answers = at_once(releases.chain(snipers).collect()).await;
+    assert!(answers[..12].iter().all(|a| a == "ReservationReleased"), "{answers:?}");
+    assert!(answers[12..].iter().all(|a| a == "SoldOut" || a == "KitSoldOut"), "a sniper got a unit: {answers:?}");
+    for (n, (what, entry)) in entries.iter().enumerate() {
+        let expected = if n < 6 { "OFFERED" } else { "WAITING" };
+        let status = format!("SELECT count(*) FROM waitlist_entries WHERE id = '{entry}' AND status = '{expected}'");
+        assert_eq!(app.count(&status).await, 1, "the {what} entry {n} is {expected}");
+        if n >= 6 {
+            assert_eq!(held_for(&app, *entry, a).await + held_for(&app, *entry, b).await, 0, "entry {n} holds nothing");
+        }
+    }
+    let shelf = format!("SELECT sum(stock)::bigint FROM inventories WHERE id IN ('{a}', '{b}')");
+    assert_eq!(app.count(&shelf).await, 0);
+    app.assert_invariant().await;
+}
+
+at_every_isolation! {
+    kits_and_inventories_in_one_line_racing_frees_are_served_in_order;
+}
