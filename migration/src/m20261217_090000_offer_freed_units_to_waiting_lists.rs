@@ -54,6 +54,12 @@ CREATE TABLE waitlist_entries (
     user_id             text        NOT NULL,
     quantity            integer     NOT NULL CHECK (quantity > 0),
     held                integer     NOT NULL DEFAULT 0,
+    -- A kit's entry: the units of every component held for it so far.
+    -- Every hand-off to an entry writes its row (this, or `held`), so two
+    -- transactions handing units to one entry at REPEATABLE READ or
+    -- SERIALIZABLE collide on it instead of each counting the holds its
+    -- snapshot shows.
+    units_held          integer     NOT NULL DEFAULT 0,
     status              text        NOT NULL
         CHECK (status IN ('WAITING', 'OFFERED', 'CLAIMED', 'EXPIRED', 'LEFT')),
     location_ids        uuid[],
@@ -228,8 +234,11 @@ BEGIN
             ELSE
                 UPDATE waitlist_entries SET held = held + give, reservation_id = hold WHERE id = e.id;
             END IF;
-        ELSIF NOT EXISTS (SELECT 1 FROM kit_components c
-                           WHERE c.kit_id = e.kit_id AND waitlist_lacks(e, c.inventory_id) > 0) THEN
+        ELSE
+            UPDATE waitlist_entries SET units_held = units_held + give WHERE id = e.id;
+        END IF;
+        IF e.kit_id IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM kit_components c WHERE c.kit_id = e.kit_id AND waitlist_lacks(e, c.inventory_id) > 0) THEN
             -- Every component is held: the holds become one kit reservation of the customer's.
             kit_hold := gen_random_uuid();
             INSERT INTO kit_reservations (id, kit_id, user_id, quantity) VALUES (kit_hold, e.kit_id, e.user_id, e.quantity);

@@ -24,8 +24,8 @@ use crate::{
 /// An entry as the API shows it.
 pub(crate) struct WaitlistEntry(pub EntryRow);
 
-/// A customer in line for units of an inventory: offered, in the order
-/// they joined, the units freed while they wait.
+/// A customer in line for units of an inventory, or for kits: offered, in
+/// the order they joined, the units freed while they wait.
 #[Object]
 impl WaitlistEntry {
     /// The entry's id.
@@ -198,7 +198,8 @@ impl WaitlistQuery {
         Ok(connection(page, rows, |row| LineCursor(row.seq), WaitlistEntry))
     }
 
-    /// An inventory's WAITING and OFFERED entries in offer order (operators).
+    /// An inventory's (or a kit's) WAITING and OFFERED entries in offer
+    /// order (operators).
     #[graphql(complexity = "crate::pagination::page_cost(first, child_complexity)")]
     async fn waitlist(
         &self,
@@ -243,8 +244,8 @@ impl WaitlistMutation {
     /// Joins the line for units the caller cannot reserve now (`NotSoldOut`
     /// when they can). Each unit freed while the entry waits is held for the
     /// first in line; once its whole quantity is there it is offered as an
-    /// ordinary ACTIVE reservation with its own expiry
-    /// (STOCKGUARD_WAITLIST_OFFER_SECS).
+    /// ordinary ACTIVE reservation (for a kit, a kit reservation) with its
+    /// own expiry (STOCKGUARD_WAITLIST_OFFER_SECS).
     async fn join_waitlist(
         &self,
         ctx: &Context<'_>,

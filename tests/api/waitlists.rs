@@ -123,6 +123,7 @@ async fn freed_units_go_to_the_line_in_order_and_nobody_snipes(isolation: Isolat
     let answers = at_once(releases.chain(snipers).collect()).await;
     assert!(answers[..4].iter().all(|a| a == "ReservationReleased"), "{answers:?}");
     assert!(answers[4..].iter().all(|a| a == "SoldOut"), "a sniper got a unit: {answers:?}");
+    eprintln!("freed_units_go_to_the_line_in_order_and_nobody_snipes {isolation:?}: {:?}", tally(&answers));
     // wl-early joined first of all: it was in line before A.
     let line = statuses(&app, item).await;
     let status = |who: &str| line.iter().find(|(u, ..)| u == who).map(|(_, s, h)| (s.clone(), *h)).expect("in line");
@@ -330,7 +331,7 @@ async fn racing_frees_offer_each_unit_once_in_order(isolation: Isolation) {
     assert_eq!(statuses(&app, item).await, expected);
     assert_eq!(app.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{item}'")).await, 0);
     app.assert_invariant().await;
-    eprintln!("racing_frees_offer_each_unit_once_in_order {isolation:?}: {answers:?}");
+    eprintln!("racing_frees_offer_each_unit_once_in_order {isolation:?}: {:?}", tally(&answers));
 }
 
 at_every_isolation! {
@@ -483,6 +484,14 @@ async fn joins_and_leaves_racing_frees_keep_one_entry_each_and_no_unit_between(i
     app.assert_invariant().await;
 }
 
+/// How many answers of each kind a race got, for the test's log.
+fn tally(answers: &[String]) -> std::collections::BTreeMap<&str, usize> {
+    answers.iter().fold(std::collections::BTreeMap::new(), |mut counts, answer| {
+        *counts.entry(answer.as_str()).or_insert(0) += 1;
+        counts
+    })
+}
+
 /// A join's answer as its union member and entry id.
 fn named_entry(answer: Value) -> (String, Option<Uuid>) {
     let name = answer["__typename"].as_str().unwrap_or("ERROR").to_owned();
@@ -522,6 +531,7 @@ async fn the_sweeper_hands_an_expired_offer_on_within_its_interval() {
         .await;
     let bound = i64::try_from(Limits::default().sweep_interval_ms).expect("ms") + 1000;
     assert!((0..=bound).contains(&late), "offered {late} ms after the expiry (at most {bound})");
+    eprintln!("the_sweeper_hands_an_expired_offer_on_within_its_interval: the next offer {late} ms after the expiry");
     assert_eq!(statuses(&app, item).await[0].1, "EXPIRED");
     app.assert_invariant().await;
 }
@@ -626,6 +636,7 @@ async fn two_processes_freeing_at_once_offer_each_unit_once(isolation: Isolation
     let line: Vec<String> = line.iter().map(|row| row.try_get("", "s").expect("text")).collect();
     assert_eq!(line, expected);
     assert_eq!(one.count(&format!("SELECT stock::bigint FROM inventories WHERE id = '{item}'")).await, 0);
+    eprintln!("two_processes_freeing_at_once_offer_each_unit_once {isolation:?}: {:?}", tally(&answers));
     let drifts = stockguard::invariant::check(&one.db).await.expect("check");
     assert!(drifts.is_empty(), "{drifts:?}");
 }
@@ -852,6 +863,7 @@ async fn kits_and_inventories_in_one_line_racing_frees_are_served_in_order(isola
     let shelf = format!("SELECT sum(stock)::bigint FROM inventories WHERE id IN ('{a}', '{b}')");
     assert_eq!(app.count(&shelf).await, 0);
     app.assert_invariant().await;
+    eprintln!("kits_and_inventories_in_one_line_racing_frees_are_served_in_order {isolation:?}: {:?}", tally(&answers));
 }
 
 at_every_isolation! {
