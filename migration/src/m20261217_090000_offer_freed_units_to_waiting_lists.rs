@@ -130,16 +130,33 @@ CREATE FUNCTION waitlist_lacks(w waitlist_entries, item uuid) RETURNS integer LA
            END
 $$;
 
+-- The first WAITING entry (by joining) that lacks units of inventory
+-- `item` a level at `location` can give: the first of the item's own line,
+-- or of the lines of the kits it is a component of, whichever joined
+-- first. Each line is read through its partial index in joining order (an
+-- inventory's WAITING entry always lacks units; a kit's may hold all it
+-- needs of this one), so a line of 10,000 costs what its head does.
+CREATE FUNCTION waitlist_head(item uuid, location uuid) RETURNS uuid LANGUAGE sql STABLE AS $$
+    SELECT id FROM (
+        (SELECT w.id, w.seq FROM waitlist_entries w
+          WHERE w.inventory_id = item AND w.status = 'WAITING'
+            AND (w.location_ids IS NULL OR location = ANY (w.location_ids))
+          ORDER BY w.seq LIMIT 1)
+        UNION ALL
+        (SELECT w.id, w.seq FROM waitlist_entries w
+          WHERE w.kit_id IN (SELECT kit_id FROM kit_components WHERE inventory_id = item) AND w.status = 'WAITING'
+            AND w.kit_id IS NOT NULL
+            AND (w.location_ids IS NULL OR location = ANY (w.location_ids))
+            AND waitlist_lacks(w, item) > 0
+          ORDER BY w.seq LIMIT 1)
+    ) heads ORDER BY seq LIMIT 1
+$$;
+
 -- Whether some WAITING entry lacks units of inventory `item` that a level
 -- at `location` can give: an entry of the item, or of a kit it is a
 -- component of.
 CREATE FUNCTION waitlist_lacking(item uuid, location uuid) RETURNS boolean LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (
-        SELECT 1 FROM waitlist_entries w
-         WHERE w.status = 'WAITING'
-           AND (w.inventory_id = item OR w.kit_id IN (SELECT kit_id FROM kit_components WHERE inventory_id = item))
-           AND (w.location_ids IS NULL OR location = ANY (w.location_ids))
-           AND waitlist_lacks(w, item) > 0)
+    SELECT waitlist_head(item, location) IS NOT NULL
 $$;
 
 -- Moves the units a statement freed at one level to the WAITING entries
@@ -190,15 +207,11 @@ BEGIN
         -- waited for its lock may no longer qualify and comes back as no
         -- row: look again while one lacks units.
         FOR attempt IN 1..100 LOOP
-            SELECT * INTO e FROM waitlist_entries w
-             WHERE w.status = 'WAITING'
-               AND (w.inventory_id = NEW.inventory_id
-                    OR w.kit_id IN (SELECT kit_id FROM kit_components WHERE inventory_id = NEW.inventory_id))
-               AND (w.location_ids IS NULL OR NEW.location_id = ANY (w.location_ids))
-               AND waitlist_lacks(w, NEW.inventory_id) > 0
-             ORDER BY w.seq LIMIT 1
-               FOR UPDATE OF w;
-            EXIT WHEN FOUND OR NOT waitlist_lacking(NEW.inventory_id, NEW.location_id);
+            SELECT * INTO e FROM waitlist_entries
+             WHERE id = waitlist_head(NEW.inventory_id, NEW.location_id) AND status = 'WAITING'
+               FOR UPDATE;
+            EXIT WHEN (FOUND AND waitlist_lacks(e, NEW.inventory_id) > 0)
+                   OR NOT waitlist_lacking(NEW.inventory_id, NEW.location_id);
         END LOOP;
         EXIT WHEN e.id IS NULL OR e.status <> 'WAITING';
         give := least(freed, waitlist_lacks(e, NEW.inventory_id));
@@ -294,6 +307,7 @@ DROP TRIGGER stock_levels_offer_added ON stock_levels;
 DROP TRIGGER stock_levels_offer_freed ON stock_levels;
 DROP FUNCTION offer_freed_units();
 DROP FUNCTION waitlist_lacking(uuid, uuid);
+DROP FUNCTION waitlist_head(uuid, uuid);
 DROP FUNCTION waitlist_lacks(waitlist_entries, uuid);
 DROP INDEX kit_components_inventory;
 DROP TRIGGER waitlist_entries_changed ON waitlist_entries;
