@@ -479,7 +479,9 @@ async fn stockguard_check_finishes_on_a_history_far_past_the_servers_statement_t
 #[tokio::test(flavor = "multi_thread")]
 async fn a_check_under_way_lets_new_days_be_made_and_the_ledger_read_but_no_day_dropped() {
     let app = TestApp::spawn().await;
-    two_locations(&app, "now()").await;
+    // The fixture's changes span the 9 hours before `at`: all of them on
+    // one day (today's partition), whatever the hour the test runs at.
+    two_locations(&app, "date_trunc('day', now()) + interval '10 hours'").await;
     let (listed, reached) = tokio::sync::oneshot::channel();
     let (resume, resumed) = std::sync::mpsc::channel::<()>();
     // The check runs on a thread and a runtime of its own, which its first
